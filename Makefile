@@ -1,0 +1,45 @@
+# The two commands a new user runs: `make run` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATA_DIR ?= ./data
+PYTEST_ARGS ?=
+
+.PHONY: help setup run test check fmt bench clean
+
+help:
+	@echo "make run    - set up, then run the store with a local data directory ($(DATA_DIR))"
+	@echo "make test   - set up, then run every test"
+	@echo "make check  - ruff (format + lint) and mypy"
+	@echo "make bench  - engine benchmarks against raw limits measured in the same run"
+
+# The venv is rebuilt whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m commitlog_svc.demo --data-dir $(DATA_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+check: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) -m bench.engine_append
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

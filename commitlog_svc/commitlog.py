@@ -1,0 +1,621 @@
+"""The commit log: appends, flush policies, recovery, reads and the dispatch scan.
+
+A library; commitlog_svc's servicer wraps it. Life cycle:
+
+    log = CommitLog(config)          # nothing touched yet
+    report = log.open()              # lock, load, recover, checkpoint, abort marker, threads
+    log.append_batch([...])          # from any thread
+    log.close()                      # flush, checkpoint, remove the abort marker, unlock
+
+Appends take one lock (RocketMQ's putMessageLock). Everything that can be computed without it
+(limits, CRC, the record's tail) is computed before it; under it the store assigns queue
+offsets, the store timestamp and physical offsets, writes the batch in place and publishes it
+with one position update, so a reader sees a batch whole or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from commitlog_svc.config import CommitLogConfig, FlushMode
+from commitlog_svc.flush import FlushService
+from commitlog_svc.messages import AppendResult, MessageIn, PutStatus
+from commitlog_svc.recovery import CorruptRange, RecoveryReport, recover
+from commitlog_svc.retention import RetentionPolicy, RetentionReport
+from commitlog_svc.store_files import StoreFiles
+from mqstore.errors import (
+    CorruptRecord,
+    DataLoss,
+    DiskFull,
+    InvalidArgument,
+    MessageIllegal,
+    OutOfRange,
+    PropertiesTooLarge,
+    Unavailable,
+    check,
+)
+from mqstore.formats.commitlog_checkpoint import Checkpoint, QueueKey
+from mqstore.formats.record import (
+    END_FILE_MIN_BLANK_BYTES,
+    Bad,
+    Blank,
+    PreparedMessage,
+    Record,
+    encode_blank,
+    find_next_record,
+    prepare_message,
+    read_record,
+    write_prepared,
+)
+from mqstore.storage.clock import Clock, SystemClock
+from mqstore.storage.disk import Disk, FileLock, OsDisk
+from mqstore.storage.mapped_file import MappedFile
+from mqstore.storage.mapped_file_queue import MappedFileQueue
+from mqstore.storage.transient_pool import TransientStorePool
+
+log = logging.getLogger(__name__)
+
+# After a failed file creation (disk full), appends are refused outright for this long before
+# one is let through to try again: a full disk should not cost a failed fallocate per call.
+DISK_FULL_RETRY_MS = 1_000
+
+
+@dataclass(slots=True)
+class ScanBatch:
+    """Records read in order from `start_offset`; continue at `next_offset`."""
+
+    start_offset: int
+    next_offset: int
+    records: list[Record] = field(default_factory=list)
+    corrupt: list[CorruptRange] = field(default_factory=list)
+
+
+class CommitLog:
+    def __init__(
+        self,
+        config: CommitLogConfig,
+        *,
+        disk: Disk | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self.disk: Disk = disk if disk is not None else OsDisk()
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._files = StoreFiles(self.disk, config.data_dir)
+        pool = None
+        if config.transient_pool:
+            pool = TransientStorePool(config.transient_pool_buffers, config.file_bytes)
+        self.queue = MappedFileQueue(self.disk, config.commitlog_dir, config.file_bytes, pool=pool)
+        self._store_host = config.store_host
+        self._store_host_v6 = len(self._store_host) == 20
+        self._limits = config.limits
+        self._put_lock = threading.Lock()
+        self._put_lock_timeout_s = config.put_lock_timeout_ms / 1000.0
+        self._queue_offsets: dict[QueueKey, int] = {}
+        self._lock: FileLock | None = None
+        self._flusher: FlushService | None = None
+        self._retention = RetentionPolicy(config, self.disk, self.clock)
+        self._retention_thread: threading.Thread | None = None
+        self._retention_stop = threading.Event()
+        self._floor_offset: Callable[[], int] | None = None
+        self.store_id = b""
+        self.recovery: RecoveryReport | None = None
+        self._running = False
+        self._flush_failed: BaseException | None = None
+        self._disk_full_until_ms = 0.0  # refuse appends until then (monotonic ms)
+        self._disk_full_by_ratio = False
+        self._last_checkpoint_offset = -1
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def open(self, *, retention: bool = False) -> RecoveryReport:
+        """Take the lock, load and recover the files, and start the flush thread."""
+        check(not self._running, "commit log opened twice")
+        self.disk.makedirs(self.config.data_dir)
+        self._lock = self.disk.lock(self._files.lock_path())
+        try:
+            clean_exit = not self._files.abort_exists()
+            self.queue.load()
+            meta = self._files.load_or_create_meta(
+                has_data=bool(self.queue.files),
+                now_ms=self.clock.now_ms(),
+                file_bytes=self.config.file_bytes,
+            )
+            self.store_id = meta.store_id
+            ckpt = self._files.load_checkpoint()
+            if ckpt is not None and ckpt.store_id != meta.store_id:
+                log.error("checkpoint belongs to another store id; ignoring it")
+                ckpt = None
+            result = recover(self.queue, ckpt, clean_exit=clean_exit)
+            self.recovery = result.report
+            self._queue_offsets = result.queue_offsets
+            end = result.report.end_offset
+            # What recovery kept may still sit only in the page cache (a kill -9 keeps it
+            # there): make it durable before a checkpoint vouches for it.
+            for mf in self.queue.files:
+                if mf.file_end_offset > result.report.start_offset:
+                    mf.flushed_position = 0
+            self.queue.flushed_where = result.report.start_offset
+            self.queue.committed_where = end
+            self.queue.flush(0)
+            self.queue.flushed_where = end
+            self._write_checkpoint(end, dict(self._queue_offsets))
+            self._files.create_abort()
+        except BaseException:
+            self.queue.shutdown()
+            self._lock.release()
+            self._lock = None
+            raise
+        self._flusher = FlushService(
+            self.queue,
+            self.config,
+            self.clock,
+            checkpoint=self._checkpoint,
+            on_failure=self._on_flush_failure,
+        )
+        self._flusher.start()
+        self._running = True
+        if retention:
+            self._start_retention()
+        report = result.report
+        log.info(
+            "commit log open: %s exit, offsets [%d, %d), scanned %d records from %d in %.1f ms, "
+            "truncated %d bytes, %d corrupt ranges",
+            "clean" if report.clean_exit else "unclean",
+            self.min_offset,
+            end,
+            report.records_scanned,
+            report.start_offset,
+            report.duration_ms,
+            report.truncated_bytes,
+            len(report.corrupt),
+        )
+        return report
+
+    def close(self) -> None:
+        """Flush, checkpoint and remove the abort marker; the marker stays if anything failed,
+        so the next start checks the tail again."""
+        if not self._running:
+            return
+        self._running = False
+        self._stop_retention()
+        with self._put_lock:
+            flusher = self._flusher
+            assert flusher is not None
+            flusher.stop()
+            clean = self._flush_failed is None and flusher.failure is None
+            if clean:
+                try:
+                    flusher.flush_now()
+                    end = self.queue.max_wrote_offset()
+                    self._write_checkpoint(end, dict(self._queue_offsets))
+                    self._files.remove_abort()
+                except Exception:
+                    log.exception("shutdown flush failed; the next start recovers the tail")
+            flusher.wake()
+            self.queue.shutdown()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def __enter__(self) -> CommitLog:
+        if not self._running:
+            self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        return self.queue.min_offset()
+
+    @property
+    def max_offset(self) -> int:
+        """End of readable data (committed data with the transient pool)."""
+        return self.queue.max_offset()
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.queue.flushed_where
+
+    @property
+    def confirm_offset(self) -> int:
+        """How far dispatch may go: the flushed end under sync flush (nothing is visible before
+        it is durable), the readable end under async (RocketMQ's getConfirmOffset)."""
+        if self.config.flush is FlushMode.SYNC:
+            return self.queue.flushed_where
+        return self.queue.max_offset()
+
+    @property
+    def writable(self) -> bool:
+        return self._refusal() is None
+
+    @property
+    def disk_full(self) -> bool:
+        return self._disk_full_by_ratio or self._disk_full_until_ms > 0
+
+    @property
+    def store_host(self) -> bytes:
+        return self._store_host
+
+    def queue_offset(self, topic: str, queue_id: int) -> int:
+        """The next queue offset the store will assign in (topic, queue_id)."""
+        return self._queue_offsets.get((topic, queue_id), 0)
+
+    def queue_offsets(self) -> dict[QueueKey, int]:
+        with self._put_lock:
+            return dict(self._queue_offsets)
+
+    def _refusal(self) -> str | None:
+        if not self._running:
+            return "the store is not open"
+        if self._flush_failed is not None:
+            return f"a flush failed ({self._flush_failed!r}); writes stop until restart"
+        if self._disk_full_by_ratio:
+            return "disk usage is over the warning ratio"
+        if self._disk_full_until_ms and self.clock.monotonic_ms() < self._disk_full_until_ms:
+            return "the disk is full"
+        return None
+
+    def _on_flush_failure(self, exc: BaseException) -> None:
+        self._flush_failed = exc
+
+    # -- appends --------------------------------------------------------------------------------
+
+    def append(self, message: MessageIn) -> AppendResult:
+        return self.append_batch((message,))
+
+    def append_batch(self, messages: Sequence[MessageIn]) -> AppendResult:
+        """Store messages in order; one status per message. Refused messages change nothing;
+        the others are written together in one segment and published together."""
+        count = len(messages)
+        if count == 0:
+            return AppendResult(statuses=[])
+        if count > self._limits.batch_messages_max:
+            return AppendResult.refused(
+                count,
+                PutStatus.MESSAGE_ILLEGAL,
+                f"batch of {count} messages, over the {self._limits.batch_messages_max} limit",
+            )
+        refusal = self._refusal()
+        if refusal is not None:
+            return AppendResult.refused(count, PutStatus.SERVICE_NOT_AVAILABLE, refusal)
+        result = AppendResult.refused(count, PutStatus.PUT_OK, "")
+        prepared = self._prepare(messages, result)
+        if not prepared:
+            return result
+        if not self._put_lock.acquire(timeout=self._put_lock_timeout_s):
+            return AppendResult.refused(
+                count, PutStatus.OS_PAGE_CACHE_BUSY, "the write lock was busy past the bound"
+            )
+        try:
+            end = self._write_locked(prepared, result)
+        finally:
+            self._put_lock.release()
+        if end < 0:
+            return result
+        if self.config.flush is FlushMode.SYNC:
+            assert self._flusher is not None
+            status = self._flusher.wait_durable(end, self.config.sync_flush_timeout_ms)
+            if status is not PutStatus.PUT_OK:
+                for i, _ in prepared:
+                    result.statuses[i] = status
+                    result.reasons[i] = "not durable: " + status.name
+        return result
+
+    def _prepare(
+        self, messages: Sequence[MessageIn], result: AppendResult
+    ) -> list[tuple[int, PreparedMessage]]:
+        prepared: list[tuple[int, PreparedMessage]] = []
+        total = 0
+        file_room = self.config.file_bytes - END_FILE_MIN_BLANK_BYTES
+        limits = self._limits
+        v6 = self._store_host_v6
+        for i, m in enumerate(messages):
+            try:
+                p = prepare_message(
+                    topic=m.topic,
+                    queue_id=m.queue_id,
+                    body=m.body,
+                    properties=m.properties,
+                    flag=m.flag,
+                    sys_flag=m.sys_flag,
+                    born_timestamp_ms=m.born_timestamp_ms,
+                    born_host=m.born_host,
+                    reconsume_times=m.reconsume_times,
+                    prepared_tx_offset=m.prepared_tx_offset,
+                    store_host_v6=v6,
+                    limits=limits,
+                )
+            except PropertiesTooLarge as exc:
+                result.statuses[i] = PutStatus.PROPERTIES_SIZE_EXCEEDED
+                result.reasons[i] = str(exc)
+                continue
+            except MessageIllegal as exc:
+                result.statuses[i] = PutStatus.MESSAGE_ILLEGAL
+                result.reasons[i] = str(exc)
+                continue
+            if p.size > file_room:
+                result.statuses[i] = PutStatus.MESSAGE_ILLEGAL
+                result.reasons[i] = f"record of {p.size} bytes does not fit a segment"
+                continue
+            total += p.size
+            prepared.append((i, p))
+        if total > file_room:
+            # A batch never spans files, so one that cannot fit an empty file is refused whole.
+            reason = f"batch of {total} bytes does not fit a {self.config.file_bytes}-byte segment"
+            for i, _ in prepared:
+                result.statuses[i] = PutStatus.MESSAGE_ILLEGAL
+                result.reasons[i] = reason
+            return []
+        return prepared
+
+    def _file_for(self, nbytes: int) -> MappedFile:
+        """The file the next `nbytes` go to, rolling over (with the end-of-file blank) first
+        if they do not fit with room for a blank after them. Raises DiskFull."""
+        mf = self.queue.get_last_mapped_file(0)
+        assert mf is not None
+        if nbytes + END_FILE_MIN_BLANK_BYTES <= mf.remaining():
+            return mf
+        # Create the next file before marking this one full: a failed creation changes nothing.
+        nxt = self.queue.create_file(mf.file_end_offset)
+        remaining = mf.remaining()
+        if remaining > 0:
+            mf.write_buf[mf.wrote_position : mf.wrote_position + END_FILE_MIN_BLANK_BYTES] = (
+                encode_blank(remaining)
+            )
+            mf.advance(remaining)
+        return nxt
+
+    def _write_locked(
+        self, prepared: list[tuple[int, PreparedMessage]], result: AppendResult
+    ) -> int:
+        """Under the put lock: assign offsets, write, publish. Returns the end offset, or -1
+        when the whole batch was refused."""
+        refusal = self._refusal()
+        if refusal is not None:
+            for i, _ in prepared:
+                result.statuses[i] = PutStatus.SERVICE_NOT_AVAILABLE
+                result.reasons[i] = refusal
+            return -1
+        total = sum(p.size for _, p in prepared)
+        try:
+            mf = self._file_for(total)
+        except DiskFull as exc:
+            log.error("cannot create a commit-log segment: %s", exc)
+            self._disk_full_until_ms = self.clock.monotonic_ms() + DISK_FULL_RETRY_MS
+            for i, _ in prepared:
+                result.statuses[i] = PutStatus.CREATE_MAPPED_FILE_FAILED
+                result.reasons[i] = str(exc)
+            return -1
+        self._disk_full_until_ms = 0.0
+        store_ts = self.clock.now_ms()
+        result.store_timestamp_ms = store_ts
+        buf = mf.write_buf
+        base = mf.file_from_offset
+        pos = mf.wrote_position
+        table = self._queue_offsets
+        host = self._store_host
+        offsets = result.offsets
+        sizes = result.sizes
+        queue_offsets = result.queue_offsets
+        for i, p in prepared:
+            if p.gets_queue_offset:
+                key = (p.topic, p.queue_id)
+                qo = table.get(key, 0)
+                table[key] = qo + 1
+            else:
+                qo = 0
+            write_prepared(
+                buf,
+                pos,
+                p,
+                queue_offset=qo,
+                physical_offset=base + pos,
+                store_timestamp_ms=store_ts,
+                store_host=host,
+            )
+            offsets[i] = base + pos
+            sizes[i] = p.size
+            queue_offsets[i] = qo
+            pos += p.size
+        mf.store_timestamp_ms = store_ts
+        mf.advance(pos - mf.wrote_position)
+        return base + pos
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _file_at(self, offset: int) -> MappedFile:
+        if offset < self.min_offset:
+            raise OutOfRange(f"offset {offset} is below the log's minimum {self.min_offset}")
+        if offset >= self.max_offset:
+            raise OutOfRange(f"offset {offset} is at or beyond the log's end {self.max_offset}")
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            raise OutOfRange(f"no segment holds offset {offset}")
+        return mf
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Raw bytes [offset, offset+size), which must lie in one segment and be readable."""
+        if size <= 0:
+            raise InvalidArgument(f"size must be positive, got {size}", field="size")
+        mf = self._file_at(offset)
+        pos = offset - mf.file_from_offset
+        if pos + size > mf.read_position:
+            raise OutOfRange(f"range [{offset}, {offset + size}) runs past readable data")
+        return mf.read(pos, size)
+
+    def read_record(self, offset: int) -> Record:
+        """The record starting at `offset`, CRC-checked. InvalidArgument if no record starts
+        there, CorruptRecord (DATA_LOSS) if the one there fails its checks."""
+        mf = self._file_at(offset)
+        if not mf.hold():
+            raise DataLoss(f"the segment holding {offset} was deleted")
+        try:
+            pos = offset - mf.file_from_offset
+            found = read_record(
+                mf.read_buf, pos, mf.read_position, check_crc=True, expected_offset=offset
+            )
+        finally:
+            mf.release()
+        if isinstance(found, Record):
+            return found
+        if isinstance(found, Blank) or found.reason.startswith("illegal magic"):
+            raise InvalidArgument(f"no record starts at offset {offset}", field="offset")
+        raise CorruptRecord(offset, found.reason)
+
+    def read_records(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Raw bytes of whole records, each (offset, size) checked to be one intact record."""
+        out = []
+        for offset, size in ranges:
+            raw = self.read(offset, size)
+            found = read_record(raw, 0, size, check_crc=True, expected_offset=offset)
+            if not isinstance(found, Record) or found.total_size != size:
+                reason = found.reason if isinstance(found, Bad) else "not one whole record"
+                raise CorruptRecord(offset, reason)
+            out.append(raw)
+        return out
+
+    def scan(
+        self,
+        from_offset: int,
+        *,
+        max_records: int = 1024,
+        max_bytes: int = 4 << 20,
+        end_offset: int | None = None,
+        check_crc: bool = False,
+    ) -> ScanBatch:
+        """Records from `from_offset` (a record boundary) up to `end_offset` (default: the
+        confirm offset), at most `max_records` / about `max_bytes`. The dispatch source.
+
+        Blanks move on to the next file. A bad record is skipped to the next valid one and
+        reported in `corrupt`, so one damaged record never stalls the stream.
+        """
+        end = self.confirm_offset if end_offset is None else min(end_offset, self.max_offset)
+        if from_offset < self.min_offset:
+            raise OutOfRange(f"offset {from_offset} is below the log's minimum {self.min_offset}")
+        batch = ScanBatch(from_offset, from_offset)
+        offset = from_offset
+        taken = 0
+        while offset < end and len(batch.records) < max_records and taken < max_bytes:
+            mf = self.queue.find_mapped_file_by_offset(offset)
+            if mf is None or not mf.hold():
+                break
+            try:
+                offset, taken = self._scan_file(
+                    mf, offset, end, batch, max_records, max_bytes, taken, check_crc
+                )
+            finally:
+                mf.release()
+        batch.next_offset = offset
+        return batch
+
+    def _scan_file(
+        self,
+        mf: MappedFile,
+        offset: int,
+        end: int,
+        batch: ScanBatch,
+        max_records: int,
+        max_bytes: int,
+        taken: int,
+        check_crc: bool,
+    ) -> tuple[int, int]:
+        base = mf.file_from_offset
+        buf = mf.read_buf
+        limit = min(mf.read_position, end - base)
+        records = batch.records
+        pos = offset - base
+        while pos < limit and len(records) < max_records and taken < max_bytes:
+            found = read_record(buf, pos, limit, check_crc=check_crc, expected_offset=base + pos)
+            if isinstance(found, Record):
+                records.append(found)
+                pos += found.total_size
+                taken += found.total_size
+                continue
+            if isinstance(found, Blank):
+                return mf.file_end_offset, taken
+            resume = find_next_record(buf, pos, limit, base)
+            if resume < 0:
+                # Nothing valid after it in what is readable of this file: skip to the next.
+                batch.corrupt.append(CorruptRange(base + pos, mf.file_end_offset, found.reason))
+                log.error("corrupt commit-log bytes at %d: %s", base + pos, found.reason)
+                return mf.file_end_offset, taken
+            batch.corrupt.append(CorruptRange(base + pos, base + resume, found.reason))
+            log.error("corrupt record at %d skipped: %s", base + pos, found.reason)
+            pos = resume
+        if pos >= mf.file_size:
+            return mf.file_end_offset, taken
+        return base + pos, taken
+
+    # -- checkpoint -----------------------------------------------------------------------------
+
+    def _checkpoint(self) -> None:
+        """On the flush thread: snapshot the table with the write position, make everything up
+        to it durable, then write the checkpoint that vouches for it."""
+        with self._put_lock:
+            wrote = self.queue.max_wrote_offset()
+            if wrote == self._last_checkpoint_offset:
+                return
+            table = dict(self._queue_offsets)
+        assert self._flusher is not None
+        self._flusher.flush_now()
+        check(self.queue.flushed_where >= wrote, "checkpoint offset beyond the flushed end")
+        self._write_checkpoint(wrote, table)
+
+    def _write_checkpoint(self, offset: int, table: dict[QueueKey, int]) -> None:
+        self._files.save_checkpoint(
+            Checkpoint(
+                store_id=self.store_id,
+                flushed_offset=offset,
+                min_offset=self.min_offset,
+                written_at_ms=self.clock.now_ms(),
+                queue_offsets=table,
+            )
+        )
+        self._last_checkpoint_offset = offset
+
+    # -- retention ------------------------------------------------------------------------------
+
+    def set_floor_offset(self, provider: Callable[[], int] | None) -> None:
+        """Retention never deletes a segment holding bytes at or above `provider()` (the lowest
+        confirmed subscriber offset, once subscribers exist)."""
+        self._floor_offset = provider
+
+    def clean_expired(self, *, manual: bool = False) -> RetentionReport:
+        """One round of retention (the background thread calls this every clean interval)."""
+        if not self._running:
+            raise Unavailable("the store is not open")
+        floor = self._floor_offset() if self._floor_offset is not None else self.max_offset
+        report = self._retention.run_once(self.queue, floor_offset=floor, manual=manual)
+        self._disk_full_by_ratio = report.disk_full
+        return report
+
+    def _start_retention(self) -> None:
+        def loop() -> None:
+            interval_s = self.config.clean_interval_ms / 1000.0
+            while not self._retention_stop.wait(interval_s):
+                try:
+                    self.clean_expired()
+                except Exception:
+                    log.exception("retention round failed")
+
+        self._retention_stop.clear()
+        self._retention_thread = threading.Thread(target=loop, name="commitlog-clean", daemon=True)
+        self._retention_thread.start()
+
+    def _stop_retention(self) -> None:
+        self._retention_stop.set()
+        if self._retention_thread is not None:
+            self._retention_thread.join()
+            self._retention_thread = None

@@ -1,0 +1,95 @@
+"""What goes into the commit log and what comes back from an append."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from mqstore.formats.msgid import offset_msg_id
+
+LOCALHOST_V4 = b"\x7f\x00\x00\x01\x00\x00\x00\x00"
+
+
+class PutStatus(enum.IntEnum):
+    """RocketMQ's PutMessageStatus, plus FLUSH_DISK_FAILED (a flush failed: not durable)."""
+
+    PUT_OK = 0
+    FLUSH_DISK_TIMEOUT = 1
+    FLUSH_SLAVE_TIMEOUT = 2
+    SLAVE_NOT_AVAILABLE = 3
+    SERVICE_NOT_AVAILABLE = 4
+    CREATE_MAPPED_FILE_FAILED = 5
+    MESSAGE_ILLEGAL = 6
+    PROPERTIES_SIZE_EXCEEDED = 7
+    OS_PAGE_CACHE_BUSY = 8
+    UNKNOWN_ERROR = 9
+    FLUSH_DISK_FAILED = 100
+
+    @property
+    def stored(self) -> bool:
+        """The bytes were written (though maybe not durably): the offsets are real."""
+        return self in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT, PutStatus.FLUSH_DISK_FAILED)
+
+
+@dataclass(slots=True)
+class MessageIn:
+    """A message as a producer hands it over; the store assigns offsets and the store time."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: bytes = b""  # encoded with mqstore.formats.properties.encode_properties
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: bytes = LOCALHOST_V4
+    reconsume_times: int = 0
+    prepared_tx_offset: int = 0
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """The outcome of one append call, one column entry per message, in order.
+
+    `statuses[i]` is PUT_OK, a refusal of that message alone (MESSAGE_ILLEGAL, ...), or the
+    store-level outcome shared by the batch. For a message not stored, its offsets are -1.
+    """
+
+    statuses: list[PutStatus]
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)
+    store_timestamp_ms: int = 0
+    # Why the batch (or a message) was refused, for logs and error details.
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(s is PutStatus.PUT_OK for s in self.statuses)
+
+    @property
+    def status(self) -> PutStatus:
+        """The first status that is not PUT_OK, else PUT_OK."""
+        for s in self.statuses:
+            if s is not PutStatus.PUT_OK:
+                return s
+        return PutStatus.PUT_OK
+
+    def msg_id(self, i: int, store_host: bytes) -> str:
+        return offset_msg_id(store_host, self.offsets[i])
+
+    @property
+    def end_offset(self) -> int:
+        """End of the last stored record (-1 when nothing was stored)."""
+        ends = [o + s for o, s in zip(self.offsets, self.sizes, strict=True) if o >= 0]
+        return max(ends) if ends else -1
+
+    @classmethod
+    def refused(cls, count: int, status: PutStatus, reason: str) -> AppendResult:
+        return cls(
+            statuses=[status] * count,
+            offsets=[-1] * count,
+            sizes=[0] * count,
+            queue_offsets=[-1] * count,
+            reasons=[reason] * count,
+        )

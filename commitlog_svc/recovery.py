@@ -1,0 +1,250 @@
+"""Commit-log recovery: where the data ends, what to cut, what to report.
+
+Where the scan starts. RocketMQ picks the abnormal-recovery start file by comparing store
+timestamps with checkpoint timestamps, so a clock jump can make it skip or rescan data. mqstore
+uses the checkpoint's `flushed_offset` F instead (every byte below F was durable when the
+checkpoint was written): the scan starts at the beginning of the file holding F - 1, after a
+clean exit and after a crash alike, and checks every record from there with its CRC. Without a
+checkpoint it starts at the first file.
+
+What the scan finds at offset X, and what recovery does (a test walks every row):
+
+    found                                     decision
+    a valid record                            keep it, go on
+    the end-of-file blank                     the file is full; go on at the next file
+    a bad record at X >= F                    torn tail: the data ends at X; cut everything after
+    a bad record at X < F, a valid record     corruption in the middle: report [X, Y) with its
+      found later at Y (same file, or the     offset, keep going at Y, cut nothing
+      first record of a later file)
+    a bad record at X < F, nothing valid      the durable tail is damaged: the data ends at X
+      after it                                (RocketMQ's testRecover rolls back the same way);
+                                              logged as loss of durable bytes
+
+"Cut" means: later files are deleted and the rest of the file holding X is zeroed, so stale bytes
+can never be read as records again. Above F a bad record is taken as a write the crash tore, and
+whatever follows it was written later still, so it goes too. Below F, bytes were durable: a bad
+record there is corruption, never a reason to throw away the records after it (CORDS, FAST'17).
+
+The queue-offset table is the checkpoint's snapshot (exact at F) with every record at or after F
+applied on top; without a checkpoint it is rebuilt from every record scanned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from mqstore.formats import sysflag
+from mqstore.formats.commitlog_checkpoint import Checkpoint, QueueKey
+from mqstore.formats.record import Bad, Blank, Record, find_next_record, read_record
+from mqstore.storage.mapped_file import MappedFile
+from mqstore.storage.mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptRange:
+    start_offset: int
+    end_offset: int  # the next valid record (or the next file) starts here
+    reason: str
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    clean_exit: bool
+    start_offset: int = 0
+    end_offset: int = 0
+    durable_offset: int = 0  # F: the checkpoint's flushed offset (0 without one)
+    records_scanned: int = 0
+    bytes_scanned: int = 0
+    truncated_bytes: int = 0  # dirty tail cut (an estimate when it ran into zeroed space)
+    durable_bytes_lost: int = 0  # of which below F: corruption, not a torn write
+    corrupt: list[CorruptRange] = field(default_factory=list)
+    checkpoint_found: bool = False
+    duration_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class RecoveryResult:
+    report: RecoveryReport
+    queue_offsets: dict[QueueKey, int]
+
+
+def _apply(table: dict[QueueKey, int], record: Record) -> None:
+    if not sysflag.gets_queue_offset(record.sys_flag):
+        return
+    key = (record.topic, record.queue_id)
+    nxt = record.queue_offset + 1
+    if table.get(key, 0) < nxt:
+        table[key] = nxt
+
+
+def _data_end_hint(mf: MappedFile, pos: int) -> int:
+    """How far non-zero bytes may reach after `pos` (for the truncated-bytes figure)."""
+    buf = mf.read_buf
+    end = mf.file_size
+    step = 4096
+    last = pos
+    zero = bytes(step)
+    probe = pos
+    while probe < end:
+        chunk_end = min(end, probe + step)
+        if buf[probe:chunk_end] != zero[: chunk_end - probe]:
+            last = chunk_end
+        elif probe > last + 16 * step:
+            break  # a long run of zero pages: the written region is behind us
+        probe = chunk_end
+    return last
+
+
+def recover(
+    queue: MappedFileQueue, checkpoint: Checkpoint | None, *, clean_exit: bool
+) -> RecoveryResult:
+    """Scan, decide, cut. Leaves `queue` positioned at the end of the last valid record."""
+    started = time.monotonic()
+    report = RecoveryReport(clean_exit=clean_exit)
+    files = queue.files
+    if checkpoint is not None:
+        report.checkpoint_found = True
+        durable = checkpoint.flushed_offset
+        table = dict(checkpoint.queue_offsets)
+        apply_from = durable
+    else:
+        # No checkpoint (the store always writes one when created, so it was lost or corrupt):
+        # nothing says where durable data ends, so treat all of it as durable and never cut
+        # valid records because an earlier one is bad.
+        durable = files[-1].file_end_offset if files else 0
+        table = {}
+        apply_from = 0
+        if files:
+            log.warning("no valid checkpoint: checking the whole log from its first file")
+    report.durable_offset = durable
+    if not files:
+        report.duration_ms = (time.monotonic() - started) * 1000
+        return RecoveryResult(report, table)
+
+    start_at = max(durable - 1, files[0].file_from_offset)
+    start_index = 0
+    for i, mf in enumerate(files):
+        if mf.file_from_offset <= start_at:
+            start_index = i
+    if apply_from < files[start_index].file_from_offset:
+        # The checkpoint's table is older than the files we scan (files were lost or deleted
+        # under it): records in between cannot be applied, so rebuild from what is there.
+        log.warning(
+            "checkpoint offset %d is below the scan start %d; rebuilding queue offsets",
+            apply_from,
+            files[start_index].file_from_offset,
+        )
+        table = {}
+    report.start_offset = files[start_index].file_from_offset
+
+    end = report.start_offset
+    index = start_index
+    cut_at = -1
+    cut_durable = False
+    while index < len(files):
+        mf = files[index]
+        base = mf.file_from_offset
+        buf = mf.read_buf
+        size = mf.file_size
+        pos = 0
+        next_file = False
+        while pos < size:
+            offset = base + pos
+            result = read_record(buf, pos, size, check_crc=True, expected_offset=offset)
+            if isinstance(result, Record):
+                report.records_scanned += 1
+                if offset >= apply_from:
+                    _apply(table, result)
+                pos += result.total_size
+                end = base + pos
+                continue
+            if isinstance(result, Blank):
+                end = mf.file_end_offset
+                next_file = True
+                break
+            assert isinstance(result, Bad)
+            if offset >= durable:
+                cut_at = offset
+                break
+            resume = _resync(files, index, pos)
+            if resume is None:
+                log.error(
+                    "durable bytes damaged at the end of the log: offset %d (%s); the log "
+                    "now ends there",
+                    offset,
+                    result.reason,
+                )
+                cut_at = offset
+                cut_durable = True
+                break
+            resume_index, resume_pos = resume
+            resume_offset = files[resume_index].file_from_offset + resume_pos
+            log.error(
+                "corrupt record in the middle of the log: [%d, %d) %s; later records kept",
+                offset,
+                resume_offset,
+                result.reason,
+            )
+            report.corrupt.append(CorruptRange(offset, resume_offset, result.reason))
+            if result.record is not None and offset >= apply_from:
+                # Its fields minus the body are still telling: never reuse its queue offset.
+                _apply(table, result.record)
+            if resume_index != index:
+                index = resume_index - 1
+                next_file = True
+                end = files[resume_index].file_from_offset
+                break
+            pos = resume_pos
+            end = base + pos
+        if cut_at >= 0:
+            break
+        if not next_file and pos >= size:
+            end = mf.file_end_offset
+        index += 1
+    report.bytes_scanned = end - report.start_offset
+
+    if cut_at >= 0:
+        end = cut_at
+        holder = queue.find_mapped_file_by_offset(cut_at)
+        if holder is not None:
+            tail = (
+                _data_end_hint(holder, cut_at - holder.file_from_offset) + holder.file_from_offset
+            )
+            report.truncated_bytes = max(0, tail - cut_at)
+        later = [f for f in files if f.file_from_offset > cut_at]
+        report.truncated_bytes += sum(f.file_size for f in later if _has_data(f))
+        if cut_durable:
+            report.durable_bytes_lost = max(
+                0, min(durable, cut_at + report.truncated_bytes) - cut_at
+            )
+    queue.truncate_dirty_files(end)
+    report.end_offset = end
+    report.duration_ms = (time.monotonic() - started) * 1000
+    return RecoveryResult(report, table)
+
+
+def _has_data(mf: MappedFile) -> bool:
+    return bool(mf.read_buf[0:8] != bytes(8))
+
+
+def _resync(files: list[MappedFile], index: int, pos: int) -> tuple[int, int] | None:
+    """Where the next valid record after a bad one at files[index]:pos starts, if anywhere."""
+    mf = files[index]
+    found = find_next_record(mf.read_buf, pos, mf.file_size, mf.file_from_offset)
+    if found >= 0:
+        return index, found
+    for later in range(index + 1, len(files)):
+        nxt = files[later]
+        first = read_record(
+            nxt.read_buf, 0, nxt.file_size, check_crc=True, expected_offset=nxt.file_from_offset
+        )
+        if isinstance(first, Record):
+            return later, 0
+        found = find_next_record(nxt.read_buf, 0, nxt.file_size, nxt.file_from_offset)
+        if found >= 0:
+            return later, found
+    return None

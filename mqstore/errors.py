@@ -1,0 +1,120 @@
+"""Typed errors of mqstore, and the one table that maps them to gRPC status codes.
+
+    MqstoreError                      (base; never raised itself)
+    ├── InvalidArgument               INVALID_ARGUMENT  bad input from a caller
+    │   ├── MessageIllegal            a field over its limit, a bad topic, an empty batch
+    │   └── PropertiesTooLarge        encoded properties over 32,767 bytes
+    ├── OutOfRange                    OUT_OF_RANGE      an offset outside what is stored
+    ├── NotFound                      NOT_FOUND         an unknown id or queue
+    ├── ResourceExhausted             RESOURCE_EXHAUSTED
+    │   ├── DiskFull                  no space to preallocate a file
+    │   └── StoreBusy                 the write lock was not free within the bound
+    ├── Unavailable                   UNAVAILABLE       closed, not writable, recovering
+    │   └── StoreLocked               another process holds the store's lock file
+    ├── DataLoss                      DATA_LOSS         stored bytes fail their checks
+    │   ├── CorruptRecord             a commit-log record fails its CRC or length check
+    │   └── CorruptFile               a metadata file (checkpoint, meta) fails its CRC
+    └── StorageError                  INTERNAL          the environment failed (fsync, EIO)
+        └── FlushFailed               a flush failed: writes stop, nothing is acknowledged
+
+Expected domain errors are these types. A broken invariant is a bug: it raises
+`InvariantViolation` (not an MqstoreError) and the process restarts into recovery.
+The gRPC layer maps an error to its status with `grpc_code_name(err)`; nothing else decides codes.
+"""
+
+from __future__ import annotations
+
+
+class MqstoreError(Exception):
+    """Base of every expected error. `grpc_code` names a `grpc.StatusCode` member."""
+
+    grpc_code = "UNKNOWN"
+
+
+class InvalidArgument(MqstoreError):
+    grpc_code = "INVALID_ARGUMENT"
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class MessageIllegal(InvalidArgument):
+    pass
+
+
+class PropertiesTooLarge(InvalidArgument):
+    pass
+
+
+class OutOfRange(MqstoreError):
+    grpc_code = "OUT_OF_RANGE"
+
+
+class NotFound(MqstoreError):
+    grpc_code = "NOT_FOUND"
+
+
+class ResourceExhausted(MqstoreError):
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class DiskFull(ResourceExhausted):
+    pass
+
+
+class StoreBusy(ResourceExhausted):
+    pass
+
+
+class Unavailable(MqstoreError):
+    grpc_code = "UNAVAILABLE"
+
+
+class StoreLocked(Unavailable):
+    pass
+
+
+class DataLoss(MqstoreError):
+    grpc_code = "DATA_LOSS"
+
+
+class CorruptRecord(DataLoss):
+    """A commit-log record at `offset` fails its checks; `reason` says which."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(f"corrupt record at offset {offset}: {reason}")
+        self.offset = offset
+        self.reason = reason
+
+
+class CorruptFile(DataLoss):
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"corrupt file {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class StorageError(MqstoreError):
+    grpc_code = "INTERNAL"
+
+
+class FlushFailed(StorageError):
+    pass
+
+
+class InvariantViolation(AssertionError):
+    """A bug: state that must never exist. Not caught; the process restarts into recovery."""
+
+
+def check(condition: bool, message: str) -> None:
+    """An invariant check that survives `python -O` (unlike `assert`)."""
+    if not condition:
+        raise InvariantViolation(message)
+
+
+def grpc_code_name(err: BaseException) -> str:
+    """The `grpc.StatusCode` member name for an error; INTERNAL for anything unexpected."""
+    if isinstance(err, MqstoreError):
+        return err.grpc_code
+    return "INTERNAL"

@@ -1,0 +1,66 @@
+"""Message properties as RocketMQ serialises them inside a commit-log record.
+
+    key 0x01 value 0x02  key 0x01 value 0x02  ...        UTF-8; every pair ends with 0x02
+
+Entries with an empty value are skipped on encode (RocketMQ skips null values). The parser
+follows `MessageDecoder.string2messageProperties`: split on 0x02, ignore segments shorter than
+3 characters, and require the first 0x01 to lie strictly inside the segment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+# Property keys the store itself reads (RocketMQ's MessageConst).
+KEYS = "KEYS"
+TAGS = "TAGS"
+UNIQ_KEY = "UNIQ_KEY"
+DELAY = "DELAY"
+WAIT = "WAIT"
+INNER_NUM = "INNER_NUM"
+INNER_BASE = "INNER_BASE"
+# mqstore's own: producer idempotence key, "<producer id>:<sequence>".
+PRODUCER_SEQ = "MQS_PSEQ"
+
+KEY_SEPARATOR = " "
+
+
+def encode_properties(props: Mapping[str, str] | None) -> bytes:
+    """Serialise properties; the order is the mapping's order (RocketMQ's is HashMap order)."""
+    if not props:
+        return b""
+    parts = []
+    for key, value in props.items():
+        if not value:
+            continue
+        if _has_separator(key) or _has_separator(value):
+            raise ValueError(f"property {key!r} contains a 0x01 or 0x02 separator byte")
+        parts.append(f"{key}\x01{value}\x02")
+    return "".join(parts).encode("utf-8")
+
+
+def decode_properties(raw: bytes | memoryview | str) -> dict[str, str]:
+    """Parse a properties string; malformed segments are skipped, never raised on."""
+    text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", "replace")
+    out: dict[str, str] = {}
+    for segment in text.split(PROPERTY_SEPARATOR):
+        if len(segment) < 3:
+            continue
+        sep = segment.find(NAME_VALUE_SEPARATOR)
+        if 0 < sep < len(segment) - 1:
+            out[segment[:sep]] = segment[sep + 1 :]
+    return out
+
+
+def split_keys(keys: str | None) -> list[str]:
+    """The non-empty tokens of a KEYS property (space separated)."""
+    if not keys:
+        return []
+    return [k for k in keys.split(KEY_SEPARATOR) if k]
+
+
+def _has_separator(text: str) -> bool:
+    return NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text

@@ -1,0 +1,551 @@
+"""Commit-log record: one message as RocketMQ lays it out, big-endian.
+
+    off  size  field
+    0    4     TOTALSIZE             whole record, this field included
+    4    4     MAGICCODE             0xDAA320A7 (V1: 1-byte topic length) | 0xDAA320AB (V2: 2-byte)
+    8    4     BODYCRC               zlib.crc32(body) & 0x7FFFFFFF
+    12   4     QUEUEID
+    16   4     FLAG                  the producer's flag
+    20   8     QUEUEOFFSET           index in the consume queue (0 for PREPARED/ROLLBACK)
+    28   8     PHYSICALOFFSET        commit-log offset of this record
+    36   4     SYSFLAG               bits in sysflag.py; 0x10 / 0x20 make a host 20 bytes
+    40   8     BORNTIMESTAMP         producer time, ms
+    48   8|20  BORNHOST              IPv4 (4) + port (int32) | IPv6 (16) + port
+    56   8     STORETIMESTAMP        store time, ms (offsets shift by 12 after an IPv6 born host)
+    64   8|20  STOREHOST             IPv4 + port | IPv6 + port
+    72   4     RECONSUMETIMES
+    76   8     PREPARED TX OFFSET
+    84   4+n   BODYLENGTH, BODY
+    ..   1+t   TOPICLENGTH, TOPIC     2+t with V2
+    ..   2+p   PROPERTIESLENGTH, PROPERTIES   (properties.py)
+
+    IPv4/IPv4/V1 overhead: 91 bytes. The 158-byte golden record: 91 + body 32 + topic 6 + props 29.
+
+End of file: when a record (plus 8) does not fit in what is left of a segment, the writer puts
+an 8-byte blank, TOTALSIZE = bytes left in the file and MAGIC = 0xCBD43194, and moves to the
+next file. Readers treat the blank as "continue at the next file".
+
+Written by commitlog_svc; read by recovery, reads, dispatch, `mqstore log`, and the Spark file
+reader. Pure functions: no I/O. `buf` may be bytes, bytearray, mmap or memoryview.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import mmap
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+from mqstore.errors import MessageIllegal, PropertiesTooLarge
+from mqstore.formats import sysflag
+from mqstore.formats.properties import decode_properties
+from mqstore.limits import TOPIC_PATTERN, MessageLimits, is_system_topic
+
+# What the codec reads from and writes into: bytes for tests, an mmap or a bytearray for files.
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
+WritableBuffer: TypeAlias = bytearray | memoryview | mmap.mmap
+
+MAGIC_V1: Final = -626843481  # 0xDAA320A7
+MAGIC_V2: Final = -626843477  # 0xDAA320AB
+BLANK_MAGIC: Final = -875286124  # 0xCBD43194
+END_FILE_MIN_BLANK_BYTES: Final = 8
+
+# The whole encoded record may exceed the body limit by this much (headers, topic, properties).
+RECORD_OVERHEAD_BYTES_MAX: Final = 64 * 1024
+
+_I32 = struct.Struct(">i")
+_SIZE_MAGIC = struct.Struct(">ii")
+_BLANK = struct.Struct(">ii")
+_TOPIC_LEN_V1 = struct.Struct(">B")
+_TOPIC_LEN_V2 = struct.Struct(">h")
+_PROPS_LEN = struct.Struct(">h")
+
+IPV4_HOST_BYTES: Final = 8
+IPV6_HOST_BYTES: Final = 20
+
+# Position of fields that do not move with host sizes.
+QUEUE_ID_POS: Final = 12
+QUEUE_OFFSET_POS: Final = 20
+PHYSICAL_OFFSET_POS: Final = 28
+SYSFLAG_POS: Final = 36
+BORN_HOST_POS: Final = 48
+
+
+def _header(born_host_bytes: int, store_host_bytes: int) -> struct.Struct:
+    # TOTALSIZE .. BODYLENGTH, everything before the body.
+    return struct.Struct(f">iiiiiqqiq{born_host_bytes}sq{store_host_bytes}siqi")
+
+
+_HEADERS: dict[tuple[int, int], struct.Struct] = {
+    (b, s): _header(b, s) for b in (IPV4_HOST_BYTES, IPV6_HOST_BYTES) for s in (8, 20)
+}
+HEADER_V4_V4: Final = _HEADERS[(8, 8)]
+assert HEADER_V4_V4.size == 88  # 91 bytes of overhead minus topic length (1) and props length (2)
+
+
+def host_bytes_for_flag(sys_flag: int) -> tuple[int, int]:
+    born = IPV6_HOST_BYTES if sys_flag & sysflag.BORNHOST_V6 else IPV4_HOST_BYTES
+    store = IPV6_HOST_BYTES if sys_flag & sysflag.STOREHOST_V6 else IPV4_HOST_BYTES
+    return born, store
+
+
+def body_crc(body: Buffer) -> int:
+    """RocketMQ's body CRC: CRC-32/IEEE with the top bit cleared."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def record_length(
+    body_bytes: int,
+    topic_bytes: int,
+    properties_bytes: int,
+    *,
+    born_host_bytes: int = IPV4_HOST_BYTES,
+    store_host_bytes: int = IPV4_HOST_BYTES,
+    v2: bool = False,
+) -> int:
+    """`calMsgLength`: the TOTALSIZE a record with these parts must have."""
+    return (
+        4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8
+        + born_host_bytes
+        + 8
+        + store_host_bytes
+        + 4 + 8
+        + 4 + body_bytes
+        + (2 if v2 else 1) + topic_bytes
+        + 2 + properties_bytes
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Hosts
+
+
+def pack_host(ip: str, port: int) -> bytes:
+    """An address as the record stores it: IPv4 (4) or IPv6 (16) bytes, then the port as int32."""
+    addr = ipaddress.ip_address(ip)
+    return addr.packed + _I32.pack(port)
+
+
+def unpack_host(raw: Buffer) -> tuple[str, int]:
+    raw = bytes(raw)
+    (port,) = _I32.unpack_from(raw, len(raw) - 4)
+    return str(ipaddress.ip_address(raw[:-4])), port
+
+
+def is_v6_host(host: bytes) -> bool:
+    return len(host) == IPV6_HOST_BYTES
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+@dataclass(slots=True)
+class PreparedMessage:
+    """A message checked against the limits, with everything the store does not assign
+    already computed, so that the write under the lock is one pack and two copies."""
+
+    size: int
+    header: struct.Struct
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    sys_flag: int
+    born_timestamp_ms: int
+    born_host: bytes
+    reconsume_times: int
+    prepared_tx_offset: int
+    body: Buffer
+    tail: bytes  # topic length, topic, properties length, properties
+    topic: str
+    gets_queue_offset: bool
+
+
+def prepare_message(
+    *,
+    topic: str,
+    queue_id: int,
+    body: Buffer,
+    properties: bytes = b"",
+    flag: int = 0,
+    sys_flag: int = 0,
+    born_timestamp_ms: int = 0,
+    born_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    reconsume_times: int = 0,
+    prepared_tx_offset: int = 0,
+    store_host_v6: bool = False,
+    limits: MessageLimits = MessageLimits(),  # noqa: B008 - frozen, shared default
+) -> PreparedMessage:
+    """Check one message against the limits and precompute its record parts.
+
+    Raises MessageIllegal or PropertiesTooLarge; a refused message consumes nothing.
+    """
+    body_len = len(body)
+    if body_len > limits.body_bytes_max:
+        raise MessageIllegal(
+            f"body is {body_len} bytes, over the {limits.body_bytes_max}-byte limit", field="body"
+        )
+    topic_raw = validate_topic(topic, limits)
+    if not 0 <= queue_id <= limits.queue_id_max:
+        raise MessageIllegal(
+            f"queue id {queue_id} outside [0, {limits.queue_id_max}]", field="queue_id"
+        )
+    props_len = len(properties)
+    if props_len > limits.properties_bytes_max:
+        raise PropertiesTooLarge(
+            f"properties are {props_len} bytes, over the {limits.properties_bytes_max}-byte limit",
+            field="properties",
+        )
+    if len(born_host) not in (IPV4_HOST_BYTES, IPV6_HOST_BYTES):
+        raise MessageIllegal("born host must be 8 (IPv4) or 20 (IPv6) bytes", field="born_host")
+    # The V6 bits follow the hosts, whatever the caller passed.
+    sys_flag &= ~(sysflag.BORNHOST_V6 | sysflag.STOREHOST_V6)
+    if len(born_host) == IPV6_HOST_BYTES:
+        sys_flag |= sysflag.BORNHOST_V6
+    if store_host_v6:
+        sys_flag |= sysflag.STOREHOST_V6
+    v2 = len(topic) > 127  # RocketMQ's autoMessageVersionOnTopicLen counts characters
+    born_bytes, store_bytes = host_bytes_for_flag(sys_flag)
+    size = record_length(
+        body_len,
+        len(topic_raw),
+        props_len,
+        born_host_bytes=born_bytes,
+        store_host_bytes=store_bytes,
+        v2=v2,
+    )
+    if size > limits.body_bytes_max + RECORD_OVERHEAD_BYTES_MAX:
+        raise MessageIllegal(f"encoded record of {size} bytes is too large", field="body")
+    topic_len = (_TOPIC_LEN_V2 if v2 else _TOPIC_LEN_V1).pack(len(topic_raw))
+    tail = b"".join((topic_len, topic_raw, _PROPS_LEN.pack(props_len), properties))
+    return PreparedMessage(
+        size=size,
+        header=_HEADERS[(born_bytes, store_bytes)],
+        magic=MAGIC_V2 if v2 else MAGIC_V1,
+        body_crc=body_crc(body),
+        queue_id=queue_id,
+        flag=flag,
+        sys_flag=sys_flag,
+        born_timestamp_ms=born_timestamp_ms,
+        born_host=born_host,
+        reconsume_times=reconsume_times,
+        prepared_tx_offset=prepared_tx_offset,
+        body=body,
+        tail=tail,
+        topic=topic,
+        gets_queue_offset=sysflag.gets_queue_offset(sys_flag),
+    )
+
+
+def validate_topic(topic: str, limits: MessageLimits = MessageLimits()) -> bytes:  # noqa: B008
+    """The topic's bytes, or MessageIllegal when its name or length is not allowed."""
+    if not topic or not TOPIC_PATTERN.match(topic):
+        raise MessageIllegal(
+            f"topic {topic!r} must be non-empty and match {TOPIC_PATTERN.pattern}", field="topic"
+        )
+    raw = topic.encode("ascii")  # the pattern admits ASCII only
+    limit = limits.system_topic_bytes_max if is_system_topic(topic) else limits.topic_bytes_max
+    if len(raw) > limit:
+        raise MessageIllegal(
+            f"topic is {len(raw)} bytes, over the {limit}-byte limit", field="topic"
+        )
+    return raw
+
+
+def write_prepared(
+    buf: WritableBuffer,
+    pos: int,
+    msg: PreparedMessage,
+    *,
+    queue_offset: int,
+    physical_offset: int,
+    store_timestamp_ms: int,
+    store_host: bytes,
+) -> int:
+    """Write a prepared message at `pos` of `buf`; returns its size."""
+    header = msg.header
+    header.pack_into(
+        buf,
+        pos,
+        msg.size,
+        msg.magic,
+        msg.body_crc,
+        msg.queue_id,
+        msg.flag,
+        queue_offset,
+        physical_offset,
+        msg.sys_flag,
+        msg.born_timestamp_ms,
+        msg.born_host,
+        store_timestamp_ms,
+        store_host,
+        msg.reconsume_times,
+        msg.prepared_tx_offset,
+        len(msg.body),
+    )
+    p = pos + header.size
+    end_body = p + len(msg.body)
+    buf[p:end_body] = msg.body
+    buf[end_body : pos + msg.size] = msg.tail
+    return msg.size
+
+
+def encode_record(
+    *,
+    topic: str,
+    queue_id: int,
+    body: Buffer,
+    properties: bytes = b"",
+    flag: int = 0,
+    queue_offset: int = 0,
+    physical_offset: int = 0,
+    sys_flag: int = 0,
+    born_timestamp_ms: int = 0,
+    born_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    store_timestamp_ms: int = 0,
+    store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    reconsume_times: int = 0,
+    prepared_tx_offset: int = 0,
+    limits: MessageLimits = MessageLimits(),  # noqa: B008
+) -> bytes:
+    """One whole record as bytes (tests, tools); the commit log writes in place instead."""
+    if len(store_host) not in (IPV4_HOST_BYTES, IPV6_HOST_BYTES):
+        raise MessageIllegal("store host must be 8 or 20 bytes", field="store_host")
+    msg = prepare_message(
+        topic=topic,
+        queue_id=queue_id,
+        body=body,
+        properties=properties,
+        flag=flag,
+        sys_flag=sys_flag,
+        born_timestamp_ms=born_timestamp_ms,
+        born_host=born_host,
+        reconsume_times=reconsume_times,
+        prepared_tx_offset=prepared_tx_offset,
+        store_host_v6=is_v6_host(store_host),
+        limits=limits,
+    )
+    out = bytearray(msg.size)
+    write_prepared(
+        out,
+        0,
+        msg,
+        queue_offset=queue_offset,
+        physical_offset=physical_offset,
+        store_timestamp_ms=store_timestamp_ms,
+        store_host=store_host,
+    )
+    return bytes(out)
+
+
+def encode_blank(remaining_bytes: int) -> bytes:
+    """The 8-byte end-of-file blank; TOTALSIZE is the whole rest of the file."""
+    return _BLANK.pack(remaining_bytes, BLANK_MAGIC)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+@dataclass(slots=True, frozen=True)
+class Record:
+    total_size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    born_timestamp_ms: int
+    born_host: bytes
+    store_timestamp_ms: int
+    store_host: bytes
+    reconsume_times: int
+    prepared_tx_offset: int
+    body: bytes
+    topic: str
+    properties: bytes
+
+    @property
+    def v2(self) -> bool:
+        return self.magic == MAGIC_V2
+
+    def properties_dict(self) -> dict[str, str]:
+        return decode_properties(self.properties)
+
+
+@dataclass(slots=True, frozen=True)
+class Blank:
+    """The end-of-file filler: the rest of this segment holds nothing."""
+
+    total_size: int
+
+
+@dataclass(slots=True, frozen=True)
+class Bad:
+    """Bytes that are not a valid record. `size` is the claimed TOTALSIZE when the length
+    field itself was readable and sane, else -1. `record` holds the decoded fields when only
+    the CRC or the offset check failed: they are not to be served, but tell what was there."""
+
+    reason: str
+    size: int = -1
+    record: Record | None = None
+
+
+ReadResult: TypeAlias = Record | Blank | Bad
+
+
+def read_record(
+    buf: Buffer,
+    pos: int,
+    end: int,
+    *,
+    check_crc: bool = True,
+    expected_offset: int = -1,
+) -> ReadResult:
+    """Decode the record at `buf[pos:end]`, checking it as RocketMQ's
+    `checkMessageAndReturnSize` does, plus: the PHYSICALOFFSET field must equal
+    `expected_offset` when one is given (it catches stale or misplaced bytes).
+    """
+    remaining = end - pos
+    if remaining < 8:
+        return Bad("fewer than 8 bytes left")
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC:
+        return Blank(total)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        return Bad(f"illegal magic code {magic & 0xFFFFFFFF:#010x}")
+    if total < HEADER_V4_V4.size + 3 or total > remaining:
+        return Bad(f"total size {total} does not fit the {remaining} bytes left")
+    (sys_flag,) = _I32.unpack_from(buf, pos + SYSFLAG_POS)
+    header = _HEADERS[host_bytes_for_flag(sys_flag)]
+    if total < header.size + 3:
+        return Bad(f"total size {total} shorter than the header", total)
+    (
+        _,
+        _,
+        crc,
+        queue_id,
+        flag,
+        queue_offset,
+        physical_offset,
+        _,
+        born_ts,
+        born_host,
+        store_ts,
+        store_host,
+        reconsume,
+        prepared_tx,
+        body_len,
+    ) = header.unpack_from(buf, pos)
+    p = pos + header.size
+    limit = pos + total
+    if body_len < 0 or p + body_len > limit:
+        return Bad(f"body length {body_len} runs past the record", total)
+    body_start = p
+    p += body_len
+    v2 = magic == MAGIC_V2
+    if v2:
+        if p + 2 > limit:
+            return Bad("topic length runs past the record", total)
+        (topic_len,) = _TOPIC_LEN_V2.unpack_from(buf, p)
+        p += 2
+    else:
+        if p + 1 > limit:
+            return Bad("topic length runs past the record", total)
+        topic_len = buf[p]
+        p += 1
+    if topic_len < 0 or p + topic_len + 2 > limit:
+        return Bad(f"topic length {topic_len} runs past the record", total)
+    topic_raw = bytes(buf[p : p + topic_len])
+    p += topic_len
+    (props_len,) = _PROPS_LEN.unpack_from(buf, p)
+    p += 2
+    if props_len < 0:
+        return Bad(f"negative properties length {props_len}", total)
+    expected = record_length(
+        body_len,
+        topic_len,
+        props_len,
+        born_host_bytes=len(born_host),
+        store_host_bytes=len(store_host),
+        v2=v2,
+    )
+    if expected != total:
+        return Bad(f"total size {total} but the fields add up to {expected}", total)
+    body = bytes(buf[body_start : body_start + body_len])
+    try:
+        topic = topic_raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return Bad("topic is not UTF-8", total)
+    record = Record(
+        total_size=total,
+        magic=magic,
+        body_crc=crc,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        physical_offset=physical_offset,
+        sys_flag=sys_flag,
+        born_timestamp_ms=born_ts,
+        born_host=born_host,
+        store_timestamp_ms=store_ts,
+        store_host=store_host,
+        reconsume_times=reconsume,
+        prepared_tx_offset=prepared_tx,
+        body=body,
+        topic=topic,
+        properties=bytes(buf[p : p + props_len]),
+    )
+    if check_crc and body_len > 0 and body_crc(body) != crc:
+        return Bad("body CRC mismatch", total, record)
+    if expected_offset >= 0 and physical_offset != expected_offset:
+        return Bad(
+            f"physical offset field {physical_offset} != position {expected_offset}", total, record
+        )
+    return record
+
+
+def store_timestamp_position(sys_flag: int) -> int:
+    """`CommitLog.pickupStoreTimestamp`: where STORETIMESTAMP sits for this born-host size."""
+    born, _ = host_bytes_for_flag(sys_flag)
+    return BORN_HOST_POS + born
+
+
+# ---------------------------------------------------------------------------------------------
+# Resynchronising after a bad record
+
+MAGIC_V1_BYTES: Final = _I32.pack(MAGIC_V1)
+MAGIC_V2_BYTES: Final = _I32.pack(MAGIC_V2)
+
+Searchable: TypeAlias = bytes | bytearray | mmap.mmap
+
+
+def find_next_record(buf: Searchable, start: int, end: int, base_offset: int) -> int:
+    """The first position p in (start, end) where a whole valid record starts whose
+    PHYSICALOFFSET field equals `base_offset + p`; -1 if there is none.
+
+    Used after a bad record to tell a corrupt record in the middle (valid records follow) from a
+    torn tail (nothing valid follows). Requiring the offset field to match the position rules out
+    stale or shifted copies of records; the CRC rules out garbage that merely looks like one.
+    """
+    candidates = []
+    for magic in (MAGIC_V1_BYTES, MAGIC_V2_BYTES):
+        p = buf.find(magic, start + 1 + 4, end)
+        if p >= 0:
+            candidates.append((p, magic))
+    while candidates:
+        candidates.sort()
+        p, magic = candidates.pop(0)
+        pos = p - 4
+        result = read_record(buf, pos, end, check_crc=True, expected_offset=base_offset + pos)
+        if isinstance(result, Record):
+            return pos
+        nxt = buf.find(magic, p + 1, end)
+        if nxt >= 0:
+            candidates.append((nxt, magic))
+    return -1

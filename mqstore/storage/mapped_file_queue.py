@@ -1,0 +1,324 @@
+"""A directory of equal-size segment files forming one logical byte stream.
+
+    dir/
+      00000000000000000000   [0, S)
+      00000000000000001024   [S, 2S)         S = file_size; names are start offsets
+      ...
+
+Used by the commit log (1 GiB files), consume queues (6,000,000-byte files) and anything else
+that appends fixed-size segments. Load rules are RocketMQ's (MappedFileQueue.doLoad): files
+sorted by name, directories skipped, a zero-length last file deleted, any other size mismatch
+refuses the load. The file list is copy-on-write: readers take `self.files` without a lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from mqstore.errors import StorageError, check
+from mqstore.storage.disk import Disk
+from mqstore.storage.mapped_file import MappedFile, file_name_to_offset, offset_to_file_name
+from mqstore.storage.transient_pool import TransientStorePool
+
+log = logging.getLogger(__name__)
+
+_I64_BYTES = 8
+
+
+class StoreLoadError(StorageError):
+    """The files on disk do not form a queue this code can open (sizes, names)."""
+
+
+class MappedFileQueue:
+    def __init__(
+        self,
+        disk: Disk,
+        store_path: str,
+        file_size: int,
+        *,
+        pool: TransientStorePool | None = None,
+    ) -> None:
+        check(file_size > 0, "file_size must be positive")
+        self.disk = disk
+        self.store_path = store_path
+        self.file_size = file_size
+        self.pool = pool
+        self.files: list[MappedFile] = []
+        self.flushed_where = 0
+        self.committed_where = 0
+        self._mutate = threading.Lock()
+
+    # -- load -----------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Map every segment on disk, each counted as full until recovery sets positions."""
+        self.disk.makedirs(self.store_path)
+        names = [
+            n
+            for n in self.disk.listdir(self.store_path)
+            if not self.disk.isdir(os.path.join(self.store_path, n))
+        ]
+        segments = [n for n in names if file_name_to_offset(n) is not None]
+        files: list[MappedFile] = []
+        for i, name in enumerate(segments):
+            path = os.path.join(self.store_path, name)
+            size = self.disk.size(path)
+            if size == 0 and i == len(segments) - 1:
+                log.warning("deleting zero-length last file %s", path)
+                self.disk.remove(path)
+                self.disk.fsync_dir(self.store_path)
+                continue
+            if size != self.file_size:
+                raise StoreLoadError(
+                    f"{path} is {size} bytes but this queue's files are {self.file_size}; "
+                    "refusing to load (was the file size configuration changed?)"
+                )
+            files.append(MappedFile(self.disk, path, self.file_size, loaded=True))
+        self.files = files
+        self.check_self()
+
+    def check_self(self) -> bool:
+        """True if neighbouring files are exactly one file size apart (logged if not)."""
+        ok = True
+        files = self.files
+        for prev, cur in itertools.pairwise(files):
+            if cur.file_from_offset - prev.file_from_offset != self.file_size:
+                log.error(
+                    "[BUG] files %s and %s are not %d bytes apart",
+                    prev.path,
+                    cur.path,
+                    self.file_size,
+                )
+                ok = False
+        return ok
+
+    # -- lookup ---------------------------------------------------------------------------------
+
+    def first_file(self) -> MappedFile | None:
+        files = self.files
+        return files[0] if files else None
+
+    def last_file(self) -> MappedFile | None:
+        files = self.files
+        return files[-1] if files else None
+
+    def get_last_mapped_file(
+        self, start_offset: int = 0, *, create: bool = True
+    ) -> MappedFile | None:
+        """The file to append to: the last one, or a new one when there is none or it is full.
+        `start_offset` places the first file of an empty queue (rounded down to a file start).
+        Raises DiskFull when the new file cannot be preallocated."""
+        last = self.last_file()
+        if last is not None and not last.is_full():
+            return last
+        if not create:
+            return last
+        if last is None:
+            create_offset = start_offset - start_offset % self.file_size
+        else:
+            create_offset = last.file_from_offset + self.file_size
+        return self.create_file(create_offset)
+
+    def create_file(self, offset: int) -> MappedFile:
+        path = os.path.join(self.store_path, offset_to_file_name(offset))
+        with self._mutate:
+            last = self.last_file()
+            if last is not None and last.file_from_offset >= offset:
+                return last  # created by a racing caller
+            self.disk.makedirs(self.store_path)
+            if self.disk.exists(path):
+                # Not loaded, so not vouched for by recovery: start it afresh.
+                self.disk.remove(path)
+                self.disk.fsync_dir(self.store_path)
+            self.disk.create(path, self.file_size)
+            buffer = self.pool.borrow() if self.pool is not None else None
+            mf = MappedFile(self.disk, path, self.file_size, write_buffer=buffer)
+            self.files = [*self.files, mf]
+            return mf
+
+    def find_mapped_file_by_offset(
+        self, offset: int, *, return_first_on_not_found: bool = False
+    ) -> MappedFile | None:
+        files = self.files
+        if not files:
+            return None
+        first = files[0]
+        last = files[-1]
+        if offset < first.file_from_offset or offset >= last.file_from_offset + self.file_size:
+            return first if return_first_on_not_found else None
+        index = offset // self.file_size - first.file_from_offset // self.file_size
+        if 0 <= index < len(files):
+            mf = files[index]
+            if mf.file_from_offset <= offset < mf.file_end_offset:
+                return mf
+        for mf in files:  # holes after a failed deletion: fall back to a scan
+            if mf.file_from_offset <= offset < mf.file_end_offset:
+                return mf
+        return first if return_first_on_not_found else None
+
+    # -- offsets --------------------------------------------------------------------------------
+
+    def min_offset(self) -> int:
+        first = self.first_file()
+        return first.file_from_offset if first is not None else 0
+
+    def max_offset(self) -> int:
+        """End of readable data."""
+        last = self.last_file()
+        return last.file_from_offset + last.read_position if last is not None else 0
+
+    def max_wrote_offset(self) -> int:
+        last = self.last_file()
+        return last.file_from_offset + last.wrote_position if last is not None else 0
+
+    def roll_next_file(self, offset: int) -> int:
+        return offset + self.file_size - offset % self.file_size
+
+    # -- commit and flush -----------------------------------------------------------------------
+
+    def commit(self, least_pages: int) -> bool:
+        """Commit pooled bytes of every file from `committed_where` on; True if it advanced."""
+        before = self.committed_where
+        for mf in self._files_from(before):
+            committed = mf.commit(least_pages)
+            self.committed_where = mf.file_from_offset + committed
+            buffer = mf.release_write_buffer()
+            if buffer is not None and self.pool is not None:
+                self.pool.give_back(buffer)
+            if committed < mf.file_size:
+                break
+        return self.committed_where > before
+
+    def flush(self, least_pages: int) -> bool:
+        """Flush every file from `flushed_where` to the readable end; True if it advanced.
+        An OSError from the disk propagates and `flushed_where` stays where it was."""
+        before = self.flushed_where
+        for mf in self._files_from(before):
+            flushed = mf.flush(least_pages)
+            self.flushed_where = mf.file_from_offset + flushed
+            if flushed < mf.file_size:
+                break
+        return self.flushed_where > before
+
+    def _files_from(self, offset: int) -> list[MappedFile]:
+        files = self.files
+        for i, mf in enumerate(files):
+            if offset < mf.file_end_offset:
+                return files[i:]
+        return []
+
+    # -- truncation and deletion ----------------------------------------------------------------
+
+    def truncate_dirty_files(self, offset: int) -> None:
+        """Data ends at `offset`: files starting after it go; the file holding it is cut there
+        and its tail zeroed so stale bytes can never be mistaken for records."""
+        with self._mutate:
+            keep: list[MappedFile] = []
+            removed = False
+            for mf in self.files:
+                if mf.file_end_offset <= offset:
+                    keep.append(mf)
+                elif mf.file_from_offset <= offset:
+                    pos = offset - mf.file_from_offset
+                    if pos < mf.wrote_position:
+                        mf.zero_from(pos)
+                    mf.set_positions(pos)
+                    keep.append(mf)
+                else:
+                    mf.destroy()
+                    removed = True
+            self.files = keep
+            if removed:
+                self.disk.fsync_dir(self.store_path)
+            self.flushed_where = min(self.flushed_where, offset)
+            self.committed_where = min(self.committed_where, offset)
+
+    def delete_last_mapped_file(self) -> None:
+        with self._mutate:
+            last = self.last_file()
+            if last is None:
+                return
+            last.destroy()
+            self.files = self.files[:-1]
+            self.disk.fsync_dir(self.store_path)
+
+    def delete_expired_file_by_time(
+        self,
+        *,
+        expired_before_ms: int,
+        floor_offset: int,
+        clean_immediately: bool,
+        max_files: int,
+        on_delete: Callable[[MappedFile], None] | None = None,
+    ) -> int:
+        """Delete the leading run of files last modified before `expired_before_ms` (or all
+        leading files with `clean_immediately`), never the last file and never a file whose
+        data reaches above `floor_offset`. Stops at the first file it keeps."""
+        files = self.files
+        doomed: list[MappedFile] = []
+        for mf in files[:-1]:
+            if len(doomed) >= max_files:
+                break
+            if mf.file_end_offset > floor_offset:
+                break
+            expired = self.disk.mtime_ms(mf.path) < expired_before_ms
+            if not (expired or clean_immediately):
+                break
+            doomed.append(mf)
+        return self._delete_leading(doomed, on_delete)
+
+    def delete_expired_file_by_offset(self, offset: int, unit_size: int) -> int:
+        """RocketMQ's deleteExpiredFileByOffset for unit files: destroy each file but the last
+        whose last unit (an int64 at file_size - unit_size) points below `offset`."""
+        files = self.files
+        doomed: list[MappedFile] = []
+        for mf in files[:-1]:
+            if not mf.hold():
+                doomed.append(mf)  # no longer available: nothing to lose
+                continue
+            try:
+                pos = self.file_size - unit_size
+                value = int.from_bytes(mf.read_buf[pos : pos + _I64_BYTES], "big", signed=True)
+            finally:
+                mf.release()
+            if value >= offset:
+                break
+            doomed.append(mf)
+        return self._delete_leading(doomed, None)
+
+    def _delete_leading(
+        self, doomed: list[MappedFile], on_delete: Callable[[MappedFile], None] | None
+    ) -> int:
+        if not doomed:
+            return 0
+        with self._mutate:
+            for mf in doomed:
+                mf.destroy()
+                if on_delete is not None:
+                    on_delete(mf)
+            gone = {id(mf) for mf in doomed}
+            self.files = [mf for mf in self.files if id(mf) not in gone]
+            self.disk.fsync_dir(self.store_path)
+        return len(doomed)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        with self._mutate:
+            for mf in self.files:
+                mf.close()
+
+    def destroy(self) -> None:
+        """Delete every file (a store being wiped)."""
+        with self._mutate:
+            for mf in self.files:
+                mf.destroy()
+            self.files = []
+            self.flushed_where = 0
+            self.committed_where = 0
+            if self.disk.isdir(self.store_path):
+                self.disk.fsync_dir(self.store_path)
