@@ -31,7 +31,6 @@ from mqstore.errors import (
     DataLoss,
     DiskFull,
     InvalidArgument,
-    MessageIllegal,
     OutOfRange,
     PropertiesTooLarge,
     Unavailable,
@@ -42,13 +41,19 @@ from mqstore.formats.record import (
     END_FILE_MIN_BLANK_BYTES,
     Bad,
     Blank,
-    PreparedMessage,
     Record,
     encode_blank,
     find_next_record,
-    prepare_message,
     read_record,
-    write_prepared,
+)
+from mqstore.formats.record_batch import (
+    BatchEncoder,
+    EncodedBatch,
+    MessageBatch,
+    QueueTable,
+    batches_from_messages,
+    table_to_pairs,
+    undo_queue_offsets,
 )
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
@@ -73,6 +78,18 @@ class ScanBatch:
     corrupt: list[CorruptRange] = field(default_factory=list)
 
 
+def _as_batches(
+    messages: MessageBatch | Sequence[MessageBatch | MessageIn],
+) -> Sequence[MessageBatch]:
+    if isinstance(messages, MessageBatch):
+        return (messages,)
+    if all(isinstance(m, MessageBatch) for m in messages):
+        return messages  # type: ignore[return-value]
+    if any(isinstance(m, MessageBatch) for m in messages):
+        raise InvalidArgument("mix of MessageBatch and MessageIn in one append")
+    return batches_from_messages(messages)  # type: ignore[arg-type]
+
+
 class CommitLog:
     def __init__(
         self,
@@ -90,11 +107,11 @@ class CommitLog:
             pool = TransientStorePool(config.transient_pool_buffers, config.file_bytes)
         self.queue = MappedFileQueue(self.disk, config.commitlog_dir, config.file_bytes, pool=pool)
         self._store_host = config.store_host
-        self._store_host_v6 = len(self._store_host) == 20
         self._limits = config.limits
         self._put_lock = threading.Lock()
         self._put_lock_timeout_s = config.put_lock_timeout_ms / 1000.0
-        self._queue_offsets: dict[QueueKey, int] = {}
+        self._encoder = BatchEncoder(self._store_host, self._limits)
+        self._queue_offsets: QueueTable = {}
         self._lock: FileLock | None = None
         self._flusher: FlushService | None = None
         self._retention = RetentionPolicy(config, self.disk, self.clock)
@@ -142,7 +159,7 @@ class CommitLog:
             self.queue.committed_where = end
             self.queue.flush(0)
             self.queue.flushed_where = end
-            self._write_checkpoint(end, dict(self._queue_offsets))
+            self._write_checkpoint(end, table_to_pairs(self._queue_offsets))
             self._files.create_abort()
         except BaseException:
             self.queue.shutdown()
@@ -191,7 +208,7 @@ class CommitLog:
                 try:
                     flusher.flush_now()
                     end = self.queue.max_wrote_offset()
-                    self._write_checkpoint(end, dict(self._queue_offsets))
+                    self._write_checkpoint(end, table_to_pairs(self._queue_offsets))
                     self._files.remove_abort()
                 except Exception:
                     log.exception("shutdown flush failed; the next start recovers the tail")
@@ -250,11 +267,11 @@ class CommitLog:
 
     def queue_offset(self, topic: str, queue_id: int) -> int:
         """The next queue offset the store will assign in (topic, queue_id)."""
-        return self._queue_offsets.get((topic, queue_id), 0)
+        return self._queue_offsets.get(topic, {}).get(queue_id, 0)
 
     def queue_offsets(self) -> dict[QueueKey, int]:
         with self._put_lock:
-            return dict(self._queue_offsets)
+            return table_to_pairs(self._queue_offsets)
 
     def _refusal(self) -> str | None:
         if not self._running:
@@ -275,10 +292,16 @@ class CommitLog:
     def append(self, message: MessageIn) -> AppendResult:
         return self.append_batch((message,))
 
-    def append_batch(self, messages: Sequence[MessageIn]) -> AppendResult:
+    def append_batch(
+        self, messages: MessageBatch | Sequence[MessageBatch | MessageIn]
+    ) -> AppendResult:
         """Store messages in order; one status per message. Refused messages change nothing;
-        the others are written together in one segment and published together."""
-        count = len(messages)
+        the others are written together in one segment and published together.
+
+        The fast form is a columnar `MessageBatch` (or several); a sequence of `MessageIn`
+        objects is grouped into batches first."""
+        batches = _as_batches(messages)
+        count = sum(len(b) for b in batches)
         if count == 0:
             return AppendResult(statuses=[])
         if count > self._limits.batch_messages_max:
@@ -290,148 +313,117 @@ class CommitLog:
         refusal = self._refusal()
         if refusal is not None:
             return AppendResult.refused(count, PutStatus.SERVICE_NOT_AVAILABLE, refusal)
-        result = AppendResult.refused(count, PutStatus.PUT_OK, "")
-        prepared = self._prepare(messages, result)
-        if not prepared:
-            return result
         if not self._put_lock.acquire(timeout=self._put_lock_timeout_s):
             return AppendResult.refused(
                 count, PutStatus.OS_PAGE_CACHE_BUSY, "the write lock was busy past the bound"
             )
         try:
-            end = self._write_locked(prepared, result)
+            result, end = self._append_locked(batches, count)
         finally:
             self._put_lock.release()
-        if end < 0:
-            return result
-        if self.config.flush is FlushMode.SYNC:
+        if end >= 0 and self.config.flush is FlushMode.SYNC:
             assert self._flusher is not None
             status = self._flusher.wait_durable(end, self.config.sync_flush_timeout_ms)
             if status is not PutStatus.PUT_OK:
-                for i, _ in prepared:
-                    result.statuses[i] = status
-                    result.reasons[i] = "not durable: " + status.name
+                for i, s in enumerate(result.statuses):
+                    if s is PutStatus.PUT_OK:
+                        result.statuses[i] = status
+                        result.reasons[i] = "not durable: " + status.name
         return result
 
-    def _prepare(
-        self, messages: Sequence[MessageIn], result: AppendResult
-    ) -> list[tuple[int, PreparedMessage]]:
-        prepared: list[tuple[int, PreparedMessage]] = []
-        total = 0
-        file_room = self.config.file_bytes - END_FILE_MIN_BLANK_BYTES
-        limits = self._limits
-        v6 = self._store_host_v6
-        for i, m in enumerate(messages):
-            try:
-                p = prepare_message(
-                    topic=m.topic,
-                    queue_id=m.queue_id,
-                    body=m.body,
-                    properties=m.properties,
-                    flag=m.flag,
-                    sys_flag=m.sys_flag,
-                    born_timestamp_ms=m.born_timestamp_ms,
-                    born_host=m.born_host,
-                    reconsume_times=m.reconsume_times,
-                    prepared_tx_offset=m.prepared_tx_offset,
-                    store_host_v6=v6,
-                    limits=limits,
-                )
-            except PropertiesTooLarge as exc:
-                result.statuses[i] = PutStatus.PROPERTIES_SIZE_EXCEEDED
-                result.reasons[i] = str(exc)
-                continue
-            except MessageIllegal as exc:
-                result.statuses[i] = PutStatus.MESSAGE_ILLEGAL
-                result.reasons[i] = str(exc)
-                continue
-            if p.size > file_room:
-                result.statuses[i] = PutStatus.MESSAGE_ILLEGAL
-                result.reasons[i] = f"record of {p.size} bytes does not fit a segment"
-                continue
-            total += p.size
-            prepared.append((i, p))
-        if total > file_room:
-            # A batch never spans files, so one that cannot fit an empty file is refused whole.
-            reason = f"batch of {total} bytes does not fit a {self.config.file_bytes}-byte segment"
-            for i, _ in prepared:
-                result.statuses[i] = PutStatus.MESSAGE_ILLEGAL
-                result.reasons[i] = reason
-            return []
-        return prepared
-
-    def _file_for(self, nbytes: int) -> MappedFile:
-        """The file the next `nbytes` go to, rolling over (with the end-of-file blank) first
-        if they do not fit with room for a blank after them. Raises DiskFull."""
-        mf = self.queue.get_last_mapped_file(0)
+    def _append_locked(
+        self, batches: Sequence[MessageBatch], count: int
+    ) -> tuple[AppendResult, int]:
+        """Under the put lock: encode (assigning queue offsets), place, write, publish.
+        Returns the result and the end offset of what was written (-1 if nothing)."""
+        refusal = self._refusal()
+        if refusal is not None:
+            return AppendResult.refused(count, PutStatus.SERVICE_NOT_AVAILABLE, refusal), -1
+        try:
+            mf = self.queue.get_last_mapped_file(0)
+        except DiskFull as exc:
+            return self._disk_full(count, exc), -1
         assert mf is not None
-        if nbytes + END_FILE_MIN_BLANK_BYTES <= mf.remaining():
-            return mf
-        # Create the next file before marking this one full: a failed creation changes nothing.
+        store_ts = self.clock.now_ms()
+        encoded = self._encoder.encode(
+            batches,
+            base_offset=mf.file_from_offset + mf.wrote_position,
+            store_timestamp_ms=store_ts,
+            queue_table=self._queue_offsets,
+        )
+        nbytes = encoded.nbytes
+        if nbytes == 0:
+            return self._result(encoded, store_ts), -1
+        if nbytes + END_FILE_MIN_BLANK_BYTES > mf.remaining():
+            if nbytes + END_FILE_MIN_BLANK_BYTES > self.config.file_bytes:
+                # A batch never spans files, so one that cannot fit an empty file is refused.
+                undo_queue_offsets(batches, encoded, self._queue_offsets)
+                reason = (
+                    f"batch of {nbytes} bytes does not fit a {self.config.file_bytes}-byte segment"
+                )
+                result = self._result(encoded, store_ts)
+                for i in encoded.accepted():
+                    result.statuses[i] = PutStatus.MESSAGE_ILLEGAL
+                    result.reasons[i] = reason
+                    result.offsets[i] = result.queue_offsets[i] = -1
+                    result.sizes[i] = 0
+                return result, -1
+            try:
+                mf = self._roll(mf)
+            except DiskFull as exc:
+                undo_queue_offsets(batches, encoded, self._queue_offsets)
+                return self._disk_full(count, exc), -1
+            encoded.relocate(mf.file_from_offset)
+        self._disk_full_until_ms = 0.0
+        pos = mf.wrote_position
+        mf.write_buf[pos : pos + nbytes] = encoded.blob
+        mf.store_timestamp_ms = store_ts
+        mf.advance(nbytes)
+        return self._result(encoded, store_ts), encoded.base_offset + nbytes
+
+    @staticmethod
+    def _result(encoded: EncodedBatch, store_ts: int) -> AppendResult:
+        base = encoded.base_offset
+        offsets = [base + p for p in encoded.positions]
+        if not encoded.refused:
+            return AppendResult(
+                statuses=[PutStatus.PUT_OK] * encoded.count,
+                offsets=offsets,
+                sizes=encoded.sizes,
+                queue_offsets=encoded.queue_offsets,
+                store_timestamp_ms=store_ts,
+                reasons=[""] * encoded.count,
+            )
+        result = AppendResult.refused(encoded.count, PutStatus.PUT_OK, "")
+        result.store_timestamp_ms = store_ts
+        for i, error in encoded.refused:
+            result.statuses[i] = (
+                PutStatus.PROPERTIES_SIZE_EXCEEDED
+                if isinstance(error, PropertiesTooLarge)
+                else PutStatus.MESSAGE_ILLEGAL
+            )
+            result.reasons[i] = str(error)
+        for j, i in enumerate(encoded.accepted()):
+            result.offsets[i] = offsets[j]
+            result.sizes[i] = encoded.sizes[j]
+            result.queue_offsets[i] = encoded.queue_offsets[j]
+        return result
+
+    def _roll(self, mf: MappedFile) -> MappedFile:
+        """Close `mf` with the end-of-file blank and return the next file. The next file is
+        created first: a failed creation (DiskFull) leaves everything as it was."""
         nxt = self.queue.create_file(mf.file_end_offset)
         remaining = mf.remaining()
         if remaining > 0:
-            mf.write_buf[mf.wrote_position : mf.wrote_position + END_FILE_MIN_BLANK_BYTES] = (
-                encode_blank(remaining)
-            )
+            pos = mf.wrote_position
+            mf.write_buf[pos : pos + END_FILE_MIN_BLANK_BYTES] = encode_blank(remaining)
             mf.advance(remaining)
         return nxt
 
-    def _write_locked(
-        self, prepared: list[tuple[int, PreparedMessage]], result: AppendResult
-    ) -> int:
-        """Under the put lock: assign offsets, write, publish. Returns the end offset, or -1
-        when the whole batch was refused."""
-        refusal = self._refusal()
-        if refusal is not None:
-            for i, _ in prepared:
-                result.statuses[i] = PutStatus.SERVICE_NOT_AVAILABLE
-                result.reasons[i] = refusal
-            return -1
-        total = sum(p.size for _, p in prepared)
-        try:
-            mf = self._file_for(total)
-        except DiskFull as exc:
-            log.error("cannot create a commit-log segment: %s", exc)
-            self._disk_full_until_ms = self.clock.monotonic_ms() + DISK_FULL_RETRY_MS
-            for i, _ in prepared:
-                result.statuses[i] = PutStatus.CREATE_MAPPED_FILE_FAILED
-                result.reasons[i] = str(exc)
-            return -1
-        self._disk_full_until_ms = 0.0
-        store_ts = self.clock.now_ms()
-        result.store_timestamp_ms = store_ts
-        buf = mf.write_buf
-        base = mf.file_from_offset
-        pos = mf.wrote_position
-        table = self._queue_offsets
-        host = self._store_host
-        offsets = result.offsets
-        sizes = result.sizes
-        queue_offsets = result.queue_offsets
-        for i, p in prepared:
-            if p.gets_queue_offset:
-                key = (p.topic, p.queue_id)
-                qo = table.get(key, 0)
-                table[key] = qo + 1
-            else:
-                qo = 0
-            write_prepared(
-                buf,
-                pos,
-                p,
-                queue_offset=qo,
-                physical_offset=base + pos,
-                store_timestamp_ms=store_ts,
-                store_host=host,
-            )
-            offsets[i] = base + pos
-            sizes[i] = p.size
-            queue_offsets[i] = qo
-            pos += p.size
-        mf.store_timestamp_ms = store_ts
-        mf.advance(pos - mf.wrote_position)
-        return base + pos
+    def _disk_full(self, count: int, exc: DiskFull) -> AppendResult:
+        log.error("cannot create a commit-log segment: %s", exc)
+        self._disk_full_until_ms = self.clock.monotonic_ms() + DISK_FULL_RETRY_MS
+        return AppendResult.refused(count, PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -567,7 +559,7 @@ class CommitLog:
             wrote = self.queue.max_wrote_offset()
             if wrote == self._last_checkpoint_offset:
                 return
-            table = dict(self._queue_offsets)
+            table = table_to_pairs(self._queue_offsets)
         assert self._flusher is not None
         self._flusher.flush_now()
         check(self.queue.flushed_where >= wrote, "checkpoint offset beyond the flushed end")

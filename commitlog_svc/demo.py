@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     log = CommitLog(config)
     report = log.open()
     start = log.max_offset
-    print(f"opened {config.data_dir}: offsets [{log.min_offset}, {start}) after a "
-          f"{'clean' if report.clean_exit else 'crash'} exit, recovery {report.duration_ms:.1f} ms")
+    print(
+        f"opened {config.data_dir}: offsets [{log.min_offset}, {start}) after a "
+        f"{'clean' if report.clean_exit else 'crash'} exit, recovery {report.duration_ms:.1f} ms"
+    )
 
     began = time.perf_counter()
     appended = []
@@ -55,19 +57,25 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         appended.extend(result.offsets)
     took = time.perf_counter() - began
-    print(f"appended {len(appended)} messages with sync flush in {took:.2f} s "
-          f"({len(appended) / took:,.0f} msg/s); log end {log.max_offset}")
+    print(
+        f"appended {len(appended)} messages with sync flush in {took:.2f} s "
+        f"({len(appended) / took:,.0f} msg/s); log end {log.max_offset}"
+    )
     log.close()
 
     log = CommitLog(config)
     report = log.open()
-    print(f"reopened: recovery checked {report.records_scanned} records in "
-          f"{report.duration_ms:.1f} ms, log end {log.max_offset}")
+    print(
+        f"reopened: recovery checked {report.records_scanned} records in "
+        f"{report.duration_ms:.1f} ms, log end {log.max_offset}"
+    )
     for offset in appended:
         log.read_record(offset)
     last = log.read_record(appended[-1])
-    print(f"read back all {len(appended)} messages by offset; the last: topic={last.topic} "
-          f"queue={last.queue_id} queue offset={last.queue_offset} body={last.body!r}")
+    print(
+        f"read back all {len(appended)} messages by offset; the last: topic={last.topic} "
+        f"queue={last.queue_id} queue offset={last.queue_offset} body={last.body!r}"
+    )
     print("queue offsets:", {f"{t}/{q}": n for (t, q), n in sorted(log.queue_offsets().items())})
     log.close()
     return 0

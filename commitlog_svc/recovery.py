@@ -36,8 +36,9 @@ import time
 from dataclasses import dataclass, field
 
 from mqstore.formats import sysflag
-from mqstore.formats.commitlog_checkpoint import Checkpoint, QueueKey
-from mqstore.formats.record import Bad, Blank, Record, find_next_record, read_record
+from mqstore.formats.commitlog_checkpoint import Checkpoint
+from mqstore.formats.record import Bad, Blank, Record, find_next_record, read_record, scan_run
+from mqstore.formats.record_batch import QueueTable, table_from_pairs
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
 
@@ -69,16 +70,16 @@ class RecoveryReport:
 @dataclass(slots=True)
 class RecoveryResult:
     report: RecoveryReport
-    queue_offsets: dict[QueueKey, int]
+    queue_offsets: QueueTable
 
 
-def _apply(table: dict[QueueKey, int], record: Record) -> None:
+def _apply(table: QueueTable, record: Record) -> None:
     if not sysflag.gets_queue_offset(record.sys_flag):
         return
-    key = (record.topic, record.queue_id)
+    queues = table.setdefault(record.topic, {})
     nxt = record.queue_offset + 1
-    if table.get(key, 0) < nxt:
-        table[key] = nxt
+    if queues.get(record.queue_id, 0) < nxt:
+        queues[record.queue_id] = nxt
 
 
 def _data_end_hint(mf: MappedFile, pos: int) -> int:
@@ -109,7 +110,7 @@ def recover(
     if checkpoint is not None:
         report.checkpoint_found = True
         durable = checkpoint.flushed_offset
-        table = dict(checkpoint.queue_offsets)
+        table: QueueTable = table_from_pairs(checkpoint.queue_offsets)
         apply_from = durable
     else:
         # No checkpoint (the store always writes one when created, so it was lost or corrupt):
@@ -153,15 +154,15 @@ def recover(
         pos = 0
         next_file = False
         while pos < size:
-            offset = base + pos
-            result = read_record(buf, pos, size, check_crc=True, expected_offset=offset)
-            if isinstance(result, Record):
-                report.records_scanned += 1
-                if offset >= apply_from:
-                    _apply(table, result)
-                pos += result.total_size
-                end = base + pos
-                continue
+            pos, walked, result = scan_run(
+                buf, pos, size, base, check_crc=True, queue_table=table, apply_from=apply_from
+            )
+            report.records_scanned += walked
+            end = base + pos
+            offset = end
+            if result is None:
+                break
+            assert not isinstance(result, Record)
             if isinstance(result, Blank):
                 end = mf.file_end_offset
                 next_file = True

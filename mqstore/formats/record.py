@@ -78,10 +78,10 @@ def _header(born_host_bytes: int, store_host_bytes: int) -> struct.Struct:
     return struct.Struct(f">iiiiiqqiq{born_host_bytes}sq{store_host_bytes}siqi")
 
 
-_HEADERS: dict[tuple[int, int], struct.Struct] = {
+HEADERS: dict[tuple[int, int], struct.Struct] = {
     (b, s): _header(b, s) for b in (IPV4_HOST_BYTES, IPV6_HOST_BYTES) for s in (8, 20)
 }
-HEADER_V4_V4: Final = _HEADERS[(8, 8)]
+HEADER_V4_V4: Final = HEADERS[(8, 8)]
 assert HEADER_V4_V4.size == 88  # 91 bytes of overhead minus topic length (1) and props length (2)
 
 
@@ -223,7 +223,7 @@ def prepare_message(
     tail = b"".join((topic_len, topic_raw, _PROPS_LEN.pack(props_len), properties))
     return PreparedMessage(
         size=size,
-        header=_HEADERS[(born_bytes, store_bytes)],
+        header=HEADERS[(born_bytes, store_bytes)],
         magic=MAGIC_V2 if v2 else MAGIC_V1,
         body_crc=body_crc(body),
         queue_id=queue_id,
@@ -422,7 +422,7 @@ def read_record(
     if total < HEADER_V4_V4.size + 3 or total > remaining:
         return Bad(f"total size {total} does not fit the {remaining} bytes left")
     (sys_flag,) = _I32.unpack_from(buf, pos + SYSFLAG_POS)
-    header = _HEADERS[host_bytes_for_flag(sys_flag)]
+    header = HEADERS[host_bytes_for_flag(sys_flag)]
     if total < header.size + 3:
         return Bad(f"total size {total} shorter than the header", total)
     (
@@ -549,3 +549,107 @@ def find_next_record(buf: Searchable, start: int, end: int, base_offset: int) ->
         if nxt >= 0:
             candidates.append((nxt, magic))
     return -1
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast validation of a run of records (recovery)
+
+_PREFIX = struct.Struct(">iiiiiqqi")  # TOTALSIZE .. SYSFLAG, 40 bytes
+assert _PREFIX.size == 40
+_FIXED_MIN = HEADER_V4_V4.size + 3  # smallest possible record: 91 bytes
+
+
+def scan_run(
+    buf: Buffer,
+    pos: int,
+    end: int,
+    base_offset: int,
+    *,
+    check_crc: bool = True,
+    queue_table: dict[str, dict[int, int]] | None = None,
+    apply_from: int = 0,
+) -> tuple[int, int, ReadResult | None]:
+    """Walk the valid records of buf[pos:end] (whose first byte sits at commit-log offset
+    `base_offset`) without building a Record for each. Returns (position after the last valid
+    record, records walked, what stopped the walk): None at `end`, a Blank, or a Bad.
+
+    Every check is read_record's; on any doubt the record is handed to read_record and its
+    verdict stands, so the two can never disagree. With `queue_table`, each record at or after
+    `apply_from` that takes a queue offset raises its queue's next offset to queue_offset + 1.
+    """
+    count = 0
+    topics: dict[bytes, str] = {}
+    unpack_prefix = _PREFIX.unpack_from
+    unpack_i32 = _I32.unpack_from
+    with memoryview(buf) as view:
+        while pos < end:
+            remaining = end - pos
+            if remaining < _PREFIX.size:
+                return pos, count, read_record(
+                    buf, pos, end, check_crc=check_crc, expected_offset=base_offset + pos
+                )
+            total, magic, crc, _, _, queue_offset, physical, flags = unpack_prefix(buf, pos)
+            if magic == BLANK_MAGIC:
+                return pos, count, Blank(total)
+            header_size = (
+                HEADER_V4_V4.size
+                + (12 if flags & sysflag.BORNHOST_V6 else 0)
+                + (12 if flags & sysflag.STOREHOST_V6 else 0)
+            )
+            ok = (
+                magic in (MAGIC_V1, MAGIC_V2)
+                and _FIXED_MIN <= total <= remaining
+                and physical == base_offset + pos
+                and total >= header_size + 3
+            )
+            if ok:
+                (body_len,) = unpack_i32(buf, pos + header_size - 4)
+                topic_at = pos + header_size + body_len
+                v2 = magic == MAGIC_V2
+                ok = body_len >= 0 and topic_at + (2 if v2 else 1) <= pos + total
+            if ok:
+                if v2:
+                    (topic_len,) = _TOPIC_LEN_V2.unpack_from(buf, topic_at)
+                    topic_start = topic_at + 2
+                else:
+                    topic_len = buf[topic_at]
+                    topic_start = topic_at + 1
+                props_at = topic_start + topic_len
+                ok = topic_len >= 0 and props_at + 2 <= pos + total
+            if ok:
+                (props_len,) = _PROPS_LEN.unpack_from(buf, props_at)
+                ok = props_len >= 0 and props_at + 2 + props_len == pos + total
+            if ok:
+                raw_topic = bytes(view[topic_start : topic_start + topic_len])
+                topic = topics.get(raw_topic, "")
+                if not topic:
+                    try:
+                        topic = topics[raw_topic] = raw_topic.decode("utf-8")
+                    except UnicodeDecodeError:
+                        ok = False
+            if ok and check_crc and body_len > 0:
+                body_start = pos + header_size
+                ok = (zlib.crc32(view[body_start : body_start + body_len]) & 0x7FFFFFFF) == crc
+            slow: Record | None = None
+            if not ok:
+                found = read_record(
+                    buf, pos, end, check_crc=check_crc, expected_offset=base_offset + pos
+                )
+                if not isinstance(found, Record):
+                    return pos, count, found
+                slow = found
+            if (
+                queue_table is not None
+                and base_offset + pos >= apply_from
+                and flags & sysflag.TRANSACTION_MASK
+                in (sysflag.TRANSACTION_NOT_TYPE, sysflag.TRANSACTION_COMMIT_TYPE)
+            ):
+                if slow is not None:
+                    topic = slow.topic
+                (queue_id,) = unpack_i32(buf, pos + QUEUE_ID_POS)
+                queues = queue_table.setdefault(topic, {})
+                if queues.get(queue_id, 0) <= queue_offset:
+                    queues[queue_id] = queue_offset + 1
+            pos += total
+            count += 1
+    return pos, count, None

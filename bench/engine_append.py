@@ -1,0 +1,150 @@
+"""Commit-log engine append throughput, next to a raw mmap append loop measured in the same run.
+
+    python -m bench.engine_append [--records N] [--runs R] [--dir DIR] [--quick]
+
+Workloads (bodies of 100 B and 1 KiB, batches of 1,000 messages, one producer thread):
+- raw:        a preallocated file, mapped, each record = 24-byte header packed with pack_into +
+              the payload copied in (the loop of reference/performance-limits.md §4a). No CRC.
+- async:      CommitLog.append_batch with flush=async (interval flush in the background).
+- async+pool: the same with the transient store pool (writes to pooled buffers, committed
+              every 200 ms).
+- sync:       flush=sync (group commit: each batch returns once its bytes are flushed).
+
+Messages are built before the clock starts, as a producer would hand them over (topic, queue,
+body, and properties carrying a UNIQ_KEY made by the producer). The figure is records per
+second of wall time; MB/s counts payload bytes (10^6). The machine is shared and noisy: each
+cell is the median of --runs runs, and the ratio column compares the engine to the raw loop of
+the same run, never to a number from elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import shutil
+import statistics
+import struct
+import tempfile
+import time
+from collections.abc import Callable
+
+from commitlog_svc.commitlog import CommitLog
+from commitlog_svc.config import CommitLogConfig, FlushMode
+from mqstore.formats.msgid import UniqIdGenerator
+from mqstore.formats.properties import encode_properties
+from mqstore.formats.record_batch import MessageBatch
+
+RAW_HEADER = struct.Struct("<IIqq")
+BATCH = 1000
+QUEUES = 8
+SEGMENT_BYTES = 1 << 30
+
+
+def make_batches(count: int, body_bytes: int) -> list[MessageBatch]:
+    """Columnar batches, as the producer SDK hands them over (each message its own UNIQ_KEY)."""
+    ids = UniqIdGenerator()
+    body = os.urandom(body_bytes)
+    batches = []
+    for start in range(0, count, BATCH):
+        indices = range(start, min(count, start + BATCH))
+        batches.append(
+            MessageBatch(
+                topic="bench",
+                queue_ids=[i % QUEUES for i in indices],
+                bodies=[body for _ in indices],
+                properties=[encode_properties({"UNIQ_KEY": ids.next_id()}) for _ in indices],
+            )
+        )
+    return batches
+
+
+def raw_loop(directory: str, count: int, body_bytes: int) -> float:
+    payload = os.urandom(body_bytes)
+    record_bytes = RAW_HEADER.size + body_bytes
+    size = max(1 << 20, record_bytes * count)
+    size += -size % mmap.ALLOCATIONGRANULARITY
+    path = os.path.join(directory, "raw")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.posix_fallocate(fd, 0, size)
+    mm = mmap.mmap(fd, size)
+    os.close(fd)
+    pack_into = RAW_HEADER.pack_into
+    began = time.perf_counter()
+    pos = 0
+    for i in range(count):
+        pack_into(mm, pos, record_bytes, 0, i, i)
+        mm[pos + 24 : pos + record_bytes] = payload
+        pos += record_bytes
+    took = time.perf_counter() - began
+    mm.close()
+    os.unlink(path)
+    return count / took
+
+
+def engine_loop(directory: str, batches: list[MessageBatch], **config: object) -> float:
+    data_dir = tempfile.mkdtemp(dir=directory)
+    cfg = CommitLogConfig(data_dir=data_dir, file_bytes=SEGMENT_BYTES, **config)  # type: ignore[arg-type]
+    log = CommitLog(cfg)
+    log.open()
+    count = sum(len(b) for b in batches)
+    began = time.perf_counter()
+    for batch in batches:
+        result = log.append_batch(batch)
+        if not result.ok:
+            raise SystemExit(f"append failed: {result.status.name} {result.reasons[0]}")
+    took = time.perf_counter() - began
+    log.close()
+    shutil.rmtree(data_dir)
+    return count / took
+
+
+def median_of(runs: int, fn: Callable[[], float]) -> float:
+    return statistics.median(fn() for _ in range(runs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where the files go (default: a temp dir)")
+    parser.add_argument("--quick", action="store_true", help="30,000 records, 1 run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.records, args.runs = 30_000, 1
+    directory = tempfile.mkdtemp(prefix="mqstore-bench-", dir=args.dir)
+    rows = []
+    try:
+        for body_bytes in (100, 1024):
+            batches = make_batches(args.records, body_bytes)
+            raw = median_of(args.runs, lambda b=body_bytes: raw_loop(directory, args.records, b))
+            variants: dict[str, dict[str, object]] = {
+                "async": {"flush": FlushMode.ASYNC},
+                "async+pool": {
+                    "flush": FlushMode.ASYNC,
+                    "transient_pool": True,
+                    "transient_pool_buffers": 2,
+                },
+                "sync": {"flush": FlushMode.SYNC},
+            }
+            rows.append(("raw mmap loop", body_bytes, raw, raw))
+            for name, config in variants.items():
+                rate = median_of(
+                    args.runs, lambda b=batches, c=config: engine_loop(directory, b, **c)
+                )
+                rows.append((f"engine {name}", body_bytes, rate, raw))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    title = f"commit-log append, {args.records:,} records per run, batches of {BATCH}"
+    print(f"{title}, median of {args.runs}")
+    print(f"{'workload':<22}{'body':>6}{'records/s':>14}{'MB/s':>9}{'vs raw':>9}")
+    for name, body_bytes, rate, raw in rows:
+        mb_s = rate * body_bytes / 1e6
+        print(f"{name:<22}{body_bytes:>6}{rate:>14,.0f}{mb_s:>9.1f}{rate / raw:>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
