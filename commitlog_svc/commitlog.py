@@ -462,7 +462,7 @@ class CommitLog:
             mf.release()
         if isinstance(found, Record):
             return found
-        if isinstance(found, Blank) or found.reason.startswith("illegal magic"):
+        if isinstance(found, Blank) or found.no_record:
             raise InvalidArgument(f"no record starts at offset {offset}", field="offset")
         raise CorruptRecord(offset, found.reason)
 
@@ -535,16 +535,17 @@ class CommitLog:
                 pos += found.total_size
                 taken += found.total_size
                 continue
-            if isinstance(found, Blank):
+            if isinstance(found, Blank) and found.total_size == mf.file_size - pos:
                 return mf.file_end_offset, taken
+            reason = found.reason if isinstance(found, Bad) else "blank of the wrong size"
             resume = find_next_record(buf, pos, limit, base)
             if resume < 0:
                 # Nothing valid after it in what is readable of this file: skip to the next.
-                batch.corrupt.append(CorruptRange(base + pos, mf.file_end_offset, found.reason))
-                log.error("corrupt commit-log bytes at %d: %s", base + pos, found.reason)
+                batch.corrupt.append(CorruptRange(base + pos, mf.file_end_offset, reason))
+                log.error("corrupt commit-log bytes at %d: %s", base + pos, reason)
                 return mf.file_end_offset, taken
-            batch.corrupt.append(CorruptRange(base + pos, base + resume, found.reason))
-            log.error("corrupt record at %d skipped: %s", base + pos, found.reason)
+            batch.corrupt.append(CorruptRange(base + pos, base + resume, reason))
+            log.error("corrupt record at %d skipped: %s", base + pos, reason)
             pos = resume
         if pos >= mf.file_size:
             return mf.file_end_offset, taken

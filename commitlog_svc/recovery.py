@@ -164,10 +164,12 @@ def recover(
                 break
             assert not isinstance(result, Record)
             if isinstance(result, Blank):
-                end = mf.file_end_offset
-                next_file = True
-                break
-            assert isinstance(result, Bad)
+                if result.total_size == size - pos:
+                    end = mf.file_end_offset
+                    next_file = True
+                    break
+                # The writer's blank always spans the rest of the file; this one does not.
+                result = Bad(f"blank of {result.total_size} bytes, {size - pos} left in the file")
             if offset >= durable:
                 cut_at = offset
                 break

@@ -52,7 +52,13 @@ class Checkpoint:
     queue_offsets: dict[QueueKey, int] = field(default_factory=dict)
 
 
+def _check_store_id(store_id: bytes) -> None:
+    if len(store_id) != STORE_ID_BYTES:
+        raise ValueError(f"a store id is {STORE_ID_BYTES} bytes, got {len(store_id)}")
+
+
 def encode_checkpoint(ckpt: Checkpoint) -> bytes:
+    _check_store_id(ckpt.store_id)
     parts = [
         _CKPT_HEAD.pack(
             ckpt.store_id,
@@ -103,6 +109,7 @@ class StoreMeta:
 
 
 def encode_meta(meta: StoreMeta) -> bytes:
+    _check_store_id(meta.store_id)
     return frame(
         META_MAGIC, META_VERSION, _META.pack(meta.store_id, meta.created_at_ms, meta.file_bytes)
     )

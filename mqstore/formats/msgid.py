@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
+import re
 import secrets
 import struct
 import threading
@@ -29,7 +30,11 @@ from collections.abc import Callable
 from mqstore.errors import InvalidArgument
 
 _OFFSET = struct.Struct(">q")
-_UNIQ_TAIL = struct.Struct(">iH")
+# Unsigned: the ms since the month start pass 2**31 on the 25th day (RocketMQ writes the same
+# 4 bytes from a Java int cast).
+_UNIQ_TAIL = struct.Struct(">IH")
+
+_HEX = re.compile(r"[0-9A-Fa-f]+")
 
 OFFSET_MSG_ID_V4_CHARS = 32
 OFFSET_MSG_ID_V6_CHARS = 56
@@ -47,10 +52,9 @@ def decode_offset_msg_id(msg_id: str) -> tuple[bytes, int]:
             f"offset msg id must be 32 (IPv4) or 56 (IPv6) hex chars, got {len(msg_id)}",
             field="msg_id",
         )
-    try:
-        raw = bytes.fromhex(msg_id)
-    except ValueError as exc:
-        raise InvalidArgument(f"offset msg id is not hex: {msg_id!r}", field="msg_id") from exc
+    if not _HEX.fullmatch(msg_id):
+        raise InvalidArgument(f"offset msg id is not hex: {msg_id!r}", field="msg_id")
+    raw = bytes.fromhex(msg_id)
     (offset,) = _OFFSET.unpack_from(raw, len(raw) - 8)
     if offset < 0:
         raise InvalidArgument("offset msg id carries a negative offset", field="msg_id")
@@ -90,10 +94,8 @@ class UniqIdGenerator:
             if not self._month_start_ms <= now_ms < self._next_month_ms:
                 self._roll_month(now_ms)
             diff = now_ms - self._month_start_ms
-        # Small backwards steps (NTP) give 0, as RocketMQ does.
-        diff = max(diff, 0)
         counter = next(self._counter) & 0xFFFF
-        return (self._prefix + _UNIQ_TAIL.pack(diff, counter)).hex().upper()
+        return (self._prefix + _UNIQ_TAIL.pack(diff & 0xFFFFFFFF, counter)).hex().upper()
 
     def _roll_month(self, now_ms: int) -> None:
         start = _month_start_ms(now_ms)

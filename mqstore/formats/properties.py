@@ -34,6 +34,8 @@ def encode_properties(props: Mapping[str, str] | None) -> bytes:
         return b""
     parts = []
     for key, value in props.items():
+        if not key:
+            raise ValueError("a property needs a non-empty name (the parser would drop it)")
         if not value:
             continue
         if _has_separator(key) or _has_separator(value):

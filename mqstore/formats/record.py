@@ -394,6 +394,9 @@ class Bad:
     reason: str
     size: int = -1
     record: Record | None = None
+    # True when no record magic is there at all (not a record boundary, or empty space), as
+    # opposed to a record that is there but damaged.
+    no_record: bool = False
 
 
 ReadResult: TypeAlias = Record | Blank | Bad
@@ -413,12 +416,12 @@ def read_record(
     """
     remaining = end - pos
     if remaining < 8:
-        return Bad("fewer than 8 bytes left")
+        return Bad("fewer than 8 bytes left", no_record=True)
     total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
     if magic == BLANK_MAGIC:
         return Blank(total)
     if magic not in (MAGIC_V1, MAGIC_V2):
-        return Bad(f"illegal magic code {magic & 0xFFFFFFFF:#010x}")
+        return Bad(f"illegal magic code {magic & 0xFFFFFFFF:#010x}", no_record=True)
     if total < HEADER_V4_V4.size + 3 or total > remaining:
         return Bad(f"total size {total} does not fit the {remaining} bytes left")
     (sys_flag,) = _I32.unpack_from(buf, pos + SYSFLAG_POS)

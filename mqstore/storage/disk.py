@@ -372,6 +372,7 @@ class OsDisk:
 
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
+        self.fsync_dir(os.path.dirname(os.path.abspath(path)))
 
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

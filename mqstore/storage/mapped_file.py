@@ -35,7 +35,7 @@ def offset_to_file_name(offset: int) -> str:
 
 def file_name_to_offset(name: str) -> int | None:
     """The start offset a segment name encodes, or None if the name is not one."""
-    if len(name) != OFFSET_NAME_DIGITS or not name.isdigit():
+    if len(name) != OFFSET_NAME_DIGITS or not (name.isascii() and name.isdigit()):
         return None
     return int(name)
 
@@ -67,6 +67,9 @@ class MappedFile:
         self.flushed_position = start
         # Store time of the newest record appended; RocketMQ keeps it for its checkpoint.
         self.store_timestamp_ms = 0
+        # Lowest position rewritten below the committed/flushed marks (write_at): commit and
+        # flush start there, so a rewrite of old bytes is made durable too.
+        self._rewritten_from = file_size
         self._refs = 1
         self._available = True
         self._cleaned = False
@@ -121,16 +124,27 @@ class MappedFile:
         return True
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-        """Overwrite bytes already inside the written region (consume-queue blanks)."""
+        """Overwrite bytes already inside the written region (consume-queue blanks); the next
+        commit and flush cover them even when they lie below the committed/flushed marks."""
         check(pos >= 0 and pos + len(data) <= self.file_size, "write outside the file")
         self.write_buf[pos : pos + len(data)] = data
+        self._rewritten_from = min(self._rewritten_from, pos)
 
     def set_positions(self, pos: int) -> None:
-        """Recovery / truncation: the data of this file ends at `pos`."""
+        """A loaded file's data ends at `pos` (recovery): every mark moves there."""
         check(0 <= pos <= self.file_size, f"position {pos} outside the file")
         self.wrote_position = pos
         self.committed_position = pos
         self.flushed_position = pos
+
+    def truncate_to(self, pos: int) -> None:
+        """Cut the data at `pos`: what was not yet committed or flushed below it stays so."""
+        check(0 <= pos <= self.file_size, f"position {pos} outside the file")
+        self.wrote_position = pos
+        self.committed_position = min(self.committed_position, pos)
+        self.flushed_position = min(self.flushed_position, pos)
+        if self._write_buffer is None:
+            self.committed_position = pos
 
     def zero_from(self, pos: int) -> None:
         """Destroy everything at and after `pos` (a truncated tail must never be read again)."""
@@ -154,11 +168,16 @@ class MappedFile:
         if buf is None:
             return self.wrote_position
         wrote = self.wrote_position
-        if self._able(self.committed_position, wrote, least_pages) and self.hold():
+        rewritten = self._rewritten_from < self.committed_position
+        if (rewritten or self._able(self.committed_position, wrote, least_pages)) and self.hold():
             try:
-                start = self.committed_position - self.committed_position % PAGE_BYTES
+                start = min(self.committed_position, self._rewritten_from)
+                start -= start % PAGE_BYTES
                 self._region.write_through(start, memoryview(buf)[start:wrote])
                 self.committed_position = wrote
+                # The flush must now cover the rewritten bytes too: they reached the file.
+                self.flushed_position = min(self.flushed_position, start)
+                self._rewritten_from = self.file_size
             finally:
                 self.release()
         return self.committed_position
@@ -167,18 +186,25 @@ class MappedFile:
         """Make the readable bytes durable; returns the flushed position. Raises OSError when
         the disk refuses (the caller must then stop acknowledging writes)."""
         target = self.read_position
-        if self._able(self.flushed_position, target, least_pages) and self.hold():
+        pooled = self._write_buffer is not None
+        rewritten = not pooled and self._rewritten_from < self.flushed_position
+        if (rewritten or self._able(self.flushed_position, target, least_pages)) and self.hold():
             try:
-                self._region.flush(self.flushed_position, target)
+                start = self.flushed_position
+                if not pooled:
+                    start = min(start, self._rewritten_from)
+                    self._rewritten_from = self.file_size
+                self._region.flush(start, target)
                 self.flushed_position = target
             finally:
                 self.release()
         return self.flushed_position
 
-    def release_write_buffer(self) -> bytearray | None:
-        """Hand the pooled buffer back once everything in it is committed to the file."""
+    def release_write_buffer(self, *, force: bool = False) -> bytearray | None:
+        """Hand the pooled buffer back once everything in it is committed to the file (or,
+        with `force`, because the file is going away)."""
         buf = self._write_buffer
-        if buf is not None and self.committed_position >= self.file_size:
+        if buf is not None and (force or self.committed_position >= self.file_size):
             self._write_buffer = None
             return buf
         return None

@@ -77,7 +77,12 @@ class MappedFileQueue:
                     f"{path} is {size} bytes but this queue's files are {self.file_size}; "
                     "refusing to load (was the file size configuration changed?)"
                 )
-            files.append(MappedFile(self.disk, path, self.file_size, loaded=True))
+            try:
+                files.append(MappedFile(self.disk, path, self.file_size, loaded=True))
+            except BaseException:
+                for mf in files:
+                    mf.close()
+                raise
         self.files = files
         self.check_self()
 
@@ -226,10 +231,10 @@ class MappedFileQueue:
                     pos = offset - mf.file_from_offset
                     if pos < mf.wrote_position:
                         mf.zero_from(pos)
-                    mf.set_positions(pos)
+                    mf.truncate_to(pos)
                     keep.append(mf)
                 else:
-                    mf.destroy()
+                    self._destroy(mf)
                     removed = True
             self.files = keep
             if removed:
@@ -237,12 +242,19 @@ class MappedFileQueue:
             self.flushed_where = min(self.flushed_where, offset)
             self.committed_where = min(self.committed_where, offset)
 
+    def _destroy(self, mf: MappedFile) -> None:
+        """Delete a file, handing its pooled buffer (if any) back to the pool."""
+        buffer = mf.release_write_buffer(force=True)
+        if buffer is not None and self.pool is not None:
+            self.pool.give_back(buffer)
+        mf.destroy()
+
     def delete_last_mapped_file(self) -> None:
         with self._mutate:
             last = self.last_file()
             if last is None:
                 return
-            last.destroy()
+            self._destroy(last)
             self.files = self.files[:-1]
             self.disk.fsync_dir(self.store_path)
 
@@ -280,6 +292,9 @@ class MappedFileQueue:
             if not mf.hold():
                 doomed.append(mf)  # no longer available: nothing to lose
                 continue
+            if mf.read_position < self.file_size:
+                mf.release()
+                break  # not full: its last unit is not written yet (RocketMQ stops too)
             try:
                 pos = self.file_size - unit_size
                 value = int.from_bytes(mf.read_buf[pos : pos + _I64_BYTES], "big", signed=True)
@@ -297,7 +312,7 @@ class MappedFileQueue:
             return 0
         with self._mutate:
             for mf in doomed:
-                mf.destroy()
+                self._destroy(mf)
                 if on_delete is not None:
                     on_delete(mf)
             gone = {id(mf) for mf in doomed}
@@ -316,7 +331,7 @@ class MappedFileQueue:
         """Delete every file (a store being wiped)."""
         with self._mutate:
             for mf in self.files:
-                mf.destroy()
+                self._destroy(mf)
             self.files = []
             self.flushed_where = 0
             self.committed_where = 0

@@ -21,6 +21,7 @@ acknowledgement came after a flush that covered its bytes.
 from __future__ import annotations
 
 import errno
+import itertools
 import posixpath
 import random
 from collections.abc import Callable
@@ -131,12 +132,16 @@ class _SimAppendFile:
 
 
 class _SimLock:
-    def __init__(self, disk: SimDisk, path: str) -> None:
+    def __init__(self, disk: SimDisk, path: str, token: int) -> None:
         self._disk = disk
         self._path = path
+        self._token = token
 
     def release(self) -> None:
-        self._disk._locks.discard(self._path)
+        # Only the holder's own token frees the lock: a handle from before a crash must not
+        # release the lock of the store that opened after it.
+        if self._disk._locks.get(self._path) == self._token:
+            del self._disk._locks[self._path]
 
 
 class SimDisk:
@@ -158,7 +163,8 @@ class SimDisk:
         self._durable: dict[str, int] = {}
         self._dirs: set[str] = {"/", "."}
         self._pending: list[tuple[str, str, str, int]] = []  # (op, dir, path, ino or 0)
-        self._locks: set[str] = set()
+        self._locks: dict[str, int] = {}
+        self._lock_tokens = itertools.count(1)
         self._faults: list[_Fault] = []
         self.crashes = 0
 
@@ -309,6 +315,8 @@ class SimDisk:
     def rename(self, src: str, dst: str) -> None:
         src, dst = _norm(src), _norm(dst)
         self._maybe_fail("rename", src)
+        if src not in self._live:
+            raise FileNotFoundError(errno.ENOENT, "no such simulated file", src)
         ino = self._live.pop(src)
         self._live[dst] = ino
         self._pending.append(("rename", posixpath.dirname(dst), src + "\0" + dst, ino))
@@ -321,10 +329,20 @@ class SimDisk:
 
     def remove_tree(self, path: str) -> None:
         path = _norm(path)
-        for p in [p for p in self._live if p == path or p.startswith(path + "/")]:
+        inside = path + "/"
+        for p in [p for p in self._live if p == path or p.startswith(inside)]:
             self.remove(p)
-        for d in [d for d in self._dirs if d == path or d.startswith(path + "/")]:
+        for d in [d for d in self._dirs if d == path or d.startswith(inside)]:
             self._dirs.discard(d)
+        # Removing a directory is durable only once it is empty, so the removals inside it are
+        # made durable with it (as rmtree followed by an fsync of each level would).
+        keep = []
+        for op in self._pending:
+            if op[2] == path or op[2].startswith(inside):
+                self._apply(op)
+            else:
+                keep.append(op)
+        self._pending = keep
         self.fsync_dir(posixpath.dirname(path))
 
     def fsync_dir(self, path: str) -> None:
@@ -357,8 +375,9 @@ class SimDisk:
         path = _norm(path)
         if path in self._locks:
             raise StoreLocked(f"{path} is held by another store instance")
-        self._locks.add(path)
-        return _SimLock(self, path)
+        token = next(self._lock_tokens)
+        self._locks[path] = token
+        return _SimLock(self, path, token)
 
     # -- crash ----------------------------------------------------------------------------------
 

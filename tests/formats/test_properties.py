@@ -1,0 +1,126 @@
+"""Message properties as RocketMQ serialises them (rocketmq-store.md §1.5)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqstore.formats.properties import decode_properties, encode_properties, split_keys
+
+text = st.text(
+    alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]),
+    min_size=1,
+    max_size=30,
+)
+
+
+def test_every_pair_ends_with_0x02_including_the_last() -> None:
+    raw = encode_properties({"TAGS": "TagA", "KEYS": "k1 k2"})
+    assert raw == b"TAGS\x01TagA\x02KEYS\x01k1 k2\x02"
+    assert raw.endswith(b"\x02")
+    assert raw.count(b"\x02") == 2 and raw.count(b"\x01") == 2
+
+
+def test_encoding_is_utf8_and_keeps_the_mappings_order() -> None:
+    raw = encode_properties({"b": "ü", "a": "日本"})
+    assert raw == "b\x01ü\x02a\x01日本\x02".encode()
+    assert len(raw) == 1 + 1 + 2 + 1 + 1 + 1 + 6 + 1  # the length field counts bytes
+
+
+@pytest.mark.parametrize("props", [None, {}])
+def test_no_properties_encode_to_nothing(props: dict[str, str] | None) -> None:
+    assert encode_properties(props) == b""
+    assert decode_properties(b"") == {}
+
+
+def test_entries_with_an_empty_value_are_skipped() -> None:
+    assert encode_properties({"A": "", "B": "1", "C": ""}) == b"B\x011\x02"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("K\x01", "v"), ("K", "v\x01"), ("K\x02", "v"), ("K", "a\x02b"), ("\x01", "v")],
+)
+def test_separators_inside_keys_or_values_are_refused(key: str, value: str) -> None:
+    with pytest.raises(ValueError, match="separator"):
+        encode_properties({key: value})
+
+
+@settings(max_examples=200, deadline=None)
+@given(props=st.dictionaries(text, text, max_size=10))
+def test_encode_then_decode_round_trips(props: dict[str, str]) -> None:
+    assert decode_properties(encode_properties(props)) == props
+
+
+def test_decode_accepts_bytes_memoryview_and_str_alike() -> None:
+    raw = b"K\x01v\x02"
+    assert decode_properties(raw) == decode_properties(memoryview(raw)) == {"K": "v"}
+    assert decode_properties("K\x01v\x02") == {"K": "v"}
+
+
+# -- the parser quirks of string2messageProperties ----------------------------------------------
+
+
+@pytest.mark.parametrize("segment", ["", "a", "ab", "\x01a", "a\x01"])
+def test_segments_shorter_than_3_chars_are_ignored(segment: str) -> None:
+    assert decode_properties(segment + "\x02K\x01v\x02") == {"K": "v"}
+
+
+def test_a_3_char_segment_is_the_shortest_that_counts() -> None:
+    assert decode_properties("a\x01b\x02") == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    "segment",
+    ["\x01ab", "ab\x01", "abc", "\x01\x01\x01"],
+    ids=["empty-key", "empty-value", "no-separator", "only-separators"],
+)
+def test_the_first_0x01_must_lie_strictly_inside_the_segment(segment: str) -> None:
+    assert decode_properties(segment + "\x02") == {}
+
+
+def test_only_the_first_0x01_splits_key_from_value() -> None:
+    assert decode_properties("k\x01v\x01w\x02") == {"k": "v\x01w"}
+
+
+def test_a_last_pair_without_its_0x02_still_parses() -> None:
+    # RocketMQ's split tolerates a missing final separator; so do we.
+    assert decode_properties(b"A\x011\x02B\x012") == {"A": "1", "B": "2"}
+
+
+def test_a_repeated_key_keeps_the_last_value() -> None:
+    assert decode_properties("K\x011\x02K\x012\x02") == {"K": "2"}
+
+
+def test_invalid_utf8_never_raises() -> None:
+    got = decode_properties(b"K\x01\xff\xfe\x02G\x01ok\x02")
+    assert got["G"] == "ok" and "K" in got
+
+
+def test_an_empty_key_is_refused_rather_than_silently_lost() -> None:
+    # RocketMQ's Message.putUserProperty refuses blank names; a store that accepts one loses
+    # it on the way back, because the parser requires a non-empty key.
+    with pytest.raises(ValueError):
+        encode_properties({"": "value"})
+
+
+# -- split_keys ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        (None, []),
+        ("", []),
+        ("k1", ["k1"]),
+        ("k1 k2", ["k1", "k2"]),
+        ("  k1   k2 ", ["k1", "k2"]),
+        ("k1 k1", ["k1", "k1"]),  # no dedup: RocketMQ indexes a repeated key twice
+        ("k1\tk2", ["k1\tk2"]),  # the separator is a space, nothing else
+    ],
+)
+def test_split_keys_returns_the_non_empty_space_separated_tokens(
+    keys: str | None, expected: list[str]
+) -> None:
+    assert split_keys(keys) == expected
