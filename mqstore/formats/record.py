@@ -588,8 +588,12 @@ def scan_run(
         while pos < end:
             remaining = end - pos
             if remaining < _PREFIX.size:
-                return pos, count, read_record(
-                    buf, pos, end, check_crc=check_crc, expected_offset=base_offset + pos
+                return (
+                    pos,
+                    count,
+                    read_record(
+                        buf, pos, end, check_crc=check_crc, expected_offset=base_offset + pos
+                    ),
                 )
             total, magic, crc, _, _, queue_offset, physical, flags = unpack_prefix(buf, pos)
             if magic == BLANK_MAGIC:
