@@ -5,9 +5,10 @@ engine on the same SimDisk to see what a power loss would have left. The model f
 FoundationDB's AsyncFileNonDurable and LazyFS:
 
 - File content: every 512-byte sector whose live bytes differ from the durable copy is
-  unflushed. On crash each such sector is dropped (the durable bytes come back), kept, or
-  garbled, as the crash mode says. An append-only file keeps its synced length plus a torn prefix
-  of what was appended after.
+  unflushed. On crash each such sector is dropped (the durable bytes come back), kept, torn (a
+  prefix of the new bytes over the old) or garbled (the changed bytes become noise), as the
+  crash mode says. Bytes a sector held durably before the write are never damaged by it.
+  An append-only file keeps its synced length plus a torn prefix of what was appended after.
 - Names: create/rename/remove are durable only after `fsync_dir` of their directory; on crash a
   prefix of the pending name operations survives (metadata journals apply in order).
 - fsyncgate: after an injected flush failure the affected pages are marked clean without being
@@ -448,4 +449,10 @@ def _sector_outcome(
         # A torn sector: a prefix of the new bytes over the old.
         cut = rng.randint(1, max(1, len(live) - 1))
         return bytes(live[:cut]) + bytes(durable[cut:])
-    return rng.randbytes(len(live))
+    # The new bytes arrived as garbage. Bytes the write did not change stay as they were:
+    # sectors are written whole, so a write can damage what it writes, not what was durable
+    # before it in the same sector.
+    noise = rng.randbytes(len(live))
+    return bytes(
+        old if new == old else junk for new, old, junk in zip(live, durable, noise, strict=True)
+    )
