@@ -1,0 +1,429 @@
+"""The file consume-queue store: every (topic, queueId) as unit files plus time companions.
+
+    {data_dir}/consumequeue/{topic}/{queueId}/{20-digit byte offset}       unit_file.py
+    {data_dir}/consumequeue_time/{topic}/{queueId}/{20-digit byte offset}  time_file.py
+    {data_dir}/cq_checkpoint                                               checkpoint.py
+
+Many queues: a `QueueState` (a few ints) is kept for every queue; the mapped files of a queue
+are opened on first use and closed again by an LRU bounded by `open_maps_max` (every map holds
+a file descriptor). An evicted queue is not flushed then (that would cost an msync per batch
+under a round-robin dispatch); it is remembered, and the next full flush maps it alone, msyncs
+what it had not flushed and unmaps it again, before the checkpoint vouches for it. One queue
+with more files than the bound stays open alone (the bound is then exceeded by that queue).
+
+One lock serialises every operation: a pull or lookup is tens of microseconds of work. The
+flush thread holds it for a whole flush round, so a thorough flush of many dirty queues delays
+pulls for its duration (a finer lock per queue is the next step if that shows).
+
+Open: load the checkpoint (confirmed offset C, the log's last known minimum), recover every
+queue (queue_files.py's table: units at or beyond C are cut), then correct min offsets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from cq_svc import checkpoint
+from cq_svc.config import CqConfig
+from cq_svc.queue_files import FileQueue, QueueState
+from cq_svc.store import PullResult, RecoveryReport, decide_pull
+from cq_svc.time_file import Boundary, clamp_time, search_offset_by_time
+from cq_svc.unit_file import UNIT_BYTES, Unit
+from mqstore.dispatch import DispatchEntry
+from mqstore.errors import InvalidArgument, check
+from mqstore.limits import TOPIC_PATTERN
+from mqstore.storage import failpoints
+from mqstore.storage.clock import Clock, SystemClock
+from mqstore.storage.disk import Disk, OsDisk
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+class FileCqStore:
+    def __init__(
+        self, config: CqConfig, *, disk: Disk | None = None, clock: Clock | None = None
+    ) -> None:
+        self.config = config
+        self.disk: Disk = disk if disk is not None else OsDisk()
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._states: dict[Key, QueueState] = {}
+        self._open: OrderedDict[Key, FileQueue] = OrderedDict()
+        self._open_maps = 0
+        self._unflushed: set[Key] = set()  # evicted while dirty (flushed at the checkpoint)
+        self._lock = threading.RLock()
+        self._ckpt = checkpoint.CqCheckpoint()
+        self._applied = 0  # end of the newest entry given to put_batch
+        self._min_phy = 0
+        self._opened = False
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def open(self) -> RecoveryReport:
+        started = time.monotonic()
+        with self._lock:
+            check(not self._opened, "store opened twice")
+            self.disk.makedirs(self.config.data_dir)
+            self._ckpt = checkpoint.load(self.disk, self.config.data_dir)
+            self._applied = self._ckpt.confirmed_offset
+            self._min_phy = self._ckpt.min_commit_log_offset
+            report = RecoveryReport(confirmed_offset=self._ckpt.confirmed_offset)
+            now = self.clock.now_ms()
+            for key in self._discover():
+                state = QueueState()
+                fq = self._new_queue(key, state)
+                report.units_cut += fq.recover(self._ckpt.confirmed_offset, now)
+                fq.correct_min_offset(self._min_phy)
+                fq.close()
+                self._states[key] = state
+                report.queues += 1
+            self._opened = True
+        report.duration_ms = (time.monotonic() - started) * 1000
+        log.info(
+            "file consume queues open: %d queues, %d units cut, confirmed offset %d, %.1f ms",
+            report.queues,
+            report.units_cut,
+            report.confirmed_offset,
+            report.duration_ms,
+        )
+        return report
+
+    def _discover(self) -> list[Key]:
+        root = f"{self.config.data_dir}/consumequeue"
+        keys = []
+        for topic in self.disk.listdir(root):
+            for qid in self.disk.listdir(f"{root}/{topic}"):
+                if qid.lstrip("-").isdigit():
+                    keys.append((topic, int(qid)))
+        return keys
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._opened:
+                return
+            self.flush(0)
+            for fq in self._open.values():
+                fq.close()
+            self._open.clear()
+            self._open_maps = 0
+            self._opened = False
+
+    @property
+    def store_id(self) -> bytes:
+        return self._ckpt.store_id
+
+    @property
+    def confirmed_offset(self) -> int:
+        return self._ckpt.confirmed_offset
+
+    @property
+    def applied_offset(self) -> int:
+        return self._applied
+
+    @property
+    def open_map_count(self) -> int:
+        return self._open_maps
+
+    def reset(self, store_id: bytes) -> None:
+        with self._lock:
+            for fq in self._open.values():
+                fq.close()
+            self._open.clear()
+            self._open_maps = 0
+            self._unflushed.clear()
+            self._states.clear()
+            for tree in ("consumequeue", "consumequeue_time"):
+                self.disk.remove_tree(f"{self.config.data_dir}/{tree}")
+            self._applied = 0
+            self._min_phy = 0
+            self._ckpt = checkpoint.CqCheckpoint(store_id=store_id, written_at_ms=0)
+            self._write_checkpoint()
+
+    # -- queues and the LRU ---------------------------------------------------------------------
+
+    def _new_queue(self, key: Key, state: QueueState) -> FileQueue:
+        topic, qid = key
+        return FileQueue(
+            self.disk, self.config.data_dir, topic, qid, self.config.units_per_file, state
+        )
+
+    def _queue(self, key: Key, *, create: bool) -> FileQueue | None:
+        fq = self._open.get(key)
+        if fq is not None:
+            self._open.move_to_end(key)
+            return fq
+        state = self._states.get(key)
+        if state is None:
+            if not create:
+                return None
+            _check_topic(key)
+            state = QueueState()
+            self._states[key] = state
+            fq = self._new_queue(key, state)
+        else:
+            fq = self._new_queue(key, state)
+            fq.reopen()
+        self._open[key] = fq
+        self._open_maps += fq.map_count
+        self._evict(keep=key)
+        return fq
+
+    def _evict(self, keep: Key) -> None:
+        while self._open_maps > self.config.open_maps_max and len(self._open) > 1:
+            key, fq = next(iter(self._open.items()))
+            if key == keep:
+                self._open.move_to_end(key)
+                continue
+            del self._open[key]
+            self._open_maps -= fq.map_count
+            # No msync here: an eviction per batch would cost a flush per batch. The pages
+            # stay dirty in the page cache until the checkpoint flush.
+            if fq.dirty:
+                self._unflushed.add(key)
+            fq.close(flush=not fq.dirty)
+
+    def _recount(self, fq: FileQueue, before: int) -> None:
+        self._open_maps += fq.map_count - before
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def put_batch(self, entries: Sequence[DispatchEntry], batch_end_offset: int = -1) -> int:
+        by_queue: dict[Key, list[DispatchEntry]] = {}
+        end = batch_end_offset
+        for e in entries:
+            end = max(end, e.end_offset)
+            if e.goes_to_consume_queue:
+                by_queue.setdefault((e.topic, e.queue_id), []).append(e)
+        written = 0
+        with self._lock:
+            for key, group in by_queue.items():
+                fq = self._queue(key, create=True)
+                assert fq is not None
+                before = fq.map_count
+                written += self._apply(fq, group)
+                self._recount(fq, before)
+                self._evict(keep=key)
+            self._applied = max(self._applied, end)
+        failpoints.hit("cq.after_put")
+        return written
+
+    def _apply(self, fq: FileQueue, group: list[DispatchEntry]) -> int:
+        st = fq.state
+        rows: list[tuple[int, int, int, int]] = []
+        expect = st.max_offset
+        last_end = st.last_phy_end
+        last_time = st.last_time_ms
+        written = 0
+        for e in group:
+            if e.end_offset <= last_end or e.queue_offset < expect:
+                continue  # applied before ("Build consume queue repeatedly")
+            if e.queue_offset > expect:
+                written += len(rows)
+                if rows:
+                    fq.append(rows)
+                    rows = []
+                self._fill_gap(fq, e.queue_offset)
+                expect = st.max_offset
+            last_time = max(last_time, clamp_time(e.store_timestamp_ms))
+            rows.append((e.commit_log_offset, e.size, e.tags_code, last_time))
+            last_end = e.end_offset
+            expect += 1
+        if rows:
+            fq.append(rows)
+            written += len(rows)
+        return written
+
+    def _fill_gap(self, fq: FileQueue, offset: int) -> None:
+        st = fq.state
+        gap = offset - st.max_offset
+        if not fq.units.files:
+            fq.start_at(offset)
+            return
+        if gap > self.config.units_per_file:
+            raise InvalidArgument(
+                f"{fq.topic}/{fq.queue_id}: entry at queue offset {offset} leaves a gap of {gap} "
+                "units after the queue's end; refusing to fill more than a file of blanks",
+                field="queue_offset",
+            )
+        log.error(
+            "[BUG] %s/%d: logic queue order maybe wrong: expected %d, got %d; %d blank units",
+            fq.topic,
+            fq.queue_id,
+            st.max_offset,
+            offset,
+            gap,
+        )
+        fq.fill_blanks_to(offset)
+
+    def truncate_dirty(self, phy_offset: int) -> int:
+        dropped = 0
+        with self._lock:
+            for key, state in list(self._states.items()):
+                if state.max_offset == 0:
+                    state.last_phy_end = -1
+                    continue
+                if 0 <= state.last_phy_end <= phy_offset:
+                    continue
+                fq = self._queue(key, create=False)
+                assert fq is not None
+                before = fq.map_count
+                dropped += fq.truncate_dirty(phy_offset)
+                self._recount(fq, before)
+            self._applied = min(self._applied, phy_offset)
+            if self._ckpt.confirmed_offset > phy_offset:
+                self._ckpt = _replace(self._ckpt, confirmed_offset=phy_offset)
+                self._write_checkpoint()
+        return dropped
+
+    def correct_min_offset(self, min_commit_log_offset: int) -> None:
+        with self._lock:
+            self._min_phy = max(self._min_phy, min_commit_log_offset)
+            for key, state in list(self._states.items()):
+                if state.min_offset >= state.max_offset:
+                    continue
+                fq = self._queue(key, create=False)
+                assert fq is not None
+                fq.correct_min_offset(min_commit_log_offset)
+
+    def delete_expired(self, min_commit_log_offset: int) -> int:
+        deleted = 0
+        with self._lock:
+            self._min_phy = max(self._min_phy, min_commit_log_offset)
+            for key in list(self._states):
+                fq = self._queue(key, create=False)
+                assert fq is not None
+                before = fq.map_count
+                deleted += fq.delete_expired(min_commit_log_offset)
+                self._recount(fq, before)
+        return deleted
+
+    def flush(self, least_pages: int = 0) -> int:
+        """Flush open queues; with least_pages 0, everything, then the checkpoint."""
+        with self._lock:
+            applied = self._applied
+            for fq in self._open.values():
+                if fq.dirty:
+                    fq.flush(least_pages)
+            if least_pages == 0:
+                for key in sorted(self._unflushed):
+                    if key not in self._open and key in self._states:
+                        # Mapped alone and unmapped at once: outside the LRU, within its bound.
+                        fq = self._new_queue(key, self._states[key])
+                        fq.reopen()
+                        fq.close(flush=True)
+                self._unflushed.clear()
+            if least_pages == 0 and applied != self._ckpt.confirmed_offset:
+                self._ckpt = _replace(self._ckpt, confirmed_offset=applied)
+                self._write_checkpoint()
+            return self._ckpt.confirmed_offset
+
+    def _write_checkpoint(self) -> None:
+        self._ckpt = _replace(
+            self._ckpt, min_commit_log_offset=self._min_phy, written_at_ms=self.clock.now_ms()
+        )
+        checkpoint.save(self.disk, self.config.data_dir, self._ckpt)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        state = self._states.get((topic, queue_id))
+        return state.min_offset if state is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        state = self._states.get((topic, queue_id))
+        return state.max_offset if state is not None else 0
+
+    def get_last_offset(self, topic: str, queue_id: int) -> int:
+        state = self._states.get((topic, queue_id))
+        if state is None or state.max_offset <= state.min_offset:
+            return -1
+        return state.last_phy_end
+
+    def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[Unit]:
+        with self._lock:
+            fq = self._queue((topic, queue_id), create=False)
+            if fq is None:
+                return []
+            offset = max(offset, fq.state.min_offset)
+            return fq.read_units(offset, max_units, one_file=False) or []
+
+    def get_offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER
+    ) -> int:
+        with self._lock:
+            fq = self._queue((topic, queue_id), create=False)
+            if fq is None:
+                return 0
+            st = fq.state
+            lo = max(st.min_offset, fq.units.min_offset() // UNIT_BYTES if fq.units.files else 0)
+            found = search_offset_by_time(fq.time_at, lo, st.max_offset, timestamp_ms, boundary)
+            return min(max(found, st.min_offset), st.max_offset)
+
+    def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        tags_codes: Iterable[int] = (),
+    ) -> PullResult:
+        with self._lock:
+            return decide_pull(
+                _FilePullSource(self, (topic, queue_id)),
+                offset,
+                max_messages,
+                max_bytes,
+                tags_codes,
+                max_filter_bytes=self.config.max_filter_bytes,
+                pull_bytes_cap=self.config.pull_bytes_cap,
+            )
+
+    def list_queues(self, topic: str) -> list[int]:
+        return sorted(q for t, q in list(self._states) if t == topic)
+
+    def list_topics(self) -> list[str]:
+        return sorted({t for t, _ in list(self._states)})
+
+
+class _FilePullSource:
+    def __init__(self, store: FileCqStore, key: Key) -> None:
+        self._store = store
+        self._key = key
+        self._fq = store._queue(key, create=False)
+
+    def bounds(self) -> tuple[int, int]:
+        if self._fq is None:
+            return 0, 0
+        return self._fq.state.min_offset, self._fq.state.max_offset
+
+    def scan(self, offset: int, max_units: int) -> list[Unit] | None:
+        assert self._fq is not None
+        return self._fq.read_units(offset, max_units, one_file=True)
+
+    def roll_next(self, offset: int) -> int:
+        assert self._fq is not None
+        return self._fq.roll_next_file(offset)
+
+    one_file_per_pull = True
+
+    @property
+    def units_per_file(self) -> int:
+        return self._store.config.units_per_file
+
+
+def _check_topic(key: Key) -> None:
+    topic, qid = key
+    # Topics become directory names: the limits module's pattern keeps "../" out.
+    if not TOPIC_PATTERN.match(topic) or qid < 0:
+        raise InvalidArgument(f"bad topic or queue id {topic!r}/{qid}", field="topic")
+
+
+def _replace(ckpt: checkpoint.CqCheckpoint, **changes: int) -> checkpoint.CqCheckpoint:
+    return dataclasses.replace(ckpt, **changes)  # type: ignore[arg-type]

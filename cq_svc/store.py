@@ -1,0 +1,222 @@
+"""The consume-queue store interface, and the pull decision both stores share.
+
+    CqStore (Protocol)
+    ├── FileCqStore     file_store.py   RocketMQ's unit files + time companions (default)
+    └── RocksCqStore    rocks_store.py  RocketMQ's RocksDB layout (§8) on rocksdict
+
+A store applies dispatch entries and answers a consumer's questions about positions; it never
+reads message bytes. A pull answers with the (commit-log offset, size) pairs to fetch, and the
+service fetches them from commitlog_svc in one batched Read.
+
+The confirmed offset (DESIGN.md, start-up handshake) is the commit-log offset below which every
+entry the store was given is applied and durable. It only advances in `flush()`, after the data
+it covers is flushed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cq_svc.time_file import Boundary
+from cq_svc.unit_file import UNIT_BYTES, Unit
+from mqstore.dispatch import DispatchEntry
+
+
+class PullStatus(enum.StrEnum):
+    """RocketMQ's GetMessageStatus (§6.1)."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"  # set by the service when a fetch fails
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    OFFSET_RESET = "OFFSET_RESET"  # set by a broker, never by the store
+
+
+@dataclass(slots=True)
+class PullResult:
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    # What to fetch: (queue offset, commit-log offset, size) in queue order.
+    units: list[Unit] = field(default_factory=list)
+    filtered: int = 0  # units skipped by the tag filter
+
+    @property
+    def fetch(self) -> list[tuple[int, int]]:
+        """(commit-log offset, size) pairs for one batched Read."""
+        return [(u.commit_log_offset, u.size) for u in self.units]
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    queues: int = 0
+    units_cut: int = 0
+    confirmed_offset: int = 0
+    duration_ms: float = 0.0
+
+
+class CqStore(Protocol):
+    # -- life cycle --
+    def open(self) -> RecoveryReport:
+        """Load and recover (for the file store: each queue's last 3 files)."""
+
+    def close(self) -> None:
+        """Flush everything, write the checkpoint, release files."""
+
+    # -- the start-up handshake --
+    @property
+    def store_id(self) -> bytes:
+        """The commit log this store follows (empty until the first handshake)."""
+
+    def reset(self, store_id: bytes) -> None:
+        """The commit log was replaced: drop every queue, follow `store_id` from scratch."""
+
+    @property
+    def confirmed_offset(self) -> int:
+        """Everything below this commit-log offset is applied and durable."""
+
+    # -- writes --
+    def put_batch(self, entries: Sequence[DispatchEntry], batch_end_offset: int = -1) -> int:
+        """Apply a dispatch batch (in commit-log order); entries already applied are skipped.
+        `batch_end_offset` is where the batch ends in the log (default: the last entry's end).
+        Returns the number of units written."""
+
+    def truncate_dirty(self, phy_offset: int) -> int:
+        """Drop every unit pointing at or beyond `phy_offset`; returns units dropped."""
+
+    def correct_min_offset(self, min_commit_log_offset: int) -> None: ...
+
+    def delete_expired(self, min_commit_log_offset: int) -> int:
+        """Delete what only points below the commit log's minimum; returns files/ranges."""
+
+    def flush(self, least_pages: int = 0) -> int:
+        """Flush; with least_pages 0 also advance the checkpoint. Returns the confirmed
+        offset."""
+
+    # -- reads --
+    def min_offset(self, topic: str, queue_id: int) -> int: ...
+
+    def max_offset(self, topic: str, queue_id: int) -> int: ...
+
+    def get_last_offset(self, topic: str, queue_id: int) -> int:
+        """Commit-log end of the queue's newest unit, or -1."""
+
+    def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[Unit]:
+        """Units from `offset` (possibly spanning files); [] beyond what is stored."""
+
+    def get_offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER
+    ) -> int: ...
+
+    def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        tags_codes: Iterable[int] = (),
+    ) -> PullResult: ...
+
+    def list_queues(self, topic: str) -> list[int]: ...
+
+    def list_topics(self) -> list[str]: ...
+
+
+class PullSource(Protocol):
+    """What the shared pull decision needs of a store, for one queue."""
+
+    def bounds(self) -> tuple[int, int]:
+        """(min, max) offsets of the queue; (0, 0) for an unknown queue."""
+
+    def scan(self, offset: int, max_units: int) -> list[Unit] | None:
+        """Units from `offset` within the store's travel bound; None when nothing holds it."""
+
+    def roll_next(self, offset: int) -> int:
+        """Where to go on after OFFSET_FOUND_NULL at `offset`."""
+
+    @property
+    def one_file_per_pull(self) -> bool:
+        """A file store stops a pull's scan at the end of a file (RocketMQ's travel bound)."""
+
+    @property
+    def units_per_file(self) -> int: ...
+
+
+def decide_pull(
+    source: PullSource,
+    offset: int,
+    max_messages: int,
+    max_bytes: int,
+    tags_codes: Iterable[int],
+    *,
+    max_filter_bytes: int,
+    pull_bytes_cap: int,
+) -> PullResult:
+    """DefaultMessageStore.getMessage's range checks and CQ scan (§6.2), without the message
+    reads. The in-memory / on-disk transfer caps (32 / 8 messages) are the broker's business
+    and are left to the caller's max_messages / max_bytes."""
+    lo, hi = source.bounds()
+    if hi == 0:
+        return PullResult(PullStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+    if offset < lo:
+        return PullResult(PullStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+    if offset == hi:
+        return PullResult(PullStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+    if offset > hi:
+        return PullResult(PullStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
+    wanted = frozenset(tags_codes)
+    max_pull_bytes = min(max(max_bytes, 100), pull_bytes_cap)
+    # Units scanned: max(maxFilterMessageSize, maxMsgNums * 20) bytes of consume queue, read in
+    # chunks so that a pull of 32 does not decode the whole window.
+    window = min(max(max_filter_bytes, max_messages * UNIT_BYTES) // UNIT_BYTES, hi - offset)
+    # Without a filter the batch fills from the first units (one extra shows the batch full).
+    chunk = max(2 * max_messages, _SCAN_CHUNK_MIN) if wanted else max_messages + 1
+    result = PullResult(PullStatus.NO_MATCHED_MESSAGE, offset, lo, hi)
+    taken = result.units
+    total = 0
+    at = offset
+    while at < offset + window:
+        units = source.scan(at, min(chunk, offset + window - at))
+        if units is None:
+            if at == offset:
+                return PullResult(PullStatus.OFFSET_FOUND_NULL, source.roll_next(offset), lo, hi)
+            break
+        if not units:
+            break
+        for u in units:
+            if u.is_blank:  # a fill-blank unit points at nothing: step over it
+                result.next_begin_offset = u.queue_offset + 1
+                continue
+            if taken and (len(taken) + 1 > max_messages or total + u.size > max_pull_bytes):
+                return _found(result)  # isTheBatchFull
+            if total >= max_pull_bytes:
+                return _found(result)
+            result.next_begin_offset = u.queue_offset + 1  # before filtering: misses skipped
+            if wanted and u.tags_code not in wanted:
+                result.filtered += 1
+                continue
+            taken.append(u)
+            total += u.size
+        at = units[-1].queue_offset + 1
+        if source.one_file_per_pull and at % source.units_per_file == 0:
+            break  # travelCqFileNumWhenGetMessage = 1: one file per pull
+    return _found(result)
+
+
+_SCAN_CHUNK_MIN = 64
+
+
+def _found(result: PullResult) -> PullResult:
+    if result.units:
+        result.status = PullStatus.FOUND
+    return result

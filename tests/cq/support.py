@@ -1,0 +1,61 @@
+"""Helpers for the consume-queue tests: a store harness and entry builders."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from cq_svc.config import CqConfig, StoreKind
+from cq_svc.engine import make_store
+from cq_svc.store import CqStore
+from mqstore.dispatch import DispatchEntry
+
+
+class StoreHarness:
+    def __init__(self, kind: StoreKind, data_dir: Path, **overrides: object) -> None:
+        self.kind = kind
+        self.config = CqConfig.for_tests(str(data_dir), cq_store=kind, **overrides)
+        self.store: CqStore = make_store(self.config)
+        self.store.open()
+
+    def reopen(self) -> CqStore:
+        self.store.close()
+        self.store = make_store(self.config)
+        self.store.open()
+        return self.store
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def entries(
+    n: int,
+    *,
+    topic: str = "T",
+    queue_id: int = 0,
+    start: int = 0,
+    phy_step: int = 100,
+    phy_base: int = 0,
+    size: int = 100,
+    time_base: int = 0,
+    time_step: int = 10,
+    tags_code: int = 0,
+) -> list[DispatchEntry]:
+    """Units start..start+n-1 of one queue: unit i at phy phy_base + phy_step*i, stored at
+    time_base + time_step*i."""
+    return [
+        DispatchEntry(
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=i,
+            commit_log_offset=phy_base + phy_step * i,
+            size=size,
+            tags_code=tags_code,
+            store_timestamp_ms=time_base + time_step * i,
+        )
+        for i in range(start, start + n)
+    ]
+
+
+def phys(units: Sequence[object]) -> list[int]:
+    return [u.commit_log_offset for u in units]  # type: ignore[attr-defined]

@@ -1,0 +1,163 @@
+"""Byte layouts: golden bytes pin each format; hypothesis checks the round trips."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cq_svc import ack_segment, checkpoint, group_offsets
+from cq_svc import rocks_layout as layout
+from cq_svc.time_file import Boundary, decode_time, encode_time, search_offset_by_time
+from cq_svc.unit_file import BLANK_UNIT, UNIT, count_valid, encode_units
+from mqstore.errors import CorruptFile
+
+
+def test_a_unit_is_rocketmqs_20_big_endian_bytes() -> None:
+    assert encode_units([(0x0102030405060708, 0x11223344, 2598919)]) == bytes.fromhex(
+        "010203040506070811223344000000000027a807"
+    )
+    assert bytes(8) + b"\x7f\xff\xff\xff" + bytes(8) == BLANK_UNIT
+
+
+def test_the_valid_walk_stops_at_zero_negative_backwards_and_the_confirmed_offset() -> None:
+    buf = encode_units([(100, 10, 0), (200, 10, 0), (300, 10, 0)]) + bytes(20)
+    assert count_valid(buf, 0, len(buf)) == (60, 310)
+    assert count_valid(buf, 0, len(buf), below_phy=300) == (40, 210)
+    back = encode_units([(100, 10, 0), (50, 10, 0)])
+    assert count_valid(back, 0, len(back)) == (20, 110)
+    neg = encode_units([(100, 10, 0)]) + UNIT.pack(-1, 10, 0)
+    assert count_valid(neg, 0, len(neg)) == (20, 110)
+
+
+def test_a_time_entry_is_six_bytes_of_time_and_a_check_bound_to_its_unit() -> None:
+    unit = encode_units([(100, 10, 7)])
+    entry = encode_time(unit, 1_700_000_000_123)
+    assert entry[:6] == (1_700_000_000_123).to_bytes(6, "big")
+    assert decode_time(unit, entry) == 1_700_000_000_123
+    other_unit = encode_units([(120, 10, 7)])
+    assert decode_time(other_unit, entry) is None  # a stale entry of another unit
+    assert decode_time(unit, bytes(8)) is None or decode_time(unit, bytes(8)) == 0
+    assert decode_time(unit, encode_time(unit, -5)) == 0  # clamped
+
+
+@given(
+    phy=st.integers(0, 2**63 - 1),
+    size=st.integers(1, 2**31 - 1),
+    tags=st.integers(-(2**63), 2**63 - 1),
+    t=st.integers(0, 2**48 - 1),
+)
+def test_time_entries_round_trip(phy: int, size: int, tags: int, t: int) -> None:
+    unit = UNIT.pack(phy, size, tags)
+    assert decode_time(unit, encode_time(unit, t)) == t
+
+
+@pytest.mark.parametrize(
+    ("target", "lower", "upper"),
+    [(20000, 1001, 1000), (1, 100, 0), (2001, 201, 200), (2000, 200, 200)],
+)
+def test_the_search_reproduces_rocketmqs_lower_upper_table(
+    target: int, lower: int, upper: int
+) -> None:
+    def time_at(i: int) -> int:
+        return i * 10
+
+    assert search_offset_by_time(time_at, 100, 1001, target, Boundary.LOWER) == lower
+    assert search_offset_by_time(time_at, 100, 1001, target, Boundary.UPPER) == upper
+    assert search_offset_by_time(time_at, 5, 5, target, Boundary.LOWER) == 0
+
+
+def test_rocksdb_keys_follow_rocketmqs_layout() -> None:
+    prefix = layout.queue_prefix("TopicA", 3)
+    key = layout.unit_key(prefix, 42)
+    assert key == (
+        (6).to_bytes(4, "big")
+        + b"\x01TopicA\x01"
+        + (3).to_bytes(4, "big")
+        + b"\x01"
+        + (42).to_bytes(8, "big")
+    )
+    assert len(key) == 19 + 6
+    assert layout.decode_unit_key(key) == ("TopicA", 3, 42)
+    okey = layout.offset_key("TopicA", layout.MAX, 3)
+    assert okey == (6).to_bytes(4, "big") + b"\x01TopicA\x01max\x01" + (3).to_bytes(4, "big")
+    assert len(okey) == 14 + 6
+    assert layout.decode_offset_key(okey) == ("TopicA", b"max", 3)
+    assert layout.UNIT_VALUE.size == 28
+    assert layout.offset_key("CHECKPOINT_TOPIC", b"max", 0) == layout.CHECKPOINT_KEY
+
+
+def test_rocksdb_keys_sort_by_queue_offset() -> None:
+    prefix = layout.queue_prefix("T", 1)
+    keys = [layout.unit_key(prefix, o) for o in (0, 1, 255, 256, 70_000, 2**40)]
+    assert keys == sorted(keys)
+    long_topic = "x" * 300  # RocketMQ's testForEach: topics past 256 bytes parse
+    assert layout.decode_offset_key(layout.offset_key(long_topic, layout.MIN, 9)) == (
+        long_topic,
+        b"min",
+        9,
+    )
+
+
+def test_the_checkpoint_round_trips_and_rejects_damage() -> None:
+    ckpt = checkpoint.CqCheckpoint(b"s" * 16, 1234, 99, 5)
+    data = checkpoint.encode(ckpt)
+    assert checkpoint.decode(data) == ckpt
+    for pos in (0, 10, len(data) - 1):
+        bad = bytearray(data)
+        bad[pos] ^= 0x40
+        with pytest.raises(CorruptFile):
+            checkpoint.decode(bytes(bad))
+
+
+@given(
+    st.dictionaries(
+        st.integers(0, 16 * 5 - 1),
+        st.tuples(st.sampled_from([1, 2]), st.integers(0, 65535), st.integers(0, 2**62)),
+    )
+)
+def test_ack_segments_round_trip(slots: dict[int, tuple[int, int, int]]) -> None:
+    for seg in range(5):
+        mine = {o: s for o, s in slots.items() if seg * 16 <= o < (seg + 1) * 16}
+        assert ack_segment.decode_segment(ack_segment.encode_segment(seg, 16, slots), 16) == mine
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=20),
+            st.text(max_size=20),
+            st.integers(0, 9),
+            st.integers(-1, 2**62),
+        ),
+        max_size=20,
+    )
+)
+def test_offset_records_round_trip_and_any_cut_keeps_a_whole_prefix(
+    items: list[tuple[str, str, int, int]],
+) -> None:
+    data = b"".join(group_offsets.encode_record((g, t, q), o) for g, t, q, o in items)
+    records, good = group_offsets.decode_records(data)
+    assert records == [((g, t, q), o) for g, t, q, o in items]
+    assert good == len(data)
+    if data:
+        cut = len(data) - 1
+        kept, good = group_offsets.decode_records(data[:cut])
+        assert kept == records[: len(kept)] and len(kept) == len(records) - 1
+
+
+def test_cq_svc_imports_no_other_service() -> None:
+    root = pathlib.Path(__file__).resolve().parents[2] / "cq_svc"
+    for path in root.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith(("commitlog_svc", "index_svc")), (path.name, name)
