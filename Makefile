@@ -38,8 +38,13 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# Benchmarks print ratios to the raw limit (or the other store) measured in the same run.
+# BENCH_ARGS=--quick scales every benchmark down to a smoke run.
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) -m bench.engine_append
+	$(PY) -m bench.engine_append $(BENCH_ARGS)
+	$(PY) -m bench.cq_bench $(BENCH_ARGS)
+	$(PY) -m bench.index_bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

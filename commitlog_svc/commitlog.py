@@ -125,6 +125,7 @@ class CommitLog:
         self._disk_full_until_ms = 0.0  # refuse appends until then (monotonic ms)
         self._disk_full_by_ratio = False
         self._last_checkpoint_offset = -1
+        self._corrupt_starts: dict[int, str] = {}
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -149,6 +150,9 @@ class CommitLog:
             result = recover(self.queue, ckpt, clean_exit=clean_exit)
             self.recovery = result.report
             self._queue_offsets = result.queue_offsets
+            # Recovery found these damaged records: a read of one is DATA_LOSS even when the
+            # damage hit its magic code (which alone would look like "no record here").
+            self._corrupt_starts = {c.start_offset: c.reason for c in result.report.corrupt}
             end = result.report.end_offset
             # What recovery kept may still sit only in the page cache (a kill -9 keeps it
             # there): make it durable before a checkpoint vouches for it.
@@ -199,10 +203,12 @@ class CommitLog:
             return
         self._running = False
         self._stop_retention()
+        flusher = self._flusher
+        assert flusher is not None
+        # Stop the flush thread before taking the put lock: a checkpoint round in progress
+        # takes that lock itself, and joining it while holding the lock would deadlock.
+        flusher.stop()
         with self._put_lock:
-            flusher = self._flusher
-            assert flusher is not None
-            flusher.stop()
             clean = self._flush_failed is None and flusher.failure is None
             if clean:
                 try:
@@ -462,6 +468,9 @@ class CommitLog:
             mf.release()
         if isinstance(found, Record):
             return found
+        known = self._corrupt_starts.get(offset)
+        if known is not None:
+            raise CorruptRecord(offset, known)
         if isinstance(found, Blank) or found.no_record:
             raise InvalidArgument(f"no record starts at offset {offset}", field="offset")
         raise CorruptRecord(offset, found.reason)
@@ -504,11 +513,14 @@ class CommitLog:
             if mf is None or not mf.hold():
                 break
             try:
-                offset, taken = self._scan_file(
+                reached, taken = self._scan_file(
                     mf, offset, end, batch, max_records, max_bytes, taken, check_crc
                 )
             finally:
                 mf.release()
+            if reached == offset:
+                break  # the next record ends beyond `end`: it belongs to a later call
+            offset = reached
         batch.next_offset = offset
         return batch
 
@@ -525,12 +537,15 @@ class CommitLog:
     ) -> tuple[int, int]:
         base = mf.file_from_offset
         buf = mf.read_buf
-        limit = min(mf.read_position, end - base)
+        readable = mf.read_position
+        limit = min(readable, end - base)
         records = batch.records
         pos = offset - base
         while pos < limit and len(records) < max_records and taken < max_bytes:
-            found = read_record(buf, pos, limit, check_crc=check_crc, expected_offset=base + pos)
+            found = read_record(buf, pos, readable, check_crc=check_crc, expected_offset=base + pos)
             if isinstance(found, Record):
+                if pos + found.total_size > limit:
+                    break  # the caller's end falls inside this record: it is for the next call
                 records.append(found)
                 pos += found.total_size
                 taken += found.total_size
@@ -538,7 +553,7 @@ class CommitLog:
             if isinstance(found, Blank) and found.total_size == mf.file_size - pos:
                 return mf.file_end_offset, taken
             reason = found.reason if isinstance(found, Bad) else "blank of the wrong size"
-            resume = find_next_record(buf, pos, limit, base)
+            resume = find_next_record(buf, pos, readable, base)
             if resume < 0:
                 # Nothing valid after it in what is readable of this file: skip to the next.
                 batch.corrupt.append(CorruptRange(base + pos, mf.file_end_offset, reason))
@@ -562,9 +577,15 @@ class CommitLog:
                 return
             table = table_to_pairs(self._queue_offsets)
         assert self._flusher is not None
-        self._flusher.flush_now()
+        self._flusher.flush_now()  # a failure here is a flush failure: fatal, as any other
         check(self.queue.flushed_where >= wrote, "checkpoint offset beyond the flushed end")
-        self._write_checkpoint(wrote, table)
+        try:
+            self._write_checkpoint(wrote, table)
+        except (OSError, DiskFull) as exc:
+            # Nothing was acknowledged on the strength of this file: the data it describes is
+            # already flushed. An older checkpoint only makes recovery check more; try again
+            # at the next interval instead of stopping writes.
+            log.error("checkpoint not written (will retry): %r", exc)
 
     def _write_checkpoint(self, offset: int, table: dict[QueueKey, int]) -> None:
         self._files.save_checkpoint(

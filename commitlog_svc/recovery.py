@@ -126,7 +126,10 @@ def recover(
         report.duration_ms = (time.monotonic() - started) * 1000
         return RecoveryResult(report, table)
 
-    start_at = max(durable - 1, files[0].file_from_offset)
+    if checkpoint is None:
+        start_at = files[0].file_from_offset
+    else:
+        start_at = max(durable - 1, files[0].file_from_offset)
     start_index = 0
     for i, mf in enumerate(files):
         if mf.file_from_offset <= start_at:
@@ -174,6 +177,9 @@ def recover(
                 cut_at = offset
                 break
             resume = _resync(files, index, pos)
+            if resume is None and checkpoint is None:
+                cut_at = offset  # nothing valid after it and nothing vouched for: the end
+                break
             if resume is None:
                 log.error(
                     "durable bytes damaged at the end of the log: offset %d (%s); the log "
@@ -221,13 +227,47 @@ def recover(
         later = [f for f in files if f.file_from_offset > cut_at]
         report.truncated_bytes += sum(f.file_size for f in later if _has_data(f))
         if cut_durable:
-            report.durable_bytes_lost = max(
-                0, min(durable, cut_at + report.truncated_bytes) - cut_at
-            )
+            # With a checkpoint every byte of [X, F) was vouched for, whatever is there now;
+            # without one, count what is visibly there.
+            reach = durable if checkpoint is not None else cut_at + report.truncated_bytes
+            report.durable_bytes_lost = max(0, reach - cut_at)
+        if cut_at < apply_from:
+            # The table counts records the cut removed; those queue offsets must be given out
+            # again, or the queue gets a hole and a consume queue entry points at a stranger.
+            table = _rebuild_table(files, cut_at, table)
     queue.truncate_dirty_files(end)
     report.end_offset = end
     report.duration_ms = (time.monotonic() - started) * 1000
     return RecoveryResult(report, table)
+
+
+def _rebuild_table(files: list[MappedFile], end: int, snapshot: QueueTable) -> QueueTable:
+    """The queue-offset table of the log as it ends at `end`, rebuilt by walking every record
+    below it. Queues with no record left on disk (all expired) keep the snapshot's offset: none
+    of their records can have been cut, so it is still exact."""
+    table: QueueTable = {}
+    for mf in files:
+        if mf.file_from_offset >= end:
+            break
+        limit = min(mf.file_size, end - mf.file_from_offset)
+        pos = 0
+        while pos < limit:
+            pos, _, stop = scan_run(
+                mf.read_buf, pos, limit, mf.file_from_offset, check_crc=False, queue_table=table
+            )
+            if stop is None or isinstance(stop, Blank):
+                break
+            found = find_next_record(mf.read_buf, pos, limit, mf.file_from_offset)
+            if isinstance(stop, Bad) and stop.record is not None:
+                _apply(table, stop.record)
+            if found < 0:
+                break
+            pos = found
+    for topic, queues in snapshot.items():
+        seen = table.setdefault(topic, {})
+        for queue_id, next_offset in queues.items():
+            seen.setdefault(queue_id, next_offset)
+    return table
 
 
 def _has_data(mf: MappedFile) -> bool:

@@ -61,6 +61,8 @@ _BLANK = struct.Struct(">ii")
 _TOPIC_LEN_V1 = struct.Struct(">B")
 _TOPIC_LEN_V2 = struct.Struct(">h")
 _PROPS_LEN = struct.Struct(">h")
+# Serialised properties end with this byte (properties.py): every key/value pair does.
+PROPERTIES_END_BYTE: Final = 0x02
 
 IPV4_HOST_BYTES: Final = 8
 IPV6_HOST_BYTES: Final = 20
@@ -197,6 +199,11 @@ def prepare_message(
     if props_len > limits.properties_bytes_max:
         raise PropertiesTooLarge(
             f"properties are {props_len} bytes, over the {limits.properties_bytes_max}-byte limit",
+            field="properties",
+        )
+    if props_len and properties[-1] != PROPERTIES_END_BYTE:
+        raise MessageIllegal(
+            "properties must be empty or end with 0x02 (encode them with encode_properties)",
             field="properties",
         )
     if len(born_host) not in (IPV4_HOST_BYTES, IPV6_HOST_BYTES):
@@ -485,6 +492,13 @@ def read_record(
         topic = topic_raw.decode("utf-8")
     except UnicodeDecodeError:
         return Bad("topic is not UTF-8", total)
+    # The body CRC covers neither the topic nor the properties, so a write torn after the body
+    # (zeros where it stopped) would pass every check above. Both have a shape to check: a topic
+    # is never empty and never holds a NUL, and properties end with 0x02 (every pair does).
+    if not topic or "\x00" in topic:
+        return Bad("topic is empty or holds a NUL byte (a torn write)", total)
+    if props_len and buf[p + props_len - 1] != PROPERTIES_END_BYTE:
+        return Bad("properties do not end with 0x02 (a torn write)", total)
     record = Record(
         total_size=total,
         magic=magic,
@@ -626,13 +640,19 @@ def scan_run(
             if ok:
                 (props_len,) = _PROPS_LEN.unpack_from(buf, props_at)
                 ok = props_len >= 0 and props_at + 2 + props_len == pos + total
+                if ok and props_len:
+                    ok = buf[props_at + 1 + props_len] == PROPERTIES_END_BYTE
             if ok:
                 raw_topic = bytes(view[topic_start : topic_start + topic_len])
                 topic = topics.get(raw_topic, "")
                 if not topic:
                     try:
-                        topic = topics[raw_topic] = raw_topic.decode("utf-8")
+                        topic = raw_topic.decode("utf-8")
                     except UnicodeDecodeError:
+                        topic = ""
+                    if topic and "\x00" not in topic:
+                        topics[raw_topic] = topic
+                    else:
                         ok = False
             if ok and check_crc and body_len > 0:
                 body_start = pos + header_size

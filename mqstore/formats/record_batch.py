@@ -37,6 +37,7 @@ from mqstore.formats.record import (
     MAGIC_V1,
     MAGIC_V2,
     PHYSICAL_OFFSET_POS,
+    PROPERTIES_END_BYTE,
     RECORD_OVERHEAD_BYTES_MAX,
     validate_topic,
 )
@@ -277,8 +278,8 @@ class BatchEncoder:
         props_lens = list(map(len, props))
         header = HEADERS[(born_bytes, len(self.store_host))]
         fixed = header.size + len(info.prefix) + 2
-        if n and not self._all_valid(body_lens, props_lens, queue_ids, fixed):
-            keep = self._refuse(body_lens, props_lens, queue_ids, fixed, index, out)
+        if n and not self._all_valid(body_lens, props, props_lens, queue_ids, fixed):
+            keep = self._refuse(body_lens, props, props_lens, queue_ids, fixed, index, out)
             bodies = [bodies[k] for k in keep]
             queue_ids = [queue_ids[k] for k in keep]
             props = [props[k] for k in keep]
@@ -343,13 +344,19 @@ class BatchEncoder:
         return end
 
     def _all_valid(
-        self, body_lens: list[int], props_lens: list[int], queue_ids: list[int], fixed: int
+        self,
+        body_lens: list[int],
+        props: list[bytes],
+        props_lens: list[int],
+        queue_ids: list[int],
+        fixed: int,
     ) -> bool:
         limits = self.limits
         body_max = max(body_lens)
         props_max = max(props_lens)
         return (
-            body_max <= limits.body_bytes_max
+            _props_shaped(props)
+            and body_max <= limits.body_bytes_max
             and props_max <= limits.properties_bytes_max
             and min(queue_ids) >= 0
             and max(queue_ids) <= limits.queue_id_max
@@ -359,6 +366,7 @@ class BatchEncoder:
     def _refuse(
         self,
         body_lens: list[int],
+        props: list[bytes],
         props_lens: list[int],
         queue_ids: list[int],
         fixed: int,
@@ -380,9 +388,26 @@ class BatchEncoder:
                 or size > record_max
             ):
                 out.refused.append((index + k, _why(body_len, props_len, queue_id, size, limits)))
+            elif props_len and props[k][-1] != PROPERTIES_END_BYTE:
+                shape = MessageIllegal(
+                    "properties must be empty or end with 0x02 (see encode_properties)",
+                    field="properties",
+                )
+                out.refused.append((index + k, shape))
             else:
                 keep.append(k)
         return keep
+
+
+def _props_shaped(props: list[bytes]) -> bool:
+    """Every properties blob is empty or ends with 0x02, checked at C speed."""
+    return all(
+        map(
+            operator.or_,
+            map(operator.not_, props),
+            map(bytes.endswith, props, itertools.repeat(b"\x02")),
+        )
+    )
 
 
 def _assign(queues: dict[int, int], queue_ids: list[int]) -> Sequence[int]:
@@ -447,3 +472,12 @@ def undo_queue_offsets(
         topic, queue_id, flag = keys[i]
         if sysflag.gets_queue_offset(flag):
             queue_table[topic][queue_id] = encoded.queue_offsets[j]
+    # A queue given back to 0 never held a message: leave no entry behind for it.
+    for topic in {t for t, _, _ in keys}:
+        queues = queue_table.get(topic)
+        if queues is None:
+            continue
+        for queue_id in [q for q, n in queues.items() if n == 0]:
+            del queues[queue_id]
+        if not queues:
+            del queue_table[topic]

@@ -172,9 +172,17 @@ class MappedFileQueue:
         return first.file_from_offset if first is not None else 0
 
     def max_offset(self) -> int:
-        """End of readable data."""
-        last = self.last_file()
-        return last.file_from_offset + last.read_position if last is not None else 0
+        """End of readable data: the first file not readable to its end decides (with a
+        transient pool, a full file may still hold uncommitted bytes when the next exists)."""
+        files = self.files
+        if not files:
+            return 0
+        if self.pool is not None:
+            for mf in self._files_from(self.committed_where):
+                if mf.read_position < mf.file_size:
+                    return mf.file_from_offset + mf.read_position
+        last = files[-1]
+        return last.file_from_offset + last.read_position
 
     def max_wrote_offset(self) -> int:
         last = self.last_file()

@@ -4,8 +4,9 @@ plain-list model, on both stores. A failure prints its seed; rerun one with
 (300 seeds of each store passed before this was committed).
 
 The file store runs on the simulated disk and loses (drop), keeps (keep) or tears and garbles
-sector by sector (random) whatever was not flushed when it crashes; the RocksDB store runs in a real directory and is reopened without a
-flush (a process crash: the WAL written to the page cache survives).
+sector by sector (random) whatever was not flushed when it crashes; the RocksDB store runs
+in a real directory and is reopened without a flush (a process crash: the WAL written to the
+page cache survives).
 """
 
 from __future__ import annotations

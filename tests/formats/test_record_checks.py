@@ -309,7 +309,14 @@ def test_a_body_one_byte_over_4_mib_is_message_illegal() -> None:
 
 
 def test_properties_of_32767_bytes_are_accepted() -> None:
-    assert prep(properties=b"p" * 32_767) == 91 + 1 + 1 + 32_767
+    assert prep(properties=b"p" * 32_766 + b"\x02") == 91 + 1 + 1 + 32_767
+
+
+def test_properties_that_do_not_end_with_0x02_are_refused() -> None:
+    # Recovery tells a torn write by the missing final 0x02, so a store must never hold one.
+    with pytest.raises(MessageIllegal) as exc:
+        prep(properties=b"KEYS\x01k")
+    assert exc.value.field == "properties"
 
 
 def test_properties_of_32768_bytes_are_properties_too_large() -> None:

@@ -68,7 +68,7 @@ def test_batch_encoder_writes_the_reference_bytes(
         topic=topic,
         queue_ids=[q for q, _, _, _ in messages],
         bodies=[b for _, b, _, _ in messages],
-        properties=[p.replace(b"\x00", b"") for _, _, p, _ in messages],
+        properties=[p + b"\x02" if p else p for _, _, p, _ in messages],
         sys_flags=[f for _, _, _, f in messages],
         flag=7,
         born_timestamp_ms=123_456,
