@@ -60,6 +60,7 @@ from mqstore.storage.disk import Disk, FileLock, OsDisk
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
 from mqstore.storage.transient_pool import TransientStorePool
+from mqstore.storage.warmer import SegmentWarmer
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class CommitLog:
         self._queue_offsets: QueueTable = {}
         self._lock: FileLock | None = None
         self._flusher: FlushService | None = None
+        self._warmer: SegmentWarmer | None = None
         self._retention = RetentionPolicy(config, self.disk, self.clock)
         self._retention_thread: threading.Thread | None = None
         self._retention_stop = threading.Event()
@@ -178,6 +180,8 @@ class CommitLog:
             on_failure=self._on_flush_failure,
         )
         self._flusher.start()
+        self._warmer = SegmentWarmer(self.queue, self.config.warm_ahead_bytes)
+        self._warmer.start()
         self._running = True
         if retention:
             self._start_retention()
@@ -203,6 +207,8 @@ class CommitLog:
             return
         self._running = False
         self._stop_retention()
+        if self._warmer is not None:
+            self._warmer.stop()
         flusher = self._flusher
         assert flusher is not None
         # Stop the flush thread before taking the put lock: a checkpoint round in progress
@@ -258,6 +264,11 @@ class CommitLog:
         if self.config.flush is FlushMode.SYNC:
             return self.queue.flushed_where
         return self.queue.max_offset()
+
+    @property
+    def warmed_bytes(self) -> int:
+        """Bytes of segments faulted in ahead of the writes so far (see storage/warmer.py)."""
+        return self._warmer.warmed_bytes if self._warmer is not None else 0
 
     @property
     def writable(self) -> bool:

@@ -53,6 +53,11 @@ class Region(Protocol):
     def zero(self, start: int, end: int) -> None:
         """Zero [start, end); durable only after a flush covering it."""
 
+    def populate(self, start: int, end: int) -> bool:
+        """Fault [start, end) in for writing ahead of the writer, without changing a byte, so
+        that appends do not pay first-touch page faults. May block for a while, but must not
+        hold the GIL while it does. False if the platform cannot (then it is a no-op)."""
+
     def close(self) -> None: ...
 
 
@@ -149,6 +154,25 @@ _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
 
+def _load_madvise() -> Any:
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return None
+    try:
+        fn = ctypes.CDLL(libc_name, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+# madvise through ctypes, not mmap.madvise: a ctypes call releases the GIL, so a warming thread
+# faults pages in while the appender keeps running. MADV_POPULATE_WRITE is Linux 5.14+.
+_MADVISE = _load_madvise()
+_MADV_POPULATE_WRITE = 23
+
+
 def _punch_hole(fd: int, start: int, length: int) -> bool:
     """Deallocate [start, start+length) so it reads as zeros; False if unsupported."""
     if _FALLOCATE is None or length <= 0:
@@ -170,6 +194,11 @@ class _OsRegion:
         finally:
             os.close(fd)
         self._fd = -1  # opened on the first write_through or zero
+        # The mapping's address, for madvise. The ctypes view is dropped at once so that it
+        # does not pin the map; callers only populate while they hold the file open.
+        view = ctypes.c_char.from_buffer(self._mm)
+        self._address = ctypes.addressof(view)
+        del view
 
     @property
     def buf(self) -> mmap.mmap:
@@ -219,6 +248,13 @@ class _OsRegion:
         for pos in range(start, end, _ZERO_CHUNK_BYTES):
             stop = min(end, pos + _ZERO_CHUNK_BYTES)
             self._mm[pos:stop] = bytes(stop - pos)
+
+    def populate(self, start: int, end: int) -> bool:
+        end = min(end, self._size)
+        start -= start % PAGE_BYTES
+        if _MADVISE is None or end <= start or self._mm.closed:
+            return False
+        return bool(_MADVISE(self._address + start, end - start, _MADV_POPULATE_WRITE) == 0)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -209,6 +209,15 @@ class MappedFile:
             return buf
         return None
 
+    def populate(self, start: int, end: int) -> bool:
+        """Fault [start, end) in ahead of the writer (see Region.populate)."""
+        if not self.hold():
+            return False
+        try:
+            return self._region.populate(start, end)
+        finally:
+            self.release()
+
     # -- reading --------------------------------------------------------------------------------
 
     def read(self, pos: int, size: int) -> bytes:

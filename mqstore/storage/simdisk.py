@@ -102,6 +102,9 @@ class _SimRegion:
         if end > start:
             self._inode.live[start:end] = bytes(end - start)
 
+    def populate(self, start: int, end: int) -> bool:
+        return False  # nothing to fault in: the bytes are a bytearray
+
     def close(self) -> None:
         self._closed = True
 
