@@ -6,12 +6,13 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 PYTEST_ARGS ?=
 
-.PHONY: help setup run test check fmt bench clean
+.PHONY: help setup run test check fmt bench proto clean
 
 help:
 	@echo "make run    - set up, then run the store with a local data directory ($(DATA_DIR))"
 	@echo "make test   - set up, then run every test"
-	@echo "make check  - ruff (format + lint) and mypy"
+	@echo "make check  - generated code up to date, ruff (format + lint) and mypy"
+	@echo "make proto  - regenerate mqstore/rpc/gen from protos/"
 	@echo "make bench  - engine benchmarks against raw limits measured in the same run"
 
 # The venv is rebuilt whenever pyproject.toml changes.
@@ -29,7 +30,12 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Generated gRPC code lives in mqstore/rpc/gen; `make check` fails when it is stale.
+proto: $(STAMP)
+	$(PY) protos/generate.py
+
 check: $(STAMP)
+	$(PY) protos/generate.py --check
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -1,0 +1,113 @@
+"""Start mqstore's service processes and find where they listen.
+
+Used by `mqstore up` (and so `make run`) and by the end-to-end tests. A service is started as
+`python -m <package> --port P --ports-file F ...`; it writes F (JSON: port, health_port,
+metrics_port, pid) once it listens, so ports may be 0 and picked by the kernel. This module
+only launches processes: it imports no service code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+# Default ports for one machine: each service takes a block of three (API, health, metrics).
+DEFAULT_PORTS = {
+    "commitlog_svc": (7100, 7101, 7102),
+    "cq_svc": (7200, 7201, 7202),
+    "index_svc": (7300, 7301, 7302),
+}
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class ServiceProcess:
+    package: str  # commitlog_svc | cq_svc | index_svc
+    data_dir: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ports_file: str = ""
+    log_path: str = ""  # stdout and stderr go here ("" = inherit)
+    proc: subprocess.Popen[bytes] | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            self.package,
+            "--data-dir",
+            self.data_dir,
+            "--ports-file",
+            self.ports_file,
+            *self.args,
+        ]
+
+    def start(self) -> None:
+        if not self.ports_file:
+            self.ports_file = os.path.join(self.data_dir, f".{self.package}.ports.json")
+        os.makedirs(self.data_dir, exist_ok=True)
+        if os.path.exists(self.ports_file):
+            os.unlink(self.ports_file)
+        out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - kept open
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(self.command(), stdout=out, stderr=out, env=env)
+        if out is not None:
+            out.close()  # the child has its own copy
+
+    def wait_listening(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, int]:
+        """Wait for the ports file; raises if the process exits or the time runs out."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.package} exited with {self.proc.returncode} before listening"
+                    + (f"; see {self.log_path}" if self.log_path else "")
+                )
+            if os.path.exists(self.ports_file):
+                with open(self.ports_file, encoding="utf-8") as f:
+                    data = json.load(f)
+                if data.get("pid") == self.proc.pid:
+                    self.ports = {k: int(v) for k, v in data.items() if k.endswith("port")}
+                    return self.ports
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.package} did not listen within {timeout_s} s")
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.ports['port']}"
+
+    @property
+    def health_target(self) -> str:
+        return f"127.0.0.1:{self.ports['health_port']}"
+
+    def signal(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def kill(self) -> None:
+        """kill -9: no flush, no checkpoint, no goodbye."""
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait (SIGKILL past the timeout); returns the exit code."""
+        if self.proc is None:
+            return 0
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None

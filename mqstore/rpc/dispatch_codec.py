@@ -1,0 +1,82 @@
+"""DispatchBatch (the columnar frame of Subscribe) to and from DispatchEntry lists.
+
+commitlog_svc encodes what its scan found; cq_svc and index_svc decode. Topics are sent once
+per batch in a table and referenced by index, so a batch of one topic carries the name once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mqstore.dispatch import DispatchEntry
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+
+
+def encode_dispatch(
+    entries: Sequence[DispatchEntry],
+    *,
+    start_offset: int,
+    next_offset: int,
+    include_keys: bool,
+    corrupt: Sequence[tuple[int, int]] = (),
+) -> pb.DispatchBatch:
+    topics: dict[str, int] = {}
+    topic_indexes = []
+    for e in entries:
+        index = topics.get(e.topic)
+        if index is None:
+            index = topics[e.topic] = len(topics)
+        topic_indexes.append(index)
+    batch = pb.DispatchBatch(
+        start_offset=start_offset,
+        next_offset=next_offset,
+        topics=list(topics),
+        topic_indexes=topic_indexes,
+        queue_ids=[e.queue_id for e in entries],
+        queue_offsets=[e.queue_offset for e in entries],
+        commit_log_offsets=[e.commit_log_offset for e in entries],
+        sizes=[e.size for e in entries],
+        tags_codes=[e.tags_code for e in entries],
+        store_timestamps_ms=[e.store_timestamp_ms for e in entries],
+        sys_flags=[e.sys_flag for e in entries],
+        corrupt_starts=[start for start, _ in corrupt],
+        corrupt_ends=[end for _, end in corrupt],
+    )
+    if include_keys:
+        batch.keys.extend(e.keys for e in entries)
+        batch.uniq_keys.extend(e.uniq_key for e in entries)
+    return batch
+
+
+def decode_dispatch(batch: pb.DispatchBatch) -> list[DispatchEntry]:
+    topics = list(batch.topics)
+    n = len(batch.commit_log_offsets)
+    keys = list(batch.keys) if len(batch.keys) == n else [""] * n
+    uniq = list(batch.uniq_keys) if len(batch.uniq_keys) == n else [""] * n
+    return [
+        DispatchEntry(
+            topic=topics[t],
+            queue_id=q,
+            queue_offset=qo,
+            commit_log_offset=o,
+            size=sz,
+            tags_code=tc,
+            store_timestamp_ms=ts,
+            sys_flag=sf,
+            keys=k,
+            uniq_key=u,
+        )
+        for t, q, qo, o, sz, tc, ts, sf, k, u in zip(
+            batch.topic_indexes,
+            batch.queue_ids,
+            batch.queue_offsets,
+            batch.commit_log_offsets,
+            batch.sizes,
+            batch.tags_codes,
+            batch.store_timestamps_ms,
+            batch.sys_flags,
+            keys,
+            uniq,
+            strict=True,
+        )
+    ]

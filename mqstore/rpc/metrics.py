@@ -1,0 +1,93 @@
+"""Prometheus metrics: the gRPC server's own series, and the metrics port.
+
+Names follow Prometheus conventions (base units, `_total` counters, bounded labels): the
+`grpc_server_*` family that go-grpc-prometheus made common, and `mqstore_*` series that each
+service registers for its own work (append, flush, dispatch lag, ...).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Histogram, start_http_server
+
+from mqstore.rpc.errors import wrap_handler
+
+# Buckets in seconds, from 100 us (a cached read) to 10 s (a long poll).
+LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+
+HANDLED = Counter(
+    "grpc_server_handled_total",
+    "RPCs completed on the server, by method and status code.",
+    ["grpc_service", "grpc_method", "grpc_code"],
+)
+HANDLING = Histogram(
+    "grpc_server_handling_seconds",
+    "Time to complete an RPC on the server (streams: until the stream ends).",
+    ["grpc_service", "grpc_method"],
+    buckets=LATENCY_BUCKETS_S,
+)
+
+
+def start_metrics_server(host: str, port: int) -> int:
+    """Serve /metrics; returns the bound port (a free one when `port` is 0)."""
+    server, _ = start_http_server(port, addr=host)
+    return int(server.server_port)
+
+
+def _split(method: str) -> tuple[str, str]:
+    service, _, name = method.lstrip("/").partition("/")
+    return service, name
+
+
+def _code_of(context: grpc.ServicerContext, failed: bool) -> str:
+    code = getattr(context, "code")()  # noqa: B009 - missing from the stubs
+    if code is None:
+        return "UNKNOWN" if failed else "OK"
+    return str(code.name)
+
+
+class MetricsInterceptor(grpc.ServerInterceptor):
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        service, name = _split(handler_call_details.method)
+        timer = HANDLING.labels(service, name)
+
+        def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                began = time.perf_counter()
+                failed = True
+                try:
+                    result = behavior(request, context)
+                    failed = False
+                    return result
+                finally:
+                    timer.observe(time.perf_counter() - began)
+                    HANDLED.labels(service, name, _code_of(context, failed)).inc()
+
+            return call
+
+        def stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                began = time.perf_counter()
+                failed = True
+                try:
+                    yield from behavior(request, context)
+                    failed = False
+                finally:
+                    timer.observe(time.perf_counter() - began)
+                    HANDLED.labels(service, name, _code_of(context, failed)).inc()
+
+            return call
+
+        return wrap_handler(handler, unary, stream)

@@ -1,0 +1,203 @@
+"""What every mqstore service process runs around its servicer.
+
+    ServiceHost(name, settings, register=..., on_stop=...)
+      main port     the API (thread pool server), reflection, interceptors: logs, metrics,
+                    errors -> status codes
+      health port   its own plaintext server: grpc.health.v1 with "", "startup", "readiness",
+                    "liveness"; separate so that an overloaded API never fails a probe
+      metrics port  Prometheus /metrics
+      SIGTERM/INT   readiness NOT_SERVING (health.enter_graceful_shutdown), wait drain_delay_s,
+                    stop accepting and finish calls within grace_period_s, then on_stop()
+                    (flush, checkpoint, abort marker)
+
+Health: "startup" turns SERVING when the service says it started (recovery done), "readiness"
+when it says it is ready (replay caught up) and until shutdown begins, "liveness" while the
+service's `alive()` check (its work loop) holds, tested every LIVENESS_CHECK_S.
+
+With port 0 the kernel picks a port; the bound ports are logged and, with `ports_file`, written
+as JSON so that a launcher or a test can find them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from types import FrameType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from mqstore.rpc.errors import ErrorInterceptor
+from mqstore.rpc.logs import LoggingInterceptor
+from mqstore.rpc.metrics import MetricsInterceptor, start_metrics_server
+from mqstore.rpc.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+STARTUP = "startup"
+READINESS = "readiness"
+LIVENESS = "liveness"
+LIVENESS_CHECK_S = 1.0
+# Keepalive: clients with long-lived subscriptions and long polls ping every 30 s; the server
+# accepts pings that often even without calls in flight, instead of answering "too_many_pings".
+KEEPALIVE_MIN_PING_MS = 10_000
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MIN_PING_MS),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+class ServiceHost:
+    def __init__(
+        self,
+        name: str,
+        settings: ServiceSettings,
+        *,
+        register: Callable[[grpc.Server], Sequence[str]],
+        on_stop: Callable[[], None] = lambda: None,
+        alive: Callable[[], bool] = lambda: True,
+        ports_file: str = "",
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self._register = register
+        self._on_stop = on_stop
+        self._alive = alive
+        self._ports_file = ports_file
+        self.health = health.HealthServicer()
+        self._server: grpc.Server | None = None
+        self._health_server: grpc.Server | None = None
+        self.port = 0
+        self.health_port = 0
+        self.metrics_port = 0
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    # -- start ----------------------------------------------------------------------------------
+
+    def start_health(self) -> None:
+        """The health port first: probes can see "startup" NOT_SERVING during recovery."""
+        s = self.settings
+        for service in ("", STARTUP, READINESS):
+            self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        self._health_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"{self.name}-health")
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+        self.health_port = self._health_server.add_insecure_port(f"{s.host}:{s.health_port}")
+        self._health_server.start()
+        self.metrics_port = start_metrics_server(s.host, s.metrics_port)
+
+    def start(self) -> None:
+        """The API port; call once the service can answer (recovery done)."""
+        s = self.settings
+        if self._health_server is None:
+            self.start_health()
+        server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=s.max_workers, thread_name_prefix=f"{self.name}-rpc"
+            ),
+            interceptors=[LoggingInterceptor(), MetricsInterceptor(), ErrorInterceptor()],
+            options=server_options(s.max_message_bytes),
+            # Past this many calls in flight, new ones get RESOURCE_EXHAUSTED at once rather
+            # than queueing without bound behind long polls and streams.
+            maximum_concurrent_rpcs=s.max_workers * 4,
+        )
+        names = list(self._register(server))
+        reflection.enable_server_reflection(
+            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        server.start()
+        self._server = server
+        self.set_serving(STARTUP, True)
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._watchdog = threading.Thread(target=self._watch, name="liveness", daemon=True)
+        self._watchdog.start()
+        self._announce()
+
+    def _announce(self) -> None:
+        ports = {
+            "service": self.name,
+            "host": self.settings.host,
+            "port": self.port,
+            "health_port": self.health_port,
+            "metrics_port": self.metrics_port,
+            "pid": os.getpid(),
+        }
+        log.info("listening %s", json.dumps(ports))
+        if self._ports_file:
+            tmp = self._ports_file + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(ports, f)
+            os.replace(tmp, self._ports_file)
+
+    def set_serving(self, service: str, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        self.health.set(service, status)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(LIVENESS_CHECK_S):
+            try:
+                alive = self._alive()
+            except Exception:
+                log.exception("liveness check failed")
+                alive = False
+            self.set_serving(LIVENESS, alive)
+
+    # -- stop -----------------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum: int, _: FrameType | None) -> None:
+            log.info("signal %s: shutting down", signal.Signals(signum).name)
+            self._stopping.set()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    def wait(self) -> None:
+        """Block until a stop is requested, then shut down in order."""
+        while not self._stopping.wait(0.5):
+            pass
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopping.set()
+        s = self.settings
+        # Probes first: every service name NOT_SERVING, and it stays so.
+        self.health.enter_graceful_shutdown()
+        if s.drain_delay_s:
+            self._stopped.wait(s.drain_delay_s)
+        if self._server is not None:
+            self._server.stop(s.grace_period_s).wait()
+        try:
+            self._on_stop()
+        finally:
+            if self._health_server is not None:
+                self._health_server.stop(0).wait()
+            self._stopped.set()
+            log.info("stopped")

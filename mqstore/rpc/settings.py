@@ -1,0 +1,100 @@
+"""Service configuration: defaults < a TOML file < environment variables < command-line flags.
+
+Every service subclasses `ServiceSettings` with its own fields and environment prefix
+(MQSTORE_COMMITLOG_, MQSTORE_CQ_, MQSTORE_INDEX_). The file comes from `--config FILE` or the
+MQSTORE_CONFIG variable; within it a service reads its own table ([commitlog], [cq], [index])
+and the shared top-level keys. Flags are the field names: `--port 7100 --data-dir ./data`.
+The defaults run all three services on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    CliSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+CONFIG_ENV = "MQSTORE_CONFIG"
+
+
+class ServiceSettings(BaseSettings):
+    # Subclasses set their own prefix; this one keeps a bare PORT or HOST from leaking in.
+    model_config = SettingsConfigDict(env_prefix="MQSTORE_", extra="forbid", validate_default=True)
+
+    # The TOML table holding this service's own keys.
+    section: ClassVar[str] = ""
+
+    host: str = Field("127.0.0.1", description="address the API, health and metrics ports bind")
+    port: int = Field(0, ge=0, le=65535, description="main gRPC port (API and reflection)")
+    health_port: int = Field(0, ge=0, le=65535, description="plaintext grpc.health.v1 port")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: a free one)")
+    data_dir: str = Field("./data", description="where this service keeps its files")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+    # SIGTERM: health NOT_SERVING, wait drain_delay_s for endpoints to go, finish calls in
+    # grace_period_s, then flush and checkpoint.
+    drain_delay_s: float = Field(0.0, ge=0)
+    grace_period_s: float = Field(10.0, ge=0)
+    # A sync server holds a thread per call in flight (streams and long polls included).
+    max_workers: int = Field(64, ge=2, le=1024)
+    max_message_bytes: int = Field(64 << 20, ge=1 << 20)
+    # Where to write the bound ports as JSON once listening (launchers and tests read it).
+    ports_file: str = ""
+
+    @classmethod
+    def load(cls, argv: list[str] | None = None, **overrides: Any) -> Self:
+        """Settings from the file, the environment and the flags in `argv`; `overrides`
+        (tests, launchers) win over everything."""
+        pre = argparse.ArgumentParser(add_help=False)
+        pre.add_argument("--config", default=os.environ.get(CONFIG_ENV, ""))
+        known, rest = pre.parse_known_args(argv or [])
+        file_values = _read_toml(known.config, cls.section) if known.config else {}
+        token = _SOURCES.set((file_values, rest))
+        try:
+            return cls(**overrides)
+        finally:
+            _SOURCES.reset(token)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        file_values, cli_args = _SOURCES.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings]
+        if cli_args is not None:
+            sources.append(
+                CliSettingsSource(settings_cls, cli_parse_args=cli_args, cli_kebab_case=True)
+            )
+        sources.append(env_settings)
+        sources.append(InitSettingsSource(settings_cls, init_kwargs=file_values))
+        return tuple(sources)
+
+
+# What `load` found for the settings being built: (file values, remaining argv).
+_SOURCES: contextvars.ContextVar[tuple[dict[str, Any], list[str] | None]] = contextvars.ContextVar(
+    "mqstore_settings_sources", default=({}, None)
+)
+
+
+def _read_toml(path: str, section: str) -> dict[str, Any]:
+    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    values = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    if section and isinstance(data.get(section), dict):
+        values.update(data[section])
+    return values

@@ -1,0 +1,238 @@
+"""The subscriber side of the dispatch stream, shared by cq_svc and index_svc.
+
+    Subscriber(target, subscriber_id, sink)
+      connect -> Subscribe(subscriber_id, sink.store_id, sink.confirmed_offset)
+      handshake frame -> sink.on_handshake(store_id, min, max)   (agreement before anything)
+      batches         -> sink.on_batch(entries, next_offset)      (replays are expected)
+      every CONFIRM_INTERVAL_S, if sink.confirmed_offset moved -> Confirm
+      stream ends or fails -> reconnect after a backoff (gRPC never retries a stream for us)
+
+`caught_up` turns true once the sink has applied everything the log held at the handshake
+(the services' readiness). The sink's confirmed offset must only cover entries that are
+applied and flushed: the commit log keeps every byte above the lowest confirmed offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Protocol
+
+import grpc
+
+from mqstore.dispatch import DispatchEntry
+from mqstore.rpc.channel import make_channel
+from mqstore.rpc.dispatch_codec import decode_dispatch
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+# Reconnect backoff: from 100 ms, doubling, to 5 s (a commit log restarting takes seconds).
+BACKOFF_INITIAL_S = 0.1
+BACKOFF_MAX_S = 5.0
+CONFIRM_INTERVAL_S = 0.2
+# A Confirm must not hang the loop when the commit log is away.
+CONFIRM_TIMEOUT_S = 5.0
+
+
+class DispatchSink(Protocol):
+    """What a service's engine offers the subscriber loop."""
+
+    @property
+    def store_id(self) -> bytes: ...
+
+    @property
+    def confirmed_offset(self) -> int: ...
+
+    @property
+    def applied_offset(self) -> int: ...
+
+    def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None: ...
+
+    def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None: ...
+
+
+class Subscriber:
+    def __init__(
+        self,
+        target: str,
+        subscriber_id: str,
+        sink: DispatchSink,
+        *,
+        include_keys: bool = False,
+        max_batch_entries: int = 0,
+    ) -> None:
+        self.target = target
+        self.subscriber_id = subscriber_id
+        self.sink = sink
+        self.include_keys = include_keys
+        self.max_batch_entries = max_batch_entries
+        self._stop = threading.Event()
+        self._caught_up = threading.Event()
+        self._connected = False
+        self._call: grpc.Future[object] | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._confirm_thread: threading.Thread | None = None
+        self._catch_up_to = -1
+        self._last_confirmed = -1
+        self._channel: grpc.Channel | None = None
+        self.failure: BaseException | None = None  # a sink error: the loop stopped for good
+        self.batches = 0
+        self.reconnects = 0
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def caught_up(self) -> bool:
+        return self._caught_up.is_set()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.failure is None
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        return self._caught_up.wait(timeout_s)
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._channel = make_channel(self.target)
+        self._thread = threading.Thread(target=self._run, name="subscriber", daemon=True)
+        self._thread.start()
+        self._confirm_thread = threading.Thread(
+            target=self._confirm_loop, name="confirm", daemon=True
+        )
+        self._confirm_thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+        for thread in (self._thread, self._confirm_thread):
+            if thread is not None:
+                thread.join(timeout=10)
+        self.confirm_now()
+        if self._channel is not None:
+            self._channel.close()
+
+    # -- the stream -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = BACKOFF_INITIAL_S
+        assert self._channel is not None
+        stub = pb_grpc.CommitLogStub(self._channel)
+        while not self._stop.is_set():
+            try:
+                got_frames = self._follow(stub)
+            except grpc.RpcError as err:
+                got_frames = False
+                if not self._stop.is_set():
+                    log.warning(
+                        "subscription to %s broke: %s; reconnecting in %.1f s",
+                        self.target,
+                        _describe(err),
+                        backoff,
+                    )
+            except Exception as err:  # the sink failed: stop, the service goes not-alive
+                log.exception("applying dispatch failed; the subscription stops")
+                self.failure = err
+                return
+            finally:
+                self._connected = False
+                with self._lock:
+                    self._call = None
+            if self._stop.is_set():
+                return
+            self.reconnects += 1
+            if got_frames:
+                backoff = BACKOFF_INITIAL_S
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _follow(self, stub: pb_grpc.CommitLogStub) -> bool:
+        request = pb.SubscribeRequest(
+            subscriber_id=self.subscriber_id,
+            store_id=self.sink.store_id,
+            confirmed_offset=self.sink.confirmed_offset,
+            include_keys=self.include_keys,
+            max_batch_entries=self.max_batch_entries,
+        )
+        call = stub.Subscribe(request)
+        with self._lock:
+            self._call = call  # type: ignore[assignment]
+        if self._stop.is_set():
+            call.cancel()
+        got = False
+        for frame in call:
+            got = True
+            which = frame.WhichOneof("frame")
+            if which == "handshake":
+                hs = frame.handshake
+                self.sink.on_handshake(hs.store_id, hs.min_offset, hs.max_offset)
+                self._connected = True
+                self._catch_up_to = hs.max_offset
+                log.info(
+                    "subscribed to %s: log [%d, %d), starting at %d",
+                    self.target,
+                    hs.min_offset,
+                    hs.max_offset,
+                    hs.start_offset,
+                )
+                if self.sink.applied_offset >= self._catch_up_to:
+                    self._caught_up.set()
+            elif which == "batch":
+                entries = decode_dispatch(frame.batch)
+                self.sink.on_batch(entries, frame.batch.next_offset)
+                self.batches += 1
+                if not self._caught_up.is_set() and frame.batch.next_offset >= self._catch_up_to:
+                    self._caught_up.set()
+        return got
+
+    # -- confirmations --------------------------------------------------------------------------
+
+    def _confirm_loop(self) -> None:
+        while not self._stop.wait(CONFIRM_INTERVAL_S):
+            self.confirm_now()
+
+    def confirm_now(self) -> None:
+        """Tell the commit log the sink's confirmed offset, if it moved."""
+        confirmed = self.sink.confirmed_offset
+        if confirmed <= self._last_confirmed or self._channel is None or not self.sink.store_id:
+            return
+        stub = pb_grpc.CommitLogStub(self._channel)
+        try:
+            stub.Confirm(
+                pb.ConfirmRequest(
+                    subscriber_id=self.subscriber_id,
+                    store_id=self.sink.store_id,
+                    confirmed_offset=confirmed,
+                ),
+                timeout=CONFIRM_TIMEOUT_S,
+            )
+            self._last_confirmed = confirmed
+        except grpc.RpcError as err:
+            log.debug("confirm failed (will retry): %s", err)
+
+
+def _describe(err: grpc.RpcError) -> str:
+    code = getattr(err, "code", None)
+    return str(code()) if callable(code) else repr(err)
+
+
+def wait_until(predicate: object, timeout_s: float, step_s: float = 0.01) -> bool:
+    """Poll `predicate()` until it is true or `timeout_s` passes (tests, launchers)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(step_s)
+    return False
