@@ -6,6 +6,7 @@
     │   └── PropertiesTooLarge        encoded properties over 32,767 bytes
     ├── OutOfRange                    OUT_OF_RANGE      an offset outside what is stored
     ├── NotFound                      NOT_FOUND         an unknown id or queue
+    ├── FailedPrecondition            FAILED_PRECONDITION  asked of the wrong place (shard)
     ├── ResourceExhausted             RESOURCE_EXHAUSTED
     │   ├── DiskFull                  no space to preallocate a file
     │   └── StoreBusy                 the write lock was not free within the bound
@@ -53,6 +54,10 @@ class OutOfRange(MqstoreError):
 
 class NotFound(MqstoreError):
     grpc_code = "NOT_FOUND"
+
+
+class FailedPrecondition(MqstoreError):
+    grpc_code = "FAILED_PRECONDITION"
 
 
 class ResourceExhausted(MqstoreError):
