@@ -1,11 +1,10 @@
-"""The `mqstore` command: offline tools over mqstore's (and RocketMQ's) files.
+"""`mqstore log`: offline tools over mqstore's (and RocketMQ's) commit-log files.
 
     mqstore log dump DIR [--from OFFSET] [--limit N] [--body base64|text|none] [--blanks]
     mqstore log verify DIR
 
-Each group is a noun (the structure it reads), each command a verb, so later tools slot in as
-`mqstore <noun> <verb>`. Nothing here writes to a store or takes its lock: the tools read files
-directly (mqstore.storage.logreader) and work beside a running store.
+Nothing here writes to a store or takes its lock: the tools read files directly
+(mqstore.storage.logreader) and work beside a running store.
 
 Exit codes: 0 success; 1 the data failed a check (verify found a bad record); 2 usage errors,
 including a directory that cannot be read as a commit log (missing, empty, mixed file sizes).
@@ -108,16 +107,7 @@ def bad_fields(entry: BadEntry, body_mode: str) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------------
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
-    """Offline tools for mqstore's files (and Apache RocketMQ's, which share their layout).
-
-    They read files directly and never write or lock them, so they are safe beside a running
-    store. Try `mqstore log --help`.
-    """
-
-
-@cli.group("log")
+@click.group("log")
 def log_group() -> None:
     """Read a commit-log directory: the segment files named by their 20-digit start offset.
 
@@ -260,12 +250,3 @@ def verify(ctx: click.Context, directory: str) -> None:
         err=True,
     )
     ctx.exit(EXIT_BAD_DATA)
-
-
-def main() -> None:
-    """Entry point of the `mqstore` script and of `python -m mqstore.cli`."""
-    cli(prog_name="mqstore")
-
-
-if __name__ == "__main__":
-    main()

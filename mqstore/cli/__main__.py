@@ -1,0 +1,3 @@
+from mqstore.cli import main
+
+main()
