@@ -276,15 +276,38 @@ class AckQueue:
             raise ReceiptExpired(*who, offset, f"delivery {count}, current is {cur[1]}")
         return cur
 
-    def ack(self, receipts: list[tuple[int, int]], who: AckKey, *, sync: bool) -> None:
+    def ack(
+        self, receipts: list[tuple[int, int]], who: AckKey, *, sync: bool
+    ) -> list[tuple[int, int]]:
+        """Acknowledge the current receipts among `receipts`; returns the stale ones (not
+        acked). Checked one by one before anything changes, so a stale receipt in a batch
+        never leaves the others acked in memory but not in the journal."""
         entries = []
+        stale = []
         for offset, count in receipts:
-            if self._current(offset, count, who) is None:
+            try:
+                if self._current(offset, count, who) is None:
+                    continue
+            except ReceiptExpired:
+                stale.append((offset, count))
                 continue
             self.slots[offset] = (ACKED, count, 0)
             entries.append(JournalEntry(Kind.ACK, offset, count))
         self._advance_floor()  # before the write: a fold inside it must see the new floor
         self._write(entries, sync=sync)
+        return stale
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest deadline of a message still delivered and unacked (when it becomes
+        receivable again), dropping stale heap entries on the way; None without any."""
+        heap = self._heap
+        while heap:
+            deadline, off, count = heap[0]
+            cur = self.slots.get(off)
+            if cur is not None and cur[0] == DELIVERED and cur[1] == count and cur[2] == deadline:
+                return deadline
+            heapq.heappop(heap)
+        return None
 
     def change_invisible(
         self, offset: int, count: int, invisible_ms: int, now_ms: int, who: AckKey, *, sync: bool
@@ -374,12 +397,20 @@ class AckManager:
                 q.sync()
             return out
 
-    def ack(self, key: AckKey, receipts: list[tuple[int, int]]) -> int:
-        """Acknowledge (offset, delivery count) receipts; returns the committed offset after."""
+    def ack(
+        self, key: AckKey, receipts: list[tuple[int, int]]
+    ) -> tuple[int, list[tuple[int, int]]]:
+        """Acknowledge (offset, delivery count) receipts; returns the committed offset after,
+        and the receipts that were stale (not acked)."""
         with self._lock:
             q = self._queue(key)
-            q.ack(receipts, key, sync=self._sync)
-            return q.floor
+            stale = q.ack(receipts, key, sync=self._sync)
+            return q.floor, stale
+
+    def next_deadline_ms(self, key: AckKey) -> int | None:
+        """Wall-clock ms at which a delivered message of `key` becomes receivable again."""
+        with self._lock:
+            return self._queue(key).next_deadline_ms()
 
     def change_invisible(
         self, key: AckKey, offset: int, delivery_count: int, invisible_ms: int

@@ -16,6 +16,16 @@ The flush thread, every `flush_interval_ms`:
 
 A flush that raises stops the thread and is kept in `failure`: writes are then refused (the
 environment failed; restart and recovery are the way out, never a retried fsync).
+
+Files of the engine itself, beside the store's:
+
+    {data_dir}/cq.lock   flock'd while open: a second process on the same directory is refused
+    {data_dir}/cq.abort  present while open; removed by a close that flushed everything, so its
+                         presence at open means the last run did not end cleanly (logged and
+                         reported; recovery is the same either way: units at or beyond the
+                         checkpoint's confirmed offset are cut and replayed from the log)
+
+(Named cq.* so that a data directory shared with commitlog_svc's lock and abort files is safe.)
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from dataclasses import dataclass
 
 from cq_svc.acks import AckManager, Delivery
 from cq_svc.config import AckFlush, CqConfig, StoreKind
+from cq_svc.errors import ReceiptExpired
 from cq_svc.file_store import FileCqStore
 from cq_svc.group_offsets import GroupOffsets
 from cq_svc.store import CqStore, PullResult, RecoveryReport
@@ -36,7 +47,7 @@ from cq_svc.unit_file import Unit
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import Unavailable
 from mqstore.storage.clock import Clock, SystemClock
-from mqstore.storage.disk import Disk, OsDisk
+from mqstore.storage.disk import Disk, FileLock, OsDisk
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +90,31 @@ class CqEngine:
         self.acks = AckManager(self.disk, os.path.join(groups_root, "acks"), config, self.clock)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._file_lock: FileLock | None = None
         self.failure: BaseException | None = None
+        self.unclean_start = False  # the abort marker was there at open
 
     # -- life cycle -----------------------------------------------------------------------------
 
+    @property
+    def _abort_path(self) -> str:
+        return os.path.join(self.config.data_dir, "cq.abort")
+
     def open(self, *, flush_thread: bool = True) -> RecoveryReport:
-        report = self.store.open()
-        self.offsets.open()
+        self.disk.makedirs(self.config.data_dir)
+        self._file_lock = self.disk.lock(os.path.join(self.config.data_dir, "cq.lock"))
+        try:
+            self.unclean_start = self.disk.exists(self._abort_path)
+            if self.unclean_start:
+                log.warning("consume queues were not closed cleanly: recovering")
+            report = self.store.open()
+            self.offsets.open()
+            self.disk.write(self._abort_path, b"")
+            self.disk.fsync_dir(self.config.data_dir)
+        except BaseException:
+            self._file_lock.release()
+            self._file_lock = None
+            raise
         if flush_thread:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="cq-flush", daemon=True)
@@ -93,13 +122,46 @@ class CqEngine:
         return report
 
     def close(self) -> None:
+        """Stop the flush thread, flush and checkpoint everything; the abort marker goes only
+        when all of that succeeded (and never after a failed flush)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self.acks.close()
-        self.offsets.close()
-        self.store.close()
+        try:
+            self.acks.close()
+            self.offsets.close()
+            # After a failed flush no retried one may write a checkpoint (fsyncgate): the next
+            # start recovers from the last good checkpoint and replays the rest from the log.
+            self.store.close(flush=self.failure is None)
+            if self.failure is None and self.disk.exists(self._abort_path):
+                self.disk.remove(self._abort_path)
+                self.disk.fsync_dir(self.config.data_dir)
+        finally:
+            if self._file_lock is not None:
+                self._file_lock.release()
+                self._file_lock = None
+
+    @property
+    def healthy(self) -> bool:
+        """No flush failed and the flush thread (when started) is running."""
+        if self.failure is not None:
+            return False
+        return self._thread is None or self._thread.is_alive()
+
+    def flush(self) -> int:
+        """Flush everything and checkpoint now (the flush thread's thorough round, e.g. before
+        a last Confirm at shutdown); returns the confirmed offset."""
+        if self.failure is not None:
+            raise Unavailable(f"a flush failed ({self.failure!r}); restart to recover")
+        try:
+            self.acks.sync_all()
+            self.offsets.sync()
+            return self.store.flush(0)
+        except Exception as exc:
+            log.critical("consume-queue flush failed; writes stop until restart: %r", exc)
+            self.failure = exc  # as in the flush thread: no retry will vouch for it later
+            raise
 
     def _run(self) -> None:
         interval_s = self.config.flush_interval_ms / 1000.0
@@ -123,22 +185,41 @@ class CqEngine:
     # -- the start-up handshake -----------------------------------------------------------------
 
     def handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> HandshakeAction:
-        """Bring the store into agreement with the commit log (DESIGN.md step 3)."""
+        """Bring the store into agreement with the commit log (DESIGN.md step 3).
+
+            another store id             drop everything, follow the new log from its minimum
+            applied offset > max_offset  the log lost a tail: cut units at or beyond max_offset
+            applied offset < min_offset  segments expired: delete what points below the minimum
+            otherwise                    correct minimum offsets
+
+        The applied offset decides, not the confirmed one: a subscriber that reconnects
+        without restarting may have applied (but not yet flushed) entries past the confirmed
+        offset, and those in [max_offset, applied) would point into the tail the log lost."""
         actions = []
         if self.store.store_id != store_id:
             self.store.reset(store_id)
             actions.append("rebuild")
-        confirmed = self.store.confirmed_offset
-        if confirmed > max_offset:
+        if self.store.applied_offset > max_offset:
             self.store.truncate_dirty(max_offset)
             actions.append("truncate")
-        if self.store.confirmed_offset < min_offset or actions == ["rebuild"]:
+        if self.store.applied_offset < min_offset or actions == ["rebuild"]:
             self.store.delete_expired(min_offset)
             actions.append("correct_min")
         else:
             self.store.correct_min_offset(min_offset)
+        # Nothing below the minimum will ever be sent: without this a subscriber whose log
+        # expired everything it had (and holds nothing new) would never count as caught up.
+        self.store.advance_applied(min_offset)
         resume = max(min(self.store.confirmed_offset, max_offset), min_offset)
         return HandshakeAction("+".join(actions) or "none", resume)
+
+    def expire(self, min_offset: int) -> int:
+        """The log deleted segments below `min_offset` while the stream ran (RocketMQ's
+        CleanConsumeQueueService): correct minimum offsets and delete what points below it.
+        Returns the files/ranges deleted."""
+        if self.failure is not None:
+            raise Unavailable(f"a flush failed ({self.failure!r}); restart to recover")
+        return self.store.delete_expired(min_offset)
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -168,6 +249,12 @@ class CqEngine:
     # -- groups ---------------------------------------------------------------------------------
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Set the group's committed offset. A queue the group also consumes by receive/ack
+        moves with it (below: settled; above: not delivered yet), so that FetchOffset
+        answers what was committed."""
+        key = (group, topic, queue_id)
+        if self.acks.has_state(key):
+            self.acks.reset(key, offset)
         self.offsets.commit(group, topic, queue_id, offset)
 
     def fetch_offset(self, group: str, topic: str, queue_id: int) -> int:
@@ -202,11 +289,29 @@ class CqEngine:
             else:
                 nothing.append((d.queue_offset, d.delivery_count))
         if nothing:
-            self.acks.ack(key, nothing)
+            self.acks.ack(key, nothing)  # delivered just now: never stale
         return out
 
     def ack(self, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]) -> int:
+        """Acknowledge receipts; returns the committed offset after. Raises ReceiptExpired
+        naming the first stale receipt, after acknowledging every current one."""
+        committed, stale = self.acks.ack((group, topic, queue_id), receipts)
+        if stale:
+            offset, count = stale[0]
+            raise ReceiptExpired(group, topic, queue_id, offset, f"delivery {count} is stale")
+        return committed
+
+    def ack_receipts(
+        self, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]
+    ) -> tuple[int, list[tuple[int, int]]]:
+        """Acknowledge receipts; returns the committed offset after and the stale receipts
+        (expired and redelivered since, or never handed out), which were not acked."""
         return self.acks.ack((group, topic, queue_id), receipts)
+
+    def next_redelivery_ms(self, group: str, topic: str, queue_id: int) -> int | None:
+        """Wall-clock ms at which a message of the queue the group holds invisible becomes
+        receivable again (None: nothing in flight)."""
+        return self.acks.next_deadline_ms((group, topic, queue_id))
 
     def change_invisible_duration(
         self, group: str, topic: str, queue_id: int, offset: int, delivery_count: int, ms: int

@@ -103,13 +103,14 @@ class FileCqStore:
                     keys.append((topic, int(qid)))
         return keys
 
-    def close(self) -> None:
+    def close(self, *, flush: bool = True) -> None:
         with self._lock:
             if not self._opened:
                 return
-            self.flush(0)
+            if flush:
+                self.flush(0)
             for fq in self._open.values():
-                fq.close()
+                fq.close(flush=flush)
             self._open.clear()
             self._open_maps = 0
             self._opened = False
@@ -129,6 +130,12 @@ class FileCqStore:
     @property
     def open_map_count(self) -> int:
         return self._open_maps
+
+    def advance_applied(self, offset: int) -> None:
+        """Nothing below `offset` will ever be dispatched (the log's minimum): count it as
+        applied, so the next checkpoint confirms it."""
+        with self._lock:
+            self._applied = max(self._applied, offset)
 
     def reset(self, store_id: bytes) -> None:
         with self._lock:

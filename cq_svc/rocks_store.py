@@ -120,11 +120,12 @@ class RocksCqStore:
         self._offset_cf = self._db.get_column_family(OFFSET_CF)
         self._offset_handle = self._db.get_column_family_handle(OFFSET_CF)
 
-    def close(self) -> None:
+    def close(self, *, flush: bool = True) -> None:
         with self._lock:
             if self._db is None:
                 return
-            self.flush(0)
+            if flush:
+                self.flush(0)
             self._release_db()
             self._cache.clear()
 
@@ -162,6 +163,21 @@ class RocksCqStore:
     @property
     def applied_offset(self) -> int:
         return self._applied
+
+    def advance_applied(self, offset: int) -> None:
+        """Nothing below `offset` will ever be dispatched (the log's minimum): count it as
+        applied; the checkpoint row says so once the next flush syncs the WAL."""
+        with self._lock:
+            if offset <= self._applied:
+                return
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            wb.put(
+                L.CHECKPOINT_KEY,
+                L.CHECKPOINT_VALUE.pack(offset),
+                self._offset_handle,  # type: ignore[arg-type]
+            )
+            self._db_().write(wb)
+            self._applied = offset
 
     def reset(self, store_id: bytes) -> None:
         with self._lock:

@@ -69,8 +69,9 @@ class CqStore(Protocol):
     def open(self) -> RecoveryReport:
         """Load and recover (for the file store: each queue's last 3 files)."""
 
-    def close(self) -> None:
-        """Flush everything, write the checkpoint, release files."""
+    def close(self, *, flush: bool = True) -> None:
+        """Flush everything, write the checkpoint, release files. With flush=False (a flush
+        failed before: retrying it could vouch for pages the kernel dropped) only release."""
 
     # -- the start-up handshake --
     @property
@@ -83,6 +84,14 @@ class CqStore(Protocol):
     @property
     def confirmed_offset(self) -> int:
         """Everything below this commit-log offset is applied and durable."""
+
+    @property
+    def applied_offset(self) -> int:
+        """End of the newest entry given to put_batch (not necessarily durable yet): at least
+        the confirmed offset, and what the start-up handshake compares with the log's end."""
+
+    def advance_applied(self, offset: int) -> None:
+        """Count everything below `offset` as applied (nothing below it will be dispatched)."""
 
     # -- writes --
     def put_batch(self, entries: Sequence[DispatchEntry], batch_end_offset: int = -1) -> int:

@@ -33,10 +33,17 @@ HANDLING = Histogram(
 )
 
 
-def start_metrics_server(host: str, port: int) -> int:
-    """Serve /metrics; returns the bound port (a free one when `port` is 0)."""
-    server, _ = start_http_server(port, addr=host)
-    return int(server.server_port)
+class MetricsServer:
+    """/metrics over HTTP on its own thread; `port` is the bound one (free when asked for 0)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._server, self._thread = start_http_server(port, addr=host)
+        self.port = int(self._server.server_port)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
 
 
 def _split(method: str) -> tuple[str, str]:

@@ -7,8 +7,8 @@
                     "liveness"; separate so that an overloaded API never fails a probe
       metrics port  Prometheus /metrics
       SIGTERM/INT   readiness NOT_SERVING (health.enter_graceful_shutdown), wait drain_delay_s,
-                    stop accepting and finish calls within grace_period_s, then on_stop()
-                    (flush, checkpoint, abort marker)
+                    on_drain() (waiting calls answer now), stop accepting and finish calls
+                    within grace_period_s, then on_stop() (flush, checkpoint, abort marker)
 
 Health: "startup" turns SERVING when the service says it started (recovery done), "readiness"
 when it says it is ready (replay caught up) and until shutdown begins, "liveness" while the
@@ -36,7 +36,7 @@ from grpc_reflection.v1alpha import reflection
 
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.logs import LoggingInterceptor
-from mqstore.rpc.metrics import MetricsInterceptor, start_metrics_server
+from mqstore.rpc.metrics import MetricsInterceptor, MetricsServer
 from mqstore.rpc.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class ServiceHost:
         settings: ServiceSettings,
         *,
         register: Callable[[grpc.Server], Sequence[str]],
+        on_drain: Callable[[], None] = lambda: None,
         on_stop: Callable[[], None] = lambda: None,
         alive: Callable[[], bool] = lambda: True,
         ports_file: str = "",
@@ -74,12 +75,14 @@ class ServiceHost:
         self.name = name
         self.settings = settings
         self._register = register
+        self._on_drain = on_drain
         self._on_stop = on_stop
         self._alive = alive
         self._ports_file = ports_file
         self.health = health.HealthServicer()
         self._server: grpc.Server | None = None
         self._health_server: grpc.Server | None = None
+        self._metrics: MetricsServer | None = None
         self.port = 0
         self.health_port = 0
         self.metrics_port = 0
@@ -101,7 +104,8 @@ class ServiceHost:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self.health_port = self._health_server.add_insecure_port(f"{s.host}:{s.health_port}")
         self._health_server.start()
-        self.metrics_port = start_metrics_server(s.host, s.metrics_port)
+        self._metrics = MetricsServer(s.host, s.metrics_port)
+        self.metrics_port = self._metrics.port
 
     def start(self) -> None:
         """The API port; call once the service can answer (recovery done)."""
@@ -192,6 +196,12 @@ class ServiceHost:
         self.health.enter_graceful_shutdown()
         if s.drain_delay_s:
             self._stopped.wait(s.drain_delay_s)
+        try:
+            # Calls that would wait (long polls, streams) are told to answer now, so the
+            # grace period is spent on work, not on waiting.
+            self._on_drain()
+        except Exception:
+            log.exception("drain failed")
         if self._server is not None:
             self._server.stop(s.grace_period_s).wait()
         try:
@@ -199,5 +209,7 @@ class ServiceHost:
         finally:
             if self._health_server is not None:
                 self._health_server.stop(0).wait()
+            if self._metrics is not None:
+                self._metrics.stop()
             self._stopped.set()
             log.info("stopped")

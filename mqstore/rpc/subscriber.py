@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -111,7 +112,9 @@ class Subscriber:
         )
         self._confirm_thread.start()
 
-    def stop(self) -> None:
+    def stop(self, flush: Callable[[], None] | None = None) -> None:
+        """End the stream; then `flush` (the sink makes what it applied durable) and a last
+        Confirm, so the commit log learns the final confirmed offset."""
         self._stop.set()
         with self._lock:
             call = self._call
@@ -120,6 +123,8 @@ class Subscriber:
         for thread in (self._thread, self._confirm_thread):
             if thread is not None:
                 thread.join(timeout=10)
+        if flush is not None:
+            flush()
         self.confirm_now()
         if self._channel is not None:
             self._channel.close()

@@ -302,3 +302,38 @@ def test_a_changed_delivery_is_redelivered_once_when_both_deadlines_passed(world
     world.engine.change_invisible_duration(G, "T", 0, 0, 1, 200)  # two heap entries for it
     world.clock.advance(1000)
     assert world.receive(5) == [(0, 2), (1, 1), (2, 1), (3, 1), (4, 1)]
+
+
+def test_a_stale_receipt_in_a_batch_is_reported_and_the_current_ones_are_acked_durably(
+    world: World,
+) -> None:
+    world.receive(3)
+    world.clock.advance(2000)
+    assert world.receive(1) == [(0, 2)]  # offset 0 redelivered: receipt (0, 1) is stale now
+    committed, stale = world.engine.ack_receipts(G, "T", 0, [(1, 1), (0, 1), (2, 1), (77, 1)])
+    assert stale == [(0, 1), (77, 1)]
+    assert committed == 0
+    world.crash()  # ack_flush sync: what the call acknowledged is on disk
+    world.clock.advance(5000)
+    assert world.receive(10) == [(0, 3), *[(i, 1) for i in range(3, 12)]]
+
+
+def test_the_next_redelivery_deadline_is_the_earliest_unacked_delivery(world: World) -> None:
+    assert world.engine.next_redelivery_ms(G, "T", 0) is None
+    world.receive(2, invisible_ms=1000)
+    start = world.clock.now_ms()
+    world.engine.change_invisible_duration(G, "T", 0, 0, 1, 300)
+    assert world.engine.next_redelivery_ms(G, "T", 0) == start + 300
+    world.engine.ack(G, "T", 0, [(0, 1)])
+    assert world.engine.next_redelivery_ms(G, "T", 0) == start + 1000
+    world.engine.ack(G, "T", 0, [(1, 1)])
+    assert world.engine.next_redelivery_ms(G, "T", 0) is None
+
+
+def test_committing_an_offset_moves_a_receive_ack_group_with_it(world: World) -> None:
+    world.receive(5)
+    world.engine.commit_offset(G, "T", 0, 3)
+    assert world.engine.fetch_offset(G, "T", 0) == 3
+    world.restart()
+    assert world.engine.fetch_offset(G, "T", 0) == 3
+    assert [o for o, _ in world.receive(2)] == [5, 6]  # 3 and 4 are still invisible

@@ -1,0 +1,70 @@
+"""cq_svc's Prometheus series (the grpc_server_* ones come from mqstore.rpc.metrics).
+
+Registered once per process at import; gauges that read live state are bound with
+`bind_gauges` by whoever owns that state (main.py, or a test building its own service).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from mqstore.rpc.metrics import LATENCY_BUCKETS_S
+
+PULLS = Counter("mqstore_cq_pulls_total", "Pulls answered, by GetMessageStatus.", ["status"])
+PULL_SECONDS = Histogram(
+    "mqstore_cq_pull_seconds",
+    "One look at a queue: the consume-queue scan plus the commit log's Read (no waiting).",
+    buckets=LATENCY_BUCKETS_S,
+)
+PULLED_MESSAGES = Counter("mqstore_cq_pulled_messages_total", "Messages returned by Pull.")
+RECEIVED_MESSAGES = Counter(
+    "mqstore_cq_received_messages_total", "Messages handed out by Receive (redeliveries too)."
+)
+ACKS = Counter("mqstore_cq_acks_total", "Receipts presented to Ack, by result.", ["result"])
+READ_RECORDS = Counter(
+    "mqstore_cq_read_records_total",
+    "Records asked of the commit log, by what came back (ok, removed, corrupt, mismatch).",
+    ["result"],
+)
+LONG_POLL_WAIT_SECONDS = Histogram(
+    "mqstore_cq_long_poll_wait_seconds",
+    "Time long polls waited, by how the wait ended (dispatched, timeout, cancelled, shutdown).",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS_S,
+)
+LONG_POLLS_REFUSED = Counter(
+    "mqstore_cq_long_polls_refused_total", "Long polls refused: too many were waiting."
+)
+LONG_POLLS_WAITING = Gauge("mqstore_cq_long_polls_waiting", "Long polls waiting now.")
+APPLIED_ENTRIES = Counter(
+    "mqstore_cq_applied_entries_total", "Consume-queue units written from dispatch batches."
+)
+HANDSHAKES = Counter(
+    "mqstore_cq_handshakes_total", "Start-up handshakes with the commit log, by action.", ["action"]
+)
+DISPATCH_BEHIND = Gauge(
+    "mqstore_cq_dispatch_behind_bytes",
+    "Commit-log bytes not applied yet: the log's end (as last seen) minus the applied offset.",
+)
+APPLIED_OFFSET = Gauge("mqstore_cq_applied_offset", "Commit-log offset applied up to.")
+CONFIRMED_OFFSET = Gauge(
+    "mqstore_cq_confirmed_offset", "Commit-log offset applied and flushed up to."
+)
+UNCLEAN_STARTS = Counter(
+    "mqstore_cq_unclean_starts_total", "Opens that found the abort marker of an unclean exit."
+)
+
+
+def bind_gauges(
+    *,
+    waiting: Callable[[], float],
+    behind: Callable[[], float],
+    applied: Callable[[], float],
+    confirmed: Callable[[], float],
+) -> None:
+    LONG_POLLS_WAITING.set_function(waiting)
+    DISPATCH_BEHIND.set_function(behind)
+    APPLIED_OFFSET.set_function(applied)
+    CONFIRMED_OFFSET.set_function(confirmed)

@@ -1,0 +1,697 @@
+"""The ConsumeQueue gRPC service over CqEngine, with message bytes from commitlog_svc.
+
+Pull (RocketMQ's getMessage, rocketmq-store.md §6.2):
+
+    validate -> engine.pull (range checks, unit scan, tag-code filter: status, corrections,
+    the units to fetch) -> ONE commit-log Read for all of them -> the records, in order:
+
+      READ_OK            served, after two checks: the record is the one the unit names (size,
+                         queue id, queue offset, physical offset; else the log and the queue
+                         disagree: UNAVAILABLE until the next handshake brings them together)
+                         and, with a tag filter, its TAGS is one of the tags asked for (the unit
+                         holds only the tag's hash; a colliding tag is filtered here)
+      READ_OUT_OF_RANGE  the log no longer holds it: skipped while nothing is gathered yet
+                         (MESSAGE_WAS_REMOVING if nothing else is), else the answer stops there
+      READ_CORRUPT       never served: the answer stops before it; DATA_LOSS naming its offset
+                         when nothing precedes it (the consumer must decide to skip it)
+
+    Statuses keep RocketMQ's meaning: an out-of-range offset is a status with a correction in
+    next_begin_offset, never an error; malformed input (negative numbers, bad names) is
+    INVALID_ARGUMENT with the field. An unknown queue is an empty one (RocketMQ creates queues
+    on demand): NO_MESSAGE_IN_QUEUE, and GetQueueInfo answers min = max = 0.
+
+Long polling: when a pull finds nothing new at the queue's end (OFFSET_OVERFLOW_ONE,
+NO_MESSAGE_IN_QUEUE, or NO_MATCHED_MESSAGE with nothing left to scan) and long_poll_ms > 0,
+the call registers a waiter for its queue (watch.py) and looks again whenever a dispatch
+batch touches that queue, until something matches or the time (long_poll_ms, capped, and the
+caller's deadline less a margin) runs out; then it answers what the last look found. At most
+`long_polls_max` wait at once (RESOURCE_EXHAUSTED beyond). A cancelled call or a shutdown
+wakes the waiter at once. Receive long-polls the same way, and also wakes when an invisible
+message of the queue becomes receivable again.
+
+Reads of queue positions (Pull, GetOffsetByTime, GetQueueInfo, ListQueues, Receive) answer
+UNAVAILABLE until the subscription has caught up with the log after start-up: a queue being
+replayed would answer OFFSET_OVERFLOW_BADLY and move consumers backwards. Group offsets and
+acks are served throughout.
+"""
+
+# ruff: noqa: N802 (gRPC method names are the proto's)
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+
+from cq_svc import metrics, receipts
+from cq_svc.engine import CqEngine, Received
+from cq_svc.errors import ReceiptExpired
+from cq_svc.settings import CqSettings
+from cq_svc.store import PullResult, PullStatus
+from cq_svc.time_file import Boundary
+from cq_svc.unit_file import Unit
+from cq_svc.watch import QueueWatch
+from mqstore.errors import (
+    CorruptRecord,
+    DataLoss,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    check,
+)
+from mqstore.formats.javahash import tags_code
+from mqstore.formats.properties import TAGS
+from mqstore.formats.record import Bad, Blank, read_record, validate_topic
+from mqstore.limits import TOPIC_PATTERN, MessageLimits
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
+from mqstore.rpc.gen.common.v1 import common_pb2
+from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+LIMITS = MessageLimits()
+# RocketMQ's Validators.CHARACTER_MAX_LENGTH for group names.
+GROUP_CHARS_MAX = 255
+# A long poll answers this long before the caller's deadline, so the answer still arrives.
+DEADLINE_MARGIN_S = 0.05
+# Receive settles messages the log no longer holds and looks again: at most this many looks.
+RECEIVE_ROUNDS_MAX = 8
+
+# TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET: the fixed head.
+_HEAD = struct.Struct(">iiiiiqq")
+
+_STATUS = {s: pb.GetMessageStatus.Value(s.value) for s in PullStatus}
+
+R = TypeVar("R")  # what a long poll's look answers (a pull or a receive response)
+
+
+@dataclass(frozen=True, slots=True)
+class TagFilter:
+    """The tags of a request: Java hash codes for the unit scan, names for the exact check."""
+
+    names: frozenset[str]
+    codes: frozenset[int]
+
+    @staticmethod
+    def parse(tags: Sequence[str], tags_max: int) -> TagFilter | None:
+        """RocketMQ's subscription rules: "*" (or nothing) matches everything; names are
+        trimmed and empty ones ignored."""
+        if len(tags) > tags_max:
+            raise InvalidArgument(f"{len(tags)} tags, at most {tags_max}", field="tags")
+        names = {t.strip() for t in tags} - {""}
+        if not names or "*" in names:
+            return None
+        return TagFilter(frozenset(names), frozenset(tags_code(n) for n in names))
+
+    def matches(self, record: bytes) -> bool:
+        got = read_record(record, 0, len(record), check_crc=False)
+        if isinstance(got, Bad | Blank):
+            return False
+        return got.properties_dict().get(TAGS, "") in self.names
+
+
+@dataclass(slots=True)
+class _Gathered:
+    records: list[bytes] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    next_begin: int = 0
+    removed: int = 0
+
+
+class CqServicer(pb_grpc.ConsumeQueueServicer):
+    def __init__(
+        self,
+        engine: CqEngine,
+        settings: CqSettings,
+        *,
+        watch: QueueWatch,
+        commitlog: grpc.Channel,
+        caught_up: Callable[[], bool],
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.watch = watch
+        self._log = cl_grpc.CommitLogStub(commitlog)
+        self._caught_up = caught_up
+
+    # -- Pull --------------------------------------------------------------------------------------
+
+    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+        s = self.settings
+        topic = _topic(request.topic)
+        queue_id = _queue_id(request.queue_id)
+        if request.offset < 0:
+            raise InvalidArgument("a queue offset is never negative", field="offset")
+        max_messages = _limit(
+            request.max_messages, s.pull_messages_default, s.pull_messages_max, "max_messages"
+        )
+        max_bytes = _limit(request.max_bytes, s.pull_bytes_default, s.pull_bytes_max, "max_bytes")
+        wait_s = self._long_poll_s(request.long_poll_ms, context)
+        tags = TagFilter.parse(request.tags, s.tags_max)
+        self._require_caught_up()
+
+        def look(offset: int) -> pb.PullResponse:
+            return self._pull_once(topic, queue_id, offset, max_messages, max_bytes, tags, context)
+
+        def look_again(last: pb.PullResponse) -> pb.PullResponse:
+            offset = _retry_offset(request.offset, last)
+            response = look(offset)
+            if offset != request.offset and response.status == pb.OFFSET_OVERFLOW_ONE:
+                # Everything from the asked offset on was filtered out: say so.
+                response.status = pb.NO_MATCHED_MESSAGE
+            return response
+
+        response = look(request.offset)
+        if wait_s > 0 and _nothing_new(response):
+            response = self._long_poll(
+                (topic, queue_id),
+                wait_s,
+                context,
+                look=look_again,
+                found=lambda r: not _nothing_new(r),
+                first=response,
+                next_due_s=lambda: None,
+            )
+        metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
+        metrics.PULLED_MESSAGES.inc(len(response.records))
+        return response
+
+    def _pull_once(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        tags: TagFilter | None,
+        context: grpc.ServicerContext,
+    ) -> pb.PullResponse:
+        began = time.perf_counter()
+        result = self.engine.pull(
+            topic,
+            queue_id,
+            offset,
+            max_messages,
+            max_bytes,
+            tags.codes if tags is not None else (),
+        )
+        response = pb.PullResponse(
+            status=_STATUS[result.status],
+            next_begin_offset=result.next_begin_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+        )
+        if result.status is PullStatus.FOUND:
+            got = self._gather(topic, queue_id, result, tags, context)
+            response.records.extend(got.records)
+            response.queue_offsets.extend(got.offsets)
+            response.next_begin_offset = got.next_begin
+            if not got.records:
+                response.status = pb.MESSAGE_WAS_REMOVING if got.removed else pb.NO_MATCHED_MESSAGE
+        metrics.PULL_SECONDS.observe(time.perf_counter() - began)
+        return response
+
+    def _gather(
+        self,
+        topic: str,
+        queue_id: int,
+        result: PullResult,
+        tags: TagFilter | None,
+        context: grpc.ServicerContext,
+    ) -> _Gathered:
+        """The engine's units through one Read, in queue order (module docstring)."""
+        units = result.units
+        records, statuses = self._read(units, context)
+        got = _Gathered(next_begin=result.next_begin_offset)
+        for unit, record, status in zip(units, records, statuses, strict=True):
+            if status == cl_pb.READ_OK and not _is_unit_record(record, unit, queue_id):
+                metrics.READ_RECORDS.labels("mismatch").inc()
+                log.warning(
+                    "%s/%d@%d: the commit log holds another record at %d: not served",
+                    topic,
+                    queue_id,
+                    unit.queue_offset,
+                    unit.commit_log_offset,
+                )
+                if got.records:
+                    got.next_begin = unit.queue_offset
+                    return got
+                raise Unavailable(
+                    f"{topic}/{queue_id} offset {unit.queue_offset}: the consume queue and the "
+                    f"commit log disagree at {unit.commit_log_offset}; resynchronising"
+                )
+            if status == cl_pb.READ_OK:
+                metrics.READ_RECORDS.labels("ok").inc()
+                if tags is not None and not tags.matches(record):
+                    continue  # a tag whose hash collides with one asked for
+                got.records.append(record)
+                got.offsets.append(unit.queue_offset)
+            elif status == cl_pb.READ_OUT_OF_RANGE:
+                metrics.READ_RECORDS.labels("removed").inc()
+                if got.records:
+                    got.next_begin = unit.queue_offset
+                    return got
+                got.removed += 1  # RocketMQ steps over removed messages too
+            else:
+                metrics.READ_RECORDS.labels("corrupt").inc()
+                log.error(
+                    "%s/%d@%d: the commit log refuses the record at %d as corrupt",
+                    topic,
+                    queue_id,
+                    unit.queue_offset,
+                    unit.commit_log_offset,
+                )
+                if got.records:
+                    got.next_begin = unit.queue_offset
+                    return got
+                raise CorruptRecord(
+                    unit.commit_log_offset,
+                    f"the record of {topic}/{queue_id} queue offset {unit.queue_offset} fails "
+                    "its checks; it is never served (commit an offset past it to skip it)",
+                )
+        return got
+
+    # -- the commit log's Read ---------------------------------------------------------------------
+
+    def _read(
+        self, units: Sequence[Unit], context: grpc.ServicerContext
+    ) -> tuple[list[bytes], list[int]]:
+        timeout_s = self.settings.read_timeout_ms / 1000.0
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout_s = max(0.001, min(timeout_s, remaining))
+        request = cl_pb.ReadRequest(
+            offsets=[u.commit_log_offset for u in units], sizes=[u.size for u in units]
+        )
+        try:
+            response = self._log.Read(request, timeout=timeout_s)
+        except grpc.RpcError as err:
+            code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+            details = err.details() if hasattr(err, "details") else str(err)
+            if code is grpc.StatusCode.DATA_LOSS:
+                raise DataLoss(f"the commit log's Read failed: {details}") from err
+            raise Unavailable(f"the commit log's Read failed: {code.name}: {details}") from err
+        check(
+            len(response.records) == len(units) and len(response.statuses) == len(units),
+            f"Read answered {len(response.records)} records for {len(units)} ranges",
+        )
+        return list(response.records), list(response.statuses)
+
+    # -- long polling ------------------------------------------------------------------------------
+
+    def _long_poll_s(self, long_poll_ms: int, context: grpc.ServicerContext) -> float:
+        if long_poll_ms < 0:
+            raise InvalidArgument("long_poll_ms must not be negative", field="long_poll_ms")
+        wait_s = min(long_poll_ms, self.settings.long_poll_max_ms) / 1000.0
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait_s = min(wait_s, remaining - DEADLINE_MARGIN_S)
+        return max(0.0, wait_s)
+
+    def _long_poll(
+        self,
+        key: tuple[str, int],
+        wait_s: float,
+        context: grpc.ServicerContext,
+        *,
+        look: Callable[[R], R],
+        found: Callable[[R], bool],
+        first: R,
+        next_due_s: Callable[[], float | None],
+    ) -> R:
+        """Look again whenever the queue gets a dispatch (or `next_due_s` passes), until
+        `found` or the time runs out; returns the last look."""
+        try:
+            waiter = self.watch.register(key)
+        except ResourceExhausted:
+            metrics.LONG_POLLS_REFUSED.inc()
+            raise
+        began = time.monotonic()
+        end = began + wait_s
+        outcome = "timeout"
+        last = first
+        try:
+            if not context.add_callback(waiter.wake):
+                outcome = "cancelled"
+                return last
+            while True:
+                last = look(last)  # after registering: a batch applied from now on wakes us
+                if found(last):
+                    outcome = "dispatched"
+                    return last
+                if self.watch.closed:
+                    outcome = "shutdown"
+                    return last
+                if not context.is_active():
+                    outcome = "cancelled"
+                    return last
+                now = time.monotonic()
+                if now >= end:
+                    return last
+                timeout_s = end - now
+                due = next_due_s()
+                if due is not None:
+                    timeout_s = min(timeout_s, max(0.0, due))
+                waiter.wait(timeout_s)
+        finally:
+            self.watch.unregister(waiter)
+            metrics.LONG_POLL_WAIT_SECONDS.labels(outcome).observe(time.monotonic() - began)
+
+    # -- time and positions ------------------------------------------------------------------------
+
+    def GetOffsetByTime(
+        self, request: pb.GetOffsetByTimeRequest, context: grpc.ServicerContext
+    ) -> pb.GetOffsetByTimeResponse:
+        topic = _topic(request.topic)
+        queue_id = _queue_id(request.queue_id)
+        if request.timestamp_ms < 0:
+            raise InvalidArgument("timestamp_ms must not be negative", field="timestamp_ms")
+        if request.boundary == common_pb2.LOWER:
+            boundary = Boundary.LOWER
+        elif request.boundary == common_pb2.UPPER:
+            boundary = Boundary.UPPER
+        else:
+            raise InvalidArgument(f"unknown boundary {request.boundary}", field="boundary")
+        self._require_caught_up()
+        offset = self.engine.offset_for_time(topic, queue_id, request.timestamp_ms, boundary)
+        return pb.GetOffsetByTimeResponse(offset=offset)
+
+    def GetQueueInfo(
+        self, request: pb.GetQueueInfoRequest, context: grpc.ServicerContext
+    ) -> pb.QueueInfo:
+        topic = _topic(request.topic)
+        queue_id = _queue_id(request.queue_id)
+        self._require_caught_up()
+        return self._queue_info(topic, queue_id)
+
+    def _queue_info(self, topic: str, queue_id: int) -> pb.QueueInfo:
+        store = self.engine.store
+        return pb.QueueInfo(
+            topic=topic,
+            queue_id=queue_id,
+            min_offset=store.min_offset(topic, queue_id),
+            max_offset=store.max_offset(topic, queue_id),
+        )
+
+    def ListQueues(
+        self, request: pb.ListQueuesRequest, context: grpc.ServicerContext
+    ) -> pb.ListQueuesResponse:
+        topic = _topic(request.topic)
+        self._require_caught_up()
+        return pb.ListQueuesResponse(
+            queues=[self._queue_info(topic, q) for q in self.engine.store.list_queues(topic)]
+        )
+
+    # -- group offsets -----------------------------------------------------------------------------
+
+    def CommitOffset(
+        self, request: pb.CommitOffsetRequest, context: grpc.ServicerContext
+    ) -> pb.CommitOffsetResponse:
+        group = _group(request.group)
+        topic = _topic(request.topic)
+        queue_id = _queue_id(request.queue_id)
+        if request.offset < 0:
+            raise InvalidArgument("a committed offset is never negative", field="offset")
+        self.engine.commit_offset(group, topic, queue_id, request.offset)
+        return pb.CommitOffsetResponse()
+
+    def FetchOffset(
+        self, request: pb.FetchOffsetRequest, context: grpc.ServicerContext
+    ) -> pb.FetchOffsetResponse:
+        group = _group(request.group)
+        topic = _topic(request.topic)
+        queue_id = _queue_id(request.queue_id)
+        return pb.FetchOffsetResponse(offset=self.engine.fetch_offset(group, topic, queue_id))
+
+    # -- receive / ack -----------------------------------------------------------------------------
+
+    def Receive(
+        self, request: pb.ReceiveRequest, context: grpc.ServicerContext
+    ) -> pb.ReceiveResponse:
+        s = self.settings
+        group = _group(request.group)
+        topic = _topic(request.topic)
+        queue_id = _queue_id(request.queue_id)
+        count = _limit(
+            request.max_messages,
+            s.receive_messages_default,
+            s.receive_messages_max,
+            "max_messages",
+        )
+        invisible_ms = self._invisible_ms(request.invisible_duration_ms, allow_zero=False)
+        wait_s = self._long_poll_s(request.long_poll_ms, context)
+        self._require_caught_up()
+
+        def look(_: pb.ReceiveResponse) -> pb.ReceiveResponse:
+            return self._receive_once(group, topic, queue_id, count, invisible_ms, context)
+
+        def next_due_s() -> float | None:
+            due_ms = self.engine.next_redelivery_ms(group, topic, queue_id)
+            if due_ms is None:
+                return None
+            return (due_ms - self.engine.clock.now_ms()) / 1000.0
+
+        response = look(pb.ReceiveResponse())
+        if wait_s > 0 and not response.records:
+            response = self._long_poll(
+                (topic, queue_id),
+                wait_s,
+                context,
+                look=look,
+                found=lambda r: bool(r.records),
+                first=response,
+                next_due_s=next_due_s,
+            )
+        metrics.RECEIVED_MESSAGES.inc(len(response.records))
+        return response
+
+    def _receive_once(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        count: int,
+        invisible_ms: int,
+        context: grpc.ServicerContext,
+    ) -> pb.ReceiveResponse:
+        response = pb.ReceiveResponse()
+        for _ in range(RECEIVE_ROUNDS_MAX):
+            got = self.engine.receive(group, topic, queue_id, count, invisible_ms)
+            if not got:
+                return response
+            removed = self._serve_received(group, topic, queue_id, got, response, context)
+            if response.records or not removed:
+                return response
+            # Everything handed out was gone from the log (and is settled now): look again.
+        return response
+
+    def _serve_received(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        got: list[Received],
+        response: pb.ReceiveResponse,
+        context: grpc.ServicerContext,
+    ) -> int:
+        """Fetch the deliveries' records into `response`; returns how many the log no longer
+        held (settled: nobody can ever consume them)."""
+        try:
+            records, statuses = self._read([r.unit for r in got], context)
+        except Exception:
+            self._release(group, topic, queue_id, got)
+            raise
+        removed: list[tuple[int, int]] = []
+        corrupt: Received | None = None
+        for r, record, status in zip(got, records, statuses, strict=True):
+            d = r.delivery
+            if status == cl_pb.READ_OK and _is_unit_record(record, r.unit, queue_id):
+                metrics.READ_RECORDS.labels("ok").inc()
+                response.records.append(record)
+                response.queue_offsets.append(d.queue_offset)
+                response.receipt_handles.append(
+                    receipts.encode(group, topic, queue_id, d.queue_offset, d.delivery_count)
+                )
+                response.delivery_counts.append(d.delivery_count)
+            elif status == cl_pb.READ_OUT_OF_RANGE:
+                metrics.READ_RECORDS.labels("removed").inc()
+                removed.append((d.queue_offset, d.delivery_count))
+            elif status == cl_pb.READ_OK:
+                metrics.READ_RECORDS.labels("mismatch").inc()
+                self._release(group, topic, queue_id, [r])  # the log and queue disagree: later
+            else:
+                # Never served, never settled: it comes back after its invisibility, each time
+                # refused, until someone commits past it.
+                metrics.READ_RECORDS.labels("corrupt").inc()
+                corrupt = corrupt or r
+        if removed:
+            self.engine.ack_receipts(group, topic, queue_id, removed)
+        if corrupt is not None and not response.records:
+            raise CorruptRecord(
+                corrupt.unit.commit_log_offset,
+                f"the record of {topic}/{queue_id} queue offset "
+                f"{corrupt.delivery.queue_offset} fails its checks; it is never served",
+            )
+        return len(removed)
+
+    def _release(self, group: str, topic: str, queue_id: int, got: list[Received]) -> None:
+        """Deliveries that were not handed out after all: receivable again at once."""
+        for r in got:
+            d = r.delivery
+            try:
+                self.engine.change_invisible_duration(
+                    group, topic, queue_id, d.queue_offset, d.delivery_count, 0
+                )
+            except ReceiptExpired:
+                pass
+
+    def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
+        group = _group(request.group)
+        topic = _topic(request.topic)
+        queue_id = _queue_id(request.queue_id)
+        handles = list(request.receipt_handles)
+        if len(handles) > self.settings.receive_messages_max:
+            raise InvalidArgument(
+                f"{len(handles)} receipts, at most {self.settings.receive_messages_max}",
+                field="receipt_handles",
+            )
+        decoded = [
+            receipts.decode(h, group, topic, queue_id, field="receipt_handles") for h in handles
+        ]
+        if not decoded:
+            return pb.AckResponse(committed_offset=self.engine.fetch_offset(group, topic, queue_id))
+        committed, stale = self.engine.ack_receipts(group, topic, queue_id, decoded)
+        stale_set = set(stale)
+        stale_handles = [h for h, d in zip(handles, decoded, strict=True) if d in stale_set]
+        metrics.ACKS.labels("acked").inc(len(handles) - len(stale_handles))
+        if stale_handles:
+            metrics.ACKS.labels("stale").inc(len(stale_handles))
+        return pb.AckResponse(stale_receipt_handles=stale_handles, committed_offset=committed)
+
+    def ChangeInvisibleDuration(
+        self, request: pb.ChangeInvisibleDurationRequest, context: grpc.ServicerContext
+    ) -> pb.ChangeInvisibleDurationResponse:
+        """A new deadline for a delivery. The handle stays the same (a receipt names the
+        delivery, not its deadline); an empty handle in the answer means the receipt was stale
+        (redelivered since, or acknowledged) and nothing changed."""
+        group = _group(request.group)
+        topic = _topic(request.topic)
+        queue_id = _queue_id(request.queue_id)
+        offset, count = receipts.decode(request.receipt_handle, group, topic, queue_id)
+        invisible_ms = self._invisible_ms(request.invisible_duration_ms, allow_zero=True)
+        try:
+            d = self.engine.change_invisible_duration(
+                group, topic, queue_id, offset, count, invisible_ms
+            )
+        except ReceiptExpired:
+            metrics.ACKS.labels("stale_change").inc()
+            return pb.ChangeInvisibleDurationResponse()
+        self.watch.notify([(topic, queue_id)])  # a shorter deadline may be due before the wait
+        return pb.ChangeInvisibleDurationResponse(
+            receipt_handle=receipts.encode(group, topic, queue_id, d.queue_offset, d.delivery_count)
+        )
+
+    def _invisible_ms(self, value: int, *, allow_zero: bool) -> int:
+        s = self.settings
+        if value < 0:
+            raise InvalidArgument(
+                "invisible_duration_ms must not be negative", field="invisible_duration_ms"
+            )
+        if value == 0 and not allow_zero:
+            return s.invisible_default_ms
+        if value > s.invisible_max_ms:
+            raise InvalidArgument(
+                f"invisible_duration_ms {value} is over the maximum {s.invisible_max_ms}",
+                field="invisible_duration_ms",
+            )
+        return value
+
+    # -- status ------------------------------------------------------------------------------------
+
+    def GetStatus(
+        self, request: pb.GetStatusRequest, context: grpc.ServicerContext
+    ) -> pb.GetStatusResponse:
+        store = self.engine.store
+        queues = sum(len(store.list_queues(t)) for t in store.list_topics())
+        sid = store.store_id
+        return pb.GetStatusResponse(
+            store_id=b"" if not any(sid) else sid,
+            confirmed_offset=store.confirmed_offset,
+            applied_offset=store.applied_offset,
+            caught_up=self._caught_up(),
+            store=self.engine.config.cq_store.value,
+            queue_count=queues,
+        )
+
+    def _require_caught_up(self) -> None:
+        if not self._caught_up():
+            raise Unavailable("replaying the commit log after start-up: not caught up yet")
+
+
+# -- validation -----------------------------------------------------------------------------------
+
+
+def _topic(topic: str) -> str:
+    validate_topic(topic, LIMITS)  # MessageIllegal (INVALID_ARGUMENT) naming "topic"
+    return topic
+
+
+def _queue_id(queue_id: int) -> int:
+    if not 0 <= queue_id <= LIMITS.queue_id_max:
+        raise InvalidArgument(
+            f"queue id {queue_id} is outside [0, {LIMITS.queue_id_max}]", field="queue_id"
+        )
+    return queue_id
+
+
+def _group(group: str) -> str:
+    if not group or len(group) > GROUP_CHARS_MAX or not TOPIC_PATTERN.match(group):
+        raise InvalidArgument(
+            f"group {group[:64]!r} must be 1 to {GROUP_CHARS_MAX} characters matching "
+            f"{TOPIC_PATTERN.pattern}",
+            field="group",
+        )
+    return group
+
+
+def _limit(value: int, default: int, top: int, name: str) -> int:
+    if value < 0:
+        raise InvalidArgument(f"{name} must not be negative", field=name)
+    return min(value, top) if value else default
+
+
+# -- pull helpers ---------------------------------------------------------------------------------
+
+
+def _nothing_new(response: pb.PullResponse) -> bool:
+    """Nothing to hand out and nothing left to scan: what a long poll waits on."""
+    status = response.status
+    if status in (pb.OFFSET_OVERFLOW_ONE, pb.NO_MESSAGE_IN_QUEUE):
+        return True
+    return status == pb.NO_MATCHED_MESSAGE and response.next_begin_offset >= response.max_offset
+
+
+def _retry_offset(asked: int, last: pb.PullResponse) -> int:
+    """Where the next look of a long poll starts: past what the filter skipped already."""
+    if last.status == pb.NO_MATCHED_MESSAGE:
+        return last.next_begin_offset
+    return asked
+
+
+def _is_unit_record(record: bytes, unit: Unit, queue_id: int) -> bool:
+    """The record is the one the unit names (cheap: the fixed head only)."""
+    if len(record) != unit.size or len(record) < _HEAD.size:
+        return False
+    total, _, _, qid, _, queue_offset, phy = _HEAD.unpack_from(record)
+    return bool(
+        total == unit.size
+        and qid == queue_id
+        and queue_offset == unit.queue_offset
+        and phy == unit.commit_log_offset
+    )

@@ -1,0 +1,144 @@
+"""The engine as the dispatch stream's sink (mqstore.rpc.subscriber.DispatchSink), and the
+commit log's end as cq_svc last saw it (for the dispatch-lag gauge).
+
+    Subscriber ──on_handshake──▶ EngineSink ──▶ CqEngine.handshake, wake every long poll
+               ──on_batch─────▶            ──▶ CqEngine.apply, wake the long polls of the
+                                               queues the batch touched
+
+The sink runs on the subscriber's thread; pulls run on server threads against the same store
+(its lock orders them). A long poll registered before its last look is woken by the batch
+that makes a message visible to it (watch.py).
+
+The log's bounds between handshakes: `HeadProbe` asks the commit log's GetStatus every few
+seconds. Its end gives the dispatch lag (behind = the end minus the applied offset; the
+handshake and every batch's next offset move it too); its minimum, when it moves up, means
+segments expired while the stream ran, and the queues drop what points below it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import grpc
+
+from cq_svc import metrics
+from cq_svc.checkpoint import NO_STORE_ID
+from cq_svc.engine import CqEngine
+from cq_svc.watch import QueueWatch
+from mqstore.dispatch import DispatchEntry
+from mqstore.errors import MqstoreError
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
+
+log = logging.getLogger(__name__)
+
+HEAD_PROBE_TIMEOUT_S = 2.0
+
+
+class EngineSink:
+    def __init__(self, engine: CqEngine, watch: QueueWatch) -> None:
+        self.engine = engine
+        self.watch = watch
+        self._log_end = 0
+        self._log_min = 0
+        self._log_store_id = b""
+        self.last_action = ""
+
+    # -- DispatchSink ------------------------------------------------------------------------------
+
+    @property
+    def store_id(self) -> bytes:
+        """The log followed; empty before the first handshake (the Subscribe contract)."""
+        sid = self.engine.store.store_id
+        return b"" if sid == NO_STORE_ID else sid
+
+    @property
+    def confirmed_offset(self) -> int:
+        return self.engine.store.confirmed_offset
+
+    @property
+    def applied_offset(self) -> int:
+        return self.engine.store.applied_offset
+
+    def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
+        action = self.engine.handshake(store_id, min_offset, max_offset)
+        self.last_action = action.action
+        self._log_store_id = store_id
+        self._log_end = max_offset
+        self._log_min = min_offset
+        metrics.HANDSHAKES.labels(action.action).inc()
+        log.info(
+            "handshake with the commit log: %s; log [%d, %d), applied %d, confirmed %d",
+            action.action,
+            min_offset,
+            max_offset,
+            self.applied_offset,
+            self.confirmed_offset,
+        )
+        # Truncation or a rebuild moved queue ends under waiting polls: let them look again.
+        self.watch.notify_all()
+
+    def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None:
+        written = self.engine.apply(entries, next_offset)
+        if written:
+            metrics.APPLIED_ENTRIES.inc(written)
+        self._log_end = max(self._log_end, next_offset)
+        self.watch.notify_entries(entries)
+
+    # -- lag ---------------------------------------------------------------------------------------
+
+    def observe_log(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
+        """The log's bounds from its GetStatus (ignored if it is another log than ours): the end
+        for the lag gauge; a minimum that moved up means segments expired while the stream
+        ran, so the queues drop what points below it (else pulls would find their first
+        messages removed, over and over)."""
+        if not store_id or store_id != self._log_store_id:
+            return
+        self._log_end = max(self._log_end, max_offset)
+        if min_offset > self._log_min:
+            self._log_min = min_offset
+            deleted = self.engine.expire(min_offset)
+            log.info("the commit log's minimum moved to %d: %d expired", min_offset, deleted)
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        return max(0, self._log_end - self.applied_offset)
+
+
+class HeadProbe:
+    """Asks the commit log for its bounds every `interval_s` (log_probe_interval_ms)."""
+
+    def __init__(self, channel: grpc.Channel, sink: EngineSink, interval_s: float) -> None:
+        self._stub = cl_grpc.CommitLogStub(channel)
+        self._interval_s = interval_s
+        self._sink = sink
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="cq-head-probe", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=HEAD_PROBE_TIMEOUT_S + 1)
+
+    def probe_once(self) -> bool:
+        try:
+            status = self._stub.GetStatus(cl_pb.GetStatusRequest(), timeout=HEAD_PROBE_TIMEOUT_S)
+        except grpc.RpcError as err:
+            log.debug("commit log status unavailable: %s", err)
+            return False
+        try:
+            self._sink.observe_log(status.store_id, status.min_offset, status.max_offset)
+        except MqstoreError as err:
+            # A failed flush: liveness reports it already; the probe carries on regardless.
+            log.warning("could not expire consume queues: %s", err)
+            return False
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.probe_once()

@@ -1,0 +1,115 @@
+"""Wake-ups for long polls: who waits on which queue, and the dispatch that wakes them.
+
+    waiter = watch.register((topic, queue_id))   # before the last look: no lost wake-up
+    ... look; nothing there ...
+    waiter.wait(timeout_s)                        # woken by notify, cancel, close or the time
+    watch.unregister(waiter)
+
+The sink calls `notify_entries` after every applied dispatch batch: only waiters of the queues
+the batch touched wake (an event each, no shared condition, so a batch for one queue does not
+stir every waiting call). A waiter registered before its caller's last look cannot miss a
+batch applied after that look: the batch sets its event, and `wait` returns at once.
+
+Every waiting call holds a server thread, so waiters are bounded by `max_waiters`; one more
+is refused with ResourceExhausted. `close()` (shutdown) wakes every waiter and makes later
+waits return at once, so long polls answer promptly when the service drains.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+
+from mqstore.dispatch import DispatchEntry
+from mqstore.errors import ResourceExhausted
+
+Key = tuple[str, int]
+
+
+class Waiter:
+    __slots__ = ("_event", "key")
+
+    def __init__(self, key: Key) -> None:
+        self.key = key
+        self._event = threading.Event()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until woken or `timeout_s` passes; True when woken. Re-arms itself."""
+        woken = self._event.wait(max(0.0, timeout_s))
+        self._event.clear()
+        return woken
+
+    def wake(self) -> None:
+        self._event.set()
+
+
+class QueueWatch:
+    def __init__(self, max_waiters: int) -> None:
+        self.max_waiters = max_waiters
+        self._lock = threading.Lock()
+        self._by_key: dict[Key, set[Waiter]] = {}
+        self._count = 0
+        self._closed = False
+
+    @property
+    def waiting(self) -> int:
+        return self._count
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def register(self, key: Key) -> Waiter:
+        waiter = Waiter(key)
+        with self._lock:
+            if self._count >= self.max_waiters:
+                raise ResourceExhausted(
+                    f"{self._count} long polls are waiting already (the bound); "
+                    "poll again later or without long_poll_ms"
+                )
+            self._by_key.setdefault(key, set()).add(waiter)
+            self._count += 1
+            if self._closed:
+                waiter.wake()
+        return waiter
+
+    def unregister(self, waiter: Waiter) -> None:
+        with self._lock:
+            waiters = self._by_key.get(waiter.key)
+            if waiters is None or waiter not in waiters:
+                return
+            waiters.discard(waiter)
+            if not waiters:
+                del self._by_key[waiter.key]
+            self._count -= 1
+
+    def notify(self, keys: Iterable[Key]) -> int:
+        """Wake the waiters of `keys`; returns how many were woken."""
+        woken = 0
+        with self._lock:
+            for key in keys:
+                for waiter in self._by_key.get(key, ()):
+                    waiter.wake()
+                    woken += 1
+        return woken
+
+    def notify_entries(self, entries: Sequence[DispatchEntry]) -> int:
+        """Wake the waiters of the queues `entries` touched (nothing to compute when nobody
+        waits: the dispatch path pays one attribute read)."""
+        if not self._count:
+            return 0
+        return self.notify({(e.topic, e.queue_id) for e in entries})
+
+    def notify_all(self) -> int:
+        """Wake every waiter (the handshake changed queues under them)."""
+        with self._lock:
+            keys = list(self._by_key)
+        return self.notify(keys)
+
+    def close(self) -> None:
+        """Shutdown: wake everyone now, and every later waiter at once."""
+        with self._lock:
+            self._closed = True
+            for waiters in self._by_key.values():
+                for waiter in waiters:
+                    waiter.wake()

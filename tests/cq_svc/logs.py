@@ -1,0 +1,127 @@
+"""A real commitlog_svc for the cq_svc tests: start it, append to it, find records in it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mqstore.dispatch import DispatchEntry
+from mqstore.formats.javahash import tags_code
+from mqstore.formats.properties import TAGS, encode_properties
+from mqstore.formats.record import Record, read_record
+from mqstore.launcher import ServiceProcess
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
+
+EPHEMERAL_ARGS = ["--port", "0", "--health-port", "0", "--metrics-port", "0"]
+
+
+# Retention every 100 ms, of every segment but the last (no subscriber pins any): 4 KiB
+# segments hold a few dozen small records, so a test expires some within a second.
+EXPIRING_LOG_BYTES = 4096
+EXPIRING_LOG_ARGS = [
+    "--file-reserved-hours",
+    "0",
+    "--clean-interval-ms",
+    "100",
+]
+EXPIRING_LOG_ENV = {"MQSTORE_COMMITLOG_DELETE_WHEN_HOURS": json.dumps(list(range(24)))}
+
+
+def start_commitlog(
+    root: Path, *args: str, env: dict[str, str] | None = None, file_bytes: int = 1 << 20
+) -> ServiceProcess:
+    """A commitlog_svc process with its data in root/commitlog; 1 MiB segments by default (a
+    segment is preallocated whole, and a test log stays small)."""
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    process = ServiceProcess(
+        "commitlog_svc",
+        str(root / "commitlog"),
+        args=[*EPHEMERAL_ARGS, "--file-bytes", str(file_bytes), *args],
+        env=env or {},
+        log_path=str(root / "logs" / "commitlog.log"),
+    )
+    process.start()
+    process.wait_listening()
+    return process
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One appended message as the log stored it."""
+
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    size: int
+    body: bytes
+    tags: str
+    store_timestamp_ms: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.commit_log_offset + self.size
+
+    def entry(self, topic: str, **changes: int) -> DispatchEntry:
+        """The dispatch entry the log sends for this message, with `changes` (a test feeding
+        a consume queue directly, to make it point somewhere else)."""
+        values = {
+            "queue_id": self.queue_id,
+            "queue_offset": self.queue_offset,
+            "commit_log_offset": self.commit_log_offset,
+            "size": self.size,
+        }
+        values.update(changes)
+        return DispatchEntry(
+            topic=topic,
+            tags_code=tags_code(self.tags),
+            store_timestamp_ms=self.store_timestamp_ms,
+            **values,
+        )
+
+
+def append(
+    stub: cl_grpc.CommitLogStub,
+    topic: str,
+    bodies: Sequence[bytes],
+    *,
+    queue_ids: Sequence[int] | None = None,
+    tags: Sequence[str] | None = None,
+) -> list[Stored]:
+    """Append one batch to `topic`; returns what was stored, message by message."""
+    qids = list(queue_ids) if queue_ids is not None else [0] * len(bodies)
+    tag_list = list(tags) if tags is not None else [""] * len(bodies)
+    batch = cl_pb.MessageBatch(
+        topic=topic,
+        queue_ids=qids,
+        bodies=list(bodies),
+        properties=[encode_properties({TAGS: t} if t else {}) for t in tag_list],
+    )
+    response = stub.Append(cl_pb.AppendRequest(batches=[batch]), timeout=30)
+    assert list(response.statuses) == [cl_pb.PUT_OK] * len(bodies), response
+    return [
+        Stored(q, qo, o, sz, b, t, response.store_timestamp_ms)
+        for q, qo, o, sz, b, t in zip(
+            qids,
+            response.queue_offsets,
+            response.commit_log_offsets,
+            response.sizes,
+            bodies,
+            tag_list,
+            strict=True,
+        )
+    ]
+
+
+def decode(raw: bytes) -> Record:
+    record = read_record(raw, 0, len(raw))
+    assert isinstance(record, Record), record
+    return record
+
+
+def segment_path(log: ServiceProcess, offset: int, file_bytes: int = 1 << 20) -> Path:
+    """The segment file holding commit-log `offset` (files are named by their start)."""
+    start = offset - offset % file_bytes
+    return Path(log.data_dir) / "commitlog" / f"{start:020d}"

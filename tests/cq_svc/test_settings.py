@@ -1,0 +1,55 @@
+"""cq_svc's settings: flags, environment, defaults for one machine, and refused relations."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from cq_svc.config import AckFlush, StoreKind
+from cq_svc.settings import CqSettings
+from mqstore.launcher import DEFAULT_PORTS
+
+
+def test_defaults_listen_on_the_cq_ports_and_follow_the_local_commit_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("POD_NAME", raising=False)
+    s = CqSettings.load([])
+    assert (s.port, s.health_port, s.metrics_port) == DEFAULT_PORTS["cq_svc"]
+    assert s.commitlog_target == f"127.0.0.1:{DEFAULT_PORTS['commitlog_svc'][0]}"
+    assert s.subscriber_id == "cq-0"
+    assert (s.cq_store, s.ack_flush) == (StoreKind.FILE, AckFlush.SYNC)
+
+
+def test_the_subscriber_id_is_the_pod_name_in_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAME", "cq-2")
+    assert CqSettings.load([]).subscriber_id == "cq-2"
+    assert CqSettings.load(["--subscriber-id", "mine"]).subscriber_id == "mine"
+
+
+def test_flags_and_environment_reach_the_engine_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MQSTORE_CQ_ACK_FLUSH", "async")
+    s = CqSettings.load(["--cq-store", "rocksdb", "--data-dir", "/x", "--commitlog-target", "h:1"])
+    config = s.engine_config()
+    assert (config.cq_store, config.ack_flush, config.data_dir) == (
+        StoreKind.ROCKSDB,
+        AckFlush.ASYNC,
+        "/x",
+    )
+    assert config.pull_bytes_cap == s.pull_bytes_max
+    assert s.commitlog_target == "h:1"
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--long-polls-max", "64", "--max-workers", "64"], "long_polls_max"),
+        (["--pull-bytes-max", str(40 << 20)], "pull_bytes_max"),
+        (["--pull-messages-default", "100", "--pull-messages-max", "50"], "pull_messages_default"),
+        (["--cq-store", "leveldb"], "cq_store"),
+        (["--subscriber-id", ""], "subscriber_id"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused(flags: list[str], field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        CqSettings.load(flags)
