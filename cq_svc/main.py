@@ -50,7 +50,12 @@ class CqService:
         self.engine = CqEngine(settings.engine_config())
         self.watch = QueueWatch(settings.long_polls_max)
         self.sink = EngineSink(self.engine, self.watch)
-        self.subscriber = Subscriber(settings.commitlog_target, settings.subscriber_id, self.sink)
+        self.subscriber = Subscriber(
+            settings.commitlog_target,
+            settings.subscriber_id,
+            self.sink,
+            on_ready_change=self._ready_changed,
+        )
         self.channel: grpc.Channel = make_channel(settings.commitlog_target)
         self.probe = HeadProbe(self.channel, self.sink, settings.log_probe_interval_ms / 1000)
         self.servicer = CqServicer(
@@ -103,6 +108,10 @@ class CqService:
             target=self._await_ready, name="cq-ready", daemon=True
         )
         self._ready_thread.start()
+
+    def _ready_changed(self, ready: bool) -> None:
+        if not self._stopped:
+            self.host.set_serving(READINESS, ready)
 
     def _await_ready(self) -> None:
         # Wait in slices so that a stop during a long replay ends this thread too.

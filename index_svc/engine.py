@@ -1,4 +1,4 @@
-"""The index engine: index_svc's storage as a library; the servicer (a later issue) wraps it.
+"""The index engine: index_svc's storage as a library; servicer.py serves it over gRPC.
 
     engine = IndexEngine(config)             # nothing touched yet
     report = engine.open()                   # lock, recover; report.replay_from_offset
@@ -51,6 +51,7 @@ from index_svc.recovery import RecoveryReport, cut_at_offset, recover
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import (
     CorruptFile,
+    FailedPrecondition,
     FlushFailed,
     InvalidArgument,
     Unavailable,
@@ -211,6 +212,11 @@ class IndexEngine:
     def entry_count(self) -> int:
         with self._mutex:
             return sum(f.header.entries for f in self._files)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that stopped writes (a failed flush or checkpoint), or None."""
+        return self._failure
 
     def owns(self, topic: str, key: str) -> bool:
         """Whether this engine's shard indexes `key` of `topic`."""
@@ -419,8 +425,9 @@ class IndexEngine:
     # -- queries --------------------------------------------------------------------------------
 
     def _key_hashes(self, topic: str, key: str) -> tuple[int, int | None]:
-        """(32-bit index hash, 64-bit hash in exact mode) of a queried key; InvalidArgument
-        when the key belongs to another shard (the client routed it wrong)."""
+        """(32-bit index hash, 64-bit hash in exact mode) of a queried key; FailedPrecondition
+        (naming the right shard) when the key belongs to another shard: the client routed it
+        to the wrong replica, and the same query succeeds at the right one."""
         indexed = index_key(topic, key)
         h64: int | None = None
         if self.config.exact or self._sharded:
@@ -428,10 +435,9 @@ class IndexEngine:
             if self._sharded:
                 shard = shard_of_hash(h64, self.config.shard_count)
                 if shard != self.config.shard_index:
-                    raise InvalidArgument(
+                    raise FailedPrecondition(
                         f"key belongs to shard {shard} of {self.config.shard_count}, "
-                        f"this is shard {self.config.shard_index}",
-                        field="key",
+                        f"this is shard {self.config.shard_index}"
                     )
             if not self.config.exact:
                 h64 = None

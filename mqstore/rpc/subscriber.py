@@ -8,7 +8,8 @@
       stream ends or fails -> reconnect after a backoff (gRPC never retries a stream for us)
 
 `caught_up` turns true once the sink has applied everything the log held at the handshake
-(the services' readiness). The sink's confirmed offset must only cover entries that are
+(the services' readiness), and false again when a handshake shows the log was replaced
+(`on_ready_change` hears both). The sink's confirmed offset must only cover entries that are
 applied and flushed: the commit log keeps every byte above the lowest confirmed offset.
 """
 
@@ -64,12 +65,14 @@ class Subscriber:
         *,
         include_keys: bool = False,
         max_batch_entries: int = 0,
+        on_ready_change: Callable[[bool], None] | None = None,
     ) -> None:
         self.target = target
         self.subscriber_id = subscriber_id
         self.sink = sink
         self.include_keys = include_keys
         self.max_batch_entries = max_batch_entries
+        self._on_ready_change = on_ready_change
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._connected = False
@@ -182,6 +185,10 @@ class Subscriber:
             which = frame.WhichOneof("frame")
             if which == "handshake":
                 hs = frame.handshake
+                if self.sink.store_id and hs.store_id != self.sink.store_id:
+                    # The log was replaced: the sink drops everything and rebuilds, and is not
+                    # caught up again until it has replayed the new log.
+                    self._set_caught_up(False)
                 self.sink.on_handshake(hs.store_id, hs.min_offset, hs.max_offset)
                 self._connected = True
                 self._catch_up_to = hs.max_offset
@@ -193,14 +200,24 @@ class Subscriber:
                     hs.start_offset,
                 )
                 if self.sink.applied_offset >= self._catch_up_to:
-                    self._caught_up.set()
+                    self._set_caught_up(True)
             elif which == "batch":
                 entries = decode_dispatch(frame.batch)
                 self.sink.on_batch(entries, frame.batch.next_offset)
                 self.batches += 1
                 if not self._caught_up.is_set() and frame.batch.next_offset >= self._catch_up_to:
-                    self._caught_up.set()
+                    self._set_caught_up(True)
         return got
+
+    def _set_caught_up(self, value: bool) -> None:
+        if value == self._caught_up.is_set():
+            return
+        if value:
+            self._caught_up.set()
+        else:
+            self._caught_up.clear()
+        if self._on_ready_change is not None:
+            self._on_ready_change(value)
 
     # -- confirmations --------------------------------------------------------------------------
 

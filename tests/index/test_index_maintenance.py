@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from index_svc.engine import TIME_MAX_MS
-from mqstore.errors import InvalidArgument
+from mqstore.errors import FailedPrecondition
 from mqstore.sharding import shard_of
 from mqstore.storage.simdisk import SimDisk
 from tests.index.model import T0, apply_in_batches, build_model, file_contents, keys_of, msg, stream
@@ -181,7 +181,7 @@ def test_each_shard_indexes_exactly_the_keys_the_shared_function_routes_to_it(
             if owner == i:
                 assert engine.query(topic, key, *ALL, 10_000)
             else:
-                with pytest.raises(InvalidArgument, match=f"shard {owner} of {shard_count}"):
+                with pytest.raises(FailedPrecondition, match=f"shard {owner} of {shard_count}"):
                     engine.query(topic, key, *ALL, 10)
 
 

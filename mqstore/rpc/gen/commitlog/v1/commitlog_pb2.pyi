@@ -266,7 +266,11 @@ class ReadRequest(_message.Message):
     @_builtins.property
     def offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
-    def sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The record's size at each offset; 0 = the whole record starting there (for callers that
+        know where a record starts but not its size, such as the index).
+        """
+
     def __init__(
         self,
         *,

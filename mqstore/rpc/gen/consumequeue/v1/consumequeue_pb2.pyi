@@ -541,7 +541,9 @@ class ChangeInvisibleDurationResponse(_message.Message):
 
     RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
     receipt_handle: _builtins.str
-    """the new receipt; the old one is stale"""
+    """The receipt to use from now on: the same handle (it names the delivery, not its
+    deadline), or empty when the given one was stale (redelivered or acked already).
+    """
     def __init__(
         self,
         *,
