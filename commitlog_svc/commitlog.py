@@ -4,8 +4,13 @@ A library; commitlog_svc's servicer wraps it. Life cycle:
 
     log = CommitLog(config)          # nothing touched yet
     report = log.open()              # lock, load, recover, checkpoint, abort marker, threads
-    log.append_batch([...])          # from any thread
+    log.append_batch([...])          # from any thread; = finish_append(start_append(...))
     log.close()                      # flush, checkpoint, remove the abort marker, unlock
+
+`start_append` writes and publishes; `finish_append` waits (sync flush) until the bytes are
+durable. A pipelined stream writes request N+1 while request N waits, so one flush covers both.
+With `producer=(id, sequence)` an append is idempotent (producers.py): a retry of a stored
+request returns the first result and stores nothing.
 
 Appends take one lock (RocketMQ's putMessageLock). Everything that can be computed without it
 (limits, CRC, the record's tail) is computed before it; under it the store assigns queue
@@ -15,14 +20,25 @@ with one position update, so a reader sees a batch whole or not at all.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from commitlog_svc.config import CommitLogConfig, FlushMode
 from commitlog_svc.flush import FlushService
-from commitlog_svc.messages import AppendResult, MessageIn, PutStatus
+from commitlog_svc.messages import AppendResult, MessageIn, PendingAppend, PutStatus
+from commitlog_svc.producer_recovery import lower_queue_offsets, rebuild_from_tags
+from commitlog_svc.producers import (
+    TAG_BYTES_MAX,
+    ProducerState,
+    ProducerTable,
+    check_producer_id,
+    check_sequence,
+    encode_tag,
+)
 from commitlog_svc.recovery import CorruptRange, RecoveryReport, recover
 from commitlog_svc.retention import RetentionPolicy, RetentionReport
 from commitlog_svc.store_files import StoreFiles
@@ -30,17 +46,27 @@ from mqstore.errors import (
     CorruptRecord,
     DataLoss,
     DiskFull,
+    FailedPrecondition,
     InvalidArgument,
     OutOfRange,
     PropertiesTooLarge,
     Unavailable,
     check,
 )
-from mqstore.formats.commitlog_checkpoint import Checkpoint, QueueKey
+from mqstore.formats.commitlog_checkpoint import (
+    Checkpoint,
+    ProducerEntry,
+    ProducerRequest,
+    QueueKey,
+)
 from mqstore.formats.record import (
+    BLANK_MAGIC,
     END_FILE_MIN_BLANK_BYTES,
+    MAGIC_V1_BYTES,
+    MAGIC_V2_BYTES,
     Bad,
     Blank,
+    Buffer,
     Record,
     encode_blank,
     find_next_record,
@@ -67,6 +93,13 @@ log = logging.getLogger(__name__)
 # After a failed file creation (disk full), appends are refused outright for this long before
 # one is let through to try again: a full disk should not cost a failed fallocate per call.
 DISK_FULL_RETRY_MS = 1_000
+
+_I32 = struct.Struct(">i")
+_BLANK_MAGIC_BYTES = _I32.pack(BLANK_MAGIC)
+# A store-level refusal: the status every message of the call gets, and why.
+Refusal = tuple[PutStatus, str]
+# (producer id, sequence, its state) of an idempotent append in progress.
+_Producer = tuple[str, int, ProducerState]
 
 
 @dataclass(slots=True)
@@ -128,6 +161,12 @@ class CommitLog:
         self._disk_full_by_ratio = False
         self._last_checkpoint_offset = -1
         self._corrupt_starts: dict[int, str] = {}
+        self._producers = ProducerTable(config.producers_max, config.producer_requests_max)
+        # Notified whenever the confirm offset may have moved (an append under async flush, a
+        # flush, a pool commit) and on close: dispatch waits on it instead of polling.
+        self._progress = threading.Condition()
+        self._flush_observers: list[Callable[[float], None]] = []
+        self._newest_store_ts = -1  # store time of the newest record; -1 = not known yet
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -152,6 +191,9 @@ class CommitLog:
             result = recover(self.queue, ckpt, clean_exit=clean_exit)
             self.recovery = result.report
             self._queue_offsets = result.queue_offsets
+            partial = self._rebuild_producers(ckpt, result.report.end_offset)
+            if partial >= 0:
+                self._cut_partial_request(partial, result.report)
             # Recovery found these damaged records: a read of one is DATA_LOSS even when the
             # damage hit its magic code (which alone would look like "no record here").
             self._corrupt_starts = {c.start_offset: c.reason for c in result.report.corrupt}
@@ -178,6 +220,8 @@ class CommitLog:
             self.clock,
             checkpoint=self._checkpoint,
             on_failure=self._on_flush_failure,
+            after_flush=self._after_flush,
+            after_commit=self._notify_progress,
         )
         self._flusher.start()
         self._warmer = SegmentWarmer(self.queue, self.config.warm_ahead_bytes)
@@ -229,6 +273,7 @@ class CommitLog:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+        self._notify_progress()
 
     def __enter__(self) -> CommitLog:
         if not self._running:
@@ -290,19 +335,70 @@ class CommitLog:
         with self._put_lock:
             return table_to_pairs(self._queue_offsets)
 
-    def _refusal(self) -> str | None:
+    @property
+    def flush_alive(self) -> bool:
+        """The flush thread runs and no flush failed (liveness)."""
+        flusher = self._flusher
+        return (
+            self._running and flusher is not None and flusher.alive and self._flush_failed is None
+        )
+
+    @property
+    def producers(self) -> ProducerTable:
+        return self._producers
+
+    def _refusal(self) -> Refusal | None:
+        """Why appends are refused right now, if they are. A full disk is
+        CREATE_MAPPED_FILE_FAILED ("the log cannot grow"), so that a client can tell it from a
+        closed or failed store (SERVICE_NOT_AVAILABLE) and map it to RESOURCE_EXHAUSTED."""
         if not self._running:
-            return "the store is not open"
+            return PutStatus.SERVICE_NOT_AVAILABLE, "the store is not open"
         if self._flush_failed is not None:
-            return f"a flush failed ({self._flush_failed!r}); writes stop until restart"
+            return (
+                PutStatus.SERVICE_NOT_AVAILABLE,
+                f"a flush failed ({self._flush_failed!r}); writes stop until restart",
+            )
         if self._disk_full_by_ratio:
-            return "disk usage is over the warning ratio"
+            return PutStatus.CREATE_MAPPED_FILE_FAILED, "disk full: usage is over the warning ratio"
         if self._disk_full_until_ms and self.clock.monotonic_ms() < self._disk_full_until_ms:
-            return "the disk is full"
+            return PutStatus.CREATE_MAPPED_FILE_FAILED, "disk full: no space for a new segment"
         return None
 
     def _on_flush_failure(self, exc: BaseException) -> None:
         self._flush_failed = exc
+        self._notify_progress()
+
+    # -- progress (dispatch waits on it) --------------------------------------------------------
+
+    def _notify_progress(self) -> None:
+        with self._progress:
+            self._progress.notify_all()
+
+    def wake_waiters(self) -> None:
+        """Wake every `wait_for_data` (a subscriber went away, the service drains)."""
+        self._notify_progress()
+
+    def wait_for_data(self, offset: int, timeout_s: float) -> bool:
+        """Block until the confirm offset passes `offset`, the store closes, someone calls
+        `wake_waiters`, or `timeout_s` passes. True if there is data beyond `offset`."""
+        with self._progress:
+            if self.confirm_offset > offset or not self._running:
+                return self.confirm_offset > offset
+            self._progress.wait(timeout_s)
+        return self.confirm_offset > offset
+
+    def add_flush_observer(self, observer: Callable[[float], None]) -> None:
+        """`observer(seconds)` after every flush, on the flush thread; it must not block."""
+        self._flush_observers.append(observer)
+
+    def _after_flush(self, seconds: float) -> None:
+        if self.config.flush is FlushMode.SYNC:
+            self._notify_progress()
+        for observer in self._flush_observers:
+            try:
+                observer(seconds)
+            except Exception:  # an observer must never turn into a flush failure
+                log.exception("flush observer failed")
 
     # -- appends --------------------------------------------------------------------------------
 
@@ -310,37 +406,61 @@ class CommitLog:
         return self.append_batch((message,))
 
     def append_batch(
-        self, messages: MessageBatch | Sequence[MessageBatch | MessageIn]
+        self,
+        messages: MessageBatch | Sequence[MessageBatch | MessageIn],
+        *,
+        producer: tuple[str, int] | None = None,
     ) -> AppendResult:
         """Store messages in order; one status per message. Refused messages change nothing;
         the others are written together in one segment and published together.
 
         The fast form is a columnar `MessageBatch` (or several); a sequence of `MessageIn`
-        objects is grouped into batches first."""
+        objects is grouped into batches first. `producer` = (producer id, sequence) makes the
+        append idempotent (see producers.py)."""
+        return self.finish_append(self.start_append(messages, producer=producer))
+
+    def start_append(
+        self,
+        messages: MessageBatch | Sequence[MessageBatch | MessageIn],
+        *,
+        producer: tuple[str, int] | None = None,
+    ) -> PendingAppend:
+        """Write and publish (or refuse, or recognise a retry); `finish_append` answers.
+        Raises InvalidArgument for a bad producer id and FailedPrecondition for a sequence that
+        goes backwards."""
         batches = _as_batches(messages)
         count = sum(len(b) for b in batches)
         if count == 0:
-            return AppendResult(statuses=[])
+            return PendingAppend(AppendResult(statuses=[], store_host=self._store_host), -1)
         if count > self._limits.batch_messages_max:
-            return AppendResult.refused(
+            return self._refused(
                 count,
-                PutStatus.MESSAGE_ILLEGAL,
-                f"batch of {count} messages, over the {self._limits.batch_messages_max} limit",
+                (
+                    PutStatus.MESSAGE_ILLEGAL,
+                    f"batch of {count} messages, over the {self._limits.batch_messages_max} limit",
+                ),
             )
-        refusal = self._refusal()
-        if refusal is not None:
-            return AppendResult.refused(count, PutStatus.SERVICE_NOT_AVAILABLE, refusal)
-        if not self._put_lock.acquire(timeout=self._put_lock_timeout_s):
-            return AppendResult.refused(
-                count, PutStatus.OS_PAGE_CACHE_BUSY, "the write lock was busy past the bound"
-            )
-        try:
-            result, end = self._append_locked(batches, count)
-        finally:
-            self._put_lock.release()
-        if end >= 0 and self.config.flush is FlushMode.SYNC:
+        if producer is None:
+            return self._write(batches, count, None)
+        producer_id, sequence = producer
+        check_producer_id(producer_id)
+        check_sequence(sequence)
+        st = self._producers.state(producer_id)
+        with st.lock:
+            prior = self._producers.check(st, producer_id, sequence)
+            if prior is not None:
+                return self._replay(prior)
+            return self._write(batches, count, (producer_id, sequence, st))
+
+    def finish_append(self, pending: PendingAppend) -> AppendResult:
+        """Under sync flush, wait until what the append stored is durable: PUT_OK only then,
+        FLUSH_DISK_TIMEOUT / FLUSH_DISK_FAILED for stored messages otherwise."""
+        result = pending.result
+        if pending.end_offset >= 0 and self.config.flush is FlushMode.SYNC:
             assert self._flusher is not None
-            status = self._flusher.wait_durable(end, self.config.sync_flush_timeout_ms)
+            status = self._flusher.wait_durable(
+                pending.end_offset, self.config.sync_flush_timeout_ms
+            )
             if status is not PutStatus.PUT_OK:
                 for i, s in enumerate(result.statuses):
                     if s is PutStatus.PUT_OK:
@@ -348,26 +468,48 @@ class CommitLog:
                         result.reasons[i] = "not durable: " + status.name
         return result
 
+    def _refused(self, count: int, refusal: Refusal) -> PendingAppend:
+        result = AppendResult.refused(count, *refusal)
+        result.store_host = self._store_host
+        return PendingAppend(result, -1)
+
+    def _write(
+        self, batches: Sequence[MessageBatch], count: int, producer: _Producer | None
+    ) -> PendingAppend:
+        refusal = self._refusal()
+        if refusal is not None:
+            return self._refused(count, refusal)
+        if not self._put_lock.acquire(timeout=self._put_lock_timeout_s):
+            return self._refused(
+                count, (PutStatus.OS_PAGE_CACHE_BUSY, "the write lock was busy past the bound")
+            )
+        try:
+            result, end = self._append_locked(batches, count, producer)
+        finally:
+            self._put_lock.release()
+        if end >= 0 and self.config.flush is FlushMode.ASYNC and self.queue.pool is None:
+            self._notify_progress()  # visible now; under sync flush, once flushed
+        return PendingAppend(result, end)
+
     def _append_locked(
-        self, batches: Sequence[MessageBatch], count: int
+        self, batches: Sequence[MessageBatch], count: int, producer: _Producer | None
     ) -> tuple[AppendResult, int]:
         """Under the put lock: encode (assigning queue offsets), place, write, publish.
         Returns the result and the end offset of what was written (-1 if nothing)."""
         refusal = self._refusal()
         if refusal is not None:
-            return AppendResult.refused(count, PutStatus.SERVICE_NOT_AVAILABLE, refusal), -1
+            return AppendResult.refused(count, *refusal), -1
         try:
             mf = self.queue.get_last_mapped_file(0)
         except DiskFull as exc:
             return self._disk_full(count, exc), -1
         assert mf is not None
         store_ts = self.clock.now_ms()
-        encoded = self._encoder.encode(
-            batches,
-            base_offset=mf.file_from_offset + mf.wrote_position,
-            store_timestamp_ms=store_ts,
-            queue_table=self._queue_offsets,
-        )
+        base = mf.file_from_offset + mf.wrote_position
+        if producer is None:
+            encoded = self._encode(batches, base, store_ts)
+        else:
+            encoded = self._encode_tagged(batches, count, producer, base, store_ts)
         nbytes = encoded.nbytes
         if nbytes == 0:
             return self._result(encoded, store_ts), -1
@@ -396,10 +538,125 @@ class CommitLog:
         mf.write_buf[pos : pos + nbytes] = encoded.blob
         mf.store_timestamp_ms = store_ts
         mf.advance(nbytes)
-        return self._result(encoded, store_ts), encoded.base_offset + nbytes
+        self._newest_store_ts = store_ts
+        end = encoded.base_offset + nbytes
+        if producer is not None:
+            producer_id, sequence, st = producer
+            self._producers.record(
+                producer_id,
+                st,
+                ProducerRequest(
+                    sequence,
+                    count,
+                    encoded.base_offset + encoded.positions[0],
+                    end,
+                    tuple((i, _refusal_status(err).value) for i, err in encoded.refused),
+                ),
+            )
+        return self._result(encoded, store_ts), end
 
-    @staticmethod
-    def _result(encoded: EncodedBatch, store_ts: int) -> AppendResult:
+    def _encode(self, batches: Sequence[MessageBatch], base: int, store_ts: int) -> EncodedBatch:
+        return self._encoder.encode(
+            batches,
+            base_offset=base,
+            store_timestamp_ms=store_ts,
+            queue_table=self._queue_offsets,
+        )
+
+    def _encode_tagged(
+        self,
+        batches: Sequence[MessageBatch],
+        count: int,
+        producer: _Producer,
+        base: int,
+        store_ts: int,
+    ) -> EncodedBatch:
+        """Encode with the MQS_PSEQ tag on the first stored message (producers.py).
+
+        The common case costs one encode: the tag goes on message 0 and nothing is refused.
+        When messages are refused, the tag moves to the first accepted one and lists the
+        refusals (a second encode). If that changes what is refused (the tag itself pushed a
+        message over a limit), the batch is stored untagged: the retry is then recognised
+        only while this process lives."""
+        producer_id, sequence, _ = producer
+        first = self._encode(
+            _with_property(batches, 0, encode_tag(producer_id, sequence, count)), base, store_ts
+        )
+        if not first.refused:
+            return first
+        undo_queue_offsets(batches, first, self._queue_offsets)
+        refused = tuple((i, _refusal_status(err).value) for i, err in first.refused)
+        accepted = first.accepted()
+        tag = encode_tag(producer_id, sequence, count, refused)
+        if accepted and len(tag) <= TAG_BYTES_MAX:
+            second = self._encode(_with_property(batches, accepted[0], tag), base, store_ts)
+            if [i for i, _ in second.refused] == [i for i, _ in first.refused]:
+                return second
+            undo_queue_offsets(batches, second, self._queue_offsets)
+        plain = self._encode(batches, base, store_ts)
+        if plain.count > len(plain.refused):
+            log.warning(
+                "producer %r sequence %d stored without its idempotence tag (%d refusals); "
+                "a retry after a restart would be stored again",
+                producer_id,
+                sequence,
+                len(plain.refused),
+            )
+        return plain
+
+    def _replay(self, prior: ProducerRequest) -> PendingAppend:
+        """The result of a stored request, rebuilt from its records (a retry)."""
+        stored = prior.count - len(prior.refused)
+        if prior.first_offset < self.min_offset:
+            raise FailedPrecondition(
+                f"the records of sequence {prior.sequence} expired from the log; its outcome "
+                "cannot be reported any more"
+            )
+        if prior.end_offset > self.max_offset:
+            raise Unavailable(f"sequence {prior.sequence} is not readable yet; retry shortly")
+        found = self.scan(
+            prior.first_offset,
+            end_offset=prior.end_offset,
+            max_records=stored,
+            max_bytes=1 << 62,
+        )
+        records = found.records
+        if len(records) != stored or found.corrupt or found.next_offset != prior.end_offset:
+            raise DataLoss(
+                f"the records of sequence {prior.sequence} at [{prior.first_offset}, "
+                f"{prior.end_offset}) cannot be read back"
+            )
+        refused = dict(prior.refused)
+        result = AppendResult(
+            statuses=[],
+            store_timestamp_ms=records[0].store_timestamp_ms,
+            store_host=records[0].store_host,
+            duplicate=True,
+        )
+        it = iter(records)
+        for i in range(prior.count):
+            status = refused.get(i)
+            if status is not None:
+                put = PutStatus(status)
+                result.statuses.append(put)
+                result.offsets.append(-1)
+                result.sizes.append(0)
+                result.queue_offsets.append(-1)
+                result.reasons.append(
+                    f"refused ({put.name}) when sequence {prior.sequence} was first stored"
+                )
+                result.fields.append("")
+                continue
+            record = next(it)
+            result.statuses.append(PutStatus.PUT_OK)
+            result.offsets.append(record.physical_offset)
+            result.sizes.append(record.total_size)
+            result.queue_offsets.append(record.queue_offset)
+            result.reasons.append("")
+            result.fields.append("")
+        return PendingAppend(result, prior.end_offset)
+
+    def _result(self, encoded: EncodedBatch, store_ts: int) -> AppendResult:
         base = encoded.base_offset
         offsets = [base + p for p in encoded.positions]
         if not encoded.refused:
@@ -407,19 +664,19 @@ class CommitLog:
                 statuses=[PutStatus.PUT_OK] * encoded.count,
                 offsets=offsets,
                 sizes=encoded.sizes,
-                queue_offsets=encoded.queue_offsets,
+                queue_offsets=list(encoded.queue_offsets),
                 store_timestamp_ms=store_ts,
                 reasons=[""] * encoded.count,
+                store_host=self._store_host,
             )
         result = AppendResult.refused(encoded.count, PutStatus.PUT_OK, "")
         result.store_timestamp_ms = store_ts
+        result.store_host = self._store_host
+        result.fields = [""] * encoded.count
         for i, error in encoded.refused:
-            result.statuses[i] = (
-                PutStatus.PROPERTIES_SIZE_EXCEEDED
-                if isinstance(error, PropertiesTooLarge)
-                else PutStatus.MESSAGE_ILLEGAL
-            )
+            result.statuses[i] = _refusal_status(error)
             result.reasons[i] = str(error)
+            result.fields[i] = error.field
         for j, i in enumerate(encoded.accepted()):
             result.offsets[i] = offsets[j]
             result.sizes[i] = encoded.sizes[j]
@@ -440,7 +697,15 @@ class CommitLog:
     def _disk_full(self, count: int, exc: DiskFull) -> AppendResult:
         log.error("cannot create a commit-log segment: %s", exc)
         self._disk_full_until_ms = self.clock.monotonic_ms() + DISK_FULL_RETRY_MS
-        return AppendResult.refused(count, PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
+        return AppendResult.refused(count, PutStatus.CREATE_MAPPED_FILE_FAILED, f"disk full: {exc}")
+
+    def set_store_host(self, store_host: bytes) -> None:
+        """Change the host written into new records and msg ids (a service learns its port
+        only once it listens, after recovery)."""
+        encoder = BatchEncoder(store_host, self._limits)
+        with self._put_lock:
+            self._store_host = store_host
+            self._encoder = encoder
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -485,6 +750,12 @@ class CommitLog:
         if isinstance(found, Blank) or found.no_record:
             raise InvalidArgument(f"no record starts at offset {offset}", field="offset")
         raise CorruptRecord(offset, found.reason)
+
+    def read_whole_record(self, offset: int) -> bytes:
+        """Raw bytes of the record starting at `offset`, CRC-checked (its size unknown to the
+        caller: the index stores offsets only). Errors as read_record."""
+        record = self.read_record(offset)
+        return self.read(offset, record.total_size)
 
     def read_records(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Raw bytes of whole records, each (offset, size) checked to be one intact record."""
@@ -587,18 +858,24 @@ class CommitLog:
             if wrote == self._last_checkpoint_offset:
                 return
             table = table_to_pairs(self._queue_offsets)
+            producers = self._producers.snapshot()
         assert self._flusher is not None
         self._flusher.flush_now()  # a failure here is a flush failure: fatal, as any other
         check(self.queue.flushed_where >= wrote, "checkpoint offset beyond the flushed end")
         try:
-            self._write_checkpoint(wrote, table)
+            self._write_checkpoint(wrote, table, producers)
         except (OSError, DiskFull) as exc:
             # Nothing was acknowledged on the strength of this file: the data it describes is
             # already flushed. An older checkpoint only makes recovery check more; try again
             # at the next interval instead of stopping writes.
             log.error("checkpoint not written (will retry): %r", exc)
 
-    def _write_checkpoint(self, offset: int, table: dict[QueueKey, int]) -> None:
+    def _write_checkpoint(
+        self,
+        offset: int,
+        table: dict[QueueKey, int],
+        producers: list[ProducerEntry] | None = None,
+    ) -> None:
         self._files.save_checkpoint(
             Checkpoint(
                 store_id=self.store_id,
@@ -606,9 +883,79 @@ class CommitLog:
                 min_offset=self.min_offset,
                 written_at_ms=self.clock.now_ms(),
                 queue_offsets=table,
+                producers=self._producers.snapshot() if producers is None else producers,
             )
         )
         self._last_checkpoint_offset = offset
+
+    # -- producer table on recovery -------------------------------------------------------------
+
+    def _rebuild_producers(self, ckpt: Checkpoint | None, end: int) -> int:
+        """The checkpoint's snapshot, then the tags of the records after its offset (see
+        producer_recovery.py). Returns where an idempotent request that survived only in part
+        begins (-1: none did)."""
+        dropped = self._producers.load(ckpt.producers if ckpt else [], end_offset=end)
+        if dropped:
+            log.warning("%d remembered producer requests were cut by recovery", dropped)
+        start = max(ckpt.flushed_offset if ckpt is not None else 0, self.min_offset)
+        return rebuild_from_tags(self.queue, self._producers, start, end)
+
+    def _cut_partial_request(self, start: int, report: RecoveryReport) -> None:
+        """An idempotent request survived a crash only in part: cut it whole, so that its
+        retry stores every message once (producer_recovery.py)."""
+        end = report.end_offset
+        lower_queue_offsets(self.queue, self._queue_offsets, start, end)
+        self.queue.truncate_dirty_files(start)
+        log.warning(
+            "an idempotent request survived the crash only in part: cut its records [%d, %d) "
+            "so that its retry stores it whole",
+            start,
+            end,
+        )
+        report.truncated_bytes += end - start
+        report.end_offset = start
+        report.corrupt = [c for c in report.corrupt if c.start_offset < start]
+
+    # -- what GetStatus reports -----------------------------------------------------------------
+
+    def newest_store_timestamp_ms(self) -> int:
+        """Store time of the newest record (-1 for an empty log)."""
+        if self._newest_store_ts < 0:
+            last = self._last_record()
+            if last is not None:
+                self._newest_store_ts = max(self._newest_store_ts, last.store_timestamp_ms)
+        return self._newest_store_ts
+
+    def store_timestamp_at(self, offset: int) -> int:
+        """Store time of the first record at or after `offset` (-1 if none is readable)."""
+        end = self.max_offset
+        offset = max(offset, self.min_offset)
+        while offset < end:
+            try:
+                found = self.scan(offset, end_offset=end, max_records=1)
+            except OutOfRange:
+                offset = self.min_offset
+                continue
+            if found.records:
+                return found.records[0].store_timestamp_ms
+            if found.next_offset <= offset:
+                break
+            offset = found.next_offset
+        return -1
+
+    def _last_record(self) -> Record | None:
+        end = self.max_offset
+        for mf in reversed(list(self.queue.files)):
+            if mf.file_from_offset >= end or not mf.hold():
+                continue
+            try:
+                limit = min(end - mf.file_from_offset, mf.read_position)
+                found = _last_record_in(mf.read_buf, limit, mf.file_from_offset, mf.file_size)
+            finally:
+                mf.release()
+            if found is not None:
+                return found
+        return None
 
     # -- retention ------------------------------------------------------------------------------
 
@@ -644,3 +991,52 @@ class CommitLog:
         if self._retention_thread is not None:
             self._retention_thread.join()
             self._retention_thread = None
+
+
+def _refusal_status(error: InvalidArgument) -> PutStatus:
+    if isinstance(error, PropertiesTooLarge):
+        return PutStatus.PROPERTIES_SIZE_EXCEEDED
+    return PutStatus.MESSAGE_ILLEGAL
+
+
+def _with_property(batches: Sequence[MessageBatch], index: int, extra: bytes) -> list[MessageBatch]:
+    """The batches with `extra` appended to the properties of message `index` (counted across
+    the batches). Copies one batch and its properties column; the others are shared."""
+    out = list(batches)
+    for k, batch in enumerate(out):
+        n = len(batch)
+        if index < n:
+            props = list(batch.properties) if batch.properties is not None else [b""] * n
+            props[index] = bytes(props[index]) + extra
+            out[k] = dataclasses.replace(batch, properties=props)
+            return out
+        index -= n
+    raise InvalidArgument(f"message {index} is not in the batch")
+
+
+def _last_record_in(buf: Buffer, limit: int, base: int, file_size: int) -> Record | None:
+    """The record ending exactly at `limit` in one segment (its newest), found from the end:
+    magic codes are searched backwards and each candidate must parse as a whole record whose
+    offset field matches its position. A full segment ends with the blank; the records end
+    where it starts."""
+    view = bytes(buf[0:limit]) if isinstance(buf, memoryview) else buf
+    if limit == file_size:
+        p = view.rfind(_BLANK_MAGIC_BYTES, 0, limit)
+        while p >= 4:
+            (total,) = _I32.unpack_from(view, p - 4)
+            if total == file_size - (p - 4):
+                limit = p - 4
+                break
+            p = view.rfind(_BLANK_MAGIC_BYTES, 0, p + 3)
+        else:
+            return None
+    hi = limit
+    while True:
+        p = max(view.rfind(MAGIC_V1_BYTES, 0, hi), view.rfind(MAGIC_V2_BYTES, 0, hi))
+        if p < 4:
+            return None
+        start = p - 4
+        found = read_record(view, start, limit, check_crc=False, expected_offset=base + start)
+        if isinstance(found, Record) and start + found.total_size == limit:
+            return found
+        hi = p + 3

@@ -54,6 +54,11 @@ class CommitLogConfig:
     # recovery checks everything written after it, so this bounds the scan after a crash.
     checkpoint_interval_ms: int = 1_000
 
+    # Producer idempotence (producers.py): producers remembered (least recently used forgotten
+    # first) and stored requests remembered per producer.
+    producers_max: int = 10_000
+    producer_requests_max: int = 5
+
     # Retention (CleanCommitLogService).
     file_reserved_hours: float = 72.0
     delete_when_hours: tuple[int, ...] = (4,)
@@ -73,7 +78,13 @@ class CommitLogConfig:
         smallest = 91 + END_FILE_MIN_BLANK_BYTES
         if self.file_bytes < smallest:
             raise InvalidArgument("file_bytes too small for one record")
-        for name in ("flush_interval_ms", "sync_flush_timeout_ms", "put_lock_timeout_ms"):
+        for name in (
+            "flush_interval_ms",
+            "sync_flush_timeout_ms",
+            "put_lock_timeout_ms",
+            "producers_max",
+            "producer_requests_max",
+        ):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive")
         if not 0 < self.disk_max_used_ratio <= self.disk_clean_forcibly_ratio <= 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from commitlog_svc.config import CommitLogConfig, FlushMode
@@ -39,8 +40,15 @@ class FlushService:
         *,
         checkpoint: Callable[[], None],
         on_failure: Callable[[BaseException], None],
+        after_flush: Callable[[float], None] | None = None,
+        after_commit: Callable[[], None] | None = None,
     ) -> None:
+        """`after_flush(seconds)` runs after every flush (its duration: msync of the dirty
+        range, which is fsync of that range) and `after_commit()` after every pool commit; the
+        store uses them to wake dispatch and to feed the latency histogram."""
         self._queue = queue
+        self._after_flush = after_flush
+        self._after_commit = after_commit
         self._config = config
         self._clock = clock
         self._checkpoint = checkpoint
@@ -140,6 +148,8 @@ class FlushService:
         if self._pool and now >= self._next_commit:
             self._queue.commit(0)
             self._next_commit = now + config.commit_interval_ms
+            if self._after_commit is not None:
+                self._after_commit()
         if self._sync:
             if self._requested > self._queue.flushed_where:
                 self._flush(0)
@@ -158,14 +168,26 @@ class FlushService:
 
     def _flush(self, least_pages: int) -> None:
         failpoints.hit("commitlog.before_flush")
+        began = time.perf_counter()
         self._queue.flush(least_pages)
+        took = time.perf_counter() - began
         self.flush_count += 1
         failpoints.hit("commitlog.after_flush")
         with self._cond:
             self._cond.notify_all()
+        if self._after_flush is not None:
+            self._after_flush(took)
 
     def flush_now(self) -> None:
         """Commit and flush everything (used by the checkpoint and on shutdown)."""
         if self._pool:
             self._queue.commit(0)
+            if self._after_commit is not None:
+                self._after_commit()
         self._flush(0)
+
+    @property
+    def alive(self) -> bool:
+        """The thread runs and no flush failed (the service's liveness)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and self.failure is None

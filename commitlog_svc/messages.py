@@ -62,10 +62,18 @@ class AppendResult:
     store_timestamp_ms: int = 0
     # Why the batch (or a message) was refused, for logs and error details.
     reasons: list[str] = field(default_factory=list)
+    # The request field a refusal is about ("body", "topic", ...), "" when none; may be empty
+    # (no refusal named a field).
+    fields: list[str] = field(default_factory=list)
+    # The packed store host the offsets belong to ("" until the store fills it in).
+    store_host: bytes = b""
+    # An idempotent retry: this is the result of the request first stored with this
+    # (producer id, sequence); nothing was stored this time.
+    duplicate: bool = False
 
     @property
     def ok(self) -> bool:
-        return all(s is PutStatus.PUT_OK for s in self.statuses)
+        return self.statuses.count(PutStatus.PUT_OK) == len(self.statuses)
 
     @property
     def status(self) -> PutStatus:
@@ -75,8 +83,13 @@ class AppendResult:
                 return s
         return PutStatus.PUT_OK
 
-    def msg_id(self, i: int, store_host: bytes) -> str:
-        return offset_msg_id(store_host, self.offsets[i])
+    def msg_id(self, i: int, store_host: bytes | None = None) -> str:
+        return offset_msg_id(
+            store_host if store_host is not None else self.store_host, self.offsets[i]
+        )
+
+    def field_of(self, i: int) -> str:
+        return self.fields[i] if i < len(self.fields) else ""
 
     @property
     def end_offset(self) -> int:
@@ -93,3 +106,13 @@ class AppendResult:
             queue_offsets=[-1] * count,
             reasons=[reason] * count,
         )
+
+
+@dataclass(slots=True)
+class PendingAppend:
+    """An append written (or refused, or found to be a duplicate) but not yet answered: under
+    sync flush, `CommitLog.finish_append` waits until `end_offset` is durable. Splitting the two
+    lets a pipelined stream write request N+1 while request N waits for its flush."""
+
+    result: AppendResult
+    end_offset: int  # end of what this request stored; -1 when it stored nothing

@@ -22,7 +22,8 @@ DELAY = "DELAY"
 WAIT = "WAIT"
 INNER_NUM = "INNER_NUM"
 INNER_BASE = "INNER_BASE"
-# mqstore's own: producer idempotence key, "<producer id>:<sequence>".
+# mqstore's own: producer idempotence, on the first record of an idempotent append:
+# "<producer id>:<sequence>:<message count>:<refused count>" (commitlog_svc/producers.py).
 PRODUCER_SEQ = "MQS_PSEQ"
 
 KEY_SEPARATOR = " "

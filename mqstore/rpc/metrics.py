@@ -7,12 +7,14 @@ service registers for its own work (append, flush, dispatch lag, ...).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import grpc
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Histogram, MetricsHandler
 
 from mqstore.rpc.errors import wrap_handler
 
@@ -33,12 +35,29 @@ HANDLING = Histogram(
 )
 
 
+# How often the HTTP server's loop looks for a stop request: what a stop waits at most.
+METRICS_POLL_S = 0.05
+
+
+class _QuietHandler(MetricsHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # scrapes are not worth a log line each
+
+
 class MetricsServer:
     """/metrics over HTTP on its own thread; `port` is the bound one (free when asked for 0)."""
 
     def __init__(self, host: str, port: int) -> None:
-        self._server, self._thread = start_http_server(port, addr=host)
+        self._server = ThreadingHTTPServer((host, port), _QuietHandler)
+        self._server.daemon_threads = True
         self.port = int(self._server.server_port)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": METRICS_POLL_S},
+            name="metrics-http",
+            daemon=True,
+        )
+        self._thread.start()
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -136,12 +136,16 @@ def test_disk_full_at_segment_creation_changes_nothing_and_clears_when_space_ret
     assert disk.read(segment_path(log.config, 0))[end:] == bytes(FILE - end)
     assert _scan_offsets(log) == [s.offset for s in stored]
 
-    # refused outright for DISK_FULL_RETRY_MS, even a message that would fit the current file
+    # refused outright for DISK_FULL_RETRY_MS, even a message that would fit the current file;
+    # still as "disk full" (CREATE_MAPPED_FILE_FAILED), never as a closed store
     small = MessageIn(TOPIC, 0, b"s")
-    assert log.append(small).statuses == [PutStatus.SERVICE_NOT_AVAILABLE]
+    refused = log.append(small)
+    assert refused.statuses == [PutStatus.CREATE_MAPPED_FILE_FAILED]
+    assert refused.reasons[0].startswith("disk full")
     clock.advance(DISK_FULL_RETRY_MS)
     assert log.append(message(28)).statuses == [PutStatus.CREATE_MAPPED_FILE_FAILED]
-    assert log.append(message(28)).statuses == [PutStatus.SERVICE_NOT_AVAILABLE]
+    assert log.max_offset == end and log.queue_offsets() == table
+    assert log.append(message(28)).statuses == [PutStatus.CREATE_MAPPED_FILE_FAILED]
 
     disk.capacity_bytes = 1 << 30
     clock.advance(DISK_FULL_RETRY_MS)

@@ -183,7 +183,9 @@ def test_usage_over_warning_ratio_refuses_appends_until_usage_drops() -> None:
     assert log.disk_full and not log.writable
     end, table = log.max_offset, log.queue_offsets()
     refused = log.append(message(1))
-    assert refused.statuses == [PutStatus.SERVICE_NOT_AVAILABLE]
+    # disk full, as a status a client can tell from a closed store
+    assert refused.statuses == [PutStatus.CREATE_MAPPED_FILE_FAILED]
+    assert refused.reasons[0].startswith("disk full")
     assert log.max_offset == end and log.queue_offsets() == table
     assert log.read_record(stored[-1].offset).body == stored[-1].message.body  # reads go on
     report = log.clean_expired()  # the next round sees the space the deletions freed

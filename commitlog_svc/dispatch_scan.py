@@ -1,0 +1,317 @@
+"""Dispatch frames straight from the segment bytes, column by column.
+
+The reference path is `CommitLog.scan` (a `Record` per message, body copied) then
+`mqstore.dispatch.entry_from_record` (a properties dict per message) then `encode_dispatch`:
+about 12 us a message, so one subscriber followed at ~85k messages/s while appends run at
+several hundred thousand. This module produces the same frame (a test pins the two to equal
+output, corruption and end-of-file blanks included) without the objects:
+
+- each record is validated as `scan_run` does (record.py): the same checks in the same order,
+  with the body CRC, reading only the fields a dispatch entry needs; on any doubt the record
+  goes to `read_record` and its verdict stands, so the two paths can never disagree;
+- of the properties only TAGS, KEYS and UNIQ_KEY are looked for, with the parser's own rules
+  (`_prop`): the value of the last well-formed segment whose name matches;
+- entries go into the frame's columns directly, topics once per frame.
+
+Bad records are handled exactly as in `CommitLog._scan_file`: skipped to the next valid record
+and reported as a corrupt range, or to the next file when nothing valid follows.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from commitlog_svc.commitlog import CommitLog
+from commitlog_svc.recovery import CorruptRange
+from mqstore.errors import OutOfRange
+from mqstore.formats import sysflag
+from mqstore.formats.javahash import tags_code
+from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY
+from mqstore.formats.record import (
+    BLANK_MAGIC,
+    HEADER_V4_V4,
+    MAGIC_V1,
+    MAGIC_V2,
+    PROPERTIES_END_BYTE,
+    Bad,
+    Blank,
+    Record,
+    find_next_record,
+    read_record,
+)
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+from mqstore.storage.mapped_file import MappedFile
+
+_PREFIX = struct.Struct(">iiiiiqqi")  # TOTALSIZE .. SYSFLAG
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_I64 = struct.Struct(">q")
+_FIXED_MIN = HEADER_V4_V4.size + 3
+_BORN_HOST_POS = 48
+_V6_EXTRA = 12
+_TAGS = TAGS + "\x01"
+_KEYS = KEYS + "\x01"
+_UNIQ = UNIQ_KEY + "\x01"
+
+
+def _prop(text: str, needle: str) -> str:
+    """decode_properties(text).get(name, "") for needle = name + 0x01: the last segment (split
+    on 0x02) that starts with the name and has a non-empty value."""
+    hi = len(text)
+    while True:
+        p = text.rfind(needle, 0, hi)
+        if p < 0:
+            return ""
+        if p == 0 or text[p - 1] == "\x02":
+            start = p + len(needle)
+            end = text.find("\x02", start)
+            if end < 0:
+                end = len(text)
+            if end > start:
+                return text[start:end]
+        hi = p + len(needle) - 1
+
+
+@dataclass(slots=True)
+class DispatchColumns:
+    include_keys: bool
+    topics: dict[str, int] = field(default_factory=dict)
+    topic_indexes: list[int] = field(default_factory=list)
+    queue_ids: list[int] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    tags_codes: list[int] = field(default_factory=list)
+    store_timestamps: list[int] = field(default_factory=list)
+    sys_flags: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    uniq_keys: list[str] = field(default_factory=list)
+    corrupt: list[CorruptRange] = field(default_factory=list)
+
+    def add(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        offset: int,
+        size: int,
+        store_ts: int,
+        sys_flag: int,
+        props: bytes,
+    ) -> None:
+        index = self.topics.get(topic)
+        if index is None:
+            index = self.topics[topic] = len(self.topics)
+        self.topic_indexes.append(index)
+        self.queue_ids.append(queue_id)
+        self.queue_offsets.append(queue_offset)
+        self.offsets.append(offset)
+        self.sizes.append(size)
+        self.store_timestamps.append(store_ts)
+        self.sys_flags.append(sys_flag)
+        if not props:
+            self.tags_codes.append(0)
+            if self.include_keys:
+                self.keys.append("")
+                self.uniq_keys.append("")
+            return
+        text = props.decode("utf-8", "replace")
+        self.tags_codes.append(tags_code(_prop(text, _TAGS) or None))
+        if self.include_keys:
+            self.keys.append(_prop(text, _KEYS))
+            self.uniq_keys.append(_prop(text, _UNIQ))
+
+    def add_record(self, r: Record) -> None:
+        self.add(
+            r.topic,
+            r.queue_id,
+            r.queue_offset,
+            r.physical_offset,
+            r.total_size,
+            r.store_timestamp_ms,
+            r.sys_flag,
+            r.properties,
+        )
+
+    def frame(self, start_offset: int, next_offset: int) -> pb.DispatchBatch:
+        batch = pb.DispatchBatch(
+            start_offset=start_offset,
+            next_offset=next_offset,
+            topics=list(self.topics),
+            topic_indexes=self.topic_indexes,
+            queue_ids=self.queue_ids,
+            queue_offsets=self.queue_offsets,
+            commit_log_offsets=self.offsets,
+            sizes=self.sizes,
+            tags_codes=self.tags_codes,
+            store_timestamps_ms=self.store_timestamps,
+            sys_flags=self.sys_flags,
+            corrupt_starts=[c.start_offset for c in self.corrupt],
+            corrupt_ends=[c.end_offset for c in self.corrupt],
+        )
+        if self.include_keys:
+            batch.keys.extend(self.keys)
+            batch.uniq_keys.extend(self.uniq_keys)
+        return batch
+
+
+@dataclass(slots=True)
+class DispatchScan:
+    frame: pb.DispatchBatch
+    next_offset: int
+    entries: int
+    corrupt: list[CorruptRange]
+
+
+def scan_dispatch(
+    log: CommitLog,
+    from_offset: int,
+    *,
+    max_records: int,
+    max_bytes: int,
+    include_keys: bool,
+    on_corrupt: Callable[[CorruptRange], None] | None = None,
+) -> DispatchScan:
+    """The dispatch frame for the records from `from_offset` (a record boundary) up to the
+    confirm offset, at most `max_records` / about `max_bytes` (as CommitLog.scan)."""
+    end = log.confirm_offset
+    if from_offset < log.min_offset:
+        raise OutOfRange(f"offset {from_offset} is below the log's minimum {log.min_offset}")
+    cols = DispatchColumns(include_keys)
+    offset = from_offset
+    taken = 0
+    while offset < end and len(cols.offsets) < max_records and taken < max_bytes:
+        mf = log.queue.find_mapped_file_by_offset(offset)
+        if mf is None or not mf.hold():
+            break
+        try:
+            reached, taken = _walk(mf, offset, end, cols, max_records, max_bytes, taken, on_corrupt)
+        finally:
+            mf.release()
+        if reached == offset:
+            break
+        offset = reached
+    return DispatchScan(cols.frame(from_offset, offset), offset, len(cols.offsets), cols.corrupt)
+
+
+def _walk(
+    mf: MappedFile,
+    offset: int,
+    end: int,
+    cols: DispatchColumns,
+    max_records: int,
+    max_bytes: int,
+    taken: int,
+    on_corrupt: Callable[[CorruptRange], None] | None,
+) -> tuple[int, int]:
+    base = mf.file_from_offset
+    buf = mf.read_buf
+    readable = mf.read_position
+    limit = min(readable, end - base)
+    pos = offset - base
+    offsets = cols.offsets
+    topics: dict[bytes, str] = {}
+    with memoryview(buf) as view:
+        while pos < limit and len(offsets) < max_records and taken < max_bytes:
+            total = _fast(buf, view, pos, readable, base, limit, cols, topics)
+            if total > 0:
+                pos += total
+                taken += total
+                continue
+            if total == 0:
+                break  # the record ends past `end`: it is for the next call
+            found = read_record(buf, pos, readable, check_crc=True, expected_offset=base + pos)
+            if isinstance(found, Record):
+                if pos + found.total_size > limit:
+                    break
+                cols.add_record(found)
+                pos += found.total_size
+                taken += found.total_size
+                continue
+            if isinstance(found, Blank) and found.total_size == mf.file_size - pos:
+                return mf.file_end_offset, taken
+            reason = found.reason if isinstance(found, Bad) else "blank of the wrong size"
+            resume = find_next_record(buf, pos, readable, base)
+            corrupt = CorruptRange(base + pos, mf.file_end_offset if resume < 0 else base + resume,
+                                   reason)  # fmt: skip
+            cols.corrupt.append(corrupt)
+            if on_corrupt is not None:
+                on_corrupt(corrupt)
+            if resume < 0:
+                return mf.file_end_offset, taken
+            pos = resume
+    if pos >= mf.file_size:
+        return mf.file_end_offset, taken
+    return base + pos, taken
+
+
+def _fast(
+    buf: mmap.mmap | bytearray,
+    view: memoryview,
+    pos: int,
+    readable: int,
+    base: int,
+    limit: int,
+    cols: DispatchColumns,
+    topics: dict[bytes, str],
+) -> int:
+    """Take the record at `pos` if it passes scan_run's checks and its CRC: its size; 0 when it
+    is valid but ends past `limit`; -1 on any doubt (the caller asks read_record)."""
+    remaining = readable - pos
+    if remaining < _PREFIX.size:
+        return -1
+    prefix: tuple[int, ...] = _PREFIX.unpack_from(buf, pos)
+    total, magic, crc, queue_id, _, queue_offset, physical, flags = prefix
+    if magic == BLANK_MAGIC or magic not in (MAGIC_V1, MAGIC_V2):
+        return -1
+    born_extra = _V6_EXTRA if flags & sysflag.BORNHOST_V6 else 0
+    header_size = (
+        HEADER_V4_V4.size + born_extra + (_V6_EXTRA if flags & sysflag.STOREHOST_V6 else 0)
+    )
+    if not (
+        _FIXED_MIN <= total <= remaining and physical == base + pos and total >= header_size + 3
+    ):
+        return -1
+    record_end = pos + total
+    (body_len,) = _I32.unpack_from(buf, pos + header_size - 4)
+    topic_at = pos + header_size + body_len
+    v2 = magic == MAGIC_V2
+    if body_len < 0 or topic_at + (2 if v2 else 1) > record_end:
+        return -1
+    if v2:
+        (topic_len,) = _I16.unpack_from(buf, topic_at)
+        topic_start = topic_at + 2
+    else:
+        topic_len = buf[topic_at]
+        topic_start = topic_at + 1
+    props_at = topic_start + topic_len
+    if topic_len < 0 or props_at + 2 > record_end:
+        return -1
+    (props_len,) = _I16.unpack_from(buf, props_at)
+    if props_len < 0 or props_at + 2 + props_len != record_end:
+        return -1
+    if props_len and buf[record_end - 1] != PROPERTIES_END_BYTE:
+        return -1
+    raw_topic = bytes(view[topic_start:props_at])
+    topic = topics.get(raw_topic)
+    if topic is None:
+        try:
+            topic = raw_topic.decode("utf-8")
+        except UnicodeDecodeError:
+            return -1
+        if not topic or "\x00" in topic:
+            return -1
+        topics[raw_topic] = topic
+    body_start = pos + header_size
+    if body_len and zlib.crc32(view[body_start:topic_at]) & 0x7FFFFFFF != crc:
+        return -1
+    if record_end > limit:
+        return 0
+    (store_ts,) = _I64.unpack_from(buf, pos + _BORN_HOST_POS + 8 + born_extra)
+    props = bytes(view[props_at + 2 : record_end]) if props_len else b""
+    cols.add(topic, queue_id, queue_offset, base + pos, total, store_ts, flags, props)
+    return total

@@ -1,0 +1,107 @@
+"""commitlog_svc's settings: defaults < TOML file ([commitlog] table) < MQSTORE_COMMITLOG_* <
+flags.
+
+    python -m commitlog_svc --data-dir ./data/commitlog --flush sync --file-bytes 134217728
+
+Engine knobs default to RocketMQ's (CommitLogConfig). The store host written into records (and
+so into offset msg ids) defaults to the service's own address: `host`, or POD_IP / 127.0.0.1
+when it binds every interface, and the API port it really listens on (with port 0, the one the
+kernel picked).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from typing import ClassVar, Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from commitlog_svc.config import CommitLogConfig, FlushMode
+from mqstore.launcher import DEFAULT_PORTS
+from mqstore.rpc.settings import ServiceSettings
+
+_API_PORT, _HEALTH_PORT, _METRICS_PORT = DEFAULT_PORTS["commitlog_svc"]
+_ENGINE = CommitLogConfig(data_dir=".")
+POD_IP_ENV = "POD_IP"
+
+
+class CommitLogSettings(ServiceSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="MQSTORE_COMMITLOG_", extra="forbid", validate_default=True
+    )
+    section: ClassVar[str] = "commitlog"
+
+    port: int = Field(_API_PORT, ge=0, le=65535, description="main gRPC port (API, reflection)")
+    health_port: int = Field(_HEALTH_PORT, ge=0, le=65535, description="grpc.health.v1 port")
+    metrics_port: int = Field(_METRICS_PORT, ge=0, le=65535, description="Prometheus port")
+
+    flush: Literal["sync", "async"] = Field(
+        "async",
+        description="sync: acknowledge once durable (group commit); async: once written, "
+        "flushed every flush_interval_ms (RocketMQ's default)",
+    )
+    file_bytes: int = Field(_ENGINE.file_bytes, ge=4096, description="segment size")
+    flush_interval_ms: int = Field(_ENGINE.flush_interval_ms, gt=0)
+    sync_flush_timeout_ms: int = Field(_ENGINE.sync_flush_timeout_ms, gt=0)
+    checkpoint_interval_ms: int = Field(_ENGINE.checkpoint_interval_ms, gt=0)
+    warm_ahead_bytes: int = Field(_ENGINE.warm_ahead_bytes, ge=0)
+
+    retention: bool = Field(True, description="delete expired segments in the background")
+    file_reserved_hours: float = Field(_ENGINE.file_reserved_hours, ge=0)
+    delete_when_hours: list[int] = Field(
+        default_factory=lambda: list(_ENGINE.delete_when_hours),
+        description="local hours at which expired segments are deleted (RocketMQ's deleteWhen)",
+    )
+    clean_interval_ms: int = Field(_ENGINE.clean_interval_ms, gt=0)
+    disk_max_used_ratio: float = Field(_ENGINE.disk_max_used_ratio, gt=0, le=1)
+    disk_warning_ratio: float = Field(_ENGINE.disk_warning_ratio, gt=0, le=1)
+
+    store_ip: str = Field("", description="IP written into records and msg ids ('': host)")
+    store_port: int = Field(0, ge=0, le=65535, description="port for msg ids (0: the API port)")
+
+    producers_max: int = Field(_ENGINE.producers_max, ge=1)
+    producer_requests_max: int = Field(_ENGINE.producer_requests_max, ge=1)
+
+    # One dispatch frame: the server's default when a subscriber asks for 0, and the cap.
+    dispatch_batch_entries: int = Field(1_024, ge=1, le=65_536)
+    dispatch_batch_bytes: int = Field(4 << 20, ge=4096)
+    # AppendStream: requests written but not yet answered, per stream (the pipelining window).
+    append_stream_window: int = Field(16, ge=1, le=1_024)
+
+    def store_address(self, bound_port: int) -> tuple[str, int]:
+        """(ip, port) that records and msg ids name as the store host."""
+        ip = self.store_ip or self.host
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            ip = socket.gethostbyname(ip)  # a host name: the address it resolves to
+            addr = ipaddress.ip_address(ip)
+        if addr.is_unspecified:
+            ip = os.environ.get(POD_IP_ENV) or "127.0.0.1"
+        return ip, self.store_port or bound_port
+
+    def engine_config(self, *, store_ip: str = "127.0.0.1", store_port: int = 0) -> CommitLogConfig:
+        return CommitLogConfig(
+            data_dir=self.data_dir,
+            flush=FlushMode(self.flush),
+            file_bytes=self.file_bytes,
+            flush_interval_ms=self.flush_interval_ms,
+            sync_flush_timeout_ms=self.sync_flush_timeout_ms,
+            checkpoint_interval_ms=self.checkpoint_interval_ms,
+            warm_ahead_bytes=self.warm_ahead_bytes,
+            file_reserved_hours=self.file_reserved_hours,
+            delete_when_hours=tuple(self.delete_when_hours),
+            clean_interval_ms=self.clean_interval_ms,
+            disk_max_used_ratio=self.disk_max_used_ratio,
+            disk_clean_forcibly_ratio=max(
+                _ENGINE.disk_clean_forcibly_ratio, self.disk_max_used_ratio
+            ),
+            disk_warning_ratio=self.disk_warning_ratio,
+            store_ip=store_ip,
+            store_port=store_port,
+            producers_max=self.producers_max,
+            producer_requests_max=self.producer_requests_max,
+        )
