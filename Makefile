@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 PYTEST_ARGS ?=
 
-.PHONY: help setup run test check fmt bench proto clean
+.PHONY: help setup run demo test check fmt bench proto clean
 
 help:
-	@echo "make run    - set up, then run the store with a local data directory ($(DATA_DIR))"
+	@echo "make run    - set up, then run the store (all three services) on $(DATA_DIR); Ctrl-C stops it"
 	@echo "make test   - set up, then run every test"
 	@echo "make check  - generated code up to date, ruff (format + lint) and mypy"
 	@echo "make proto  - regenerate mqstore/rpc/gen from protos/"
@@ -25,7 +25,11 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m commitlog_svc.demo --data-dir $(DATA_DIR)
+	$(VENV)/bin/mqstore up --data-dir $(DATA_DIR)
+
+# The commit-log engine alone: append, close, recover, read back (no services).
+demo: $(STAMP)
+	$(PY) -m commitlog_svc.demo --data-dir $(DATA_DIR)/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
