@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(PY) -m bench.engine_append $(BENCH_ARGS)
 	$(PY) -m bench.cq_bench $(BENCH_ARGS)
 	$(PY) -m bench.index_bench $(BENCH_ARGS)
+	$(PY) -m bench.e2e_bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -71,6 +71,7 @@ from mqstore.formats.record import (
     encode_blank,
     find_next_record,
     read_record,
+    scan_run,
 )
 from mqstore.formats.record_batch import (
     BatchEncoder,
@@ -762,8 +763,10 @@ class CommitLog:
         out = []
         for offset, size in ranges:
             raw = self.read(offset, size)
-            found = read_record(raw, 0, size, check_crc=True, expected_offset=offset)
-            if not isinstance(found, Record) or found.total_size != size:
+            # The checks without building a Record (scan_run defers to read_record on doubt).
+            end, count, _ = scan_run(raw, 0, size, offset, check_crc=True)
+            if count != 1 or end != size:
+                found = read_record(raw, 0, size, check_crc=True, expected_offset=offset)
                 reason = found.reason if isinstance(found, Bad) else "not one whole record"
                 raise CorruptRecord(offset, reason)
             out.append(raw)

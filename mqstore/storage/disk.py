@@ -116,7 +116,8 @@ class Disk(Protocol):
     def fsync_dir(self, path: str) -> None: ...
 
     def usage(self, path: str) -> tuple[int, int]:
-        """(total bytes, used bytes) of the file system holding `path`."""
+        """(total bytes, used bytes) of the file system holding `path`; total excludes blocks
+        reserved for the superuser, so used/total is df's Use%."""
 
     def lock(self, path: str) -> FileLock:
         """An exclusive lock on `path` for this process; StoreLocked if someone holds it."""
@@ -418,10 +419,12 @@ class OsDisk:
             os.close(fd)
 
     def usage(self, path: str) -> tuple[int, int]:
+        # As df and RocketMQ count: used = blocks in use; the total is what this user can ever
+        # have (used + available), so blocks reserved for root do not read as "used".
         st = os.statvfs(path)
-        total = st.f_blocks * st.f_frsize
-        free = st.f_bavail * st.f_frsize
-        return total, total - free
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        available = st.f_bavail * st.f_frsize
+        return used + available, used
 
     def lock(self, path: str) -> FileLock:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
