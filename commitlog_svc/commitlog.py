@@ -113,6 +113,22 @@ class ScanBatch:
     corrupt: list[CorruptRange] = field(default_factory=list)
 
 
+def skip_non_record(
+    mf: MappedFile, pos: int, readable: int, found: Blank | Bad
+) -> tuple[CorruptRange | None, int]:
+    """Where a walk over `mf` goes on after something that is not a record at `pos`, and the
+    corrupt range it steps over: (None, file size) at the end-of-file blank; past a bad record,
+    the next valid record (or the file's end when nothing valid follows in what is readable).
+    Shared by `CommitLog.scan` and the dispatch scan, so both skip corruption alike."""
+    if isinstance(found, Blank) and found.total_size == mf.file_size - pos:
+        return None, mf.file_size
+    reason = found.reason if isinstance(found, Bad) else "blank of the wrong size"
+    resume = find_next_record(mf.read_buf, pos, readable, mf.file_from_offset)
+    resume = mf.file_size if resume < 0 else resume
+    base = mf.file_from_offset
+    return CorruptRange(base + pos, base + resume, reason), resume
+
+
 def _as_batches(
     messages: MessageBatch | Sequence[MessageBatch | MessageIn],
 ) -> Sequence[MessageBatch]:
@@ -835,18 +851,15 @@ class CommitLog:
                 pos += found.total_size
                 taken += found.total_size
                 continue
-            if isinstance(found, Blank) and found.total_size == mf.file_size - pos:
-                return mf.file_end_offset, taken
-            reason = found.reason if isinstance(found, Bad) else "blank of the wrong size"
-            resume = find_next_record(buf, pos, readable, base)
-            if resume < 0:
-                # Nothing valid after it in what is readable of this file: skip to the next.
-                batch.corrupt.append(CorruptRange(base + pos, mf.file_end_offset, reason))
-                log.error("corrupt commit-log bytes at %d: %s", base + pos, reason)
-                return mf.file_end_offset, taken
-            batch.corrupt.append(CorruptRange(base + pos, base + resume, reason))
-            log.error("corrupt record at %d skipped: %s", base + pos, reason)
-            pos = resume
+            corrupt, pos = skip_non_record(mf, pos, readable, found)
+            if corrupt is not None:
+                batch.corrupt.append(corrupt)
+                log.error(
+                    "corrupt commit-log bytes [%d, %d) skipped: %s",
+                    corrupt.start_offset,
+                    corrupt.end_offset,
+                    corrupt.reason,
+                )
         if pos >= mf.file_size:
             return mf.file_end_offset, taken
         return base + pos, taken

@@ -13,8 +13,8 @@ output, corruption and end-of-file blanks included) without the objects:
   (`_prop`): the value of the last well-formed segment whose name matches;
 - entries go into the frame's columns directly, topics once per frame.
 
-Bad records are handled exactly as in `CommitLog._scan_file`: skipped to the next valid record
-and reported as a corrupt range, or to the next file when nothing valid follows.
+Bad records are handled by the same `skip_non_record` as `CommitLog.scan`: skipped to the next
+valid record and reported as a corrupt range, or to the next file when nothing valid follows.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from commitlog_svc.commitlog import CommitLog
+from commitlog_svc.commitlog import CommitLog, skip_non_record
 from commitlog_svc.recovery import CorruptRange
 from mqstore.errors import OutOfRange
 from mqstore.formats import sysflag
@@ -37,10 +37,7 @@ from mqstore.formats.record import (
     MAGIC_V1,
     MAGIC_V2,
     PROPERTIES_END_BYTE,
-    Bad,
-    Blank,
     Record,
-    find_next_record,
     read_record,
 )
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
@@ -232,18 +229,11 @@ def _walk(
                 pos += found.total_size
                 taken += found.total_size
                 continue
-            if isinstance(found, Blank) and found.total_size == mf.file_size - pos:
-                return mf.file_end_offset, taken
-            reason = found.reason if isinstance(found, Bad) else "blank of the wrong size"
-            resume = find_next_record(buf, pos, readable, base)
-            corrupt = CorruptRange(base + pos, mf.file_end_offset if resume < 0 else base + resume,
-                                   reason)  # fmt: skip
-            cols.corrupt.append(corrupt)
-            if on_corrupt is not None:
-                on_corrupt(corrupt)
-            if resume < 0:
-                return mf.file_end_offset, taken
-            pos = resume
+            corrupt, pos = skip_non_record(mf, pos, readable, found)
+            if corrupt is not None:
+                cols.corrupt.append(corrupt)
+                if on_corrupt is not None:
+                    on_corrupt(corrupt)
     if pos >= mf.file_size:
         return mf.file_end_offset, taken
     return base + pos, taken

@@ -186,50 +186,35 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             n = len(b.bodies)
             if n == 0:
                 raise InvalidArgument(f"batch {i} has no messages", field=f"batches[{i}].bodies")
-            if len(b.queue_ids) != n:
+            props = list(b.properties) if b.properties else None
+            if props is not None and _holds_reserved(props):
                 raise InvalidArgument(
-                    f"batch {i}: {len(b.queue_ids)} queue ids for {n} bodies",
-                    field=f"batches[{i}].queue_ids",
+                    "the MQS_PSEQ property is reserved for the store (use producer_id and "
+                    "sequence)",
+                    field=f"batches[{i}].properties",
                 )
-            props = None
-            if b.properties:
-                props = list(b.properties)
-                if len(props) != n:
-                    raise InvalidArgument(
-                        f"batch {i}: {len(props)} properties for {n} bodies",
-                        field=f"batches[{i}].properties",
-                    )
-                if _holds_reserved(props):
-                    raise InvalidArgument(
-                        "the MQS_PSEQ property is reserved for the store (use producer_id and "
-                        "sequence)",
-                        field=f"batches[{i}].properties",
-                    )
-            flags = None
-            if b.sys_flags:
-                flags = list(b.sys_flags)
-                if len(flags) != n:
-                    raise InvalidArgument(
-                        f"batch {i}: {len(flags)} sys flags for {n} bodies",
-                        field=f"batches[{i}].sys_flags",
-                    )
             born = parse_host(b.born_host, field=f"batches[{i}].born_host") if b.born_host else peer
-            total += n
-            out.append(
-                MessageBatch(
-                    topic=b.topic,
-                    queue_ids=list(b.queue_ids),
-                    bodies=list(b.bodies),
-                    properties=props,
-                    sys_flags=flags,
-                    sys_flag=b.sys_flag,
-                    flag=b.flag,
-                    born_timestamp_ms=b.born_timestamp_ms,
-                    born_host=born,
-                    reconsume_times=b.reconsume_times,
-                    prepared_tx_offset=b.prepared_tx_offset,
-                )
+            batch = MessageBatch(
+                topic=b.topic,
+                queue_ids=list(b.queue_ids),
+                bodies=list(b.bodies),
+                properties=props,
+                sys_flags=list(b.sys_flags) if b.sys_flags else None,
+                sys_flag=b.sys_flag,
+                flag=b.flag,
+                born_timestamp_ms=b.born_timestamp_ms,
+                born_host=born,
+                reconsume_times=b.reconsume_times,
+                prepared_tx_offset=b.prepared_tx_offset,
             )
+            try:
+                batch.check_columns()
+            except InvalidArgument as exc:  # a whole-call error, naming the batch
+                raise InvalidArgument(
+                    f"batch {i}: {exc}", field=f"batches[{i}].{exc.field}"
+                ) from exc
+            total += n
+            out.append(batch)
         if total > self._limits.batch_messages_max:
             raise InvalidArgument(
                 f"{total} messages in one append, over the {self._limits.batch_messages_max} limit",
