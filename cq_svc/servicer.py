@@ -421,6 +421,12 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             queues=[self._queue_info(topic, q) for q in self.engine.store.list_queues(topic)]
         )
 
+    def ListTopics(
+        self, request: pb.ListTopicsRequest, context: grpc.ServicerContext
+    ) -> pb.ListTopicsResponse:
+        self._require_caught_up()
+        return pb.ListTopicsResponse(topics=sorted(self.engine.store.list_topics()))
+
     # -- group offsets -----------------------------------------------------------------------------
 
     def CommitOffset(

@@ -32,7 +32,14 @@ _IDEMPOTENT = (
     ]
     + [
         {"service": "mqstore.consumequeue.v1.ConsumeQueue", "method": m}
-        for m in ("GetOffsetByTime", "GetQueueInfo", "ListQueues", "FetchOffset", "GetStatus")
+        for m in (
+            "GetOffsetByTime",
+            "GetQueueInfo",
+            "ListQueues",
+            "ListTopics",
+            "FetchOffset",
+            "GetStatus",
+        )
     ]
     + [{"service": "mqstore.index.v1.Index"}]
 )

@@ -91,6 +91,13 @@ def test_list_queues_gives_every_queue_of_a_topic_with_its_positions(
     assert not any_api.stub.ListQueues(pb.ListQueuesRequest(topic="Nobody")).queues
 
 
+def test_list_topics_names_every_topic_with_a_queue_sorted(any_api: ApiHarness) -> None:
+    assert list(any_api.stub.ListTopics(pb.ListTopicsRequest()).topics) == []
+    any_api.dispatch(entries(2, topic="Zeta"))
+    any_api.dispatch(entries(2, topic="Alpha", phy_base=10_000))
+    assert list(any_api.stub.ListTopics(pb.ListTopicsRequest()).topics) == ["Alpha", "Zeta"]
+
+
 def test_committed_offsets_are_kept_per_group_and_queue_and_survive_a_restart(
     tmp_path: Path,
 ) -> None:

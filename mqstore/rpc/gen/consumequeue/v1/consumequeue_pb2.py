@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mqstore.rpc.gen.common.v1 import common_pb2 as mqstore_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*mqstore/consumequeue/v1/consumequeue.proto\x12\x17mqstore.consumequeue.v1\x1a\x1emqstore/common/v1/common.proto\"\x8b\x01\n\x0bPullRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x04 \x01(\x05\x12\x11\n\tmax_bytes\x18\x05 \x01(\x05\x12\x0c\n\x04tags\x18\x06 \x03(\t\x12\x14\n\x0clong_poll_ms\x18\x07 \x01(\x05\"\xb4\x01\n\x0cPullResponse\x12\x39\n\x06status\x18\x01 \x01(\x0e\x32).mqstore.consumequeue.v1.GetMessageStatus\x12\x19\n\x11next_begin_offset\x18\x02 \x01(\x03\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12\x0f\n\x07records\x18\x05 \x03(\x0c\x12\x15\n\rqueue_offsets\x18\x06 \x03(\x03\"~\n\x16GetOffsetByTimeRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12-\n\x08\x62oundary\x18\x04 \x01(\x0e\x32\x1b.mqstore.common.v1.Boundary\")\n\x17GetOffsetByTimeResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"6\n\x13GetQueueInfoRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\"T\n\tQueueInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\"\"\n\x11ListQueuesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"H\n\x12ListQueuesResponse\x12\x32\n\x06queues\x18\x01 \x03(\x0b\x32\".mqstore.consumequeue.v1.QueueInfo\"U\n\x13\x43ommitOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"\x16\n\x14\x43ommitOffsetResponse\"D\n\x12\x46\x65tchOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"%\n\x13\x46\x65tchOffsetResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"\x8b\x01\n\x0eReceiveRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cmax_messages\x18\x04 \x01(\x05\x12\x1d\n\x15invisible_duration_ms\x18\x05 \x01(\x05\x12\x14\n\x0clong_poll_ms\x18\x06 \x01(\x05\"k\n\x0fReceiveResponse\x12\x0f\n\x07records\x18\x01 \x03(\x0c\x12\x15\n\rqueue_offsets\x18\x02 \x03(\x03\x12\x17\n\x0freceipt_handles\x18\x03 \x03(\t\x12\x17\n\x0f\x64\x65livery_counts\x18\x04 \x03(\x05\"U\n\nAckRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x17\n\x0freceipt_handles\x18\x04 \x03(\t\"F\n\x0b\x41\x63kResponse\x12\x1d\n\x15stale_receipt_handles\x18\x01 \x03(\t\x12\x18\n\x10\x63ommitted_offset\x18\x02 \x01(\x03\"\x87\x01\n\x1e\x43hangeInvisibleDurationRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x16\n\x0ereceipt_handle\x18\x04 \x01(\t\x12\x1d\n\x15invisible_duration_ms\x18\x05 \x01(\x05\"9\n\x1f\x43hangeInvisibleDurationResponse\x12\x16\n\x0ereceipt_handle\x18\x01 \x01(\t\"\x12\n\x10GetStatusRequest\"\x8e\x01\n\x11GetStatusResponse\x12\x10\n\x08store_id\x18\x01 \x01(\x0c\x12\x18\n\x10\x63onfirmed_offset\x18\x02 \x01(\x03\x12\x16\n\x0e\x61pplied_offset\x18\x03 \x01(\x03\x12\x11\n\tcaught_up\x18\x04 \x01(\x08\x12\r\n\x05store\x18\x05 \x01(\t\x12\x13\n\x0bqueue_count\x18\x06 \x01(\x05*\x9b\x02\n\x10GetMessageStatus\x12\"\n\x1eGET_MESSAGE_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\x16\n\x12NO_MATCHED_MESSAGE\x10\x02\x12\x18\n\x14MESSAGE_WAS_REMOVING\x10\x03\x12\x15\n\x11OFFSET_FOUND_NULL\x10\x04\x12\x19\n\x15OFFSET_OVERFLOW_BADLY\x10\x05\x12\x17\n\x13OFFSET_OVERFLOW_ONE\x10\x06\x12\x14\n\x10OFFSET_TOO_SMALL\x10\x07\x12\x1a\n\x16NO_MATCHED_LOGIC_QUEUE\x10\x08\x12\x17\n\x13NO_MESSAGE_IN_QUEUE\x10\t\x12\x10\n\x0cOFFSET_RESET\x10\n2\x9c\x08\n\x0c\x43onsumeQueue\x12S\n\x04Pull\x12$.mqstore.consumequeue.v1.PullRequest\x1a%.mqstore.consumequeue.v1.PullResponse\x12t\n\x0fGetOffsetByTime\x12/.mqstore.consumequeue.v1.GetOffsetByTimeRequest\x1a\x30.mqstore.consumequeue.v1.GetOffsetByTimeResponse\x12`\n\x0cGetQueueInfo\x12,.mqstore.consumequeue.v1.GetQueueInfoRequest\x1a\".mqstore.consumequeue.v1.QueueInfo\x12\x65\n\nListQueues\x12*.mqstore.consumequeue.v1.ListQueuesRequest\x1a+.mqstore.consumequeue.v1.ListQueuesResponse\x12k\n\x0c\x43ommitOffset\x12,.mqstore.consumequeue.v1.CommitOffsetRequest\x1a-.mqstore.consumequeue.v1.CommitOffsetResponse\x12h\n\x0b\x46\x65tchOffset\x12+.mqstore.consumequeue.v1.FetchOffsetRequest\x1a,.mqstore.consumequeue.v1.FetchOffsetResponse\x12\\\n\x07Receive\x12\'.mqstore.consumequeue.v1.ReceiveRequest\x1a(.mqstore.consumequeue.v1.ReceiveResponse\x12P\n\x03\x41\x63k\x12#.mqstore.consumequeue.v1.AckRequest\x1a$.mqstore.consumequeue.v1.AckResponse\x12\x8c\x01\n\x17\x43hangeInvisibleDuration\x12\x37.mqstore.consumequeue.v1.ChangeInvisibleDurationRequest\x1a\x38.mqstore.consumequeue.v1.ChangeInvisibleDurationResponse\x12\x62\n\tGetStatus\x12).mqstore.consumequeue.v1.GetStatusRequest\x1a*.mqstore.consumequeue.v1.GetStatusResponseB\x1e\n\x1aio.mqstore.consumequeue.v1P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*mqstore/consumequeue/v1/consumequeue.proto\x12\x17mqstore.consumequeue.v1\x1a\x1emqstore/common/v1/common.proto\"\x8b\x01\n\x0bPullRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x04 \x01(\x05\x12\x11\n\tmax_bytes\x18\x05 \x01(\x05\x12\x0c\n\x04tags\x18\x06 \x03(\t\x12\x14\n\x0clong_poll_ms\x18\x07 \x01(\x05\"\xb4\x01\n\x0cPullResponse\x12\x39\n\x06status\x18\x01 \x01(\x0e\x32).mqstore.consumequeue.v1.GetMessageStatus\x12\x19\n\x11next_begin_offset\x18\x02 \x01(\x03\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12\x0f\n\x07records\x18\x05 \x03(\x0c\x12\x15\n\rqueue_offsets\x18\x06 \x03(\x03\"~\n\x16GetOffsetByTimeRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12-\n\x08\x62oundary\x18\x04 \x01(\x0e\x32\x1b.mqstore.common.v1.Boundary\")\n\x17GetOffsetByTimeResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"6\n\x13GetQueueInfoRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\"T\n\tQueueInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x12\n\nmin_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\"\"\n\x11ListQueuesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"H\n\x12ListQueuesResponse\x12\x32\n\x06queues\x18\x01 \x03(\x0b\x32\".mqstore.consumequeue.v1.QueueInfo\"\x13\n\x11ListTopicsRequest\"$\n\x12ListTopicsResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t\"U\n\x13\x43ommitOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"\x16\n\x14\x43ommitOffsetResponse\"D\n\x12\x46\x65tchOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"%\n\x13\x46\x65tchOffsetResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"\x8b\x01\n\x0eReceiveRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cmax_messages\x18\x04 \x01(\x05\x12\x1d\n\x15invisible_duration_ms\x18\x05 \x01(\x05\x12\x14\n\x0clong_poll_ms\x18\x06 \x01(\x05\"k\n\x0fReceiveResponse\x12\x0f\n\x07records\x18\x01 \x03(\x0c\x12\x15\n\rqueue_offsets\x18\x02 \x03(\x03\x12\x17\n\x0freceipt_handles\x18\x03 \x03(\t\x12\x17\n\x0f\x64\x65livery_counts\x18\x04 \x03(\x05\"U\n\nAckRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x17\n\x0freceipt_handles\x18\x04 \x03(\t\"F\n\x0b\x41\x63kResponse\x12\x1d\n\x15stale_receipt_handles\x18\x01 \x03(\t\x12\x18\n\x10\x63ommitted_offset\x18\x02 \x01(\x03\"\x87\x01\n\x1e\x43hangeInvisibleDurationRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x16\n\x0ereceipt_handle\x18\x04 \x01(\t\x12\x1d\n\x15invisible_duration_ms\x18\x05 \x01(\x05\"9\n\x1f\x43hangeInvisibleDurationResponse\x12\x16\n\x0ereceipt_handle\x18\x01 \x01(\t\"\x12\n\x10GetStatusRequest\"\x8e\x01\n\x11GetStatusResponse\x12\x10\n\x08store_id\x18\x01 \x01(\x0c\x12\x18\n\x10\x63onfirmed_offset\x18\x02 \x01(\x03\x12\x16\n\x0e\x61pplied_offset\x18\x03 \x01(\x03\x12\x11\n\tcaught_up\x18\x04 \x01(\x08\x12\r\n\x05store\x18\x05 \x01(\t\x12\x13\n\x0bqueue_count\x18\x06 \x01(\x05*\x9b\x02\n\x10GetMessageStatus\x12\"\n\x1eGET_MESSAGE_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\x16\n\x12NO_MATCHED_MESSAGE\x10\x02\x12\x18\n\x14MESSAGE_WAS_REMOVING\x10\x03\x12\x15\n\x11OFFSET_FOUND_NULL\x10\x04\x12\x19\n\x15OFFSET_OVERFLOW_BADLY\x10\x05\x12\x17\n\x13OFFSET_OVERFLOW_ONE\x10\x06\x12\x14\n\x10OFFSET_TOO_SMALL\x10\x07\x12\x1a\n\x16NO_MATCHED_LOGIC_QUEUE\x10\x08\x12\x17\n\x13NO_MESSAGE_IN_QUEUE\x10\t\x12\x10\n\x0cOFFSET_RESET\x10\n2\x83\t\n\x0c\x43onsumeQueue\x12S\n\x04Pull\x12$.mqstore.consumequeue.v1.PullRequest\x1a%.mqstore.consumequeue.v1.PullResponse\x12t\n\x0fGetOffsetByTime\x12/.mqstore.consumequeue.v1.GetOffsetByTimeRequest\x1a\x30.mqstore.consumequeue.v1.GetOffsetByTimeResponse\x12`\n\x0cGetQueueInfo\x12,.mqstore.consumequeue.v1.GetQueueInfoRequest\x1a\".mqstore.consumequeue.v1.QueueInfo\x12\x65\n\nListQueues\x12*.mqstore.consumequeue.v1.ListQueuesRequest\x1a+.mqstore.consumequeue.v1.ListQueuesResponse\x12\x65\n\nListTopics\x12*.mqstore.consumequeue.v1.ListTopicsRequest\x1a+.mqstore.consumequeue.v1.ListTopicsResponse\x12k\n\x0c\x43ommitOffset\x12,.mqstore.consumequeue.v1.CommitOffsetRequest\x1a-.mqstore.consumequeue.v1.CommitOffsetResponse\x12h\n\x0b\x46\x65tchOffset\x12+.mqstore.consumequeue.v1.FetchOffsetRequest\x1a,.mqstore.consumequeue.v1.FetchOffsetResponse\x12\\\n\x07Receive\x12\'.mqstore.consumequeue.v1.ReceiveRequest\x1a(.mqstore.consumequeue.v1.ReceiveResponse\x12P\n\x03\x41\x63k\x12#.mqstore.consumequeue.v1.AckRequest\x1a$.mqstore.consumequeue.v1.AckResponse\x12\x8c\x01\n\x17\x43hangeInvisibleDuration\x12\x37.mqstore.consumequeue.v1.ChangeInvisibleDurationRequest\x1a\x38.mqstore.consumequeue.v1.ChangeInvisibleDurationResponse\x12\x62\n\tGetStatus\x12).mqstore.consumequeue.v1.GetStatusRequest\x1a*.mqstore.consumequeue.v1.GetStatusResponseB\x1e\n\x1aio.mqstore.consumequeue.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mqstore.consumequeue.v1.con
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\032io.mqstore.consumequeue.v1P\001'
-  _globals['_GETMESSAGESTATUS']._serialized_start=1844
-  _globals['_GETMESSAGESTATUS']._serialized_end=2127
+  _globals['_GETMESSAGESTATUS']._serialized_start=1903
+  _globals['_GETMESSAGESTATUS']._serialized_end=2186
   _globals['_PULLREQUEST']._serialized_start=104
   _globals['_PULLREQUEST']._serialized_end=243
   _globals['_PULLRESPONSE']._serialized_start=246
@@ -51,30 +51,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTQUEUESREQUEST']._serialized_end=775
   _globals['_LISTQUEUESRESPONSE']._serialized_start=777
   _globals['_LISTQUEUESRESPONSE']._serialized_end=849
-  _globals['_COMMITOFFSETREQUEST']._serialized_start=851
-  _globals['_COMMITOFFSETREQUEST']._serialized_end=936
-  _globals['_COMMITOFFSETRESPONSE']._serialized_start=938
-  _globals['_COMMITOFFSETRESPONSE']._serialized_end=960
-  _globals['_FETCHOFFSETREQUEST']._serialized_start=962
-  _globals['_FETCHOFFSETREQUEST']._serialized_end=1030
-  _globals['_FETCHOFFSETRESPONSE']._serialized_start=1032
-  _globals['_FETCHOFFSETRESPONSE']._serialized_end=1069
-  _globals['_RECEIVEREQUEST']._serialized_start=1072
-  _globals['_RECEIVEREQUEST']._serialized_end=1211
-  _globals['_RECEIVERESPONSE']._serialized_start=1213
-  _globals['_RECEIVERESPONSE']._serialized_end=1320
-  _globals['_ACKREQUEST']._serialized_start=1322
-  _globals['_ACKREQUEST']._serialized_end=1407
-  _globals['_ACKRESPONSE']._serialized_start=1409
-  _globals['_ACKRESPONSE']._serialized_end=1479
-  _globals['_CHANGEINVISIBLEDURATIONREQUEST']._serialized_start=1482
-  _globals['_CHANGEINVISIBLEDURATIONREQUEST']._serialized_end=1617
-  _globals['_CHANGEINVISIBLEDURATIONRESPONSE']._serialized_start=1619
-  _globals['_CHANGEINVISIBLEDURATIONRESPONSE']._serialized_end=1676
-  _globals['_GETSTATUSREQUEST']._serialized_start=1678
-  _globals['_GETSTATUSREQUEST']._serialized_end=1696
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1699
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1841
-  _globals['_CONSUMEQUEUE']._serialized_start=2130
-  _globals['_CONSUMEQUEUE']._serialized_end=3182
+  _globals['_LISTTOPICSREQUEST']._serialized_start=851
+  _globals['_LISTTOPICSREQUEST']._serialized_end=870
+  _globals['_LISTTOPICSRESPONSE']._serialized_start=872
+  _globals['_LISTTOPICSRESPONSE']._serialized_end=908
+  _globals['_COMMITOFFSETREQUEST']._serialized_start=910
+  _globals['_COMMITOFFSETREQUEST']._serialized_end=995
+  _globals['_COMMITOFFSETRESPONSE']._serialized_start=997
+  _globals['_COMMITOFFSETRESPONSE']._serialized_end=1019
+  _globals['_FETCHOFFSETREQUEST']._serialized_start=1021
+  _globals['_FETCHOFFSETREQUEST']._serialized_end=1089
+  _globals['_FETCHOFFSETRESPONSE']._serialized_start=1091
+  _globals['_FETCHOFFSETRESPONSE']._serialized_end=1128
+  _globals['_RECEIVEREQUEST']._serialized_start=1131
+  _globals['_RECEIVEREQUEST']._serialized_end=1270
+  _globals['_RECEIVERESPONSE']._serialized_start=1272
+  _globals['_RECEIVERESPONSE']._serialized_end=1379
+  _globals['_ACKREQUEST']._serialized_start=1381
+  _globals['_ACKREQUEST']._serialized_end=1466
+  _globals['_ACKRESPONSE']._serialized_start=1468
+  _globals['_ACKRESPONSE']._serialized_end=1538
+  _globals['_CHANGEINVISIBLEDURATIONREQUEST']._serialized_start=1541
+  _globals['_CHANGEINVISIBLEDURATIONREQUEST']._serialized_end=1676
+  _globals['_CHANGEINVISIBLEDURATIONRESPONSE']._serialized_start=1678
+  _globals['_CHANGEINVISIBLEDURATIONRESPONSE']._serialized_end=1735
+  _globals['_GETSTATUSREQUEST']._serialized_start=1737
+  _globals['_GETSTATUSREQUEST']._serialized_end=1755
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1758
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1900
+  _globals['_CONSUMEQUEUE']._serialized_start=2189
+  _globals['_CONSUMEQUEUE']._serialized_end=3344
 # @@protoc_insertion_point(module_scope)

@@ -289,6 +289,41 @@ class ListQueuesResponse(_message.Message):
 Global___ListQueuesResponse: _TypeAlias = ListQueuesResponse  # noqa: Y015
 
 @_typing.final
+class ListTopicsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTopicsRequest: _TypeAlias = ListTopicsRequest  # noqa: Y015
+
+@_typing.final
+class ListTopicsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTopicsResponse: _TypeAlias = ListTopicsResponse  # noqa: Y015
+
+@_typing.final
 class CommitOffsetRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -54,6 +54,11 @@ class ConsumeQueueStub:
                 request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListQueuesRequest.SerializeToString,
                 response_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListQueuesResponse.FromString,
                 _registered_method=True)
+        self.ListTopics = channel.unary_unary(
+                '/mqstore.consumequeue.v1.ConsumeQueue/ListTopics',
+                request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListTopicsRequest.SerializeToString,
+                response_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListTopicsResponse.FromString,
+                _registered_method=True)
         self.CommitOffset = channel.unary_unary(
                 '/mqstore.consumequeue.v1.ConsumeQueue/CommitOffset',
                 request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.CommitOffsetRequest.SerializeToString,
@@ -109,6 +114,13 @@ class ConsumeQueueServicer:
 
     def ListQueues(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTopics(self, request, context):
+        """Every topic that has a consume queue, sorted.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -171,6 +183,11 @@ def add_ConsumeQueueServicer_to_server(servicer, server):
                     servicer.ListQueues,
                     request_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListQueuesRequest.FromString,
                     response_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'ListTopics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTopics,
+                    request_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListTopicsRequest.FromString,
+                    response_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListTopicsResponse.SerializeToString,
             ),
             'CommitOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitOffset,
@@ -311,6 +328,33 @@ class ConsumeQueue:
             '/mqstore.consumequeue.v1.ConsumeQueue/ListQueues',
             mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListQueuesRequest.SerializeToString,
             mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTopics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqstore.consumequeue.v1.ConsumeQueue/ListTopics',
+            mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListTopicsRequest.SerializeToString,
+            mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,8 @@ class ConsumeQueueStub:
     GetOffsetByTime: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.GetOffsetByTimeRequest, _consumequeue_pb2.GetOffsetByTimeResponse]
     GetQueueInfo: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.GetQueueInfoRequest, _consumequeue_pb2.QueueInfo]
     ListQueues: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.ListQueuesRequest, _consumequeue_pb2.ListQueuesResponse]
+    ListTopics: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.ListTopicsRequest, _consumequeue_pb2.ListTopicsResponse]
+    """Every topic that has a consume queue, sorted."""
     CommitOffset: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.CommitOffsetRequest, _consumequeue_pb2.CommitOffsetResponse]
     FetchOffset: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.FetchOffsetRequest, _consumequeue_pb2.FetchOffsetResponse]
     Receive: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.ReceiveRequest, _consumequeue_pb2.ReceiveResponse]
@@ -52,6 +54,8 @@ class ConsumeQueueAsyncStub(ConsumeQueueStub):
     GetOffsetByTime: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.GetOffsetByTimeRequest, _consumequeue_pb2.GetOffsetByTimeResponse]  # type: ignore[assignment]
     GetQueueInfo: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.GetQueueInfoRequest, _consumequeue_pb2.QueueInfo]  # type: ignore[assignment]
     ListQueues: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.ListQueuesRequest, _consumequeue_pb2.ListQueuesResponse]  # type: ignore[assignment]
+    ListTopics: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.ListTopicsRequest, _consumequeue_pb2.ListTopicsResponse]  # type: ignore[assignment]
+    """Every topic that has a consume queue, sorted."""
     CommitOffset: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.CommitOffsetRequest, _consumequeue_pb2.CommitOffsetResponse]  # type: ignore[assignment]
     FetchOffset: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.FetchOffsetRequest, _consumequeue_pb2.FetchOffsetResponse]  # type: ignore[assignment]
     Receive: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.ReceiveRequest, _consumequeue_pb2.ReceiveResponse]  # type: ignore[assignment]
@@ -87,6 +91,14 @@ class ConsumeQueueServicer(metaclass=_abc_1.ABCMeta):
         request: _consumequeue_pb2.ListQueuesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_consumequeue_pb2.ListQueuesResponse, _abc.Awaitable[_consumequeue_pb2.ListQueuesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListTopics(
+        self,
+        request: _consumequeue_pb2.ListTopicsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_consumequeue_pb2.ListTopicsResponse, _abc.Awaitable[_consumequeue_pb2.ListTopicsResponse]]:
+        """Every topic that has a consume queue, sorted."""
 
     @_abc_1.abstractmethod
     def CommitOffset(
