@@ -1,0 +1,32 @@
+"""The Python SDK of mqstore: produce, consume and administer without the protos.
+
+    from mqstore.client import ClientSettings, Connection, Producer, Consumer, Admin
+
+See docs/client.md for a tour. Everything raises the typed exceptions of
+`mqstore.client.errors`.
+"""
+
+from __future__ import annotations
+
+from mqstore.client.compression import Compression
+from mqstore.client.connection import AsyncConnection, Connection
+from mqstore.client.errors import ClientError, MessageRefused
+from mqstore.client.message import Message, ReceivedMessage
+from mqstore.client.producer import AsyncProducer, Producer, ProducerStats, SendResult
+from mqstore.client.settings import ClientSettings, TlsSettings
+
+__all__ = [
+    "AsyncConnection",
+    "AsyncProducer",
+    "ClientError",
+    "ClientSettings",
+    "Compression",
+    "Connection",
+    "Message",
+    "MessageRefused",
+    "Producer",
+    "ProducerStats",
+    "ReceivedMessage",
+    "SendResult",
+    "TlsSettings",
+]

@@ -1,0 +1,186 @@
+"""Channels and stubs for the SDK, sync and asyncio: TLS or plaintext, the bearer token on
+every call, keepalive suited to long polls, and errors turned into typed exceptions.
+
+Everything that talks to a service goes through a Connection (or AsyncConnection), so the
+security settings and the error mapping live here once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from mqstore.client.errors import ClientError, from_rpc_error
+from mqstore.client.settings import ClientSettings
+from mqstore.rpc.channel import channel_options
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
+from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
+from mqstore.rpc.gen.index.v1 import index_pb2_grpc
+
+T = TypeVar("T")
+
+# Codes after which another replica (or a later attempt) may answer.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+
+def _credentials(settings: ClientSettings) -> grpc.ChannelCredentials | None:
+    if settings.tls is None:
+        return None
+    ca, key, cert = settings.tls.credentials_bytes()
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+
+
+def _options(settings: ClientSettings) -> list[tuple[str, Any]]:
+    options = channel_options()
+    if settings.tls is not None and settings.tls.server_name:
+        options.append(("grpc.ssl_target_name_override", settings.tls.server_name))
+    return options
+
+
+def _metadata(settings: ClientSettings) -> tuple[tuple[str, str], ...]:
+    token = settings.bearer_token()
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class Connection:
+    """Blocking channels, one per address, shared by every Producer/Consumer/Admin built on it."""
+
+    def __init__(self, settings: ClientSettings | None = None) -> None:
+        self.settings = settings or ClientSettings()
+        self.metadata = _metadata(self.settings)
+        self._credentials = _credentials(self.settings)
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._cq_preferred = 0  # the consume-queue replica that answered last
+
+    def channel(self, target: str) -> grpc.Channel:
+        with self._lock:
+            if self._closed:
+                raise ClientError("the connection is closed", code=grpc.StatusCode.CANCELLED)
+            channel = self._channels.get(target)
+            if channel is None:
+                options = _options(self.settings)
+                if self._credentials is None:
+                    channel = grpc.insecure_channel(target, options=options)
+                else:
+                    channel = grpc.secure_channel(target, self._credentials, options=options)
+                self._channels[target] = channel
+            return channel
+
+    def commitlog(self) -> commitlog_pb2_grpc.CommitLogStub:
+        return commitlog_pb2_grpc.CommitLogStub(self.channel(self.settings.commitlog))
+
+    def cq(self, target: str) -> consumequeue_pb2_grpc.ConsumeQueueStub:
+        return consumequeue_pb2_grpc.ConsumeQueueStub(self.channel(target))
+
+    def index(self, target: str) -> index_pb2_grpc.IndexStub:
+        return index_pb2_grpc.IndexStub(self.channel(target))
+
+    def call(
+        self,
+        method: Callable[..., T],
+        request: Any,
+        *,
+        name: str,
+        timeout_s: float | None = None,
+    ) -> T:
+        """One unary call with the deadline and the token; a failure raises its typed error."""
+        try:
+            return method(
+                request,
+                timeout=self.settings.timeout_s if timeout_s is None else timeout_s,
+                metadata=self.metadata,
+            )
+        except grpc.RpcError as err:
+            raise from_rpc_error(err, name) from None
+
+    def call_cq(
+        self,
+        pick: Callable[[consumequeue_pb2_grpc.ConsumeQueueStub], Callable[..., T]],
+        request: Any,
+        *,
+        name: str,
+        timeout_s: float | None = None,
+    ) -> T:
+        """A consume-queue call on the first replica that answers (in the listed order, starting
+        from the one that answered last)."""
+        targets = self.settings.cq
+        if not targets:
+            raise ClientError(
+                "no consume-queue address is configured", code=grpc.StatusCode.FAILED_PRECONDITION
+            )
+        last: ClientError | None = None
+        start = self._cq_preferred
+        for i in range(len(targets)):
+            at = (start + i) % len(targets)
+            try:
+                out = self.call(pick(self.cq(targets[at])), request, name=name, timeout_s=timeout_s)
+            except ClientError as err:
+                if err.code not in RETRYABLE:
+                    raise
+                last = err
+                continue
+            self._cq_preferred = at
+            return out
+        assert last is not None
+        raise last
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+        for channel in channels:
+            channel.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncConnection:
+    """The asyncio flavour: grpc.aio channels, created inside the running loop."""
+
+    def __init__(self, settings: ClientSettings | None = None) -> None:
+        self.settings = settings or ClientSettings()
+        self.metadata = _metadata(self.settings)
+        self._credentials = _credentials(self.settings)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def channel(self, target: str) -> grpc.aio.Channel:
+        channel = self._channels.get(target)
+        if channel is None:
+            options = _options(self.settings)
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(target, options=options)
+            else:
+                channel = grpc.aio.secure_channel(target, self._credentials, options=options)
+            self._channels[target] = channel
+        return channel
+
+    def commitlog(self) -> commitlog_pb2_grpc.CommitLogStub:
+        return commitlog_pb2_grpc.CommitLogStub(self.channel(self.settings.commitlog))
+
+    def cq(self, target: str) -> consumequeue_pb2_grpc.ConsumeQueueStub:
+        return consumequeue_pb2_grpc.ConsumeQueueStub(self.channel(target))
+
+    async def close(self) -> None:
+        channels = list(self._channels.values())
+        self._channels.clear()
+        for channel in channels:
+            await channel.close()
+
+    async def __aenter__(self) -> AsyncConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,662 @@
+"""Producers: batch messages on their own, pipeline the batches over one AppendStream, and
+retry without ever storing a message twice.
+
+    send() ──> open batch ──(count | bytes | linger)──> sealed requests ──(window)──> stream
+                                                              ^                          │
+                                                              └── unanswered, on a retry ┘
+
+One batch is one AppendRequest with this producer's id and the next sequence. Up to `window`
+requests are in flight; the store answers them in order. When the stream breaks (UNAVAILABLE,
+a deadline, the commit log restarting) the unanswered requests go back to the front of the
+queue and are sent again, in order, with their sequences: the store answers a request it
+already stored with the first result (duplicate = true) and stores nothing. `window` stays
+below the 5 requests per producer the store remembers (commitlog_svc/producers.py), so every
+retry is recognised.
+
+A request the store refuses as a whole (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) fails the
+futures of its messages; a message the store refuses alone (a PutStatus other than PUT_OK)
+fails its own future with MessageRefused. Everything else resolves to a SendResult.
+
+Threads: `send` only touches the open batch under the lock; one sender thread seals batches
+and writes them; one receiver thread per stream reads the answers. AsyncProducer puts an
+asyncio face on the same machinery (its futures are the thread futures, wrapped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from mqstore import errors as domain
+from mqstore.client.compression import COMPRESS_OVER_BYTES_DEFAULT, Compression, compress
+from mqstore.client.connection import Connection
+from mqstore.client.errors import (
+    ClientError,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    from_rpc_error,
+    refusal,
+)
+from mqstore.client.settings import ClientSettings
+from mqstore.formats.javahash import java_string_hash
+from mqstore.formats.msgid import UniqIdGenerator, offset_msg_id
+from mqstore.formats.properties import KEY_SEPARATOR, KEYS, TAGS, UNIQ_KEY, encode_properties
+from mqstore.formats.record import validate_topic
+from mqstore.limits import MessageLimits
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+
+BATCH_MESSAGES_DEFAULT = 1_000
+BATCH_BYTES_DEFAULT = 1 << 20
+LINGER_MS_DEFAULT = 5.0
+# The store remembers the last 5 requests of each producer; a retry must find its request there.
+WINDOW_MAX = 5
+WINDOW_DEFAULT = 4
+QUEUES_PER_TOPIC_DEFAULT = 4  # RocketMQ's defaultTopicQueueNums
+RETRY_TIMEOUT_S_DEFAULT = 30.0
+BUFFER_BYTES_DEFAULT = 64 << 20  # unsent bytes held before send() blocks (Kafka's buffer.memory)
+BLOCK_TIMEOUT_S_DEFAULT = 60.0  # how long send() blocks on a full buffer (Kafka's max.block.ms)
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 1.0
+# A request's share of the 64 MiB gRPC message limit: a batch never grows past it.
+REQUEST_BYTES_MAX = 32 << 20
+# Fixed per-message overhead counted towards batch_bytes besides body and properties.
+MESSAGE_OVERHEAD_BYTES = 16
+
+_PUT_OK = pb.PUT_OK
+# Stream failures after which the unanswered requests are sent again.
+_RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    msg_id: str  # the offset message id
+    uniq_key: str
+    size: int
+    store_timestamp_ms: int
+    duplicate: bool = False  # answered from a retry the store had already stored
+
+
+@dataclass(slots=True)
+class _Message:
+    topic: str
+    queue_id: int
+    body: bytes  # as stored (compressed when sys_flag says so)
+    properties: bytes
+    sys_flag: int
+    uniq_key: str
+    future: Future[SendResult]
+
+    def weight(self) -> int:
+        return len(self.body) + len(self.properties) + MESSAGE_OVERHEAD_BYTES
+
+
+@dataclass(slots=True)
+class _Request:
+    sequence: int
+    request: pb.AppendRequest
+    messages: list[_Message]  # in the order of the answer (batches concatenated)
+    weight: int
+    sent_at: float = 0.0
+
+
+@dataclass
+class ProducerStats:
+    sent: int = 0  # messages with a result
+    failed: int = 0  # messages whose future failed
+    requests: int = 0  # requests answered
+    retries: int = 0  # requests sent again after a broken stream
+    duplicates: int = 0  # answers the store gave from a request it had already stored
+    reconnects: int = 0  # streams opened after the first
+
+
+def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> _Request:
+    """One AppendRequest: a MessageBatch per topic, topics in order of first appearance; the
+    answer lists the messages batch after batch, so `messages` is reordered to match."""
+    by_topic: dict[str, list[_Message]] = {}
+    for m in messages:
+        by_topic.setdefault(m.topic, []).append(m)
+    ordered: list[_Message] = []
+    batches = []
+    born_ms = time.time_ns() // 1_000_000
+    for topic, group in by_topic.items():
+        ordered.extend(group)
+        flags = [m.sys_flag for m in group]
+        batches.append(
+            pb.MessageBatch(
+                topic=topic,
+                queue_ids=[m.queue_id for m in group],
+                bodies=[m.body for m in group],
+                properties=[m.properties for m in group],
+                sys_flags=flags if any(flags) else [],
+                born_timestamp_ms=born_ms,
+            )
+        )
+    request = pb.AppendRequest(batches=batches, producer_id=producer_id, sequence=sequence)
+    return _Request(sequence, request, ordered, sum(m.weight() for m in messages))
+
+
+def results_of(request: _Request, response: pb.AppendResponse) -> list[SendResult | ClientError]:
+    """Each message's outcome, in the order of `request.messages`."""
+    n = len(request.messages)
+    if len(response.statuses) != n or len(response.commit_log_offsets) != n:
+        bad = ClientError(
+            f"the store answered {len(response.statuses)} results for {n} messages",
+            code=grpc.StatusCode.INTERNAL,
+            method="CommitLog/AppendStream",
+        )
+        return [bad] * n
+    refusals = {r.index: r for r in response.refusals}
+    host = response.store_host
+    out: list[SendResult | ClientError] = []
+    for i, m in enumerate(request.messages):
+        status = response.statuses[i]
+        if status != _PUT_OK:
+            r = refusals.get(i)
+            name = pb.PutStatus.Name(status)
+            out.append(refusal(name, r.reason if r else "", field=r.field if r else "", index=i))
+            continue
+        offset = response.commit_log_offsets[i]
+        out.append(
+            SendResult(
+                topic=m.topic,
+                queue_id=m.queue_id,
+                queue_offset=response.queue_offsets[i],
+                commit_log_offset=offset,
+                msg_id=offset_msg_id(host, offset) if host else "",
+                uniq_key=m.uniq_key,
+                size=response.sizes[i],
+                store_timestamp_ms=response.store_timestamp_ms,
+                duplicate=response.duplicate,
+            )
+        )
+    return out
+
+
+class _Stream:
+    """One AppendStream call: requests go in through a queue, answers come out of `call`."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.requests: queue.SimpleQueue[pb.AppendRequest | None] = queue.SimpleQueue()
+        self.cancelled_by_us = False
+        self.call: Any = connection.commitlog().AppendStream(
+            self._requests(), metadata=connection.metadata
+        )
+
+    def _requests(self) -> Iterator[pb.AppendRequest]:
+        while True:
+            item = self.requests.get()
+            if item is None:
+                return
+            yield item
+
+    def end(self) -> None:
+        self.requests.put(None)
+
+    def cancel(self) -> None:
+        self.cancelled_by_us = True
+        self.end()
+        self.call.cancel()
+
+
+class Producer:
+    """A batching, pipelining, idempotent producer (thread-safe; one per process is typical).
+
+    `connection`: a shared Connection (left open on close), or ClientSettings / None for a
+    Connection of its own."""
+
+    def __init__(
+        self,
+        connection: Connection | ClientSettings | None = None,
+        *,
+        producer_id: str | None = None,
+        batch_messages: int = BATCH_MESSAGES_DEFAULT,
+        batch_bytes: int = BATCH_BYTES_DEFAULT,
+        linger_ms: float = LINGER_MS_DEFAULT,
+        window: int = WINDOW_DEFAULT,
+        queues_per_topic: int = QUEUES_PER_TOPIC_DEFAULT,
+        compression: Compression = Compression.ZLIB,
+        compress_over_bytes: int = COMPRESS_OVER_BYTES_DEFAULT,
+        retry_timeout_s: float = RETRY_TIMEOUT_S_DEFAULT,
+        request_timeout_s: float | None = None,
+        buffer_bytes: int = BUFFER_BYTES_DEFAULT,
+        block_timeout_s: float = BLOCK_TIMEOUT_S_DEFAULT,
+        limits: MessageLimits = MessageLimits(),  # noqa: B008
+    ) -> None:
+        if not 1 <= window <= WINDOW_MAX:
+            raise InvalidArgument(f"window must be 1..{WINDOW_MAX}", field="window")
+        if batch_messages < 1 or batch_messages > limits.batch_messages_max:
+            raise InvalidArgument(
+                f"batch_messages must be 1..{limits.batch_messages_max}", field="batch_messages"
+            )
+        if not 0 < batch_bytes <= REQUEST_BYTES_MAX:
+            raise InvalidArgument(
+                f"batch_bytes must be 1..{REQUEST_BYTES_MAX}", field="batch_bytes"
+            )
+        if linger_ms < 0 or queues_per_topic < 1 or retry_timeout_s <= 0 or buffer_bytes < 1:
+            raise InvalidArgument(
+                "linger_ms >= 0, queues_per_topic >= 1, retry_timeout_s > 0 and buffer_bytes "
+                ">= 1 are required"
+            )
+        if isinstance(connection, Connection):
+            self._conn, self._own_conn = connection, False
+        else:
+            self._conn, self._own_conn = Connection(connection), True
+        self.producer_id = producer_id or f"mqstore-py-{uuid.uuid4().hex}"
+        if not self.producer_id or len(self.producer_id.encode()) > 256:
+            raise InvalidArgument("producer_id must be 1..256 bytes", field="producer_id")
+        self.batch_messages = batch_messages
+        self.batch_bytes = batch_bytes
+        self.linger_s = linger_ms / 1000
+        self.window = window
+        self.queues_per_topic = queues_per_topic
+        self.compression = compression
+        self.compress_over_bytes = compress_over_bytes
+        self.retry_timeout_s = retry_timeout_s
+        self.request_timeout_s = request_timeout_s or self._conn.settings.timeout_s
+        self.buffer_bytes = buffer_bytes
+        self.block_timeout_s = block_timeout_s
+        self.limits = limits
+        self.stats = ProducerStats()
+
+        self._ids = UniqIdGenerator()
+        self._round_robin = itertools.count()
+        self._sequences = itertools.count(1)
+        self._cond = threading.Condition()
+        self._open: list[_Message] = []
+        self._open_weight = 0
+        self._open_since = 0.0
+        self._sealed: deque[_Request] = deque()
+        self._inflight: deque[_Request] = deque()
+        self._buffered = 0  # weight of messages without a result yet
+        self._flushing = 0
+        self._closing = False
+        self._closed = False
+        self._stream: _Stream | None = None
+        self._streams_opened = 0
+        self._retry_at = 0.0
+        self._failing_since: float | None = None
+        self._backoff_s = BACKOFF_FIRST_S
+        self._sender = threading.Thread(target=self._run, name="mqstore-producer", daemon=True)
+        self._sender.start()
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        key: str | None = None,
+        keys: list[str] | None = None,
+        tags: str = "",
+        properties: Mapping[str, str] | None = None,
+        queue_id: int | None = None,
+        uniq_key: str | None = None,
+    ) -> Future[SendResult]:
+        """Queue one message; the future resolves once the store answered for it. Bad input
+        raises InvalidArgument here, before anything is queued."""
+        message = self._prepare(topic, body, key, keys, tags, properties, queue_id, uniq_key)
+        weight = message.weight()
+        deadline = time.monotonic() + self.block_timeout_s
+        with self._cond:
+            while self._buffered + weight > self.buffer_bytes and self._buffered > 0:
+                if self._closing:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ResourceExhausted(
+                        f"the producer's buffer ({self.buffer_bytes} bytes) stayed full for "
+                        f"{self.block_timeout_s} s: the store is not keeping up or unreachable"
+                    )
+                self._cond.wait(left)
+            if self._closing:
+                raise InvalidArgument("the producer is closed")
+            if not self._open:
+                self._open_since = time.monotonic()
+            self._open.append(message)
+            self._open_weight += weight
+            self._buffered += weight
+            if len(self._open) >= self.batch_messages or self._open_weight >= self.batch_bytes:
+                self._seal()
+                self._cond.notify_all()
+            elif len(self._open) == 1:
+                self._cond.notify_all()
+        return message.future
+
+    def send_sync(self, topic: str, body: bytes, **options: Any) -> SendResult:
+        """Send one message and wait for its result (lingers no longer than needed: flushes)."""
+        future = self.send(topic, body, **options)
+        with self._cond:
+            if self._open and self._open[-1].future is future:
+                self._seal()
+                self._cond.notify_all()
+        return future.result()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every message sent so far has its result (success or failure)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            self._flushing += 1
+            try:
+                if self._open:
+                    self._seal()
+                self._cond.notify_all()
+                while self._open or self._sealed or self._inflight:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError(f"flush did not finish within {timeout_s} s")
+                    self._cond.wait(left)
+            finally:
+                self._flushing -= 1
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush, end the stream, stop the threads; close the connection if it is ours."""
+        if self._closed:
+            return
+        try:
+            self.flush(timeout_s)
+        finally:
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            self._sender.join(timeout_s)
+            self._closed = True
+            if self._own_conn:
+                self._conn.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- message preparation (the caller's thread) ---------------------------------------------
+
+    def _prepare(
+        self,
+        topic: str,
+        body: bytes,
+        key: str | None,
+        keys: list[str] | None,
+        tags: str,
+        properties: Mapping[str, str] | None,
+        queue_id: int | None,
+        uniq_key: str | None,
+    ) -> _Message:
+        try:
+            validate_topic(topic, self.limits)
+        except domain.InvalidArgument as exc:
+            raise InvalidArgument(str(exc), field="topic") from None
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise InvalidArgument("a body is bytes", field="body")
+        body = bytes(body)
+        if len(body) > self.limits.body_bytes_max:
+            raise InvalidArgument(
+                f"body is {len(body)} bytes, over the {self.limits.body_bytes_max}-byte limit",
+                field="body",
+            )
+        all_keys = ([key] if key else []) + list(keys or [])
+        if any(not k or KEY_SEPARATOR in k for k in all_keys):
+            raise InvalidArgument("keys must be non-empty and hold no space", field="keys")
+        if queue_id is None:
+            if all_keys:
+                queue_id = abs(java_string_hash(all_keys[0])) % self.queues_per_topic
+            else:
+                queue_id = next(self._round_robin) % self.queues_per_topic
+        elif not 0 <= queue_id <= self.limits.queue_id_max:
+            raise InvalidArgument(
+                f"queue_id must be 0..{self.limits.queue_id_max}", field="queue_id"
+            )
+        uniq = uniq_key or self._ids.next_id()
+        props: dict[str, str] = dict(properties or {})
+        if tags:
+            props[TAGS] = tags
+        if all_keys:
+            props[KEYS] = KEY_SEPARATOR.join(all_keys)
+        props[UNIQ_KEY] = uniq
+        try:
+            encoded = encode_properties(props)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), field="properties") from None
+        if len(encoded) > self.limits.properties_bytes_max:
+            raise InvalidArgument(
+                f"properties are {len(encoded)} bytes encoded, over the "
+                f"{self.limits.properties_bytes_max}-byte limit",
+                field="properties",
+            )
+        sys_flag = 0
+        if len(body) > self.compress_over_bytes:
+            body, sys_flag = compress(body, self.compression)
+        return _Message(topic, queue_id, body, encoded, sys_flag, uniq, Future())
+
+    # -- the sender thread ----------------------------------------------------------------------
+
+    def _seal(self) -> None:
+        """Turn the open batch into a request with the next sequence (under the lock)."""
+        request = build_request(self.producer_id, next(self._sequences), self._open)
+        self._sealed.append(request)
+        self._open = []
+        self._open_weight = 0
+
+    def _run(self) -> None:
+        while True:
+            to_fail: list[tuple[_Request, ClientError]] = []
+            open_stream = False
+            with self._cond:
+                if self._closing and not (self._open or self._sealed or self._inflight):
+                    break
+                now = time.monotonic()
+                if self._open and (
+                    now - self._open_since >= self.linger_s or self._flushing or self._closing
+                ):
+                    self._seal()
+                work = self._sealed or self._inflight
+                if work and self._stream is None:
+                    if self._failing_since is not None and (
+                        now - self._failing_since >= self.retry_timeout_s
+                    ):
+                        err = Unavailable(
+                            f"the commit log did not take the messages within "
+                            f"{self.retry_timeout_s} s of retries",
+                            method="CommitLog/AppendStream",
+                        )
+                        to_fail = [(r, err) for r in (*self._inflight, *self._sealed)]
+                        self._inflight.clear()
+                        self._sealed.clear()
+                        self._failing_since = None
+                    elif now >= self._retry_at:
+                        open_stream = True
+                if self._stream is not None:
+                    while self._sealed and len(self._inflight) < self.window:
+                        r = self._sealed.popleft()
+                        r.sent_at = now
+                        self._inflight.append(r)
+                        self._stream.requests.put(r.request)
+                    head = self._inflight[0] if self._inflight else None
+                    if head is not None and now - head.sent_at > self.request_timeout_s:
+                        self._stream.cancel()  # the receiver retries what is unanswered
+                        head.sent_at = now
+                if not (open_stream or to_fail):
+                    self._cond.wait(self._next_wake(now))
+            for r, failure in to_fail:
+                self._finish(r, [failure] * len(r.messages))
+            if open_stream:
+                self._open_stream()
+        with self._cond:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.end()
+
+    def _next_wake(self, now: float) -> float:
+        waits = [1.0]
+        if self._open:
+            waits.append(self._open_since + self.linger_s - now)
+        if self._inflight:
+            waits.append(self._inflight[0].sent_at + self.request_timeout_s - now)
+        if self._stream is None and (self._sealed or self._inflight):
+            waits.append(self._retry_at - now)
+        return max(0.001, min(waits))
+
+    def _open_stream(self) -> None:
+        try:
+            stream = _Stream(self._conn)
+        except ClientError as err:  # the connection is closed
+            with self._cond:
+                failed = [*self._inflight, *self._sealed]
+                self._inflight.clear()
+                self._sealed.clear()
+            for r in failed:
+                self._finish(r, [err] * len(r.messages))
+            return
+        with self._cond:
+            if self._streams_opened:
+                self.stats.reconnects += 1
+            self._streams_opened += 1
+            self._stream = stream
+            # Unanswered requests of the broken stream go first, in order.
+            pending = list(self._inflight)
+            self._inflight.clear()
+            self._sealed.extendleft(reversed(pending))
+            self.stats.retries += len(pending)
+            self._cond.notify_all()
+        threading.Thread(
+            target=self._receive, args=(stream,), name="mqstore-producer-recv", daemon=True
+        ).start()
+
+    def _receive(self, stream: _Stream) -> None:
+        error: ClientError | None = None
+        try:
+            for response in stream.call:
+                with self._cond:
+                    if self._stream is not stream or not self._inflight:
+                        break
+                    head = self._inflight[0]
+                    if response.sequence != head.sequence:
+                        error = ClientError(
+                            f"answer for sequence {response.sequence}, expected {head.sequence}",
+                            code=grpc.StatusCode.INTERNAL,
+                        )
+                        break
+                    self._inflight.popleft()
+                    self._failing_since = None
+                    self._backoff_s = BACKOFF_FIRST_S
+                    self.stats.requests += 1
+                    if response.duplicate:
+                        self.stats.duplicates += 1
+                self._finish(head, results_of(head, response))
+        except grpc.RpcError as err:
+            error = from_rpc_error(err, "CommitLog/AppendStream")
+        self._stream_ended(stream, error)
+
+    def _stream_ended(self, stream: _Stream, error: ClientError | None) -> None:
+        """A stream ended: retry what it left unanswered; a whole-request refusal fails the
+        request it belongs to (the first unanswered: the store answers in order)."""
+        failed: _Request | None = None
+        with self._cond:
+            if self._stream is not stream:
+                return
+            self._stream = None
+            stream.end()
+            retryable = error is None or error.code in _RETRYABLE or stream.cancelled_by_us
+            if not self._inflight and error is None:
+                self._cond.notify_all()
+                return
+            if retryable:
+                self._back_off()
+            elif self._inflight:
+                failed = self._inflight.popleft()
+            elif self._sealed:  # refused before a request was written (no token, say)
+                failed = self._sealed.popleft()
+            self._cond.notify_all()
+        if failed is not None and error is not None:
+            self._finish(failed, [error] * len(failed.messages))
+
+    def _back_off(self) -> None:
+        """The next stream opens after a pause that doubles up to BACKOFF_MAX_S (under the
+        lock); retries end `retry_timeout_s` after the first failure without an answer."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        self._retry_at = now + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+
+    def _finish(self, request: _Request, outcomes: list[SendResult | ClientError]) -> None:
+        ok = 0
+        for m, outcome in zip(request.messages, outcomes, strict=True):
+            if isinstance(outcome, SendResult):
+                m.future.set_result(outcome)
+                ok += 1
+            else:
+                m.future.set_exception(outcome)
+        with self._cond:
+            self.stats.sent += ok
+            self.stats.failed += len(outcomes) - ok
+            self._buffered -= request.weight
+            self._cond.notify_all()
+
+
+class AsyncProducer:
+    """The asyncio flavour: the same batching, pipelining and retries (run by the producer's
+    threads), with awaitable results. `send` never blocks the event loop: when the buffer is
+    full it waits in an executor.
+
+        async with AsyncProducer(settings) as p:
+            result = await p.send("orders", b"...", key="order-42")
+    """
+
+    def __init__(
+        self, connection: Connection | ClientSettings | None = None, **options: Any
+    ) -> None:
+        self.producer = Producer(connection, **options)
+
+    @property
+    def stats(self) -> ProducerStats:
+        return self.producer.stats
+
+    def send_nowait(self, topic: str, body: bytes, **options: Any) -> asyncio.Future[SendResult]:
+        """Queue a message now (raises on bad input; may block briefly on a full buffer) and
+        return a future for its result."""
+        return asyncio.wrap_future(self.producer.send(topic, body, **options))
+
+    async def send(self, topic: str, body: bytes, **options: Any) -> SendResult:
+        p = self.producer
+        if p._buffered >= p.buffer_bytes:  # full: wait for room off the event loop
+            loop = asyncio.get_running_loop()
+            future = await loop.run_in_executor(None, lambda: p.send(topic, body, **options))
+            return await asyncio.wrap_future(future)
+        return await asyncio.wrap_future(p.send(topic, body, **options))
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.producer.flush, timeout_s)
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.producer.close, timeout_s)
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

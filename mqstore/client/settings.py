@@ -1,0 +1,122 @@
+"""Where the services are and how to talk to them.
+
+    ClientSettings()                       the addresses `mqstore up` listens on
+    ClientSettings.from_env()              MQSTORE_COMMITLOG, MQSTORE_CQ, MQSTORE_INDEX (comma
+                                           separated), MQSTORE_TOKEN_FILE, MQSTORE_TLS_CA,
+                                           MQSTORE_TLS_CERT, MQSTORE_TLS_KEY, MQSTORE_TIMEOUT_S
+
+Index replicas are listed flat: the SDK asks each which shard it holds (GetStatus) and sends a
+query to a caught-up replica of the key's shard. Consume-queue replicas are equivalent: calls
+go to the first that answers, and move on when one is unavailable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from mqstore.errors import InvalidArgument
+from mqstore.launcher import DEFAULT_PORTS
+
+CALL_TIMEOUT_S_DEFAULT = 10.0
+# A long poll waits on the server up to this long; the call's deadline adds the timeout to it.
+LONG_POLL_MS_DEFAULT = 20_000
+
+
+def _local(package: str) -> str:
+    return f"127.0.0.1:{DEFAULT_PORTS[package][0]}"
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """TLS material, as file paths. `ca_file` None trusts the system's roots; `cert_file` and
+    `key_file` together present a client certificate (mutual TLS); `server_name` overrides the
+    name checked against the servers' certificates."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise InvalidArgument("a client certificate needs both cert_file and key_file")
+
+    def credentials_bytes(self) -> tuple[bytes | None, bytes | None, bytes | None]:
+        """(root CAs, private key, certificate chain), read from the files."""
+        return (_read(self.ca_file), _read(self.key_file), _read(self.cert_file))
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    commitlog: str = field(default_factory=lambda: _local("commitlog_svc"))
+    cq: tuple[str, ...] = field(default_factory=lambda: (_local("cq_svc"),))
+    index: tuple[str, ...] = field(default_factory=lambda: (_local("index_svc"),))
+    tls: TlsSettings | None = None
+    # A bearer token, or a file holding one (preferred: secrets stay out of argv and logs).
+    token: str | None = field(default=None, repr=False)
+    token_file: str | None = None
+    # The deadline of every unary call; long polls add their wait to it.
+    timeout_s: float = CALL_TIMEOUT_S_DEFAULT
+
+    def __post_init__(self) -> None:
+        if not self.commitlog:
+            raise InvalidArgument("the commit log's address is required", field="commitlog")
+        if isinstance(self.cq, str) or isinstance(self.index, str):
+            raise InvalidArgument("cq and index are tuples of addresses, not a string")
+        if self.timeout_s <= 0:
+            raise InvalidArgument("timeout_s must be positive", field="timeout_s")
+        if self.token is not None and self.token_file is not None:
+            raise InvalidArgument("give a token or a token file, not both", field="token")
+
+    def bearer_token(self) -> str | None:
+        if self.token_file is not None:
+            token = _read(self.token_file)
+            assert token is not None
+            return token.decode("utf-8").strip() or None
+        return self.token
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ClientSettings:
+        """Settings from MQSTORE_* variables; keyword arguments win over the environment."""
+        env = os.environ if env is None else env
+        kwargs: dict[str, object] = {}
+        if env.get("MQSTORE_COMMITLOG"):
+            kwargs["commitlog"] = env["MQSTORE_COMMITLOG"]
+        for key, var in (("cq", "MQSTORE_CQ"), ("index", "MQSTORE_INDEX")):
+            if env.get(var):
+                kwargs[key] = split_addresses(env[var])
+        if env.get("MQSTORE_TOKEN_FILE"):
+            kwargs["token_file"] = env["MQSTORE_TOKEN_FILE"]
+        if env.get("MQSTORE_TIMEOUT_S"):
+            try:
+                kwargs["timeout_s"] = float(env["MQSTORE_TIMEOUT_S"])
+            except ValueError:
+                raise InvalidArgument(
+                    "MQSTORE_TIMEOUT_S must be a number of seconds", field="MQSTORE_TIMEOUT_S"
+                ) from None
+        tls = {
+            name: env[var]
+            for name, var in (
+                ("ca_file", "MQSTORE_TLS_CA"),
+                ("cert_file", "MQSTORE_TLS_CERT"),
+                ("key_file", "MQSTORE_TLS_KEY"),
+            )
+            if env.get(var)
+        }
+        if tls:
+            kwargs["tls"] = TlsSettings(**tls)
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def split_addresses(text: str) -> tuple[str, ...]:
+    return tuple(a.strip() for a in text.split(",") if a.strip())

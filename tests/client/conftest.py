@@ -1,0 +1,74 @@
+"""A real store for the SDK tests: commitlog_svc, one cq_svc and one index_svc as processes on
+loopback (ephemeral ports, a temp data directory), shared by the tests of a module.
+
+Tests that restart a service take `fresh_cluster` (their own store) so they cannot disturb the
+others. Topics are unique per test (`topic` fixture), so tests sharing a store stay apart.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mqstore.client.settings import ClientSettings
+from tests.e2e.cluster import Cluster
+
+# Small index files: RocketMQ's default 420 MB file per replica is too much for a test.
+INDEX_ARGS = ("--slot-num", "4096", "--entry-num", "16384")
+_topics = itertools.count()
+
+
+def start_cluster(root: Path, *, flush: str = "sync") -> Cluster:
+    c = Cluster(root, flush=flush)
+    try:
+        c.start_commitlog()
+        c.add("cq_svc", "cq")
+        c.add("index_svc", "index", *INDEX_ARGS)
+        c.start("cq")
+        c.start("index")
+    except BaseException:
+        c.stop_all()
+        raise
+    return c
+
+
+def settings_for(c: Cluster, **overrides: object) -> ClientSettings:
+    return ClientSettings(
+        commitlog=c.commitlog.target,
+        cq=(c.followers["cq"].target,),
+        index=(c.followers["index"].target,),
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path_factory.mktemp("store"))
+    try:
+        yield c
+    finally:
+        c.stop_all()
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path / "store")
+    try:
+        yield c
+    finally:
+        c.stop_all()
+
+
+@pytest.fixture
+def settings(cluster: Cluster) -> ClientSettings:
+    return settings_for(cluster)
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    """A topic no other test uses (RocketMQ's topic pattern: letters, digits, _ and -)."""
+    name = "".join(ch if ch.isalnum() else "_" for ch in request.node.name)[:80]
+    return f"{name}_{next(_topics)}"

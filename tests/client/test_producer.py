@@ -1,0 +1,287 @@
+"""The Producer against real services: batching, queue choice, compression, refusals, bad
+input, the asyncio flavour, and retries that never store a message twice across a kill -9 of
+the commit log."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+import pytest
+
+from mqstore.client import AsyncProducer, Compression, Message, Producer, SendResult
+from mqstore.client.errors import InvalidArgument, MessageRefused, Unavailable
+from mqstore.client.settings import ClientSettings
+from mqstore.formats import sysflag
+from mqstore.formats.javahash import java_string_hash
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
+from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
+from mqstore.storage.simdisk import SimDisk
+from tests.commitlog_svc.conftest import start  # noqa: F401  (fixture)
+from tests.commitlog_svc.support import FILE_BYTES, Running
+from tests.e2e.cluster import Cluster
+
+from .conftest import settings_for
+
+pytestmark = pytest.mark.timeout(180)
+T = TypeVar("T")
+
+
+def wait_for(value: Callable[[], T | None], timeout_s: float = 30.0) -> T:
+    """The first value that is not None (polled)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = value()
+        if got is not None:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"nothing within {timeout_s} s: {value}")
+
+
+def read_back(cluster: Cluster, results: list[SendResult]) -> list[Message]:
+    """The stored messages of `results`, read from the commit log by offset."""
+    stub = cluster.commitlog_stub()
+    response = stub.Read(
+        cl.ReadRequest(
+            offsets=[r.commit_log_offset for r in results], sizes=[r.size for r in results]
+        ),
+        timeout=10,
+    )
+    assert list(response.statuses) == [cl.READ_OK] * len(results)
+    return [Message.from_record(raw) for raw in response.records]
+
+
+def pull_queue(cluster: Cluster, topic: str, queue_id: int) -> list[Message]:
+    stub = cluster.cq_stub("cq")
+    out: list[Message] = []
+    offset = 0
+    while True:
+        r = stub.Pull(
+            cq.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=1000),
+            timeout=10,
+        )
+        if r.status != cq.FOUND:
+            return out
+        out.extend(Message.from_record(raw) for raw in r.records)
+        offset = r.next_begin_offset
+
+
+def test_send_stores_the_message_with_its_key_tags_properties_and_a_unique_id(
+    cluster: Cluster, settings: ClientSettings, topic: str
+) -> None:
+    with Producer(settings) as p:
+        result = p.send_sync(
+            topic, b"hello", key="order-42", tags="created", properties={"region": "eu"}
+        )
+    assert result.topic == topic and result.queue_offset == 0 and not result.duplicate
+    assert result.queue_id == abs(java_string_hash("order-42")) % 4
+    assert len(result.uniq_key) == 32 and len(result.msg_id) == 32
+    (stored,) = read_back(cluster, [result])
+    assert stored.body == b"hello" and stored.keys == ["order-42"] and stored.tags == "created"
+    assert stored.properties["region"] == "eu" and stored.uniq_key == result.uniq_key
+    assert stored.msg_id == result.msg_id and stored.queue_id == result.queue_id
+
+
+def test_messages_are_batched_by_count_and_by_bytes(settings: ClientSettings, topic: str) -> None:
+    with Producer(settings, batch_messages=1_000, linger_ms=10_000) as p:
+        futures = [p.send(topic, b"m%d" % i, queue_id=0) for i in range(2_500)]
+        p.flush()
+        assert p.stats.requests == 3  # 1,000 + 1,000 + the 500 flushed
+    results = [f.result() for f in futures]
+    assert [r.queue_offset for r in results] == list(range(2_500))
+
+    with Producer(settings, batch_bytes=10_000, linger_ms=10_000) as p:
+        for _ in range(20):
+            p.send(topic, b"x" * 1_000, queue_id=1)
+        p.flush()
+        assert p.stats.requests >= 2  # ~1,100 bytes a message: at most 10 per request
+
+
+def test_a_lone_message_is_sent_after_the_linger_without_a_flush(
+    settings: ClientSettings, topic: str
+) -> None:
+    with Producer(settings, linger_ms=20) as p:
+        future = p.send(topic, b"lonely")
+        assert future.result(timeout=10).queue_offset == 0
+
+
+def test_queues_by_key_hash_round_robin_or_given(settings: ClientSettings, topic: str) -> None:
+    with Producer(settings, queues_per_topic=3) as p:
+        keyed = [p.send(topic, b"k", key="same-key") for _ in range(5)]
+        spread = [p.send(topic, b"r") for _ in range(6)]
+        given = p.send(topic, b"g", queue_id=7)
+        p.flush()
+    assert {f.result().queue_id for f in keyed} == {abs(java_string_hash("same-key")) % 3}
+    assert sorted(f.result().queue_id for f in spread) == [0, 0, 1, 1, 2, 2]
+    assert given.result().queue_id == 7
+
+
+@pytest.mark.parametrize(
+    ("kind", "bits"),
+    [
+        (Compression.ZLIB, sysflag.COMPRESSION_ZLIB),
+        (Compression.LZ4, sysflag.COMPRESSION_LZ4),
+        (Compression.ZSTD, sysflag.COMPRESSION_ZSTD),
+    ],
+)
+def test_large_bodies_are_compressed_marked_in_sysflag_and_read_back_whole(
+    cluster: Cluster, settings: ClientSettings, topic: str, kind: Compression, bits: int
+) -> None:
+    big = b"compressible text " * 1_000
+    random = os.urandom(8_000)  # compression would not help: stored as it is
+    small = b"short"
+    with Producer(settings, compression=kind) as p:
+        futures = [p.send(topic, body, queue_id=0) for body in (big, random, small)]
+        p.flush()
+    results = [f.result() for f in futures]
+    assert results[0].size < len(big) // 4
+    stored = read_back(cluster, results)
+    assert [m.body for m in stored] == [big, random, small]
+    flags = [m.sys_flag for m in stored]
+    assert flags[0] & sysflag.COMPRESSED and flags[0] & sysflag.COMPRESSION_TYPE_MASK == bits
+    assert not flags[1] & sysflag.COMPRESSED and not flags[2] & sysflag.COMPRESSED
+    # the consume-queue path hands the original body out too
+    pulled = wait_for(lambda: pull_queue(cluster, topic, 0) or None)
+    assert [m.body for m in pulled] == [big, random, small]
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda p: p.send("bad topic!", b"x"), "topic"),
+        (lambda p: p.send("T", b"x" * (4 * 1024 * 1024 + 1)), "body"),
+        (lambda p: p.send("T", b"x", key="has space"), "keys"),
+        (lambda p: p.send("T", b"x", properties={"a": "b\x01c"}), "properties"),
+        (lambda p: p.send("T", b"x", queue_id=-1), "queue_id"),
+        (lambda p: p.send("T", "not bytes"), "body"),
+    ],
+)
+def test_bad_input_is_refused_at_send_before_anything_is_queued(
+    settings: ClientSettings, call: Callable[[Producer], object], field: str
+) -> None:
+    with Producer(settings) as p:
+        with pytest.raises(InvalidArgument) as info:
+            call(p)
+        assert info.value.field == field and info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert p.stats.requests == 0
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match="window"):
+        Producer(ClientSettings(), window=6)
+    with pytest.raises(InvalidArgument, match="batch_messages"):
+        Producer(ClientSettings(), batch_messages=10_001)
+
+
+def test_a_request_the_store_refuses_fails_its_messages_and_the_producer_goes_on(
+    settings: ClientSettings, topic: str
+) -> None:
+    with Producer(settings, linger_ms=10_000) as p:
+        bad = p.send(topic, b"x", properties={"MQS_PSEQ": "forged"})  # reserved for the store
+        p.flush()
+        good = p.send_sync(topic, b"after")
+    with pytest.raises(InvalidArgument) as info:
+        bad.result()
+    assert "MQS_PSEQ" in info.value.details and info.value.field.endswith(".properties")
+    assert good.queue_offset >= 0 and p.stats.failed == 1
+
+
+def test_a_full_disk_fails_sends_with_resource_exhausted_and_sends_resume_after(
+    start: Callable[..., Running],  # noqa: F811
+) -> None:
+    disk = SimDisk()
+    svc = start("/store", disk=disk)
+    settings = ClientSettings(commitlog=svc.target, cq=(), index=())
+    with Producer(settings) as p:
+        last = 0
+        while last < FILE_BYTES - 2_000:
+            last = p.send_sync("T", b"x" * 500, queue_id=0).commit_log_offset
+        disk.capacity_bytes = disk.used_bytes() + 1_000  # room for small files, not a segment
+        with pytest.raises(MessageRefused) as info:
+            for _ in range(500):
+                p.send_sync("T", b"x" * 500, queue_id=0)
+        assert info.value.put_status == "CREATE_MAPPED_FILE_FAILED"
+        assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "disk full" in str(info.value)
+        disk.capacity_bytes = 1 << 40
+        svc.engine._disk_full_until_ms = 0.0  # skip the rest of the store's retry window
+        again = p.send_sync("T", b"x" * 500, queue_id=0)
+        assert again.commit_log_offset == FILE_BYTES  # the next segment, created now
+
+
+def test_sends_fail_with_unavailable_once_the_retry_timeout_passes() -> None:
+    settings = ClientSettings(commitlog="127.0.0.1:1", timeout_s=1.0)  # nothing listens
+    with Producer(settings, retry_timeout_s=0.5) as p:
+        future = p.send("T", b"x")
+        with pytest.raises(Unavailable):
+            future.result(timeout=30)
+        assert p.stats.failed == 1
+
+
+def test_the_asyncio_producer_awaits_results_in_order(
+    cluster: Cluster, settings: ClientSettings, topic: str
+) -> None:
+    async def main() -> list[SendResult]:
+        async with AsyncProducer(settings, linger_ms=1) as p:
+            first = await p.send(topic, b"first", queue_id=0)
+            rest = [p.send_nowait(topic, b"m%d" % i, queue_id=0) for i in range(100)]
+            await p.flush()
+            return [first, *await asyncio.gather(*rest)]
+
+    results = asyncio.run(main())
+    assert [r.queue_offset for r in results] == list(range(101))
+    assert [m.body for m in read_back(cluster, results[:3])] == [b"first", b"m0", b"m1"]
+
+
+@pytest.mark.slow
+def test_a_kill_9_of_the_commit_log_mid_produce_loses_nothing_and_duplicates_nothing(
+    fresh_cluster: Cluster, topic: str
+) -> None:
+    """Acknowledged under flush: sync, so every result survives; retries carry the request's
+    sequence, so a request stored before the kill is answered as a duplicate, not stored
+    again."""
+    cluster = fresh_cluster
+    total = 6_000
+    results: list[SendResult] = []
+    sent = threading.Event()
+    with Producer(settings_for(cluster), batch_messages=200, linger_ms=1) as p:
+
+        def produce() -> None:
+            futures = []
+            for i in range(total):
+                futures.append(p.send(topic, b"body-%d" % i, queue_id=i % 2))
+                if i == total // 3:
+                    sent.set()
+                if i % 200 == 0:
+                    time.sleep(0.01)  # spread the sends over the restart
+            results.extend(f.result(timeout=60) for f in futures)
+
+        worker = threading.Thread(target=produce)
+        worker.start()
+        assert sent.wait(30)
+        cluster.commitlog.kill()
+        cluster.restart_commitlog()
+        worker.join(90)
+        assert not worker.is_alive()
+        assert p.stats.reconnects >= 1 and p.stats.failed == 0
+
+    assert len(results) == total
+
+    def both_queues() -> list[list[Message]] | None:
+        queues = [pull_queue(cluster, topic, q) for q in (0, 1)]
+        return queues if sum(map(len, queues)) >= total else None
+
+    stored = wait_for(both_queues, timeout_s=60)
+    bodies = Counter(msg.body for queue in stored for msg in queue)
+    assert len(bodies) == total and set(bodies.values()) == {1}, "each message exactly once"
+    for q, queue in enumerate(stored):
+        assert [m.body for m in queue] == [b"body-%d" % i for i in range(q, total, 2)]
+    assert {r.commit_log_offset for r in results} == {
+        m.commit_log_offset for queue in stored for m in queue
+    }
