@@ -12,7 +12,13 @@ from mqstore.client.compression import Compression
 from mqstore.client.connection import AsyncConnection, Connection
 from mqstore.client.errors import ClientError, MessageRefused
 from mqstore.client.message import Message, ReceivedMessage
-from mqstore.client.producer import AsyncProducer, Producer, ProducerStats, SendResult
+from mqstore.client.producer import (
+    AsyncProducer,
+    Producer,
+    ProducerStats,
+    SendFuture,
+    SendResult,
+)
 from mqstore.client.settings import ClientSettings, TlsSettings
 
 __all__ = [
@@ -27,6 +33,7 @@ __all__ = [
     "Producer",
     "ProducerStats",
     "ReceivedMessage",
+    "SendFuture",
     "SendResult",
     "TlsSettings",
 ]

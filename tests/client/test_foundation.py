@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from mqstore import errors as domain
 from mqstore.client import errors
 from mqstore.client.compression import Compression, compress, compression_of, decompress
+from mqstore.client.producer import SendFuture, SendResult
 from mqstore.client.settings import ClientSettings, TlsSettings
 from mqstore.formats import sysflag
 
@@ -129,3 +130,20 @@ def test_bad_settings_are_refused(bad: dict[str, object]) -> None:
         ClientSettings(**bad)  # type: ignore[arg-type]
     with pytest.raises(domain.InvalidArgument):
         TlsSettings(cert_file="/c.pem")
+
+
+def test_a_send_future_waits_times_out_and_calls_back_once_resolved() -> None:
+    future = SendFuture()
+    seen: list[bool] = []
+    future.add_done_callback(lambda f: seen.append(f.done()))
+    with pytest.raises(TimeoutError):
+        future.result(timeout=0.01)
+    result = SendResult("T", 0, 1, 2, "ID", "U", 100, 5)
+    future._resolve(result, None)
+    assert future.result(timeout=0) is result and future.exception() is None
+    future.add_done_callback(lambda f: seen.append(f.done()))  # already done: called at once
+    assert seen == [True, True]
+    failed = SendFuture()
+    failed._resolve(None, errors.Unavailable("down"))
+    with pytest.raises(errors.Unavailable):
+        failed.result()
