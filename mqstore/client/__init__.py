@@ -10,6 +10,15 @@ from __future__ import annotations
 
 from mqstore.client.compression import Compression
 from mqstore.client.connection import AsyncConnection, Connection
+from mqstore.client.consumer import (
+    AckResult,
+    Consumer,
+    ConsumerStats,
+    Offset,
+    PullResult,
+    Start,
+    Timestamp,
+)
 from mqstore.client.errors import ClientError, MessageRefused
 from mqstore.client.message import Message, ReceivedMessage
 from mqstore.client.producer import (
@@ -22,6 +31,13 @@ from mqstore.client.producer import (
 from mqstore.client.settings import ClientSettings, TlsSettings
 
 __all__ = [
+    "AckResult",
+    "Consumer",
+    "ConsumerStats",
+    "Offset",
+    "PullResult",
+    "Start",
+    "Timestamp",
     "AsyncConnection",
     "AsyncProducer",
     "ClientError",

@@ -1,0 +1,1106 @@
+"""Consumer: read a topic by offset (pull, iterate, commit) or per message (receive / ack).
+
+Pull mode keeps the positions on the client: `position(q)` is the next offset to hand out of
+queue q. Nothing on the server moves when a message is read, so a pull can be repeated at
+will, and a restart of cq_svc or commitlog_svc costs a pause, never a message or a duplicate.
+
+    start       where each queue's position comes from, the first time it is needed:
+                  "earliest" / "latest"   the queue's min / max offset (GetQueueInfo)
+                  "committed"             the group's offset (FetchOffset); where the group
+                                          never committed (-1), `fallback`
+                  Offset(n) / {q: n}      as given
+                  Timestamp(ms, b)        GetOffsetByTime, "lower" or "upper" boundary
+    pull        one queue, one batch, from a given offset (raw: positions do not move)
+    poll        the next messages of every assigned queue: one batch per queue per round,
+                queues taken in turn; when all are caught up, long polls (one per queue, at
+                most LONG_POLLS_MAX at once) until one answers, then the others are cancelled
+    messages    an iterator over poll's batches; a queue's position moves past a message
+                when the message is handed out, so `commit()` after handling it covers it
+
+A pull whose offset the store no longer holds (retention moved the queue's start: answers
+OFFSET_TOO_SMALL, MESSAGE_WAS_REMOVING, OFFSET_FOUND_NULL) moves to the store's correction
+and counts the offsets it stepped over in `stats.skipped` (data that cannot come back).
+OFFSET_OVERFLOW_BADLY (past the end) moves back to the end; NO_MATCHED_MESSAGE (a tag filter
+skipped everything scanned) moves on past what was scanned.
+
+Every call goes through `Connection.call_cq` (which tries the next cq replica on UNAVAILABLE).
+When every replica is unavailable, the consumer backs off (BACKOFF_INITIAL_S doubling to
+BACKOFF_MAX_S) and asks again from its position; after `reconnect_timeout_s` of nothing but
+UNAVAILABLE it raises Unavailable. `poll(timeout_s)` returns [] when its own time runs out
+first (the outage keeps counting towards reconnect_timeout_s across polls).
+
+Receive / ack (RocketMQ 5's simple consumer) keeps the state on the server instead: a received
+message is invisible to the group for a while and comes back unless acknowledged, so that mode
+is at-least-once.
+
+A Consumer is used from one thread at a time (as Kafka's): auto commit happens inside poll /
+messages when its interval has passed, and on close.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+import grpc
+
+from mqstore import errors as domain
+from mqstore.client.connection import Connection
+from mqstore.client.errors import (
+    Cancelled,
+    ClientError,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    from_rpc_error,
+)
+from mqstore.client.message import Message, ReceivedMessage
+from mqstore.client.settings import LONG_POLL_MS_DEFAULT, ClientSettings
+from mqstore.formats.record import validate_topic
+from mqstore.limits import TOPIC_PATTERN, MessageLimits
+from mqstore.rpc.gen.common.v1 import common_pb2
+from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# RocketMQ's client pulls 32 messages per request (pullBatchSize); the server caps at 1,024.
+PULL_MESSAGES_DEFAULT = 32
+PULL_MESSAGES_MAX = 1_024
+# Receive: RocketMQ 5's simple consumer asks for 16 at a time, invisible for 30 s.
+RECEIVE_MESSAGES_DEFAULT = 16
+INVISIBLE_DURATION_MS_DEFAULT = 30_000
+# The server takes at most this many receipts per Ack (its receive_messages_max).
+ACK_HANDLES_MAX = 1_024
+AUTO_COMMIT_INTERVAL_S_DEFAULT = 5.0
+# Kafka's consumer re-reads the partition list every 5 minutes; a topic's queues appear the
+# first time something is written to them, and 5 s is soon enough for a follower to notice
+# while costing one ListQueues per 5 s.
+QUEUE_REFRESH_INTERVAL_S_DEFAULT = 5.0
+# A restart of cq_svc (replay included) or commitlog_svc takes seconds: 30 s of nothing but
+# UNAVAILABLE is an outage worth telling the caller about.
+RECONNECT_TIMEOUT_S_DEFAULT = 30.0
+# Retry pauses while every replica is unavailable: from 50 ms (a replica failing over answers
+# at once), doubling, to 1 s (a consumer costs one call a second while it waits).
+BACKOFF_INITIAL_S = 0.05
+BACKOFF_MAX_S = 1.0
+# Long polls one consumer keeps waiting at once: cq_svc serves 32 at most (long_polls_max),
+# so one consumer of a wide topic must not take them all.
+LONG_POLLS_MAX = 8
+# When more queues are caught up than are watched by long polls, the wait is cut to this, so
+# that the unwatched queues are looked at again within a second.
+UNWATCHED_WAIT_MS = 1_000
+# With long polling off (long_poll_ms=0), a caught-up poll pauses this long between rounds
+# instead of spinning on the server.
+IDLE_PAUSE_S = 0.1
+# After RESOURCE_EXHAUSTED on a long poll (the server's waiters are all taken), pause before
+# looking again.
+BUSY_PAUSE_S = 0.2
+
+_LIMITS = MessageLimits()
+_PULL = "ConsumeQueue/Pull"
+
+StartName = Literal["earliest", "latest", "committed"]
+Fallback = Literal["earliest", "latest"]
+
+_BOUNDARIES = {"lower": common_pb2.LOWER, "upper": common_pb2.UPPER}
+# Statuses after which the offsets stepped over are gone for good (retention, removed files).
+_LOST = frozenset({pb.OFFSET_TOO_SMALL, pb.MESSAGE_WAS_REMOVING, pb.OFFSET_FOUND_NULL})
+# Statuses that say "nothing more at the end of this queue right now".
+_AT_END = frozenset({pb.OFFSET_OVERFLOW_ONE, pb.NO_MESSAGE_IN_QUEUE})
+
+
+@dataclass(frozen=True)
+class Offset:
+    """A start position: offset `n` of every queue."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        if self.n < 0:
+            raise InvalidArgument(f"offset {self.n} is negative", field="offset")
+
+
+@dataclass(frozen=True)
+class Timestamp:
+    """A store time in epoch milliseconds. boundary "lower": the first message stored at or
+    after it; "upper": the last message stored at or before it (RocketMQ's BoundaryType)."""
+
+    ms: int
+    boundary: str = "lower"
+
+    def __post_init__(self) -> None:
+        if self.ms < 0:
+            raise InvalidArgument(f"timestamp {self.ms} ms is negative", field="timestamp_ms")
+        if self.boundary not in _BOUNDARIES:
+            raise InvalidArgument(
+                f"boundary {self.boundary!r} is not 'lower' or 'upper'", field="boundary"
+            )
+
+    @property
+    def boundary_proto(self) -> common_pb2.Boundary.ValueType:
+        return _BOUNDARIES[self.boundary]
+
+
+Start = StartName | Offset | Timestamp | Mapping[int, int]
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """One Pull's answer, decoded. `status` is the GetMessageStatus name ("FOUND",
+    "OFFSET_OVERFLOW_ONE", ...); `next_offset` where the next pull of the queue starts."""
+
+    status: str
+    messages: list[Message]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
+class AckResult:
+    """`stale`: receipts that no longer matched (redelivered since, or acked already): not
+    acked. `committed_offsets`: each queue's group offset after the acks."""
+
+    acked: int
+    stale: list[str]
+    committed_offsets: dict[int, int]
+
+    @property
+    def committed_offset(self) -> int:
+        """The committed offset when the acks were of one queue."""
+        if len(self.committed_offsets) != 1:
+            raise InvalidArgument(
+                f"the acks touched {len(self.committed_offsets)} queues: see committed_offsets"
+            )
+        return next(iter(self.committed_offsets.values()))
+
+
+@dataclass
+class ConsumerStats:
+    """Counters since the consumer was made. `skipped`: per queue, offsets the store no
+    longer held when they were asked for (retention): messages lost to this consumer.
+    `reconnects`: outages (every replica UNAVAILABLE) that ended in an answer; `retries`:
+    calls repeated during them."""
+
+    pulls: int = 0
+    messages: int = 0
+    reconnects: int = 0
+    retries: int = 0
+    skipped: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+
+@dataclass
+class _Queue:
+    """Client-side state of one assigned queue."""
+
+    fetch_at: int  # where the next pull starts
+    position: int  # the next offset to hand out (== fetch_at when nothing is buffered)
+    buffer: deque[Message] = field(default_factory=deque)
+    # The last pull found nothing more at the queue's end (or reached it): a hint for poll,
+    # and what messages(follow=False) stops on.
+    caught_up: bool = False
+
+
+class Consumer:
+    """Reads one topic: pull mode (client positions, optional group commits) and receive/ack
+    mode (server-side invisibility, group required). See the module docstring."""
+
+    def __init__(
+        self,
+        connection: Connection | ClientSettings | None,
+        topic: str,
+        *,
+        group: str | None = None,
+        queues: Iterable[int] | None = None,
+        start: Start | None = None,
+        fallback: Fallback = "earliest",
+        tags: Sequence[str] | str = (),
+        max_messages: int = PULL_MESSAGES_DEFAULT,
+        long_poll_ms: int = LONG_POLL_MS_DEFAULT,
+        auto_commit: bool = False,
+        auto_commit_interval_s: float = AUTO_COMMIT_INTERVAL_S_DEFAULT,
+        reconnect_timeout_s: float = RECONNECT_TIMEOUT_S_DEFAULT,
+        queue_refresh_interval_s: float = QUEUE_REFRESH_INTERVAL_S_DEFAULT,
+    ) -> None:
+        self.topic = _check_topic(topic)
+        self.group = _check_group(group)
+        self.start: Start = _check_start(
+            ("committed" if group else "earliest") if start is None else start, self.group
+        )
+        if fallback not in ("earliest", "latest"):
+            raise InvalidArgument(
+                f"fallback {fallback!r} is not 'earliest' or 'latest'", field="fallback"
+            )
+        self.fallback: Fallback = fallback
+        self.tags = _check_tags(tags)
+        self.max_messages = _check_max_messages(max_messages)
+        if long_poll_ms < 0:
+            raise InvalidArgument("long_poll_ms must not be negative", field="long_poll_ms")
+        self.long_poll_ms = long_poll_ms
+        if auto_commit and self.group is None:
+            raise InvalidArgument("auto_commit needs a group", field="group")
+        if auto_commit_interval_s <= 0:
+            raise InvalidArgument(
+                "auto_commit_interval_s must be positive", field="auto_commit_interval_s"
+            )
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_s = auto_commit_interval_s
+        if reconnect_timeout_s < 0:
+            raise InvalidArgument(
+                "reconnect_timeout_s must not be negative", field="reconnect_timeout_s"
+            )
+        self.reconnect_timeout_s = reconnect_timeout_s
+        if queue_refresh_interval_s <= 0:
+            raise InvalidArgument(
+                "queue_refresh_interval_s must be positive", field="queue_refresh_interval_s"
+            )
+        self.queue_refresh_interval_s = queue_refresh_interval_s
+
+        self._fixed: list[int] | None = None
+        if queues is not None:
+            self._fixed = list(dict.fromkeys(_check_queue_id(q) for q in queues))
+            if not self._fixed:
+                raise InvalidArgument("queues is empty (None means every queue)", field="queues")
+            if isinstance(self.start, Mapping):
+                extra = sorted(set(self.start) - set(self._fixed))
+                if extra:
+                    raise InvalidArgument(
+                        f"start names queues {extra} that are not assigned", field="start"
+                    )
+
+        if isinstance(connection, Connection):
+            self._conn = connection
+            self._owns_connection = False
+        else:
+            self._conn = Connection(connection)
+            self._owns_connection = True
+        self._settings = self._conn.settings
+
+        self.stats = ConsumerStats()
+        self._queues: dict[int, _Queue] = {}  # resolved queues only
+        self._assigned: list[int] = list(self._fixed) if self._fixed is not None else []
+        self._listed_at: float | None = None  # monotonic time of the last ListQueues
+        self._known: set[int] = set()  # every queue ListQueues has shown
+        self._rotation = 0  # fairness: the queue a round starts with
+        self._last_committed: dict[int, int] = {}
+        self._next_auto_commit = time.monotonic() + auto_commit_interval_s
+        self._outage_since: float | None = None
+        self._backoff_s = BACKOFF_INITIAL_S
+        self._closed = False
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Commit positions (auto_commit) and release the connection if it is this
+        consumer's own. Calling it again does nothing."""
+        if self._closed:
+            return
+        try:
+            if self.auto_commit:
+                self._commit_changed()
+        finally:
+            self._closed = True
+            if self._owns_connection:
+                self._conn.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Cancelled("the consumer is closed")
+
+    # -- raw pull --------------------------------------------------------------------------------
+
+    def pull(
+        self,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int | None = None,
+        long_poll_ms: int = 0,
+        tags: Sequence[str] | str | None = None,
+    ) -> PullResult:
+        """One Pull of `queue_id` from `offset`. Positions do not move. A corrupt record is
+        never returned: DataLoss (from the server, or from the client's own CRC check)."""
+        self._check_open()
+        request = self._pull_request(
+            queue_id,
+            offset,
+            max_messages=self.max_messages if max_messages is None else max_messages,
+            long_poll_ms=long_poll_ms,
+            tags=self.tags if tags is None else _check_tags(tags),
+        )
+        response = self._retry(lambda: self._call_pull(request))
+        return PullResult(
+            status=pb.GetMessageStatus.Name(response.status),
+            messages=_decode(response),
+            next_offset=response.next_begin_offset,
+            min_offset=response.min_offset,
+            max_offset=response.max_offset,
+        )
+
+    def _pull_request(
+        self,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        long_poll_ms: int,
+        tags: tuple[str, ...],
+    ) -> pb.PullRequest:
+        # Queue id and offset are the server's to check (INVALID_ARGUMENT naming the field),
+        # so that a raw pull reports exactly what the service says.
+        return pb.PullRequest(
+            topic=self.topic,
+            queue_id=queue_id,
+            offset=offset,
+            max_messages=max_messages,
+            tags=tags,
+            long_poll_ms=long_poll_ms,
+        )
+
+    def _pull_timeout_s(self, long_poll_ms: int) -> float:
+        return self._settings.timeout_s + long_poll_ms / 1000.0
+
+    def _call_pull(self, request: pb.PullRequest) -> pb.PullResponse:
+        self.stats.pulls += 1
+        return self._conn.call_cq(
+            lambda s: s.Pull,
+            request,
+            name=_PULL,
+            timeout_s=self._pull_timeout_s(request.long_poll_ms),
+        )
+
+    # -- positions -------------------------------------------------------------------------------
+
+    def assignment(self) -> list[int]:
+        """The queues this consumer reads (with queues=None: every queue of the topic that
+        exists, as of the last listing)."""
+        self._check_open()
+        return list(self._retry(lambda: self._queue_ids(refresh=False)))
+
+    def position(self, queue_id: int) -> int:
+        """The next offset of `queue_id` this consumer hands out (resolved from `start` the
+        first time)."""
+        self._check_open()
+        return self._state(self._assigned_id(queue_id)).position
+
+    def seek(self, queue_id: int, offset: int) -> None:
+        self._check_open()
+        queue_id = self._assigned_id(queue_id)
+        if offset < 0:
+            raise InvalidArgument(f"offset {offset} is negative", field="offset")
+        self._set(queue_id, offset)
+
+    def seek_to_time(self, ms: int, boundary: str = "lower") -> None:
+        """Every assigned queue to the offset of store time `ms` (see Timestamp)."""
+        self._check_open()
+        at = Timestamp(ms, boundary)
+        for q in self._retry(lambda: self._queue_ids(refresh=False)):
+            self._set(q, self._offset_for_time(q, at))
+
+    def seek_to_beginning(self) -> None:
+        self._check_open()
+        for q, (lo, _) in self._bounds(self.assignment()).items():
+            self._set(q, lo)
+
+    def seek_to_end(self) -> None:
+        self._check_open()
+        for q, (_, hi) in self._bounds(self.assignment()).items():
+            self._set(q, hi)
+
+    def _set(self, queue_id: int, offset: int) -> None:
+        self._queues[queue_id] = _Queue(fetch_at=offset, position=offset)
+
+    def _assigned_id(self, queue_id: int) -> int:
+        _check_queue_id(queue_id)
+        if queue_id in self._retry(lambda: self._queue_ids(refresh=False)):
+            return queue_id
+        # With queues=None it may have appeared since the last listing.
+        if self._fixed is None and queue_id in self._retry(
+            lambda: self._queue_ids(refresh=True, force=True)
+        ):
+            return queue_id
+        raise InvalidArgument(
+            f"queue {queue_id} of {self.topic} is not assigned to this consumer "
+            f"(assigned: {self._assigned})",
+            field="queue_id",
+        )
+
+    def _state(self, queue_id: int) -> _Queue:
+        state = self._queues.get(queue_id)
+        if state is None:
+            offset = self._initial_offset(queue_id, late=False)
+            state = self._queues[queue_id] = _Queue(fetch_at=offset, position=offset)
+        return state
+
+    def _initial_offset(self, queue_id: int, *, late: bool) -> int:
+        """Where a queue starts. A queue that appeared after the first listing (`late`)
+        holds nothing but what was written since: it starts at its beginning, unless the
+        start names it or the group committed an offset for it."""
+        start = self.start
+        missing: Fallback = "earliest" if late else self.fallback
+        if isinstance(start, Mapping):
+            if queue_id in start:
+                return int(start[queue_id])
+            return self._end(queue_id, missing)
+        if start == "committed":
+            committed = self.committed(queue_id)
+            if committed is None:
+                return self._end(queue_id, missing)
+            self._last_committed[queue_id] = committed  # auto commit: nothing to repeat
+            return committed
+        if late:
+            return self._end(queue_id, "earliest")
+        if isinstance(start, Offset):
+            return start.n
+        if isinstance(start, Timestamp):
+            return self._offset_for_time(queue_id, start)
+        return self._end(queue_id, "latest" if start == "latest" else "earliest")
+
+    def _end(self, queue_id: int, which: str) -> int:
+        lo, hi = self._bounds([queue_id])[queue_id]
+        return lo if which == "earliest" else hi
+
+    def _bounds(self, queue_ids: Iterable[int]) -> dict[int, tuple[int, int]]:
+        out = {}
+        for q in queue_ids:
+            info = self._unary(
+                lambda s: s.GetQueueInfo,
+                pb.GetQueueInfoRequest(topic=self.topic, queue_id=q),
+                "ConsumeQueue/GetQueueInfo",
+            )
+            out[q] = (info.min_offset, info.max_offset)
+        return out
+
+    def _offset_for_time(self, queue_id: int, at: Timestamp) -> int:
+        request = pb.GetOffsetByTimeRequest(
+            topic=self.topic, queue_id=queue_id, timestamp_ms=at.ms, boundary=at.boundary_proto
+        )
+        response = self._unary(lambda s: s.GetOffsetByTime, request, "ConsumeQueue/GetOffsetByTime")
+        return response.offset
+
+    # -- the queue list --------------------------------------------------------------------------
+
+    def _queue_ids(self, *, refresh: bool, force: bool = False) -> list[int]:
+        """The assignment. With queues=None: listed once, then again when `refresh` and the
+        refresh interval has passed; queues that appear later start at their beginning."""
+        if self._fixed is not None:
+            return self._assigned
+        now = time.monotonic()
+        due = (
+            force
+            or self._listed_at is None
+            or (refresh and now - self._listed_at >= self.queue_refresh_interval_s)
+        )
+        if due:
+            # Not retried here: poll's loop rides out an outage within its own time.
+            listed = self._conn.call_cq(
+                lambda s: s.ListQueues,
+                pb.ListQueuesRequest(topic=self.topic),
+                name="ConsumeQueue/ListQueues",
+            )
+            first = self._listed_at is None
+            for info in listed.queues:
+                q = info.queue_id
+                if q in self._known:
+                    continue
+                if q not in self._queues:  # else positioned by a seek already
+                    if first:
+                        offset = self._listed_offset(q, info)
+                    else:
+                        offset = self._initial_offset(q, late=True)
+                        log.info("%s: queue %d appeared; reading it from %d", self.topic, q, offset)
+                    self._queues[q] = _Queue(fetch_at=offset, position=offset)
+                self._known.add(q)
+                self._assigned.append(q)
+            self._assigned.sort()
+            self._listed_at = time.monotonic()
+        return self._assigned
+
+    def _listed_offset(self, queue_id: int, info: pb.QueueInfo) -> int:
+        """The start of a queue of the first listing, without a GetQueueInfo when the listing
+        already holds the answer."""
+        if self.start == "earliest":
+            return info.min_offset
+        if self.start == "latest":
+            return info.max_offset
+        return self._initial_offset(queue_id, late=False)
+
+    def _refresh_due_s(self) -> float | None:
+        """Seconds until the queue list is due again (None: a fixed assignment)."""
+        if self._fixed is not None or self._listed_at is None:
+            return None
+        return max(0.0, self._listed_at + self.queue_refresh_interval_s - time.monotonic())
+
+    # -- poll ------------------------------------------------------------------------------------
+
+    def poll(self, timeout_s: float | None = None) -> list[Message]:
+        """The next messages of the assigned queues (one batch from each queue that has
+        some, queues in turn). When every queue is caught up, long polls until something
+        arrives or `timeout_s` passes (None: one long poll of `long_poll_ms`; 0: no wait).
+        Positions move past everything returned."""
+        self._check_open()
+        wait_s = self.long_poll_ms / 1000.0 if timeout_s is None else max(0.0, timeout_s)
+        self._maybe_auto_commit()
+        self._fill(time.monotonic() + wait_s)
+        return self._drain()
+
+    def __iter__(self) -> Iterator[Message]:
+        return self.messages(follow=True)
+
+    def messages(self, *, follow: bool = True, limit: int | None = None) -> Iterator[Message]:
+        """Messages one at a time, each queue in order. follow=True: forever (long polls when
+        caught up; new queues of the topic join when queues=None). follow=False: stops when
+        every queue has reached its end as of the moment it got there. `limit`: at most that
+        many messages. A queue's position moves past a message as it is handed out."""
+        self._check_open()
+        if limit is not None and limit < 0:
+            raise InvalidArgument("limit must not be negative", field="limit")
+        return self._messages(follow, limit)
+
+    def _messages(self, follow: bool, limit: int | None) -> Iterator[Message]:
+        handed = 0
+        if not follow:
+            for state in self._queues.values():
+                state.caught_up = False  # only what this walk sees counts
+        # Queues that reached their end in this walk, with the state they reached it in (a
+        # seek replaces the state, and the queue is read again).
+        ended: dict[int, _Queue] = {}
+        while limit is None or handed < limit:
+            self._check_open()
+            self._maybe_auto_commit()
+            message = self._take()
+            if message is not None:
+                handed += 1
+                yield message
+                continue
+            if follow:
+                # With long polling off, a caught-up round still pauses (IDLE_PAUSE_S).
+                self._fill(time.monotonic() + max(self.long_poll_ms / 1000.0, IDLE_PAUSE_S))
+                continue
+            queue_ids = self._retry(lambda: self._queue_ids(refresh=False))
+            for q in queue_ids:
+                current = self._queues.get(q)
+                if current is not None and current.caught_up:
+                    ended[q] = current
+            active = [q for q in queue_ids if q not in ended or ended[q] is not self._queues.get(q)]
+            if not active:
+                return
+            self._retry(lambda: self._round(active))  # noqa: B023 - called at once
+
+    def _fill(self, deadline: float) -> None:
+        """Buffer the next batches: a round of quick pulls, then long polls while every queue
+        is caught up, until something is buffered or `deadline` passes. Rides out outages."""
+        while True:
+            try:
+                if self._fill_once(deadline):
+                    self._recovered()
+                    return
+                self._recovered()
+            except Unavailable as err:
+                if not self._back_off(err, deadline):
+                    return
+                for state in self._queues.values():
+                    state.caught_up = False  # look again with blocking calls (replica failover)
+                continue
+            if time.monotonic() >= deadline:
+                return
+
+    def _fill_once(self, deadline: float) -> bool:
+        """One step of _fill; True when something is buffered."""
+        queue_ids = self._queue_ids(refresh=True)
+        if self._buffered():
+            return True
+        if not queue_ids:
+            pause = deadline - time.monotonic()
+            due = self._refresh_due_s()
+            if due is not None:
+                pause = min(pause, due)
+            if pause > 0:
+                time.sleep(pause)  # nothing to pull until the topic has a queue
+            return False
+        wait_ms = self._wait_ms(deadline)
+        # A round of quick pulls unless every queue is known to be caught up and there is
+        # time for a long poll (which answers at once when something came meanwhile).
+        if (
+            wait_ms <= 0
+            or self.long_poll_ms == 0
+            or not all(self._state(q).caught_up for q in queue_ids)
+        ):
+            self._round(queue_ids)
+            if self._buffered():
+                return True
+            wait_ms = self._wait_ms(deadline)
+            if wait_ms <= 0:
+                return False
+        if self.long_poll_ms == 0:
+            time.sleep(min(IDLE_PAUSE_S, wait_ms / 1000.0))
+            return False
+        self._long_poll(queue_ids, min(wait_ms, self.long_poll_ms))
+        return self._buffered()
+
+    def _wait_ms(self, deadline: float) -> int:
+        """How long a long poll may wait: until `deadline`, and back for the queue list."""
+        wait_ms = int((deadline - time.monotonic()) * 1000)
+        due = self._refresh_due_s()
+        if due is not None:
+            wait_ms = min(wait_ms, int(due * 1000))
+        return wait_ms
+
+    def _round(self, queue_ids: list[int]) -> None:
+        """One quick pull of every queue with nothing buffered, starting with the next queue
+        in turn."""
+        for q in self._rotated(queue_ids):
+            state = self._state(q)
+            if state.buffer:
+                continue
+            request = self._pull_request(
+                q, state.fetch_at, max_messages=self.max_messages, long_poll_ms=0, tags=self.tags
+            )
+            self._apply(q, request.offset, self._call_pull(request))
+        self._rotation += 1
+
+    def _long_poll(self, queue_ids: list[int], wait_ms: int) -> None:
+        """Long polls on the caught-up queues at once; the first answer cancels the others
+        (a cancelled call frees its server thread at once)."""
+        watched = self._rotated(queue_ids)[:LONG_POLLS_MAX]
+        if len(watched) < len(queue_ids):
+            wait_ms = min(wait_ms, UNWATCHED_WAIT_MS)
+        woke = threading.Event()
+        calls: dict[int, tuple[int, grpc.Future[pb.PullResponse]]] = {}
+        try:
+            for q in watched:
+                request = self._pull_request(
+                    q,
+                    self._state(q).fetch_at,
+                    max_messages=self.max_messages,
+                    long_poll_ms=wait_ms,
+                    tags=self.tags,
+                )
+                self.stats.pulls += 1
+                future: grpc.Future[pb.PullResponse] = self._conn.call_cq(
+                    lambda s: s.Pull.future,
+                    request,
+                    name=_PULL,
+                    timeout_s=self._pull_timeout_s(wait_ms),
+                )
+                future.add_done_callback(lambda _: woke.set())
+                calls[q] = (request.offset, future)
+            woke.wait(self._pull_timeout_s(wait_ms))
+        finally:
+            for _, future in calls.values():
+                future.cancel()  # nothing for calls that are done
+        failed: ClientError | None = None
+        for q, (asked, future) in calls.items():
+            if future.cancelled():
+                continue
+            try:
+                response = future.result()
+            except grpc.RpcError as err:
+                error = from_rpc_error(err, _PULL)
+                if error.code is grpc.StatusCode.CANCELLED:
+                    continue
+                failed = failed or error
+                continue
+            self._apply(q, asked, response)
+        if failed is None:
+            return
+        if isinstance(failed, ResourceExhausted):
+            log.warning("%s: long poll refused (%s); looking again shortly", self.topic, failed)
+            time.sleep(BUSY_PAUSE_S)
+            return
+        if isinstance(failed, Unavailable) and self._buffered():
+            return  # what others answered is handed out; the next round retries the rest
+        raise failed
+
+    def _apply(self, queue_id: int, asked: int, response: pb.PullResponse) -> None:
+        """A pull's answer into the queue's state (buffer, next offset, caught up)."""
+        state = self._queues.get(queue_id)
+        if state is None or state.fetch_at != asked:
+            return  # sought elsewhere since the pull was sent
+        status = response.status
+        next_begin = response.next_begin_offset
+        if status == pb.FOUND:
+            messages = _decode(response)
+            if messages and not self.tags and messages[0].queue_offset > asked:
+                # Without a filter a gap is messages the log no longer held (the server
+                # steps over them): retention got there first.
+                self._skip(queue_id, asked, messages[0].queue_offset, "MESSAGE_WAS_REMOVING")
+            state.buffer.extend(messages)
+            state.fetch_at = next_begin
+            state.caught_up = next_begin >= response.max_offset
+            return
+        if status in _AT_END:
+            state.caught_up = True
+            return
+        if status in _LOST and next_begin > asked:
+            self._skip(queue_id, asked, next_begin, pb.GetMessageStatus.Name(status))
+        elif status == pb.OFFSET_OVERFLOW_BADLY:
+            log.warning(
+                "%s/%d: offset %d is past the end %d: moving back to it",
+                self.topic,
+                queue_id,
+                asked,
+                next_begin,
+            )
+        if next_begin == asked:
+            state.caught_up = True  # no progress to make: wait instead of spinning
+            return
+        state.fetch_at = next_begin
+        if not state.buffer:
+            state.position = next_begin
+        state.caught_up = status == pb.NO_MATCHED_MESSAGE and next_begin >= response.max_offset
+
+    def _skip(self, queue_id: int, begin: int, end: int, why: str) -> None:
+        self.stats.skipped[queue_id] = self.stats.skipped.get(queue_id, 0) + end - begin
+        log.warning(
+            "%s/%d: offsets %d..%d are no longer in the store (%s): skipped",
+            self.topic,
+            queue_id,
+            begin,
+            end - 1,
+            why,
+        )
+
+    def _buffered(self) -> bool:
+        return any(state.buffer for state in self._queues.values())
+
+    def _take(self) -> Message | None:
+        """The next buffered message: a queue's whole batch, then the next queue's."""
+        for q in self._rotated(list(self._queues)):
+            state = self._queues[q]
+            if state.buffer:
+                return self._hand_out(state, state.buffer.popleft())
+        return None
+
+    def _drain(self) -> list[Message]:
+        out: list[Message] = []
+        for q in self._rotated(list(self._queues)):
+            state = self._queues[q]
+            while state.buffer:
+                out.append(self._hand_out(state, state.buffer.popleft()))
+        return out
+
+    def _hand_out(self, state: _Queue, message: Message) -> Message:
+        state.position = message.queue_offset + 1 if state.buffer else state.fetch_at
+        self.stats.messages += 1
+        return message
+
+    def _rotated(self, queue_ids: list[int]) -> list[int]:
+        if not queue_ids:
+            return []
+        k = self._rotation % len(queue_ids)
+        return queue_ids[k:] + queue_ids[:k]
+
+    # -- group offsets ---------------------------------------------------------------------------
+
+    def committed(self, queue_id: int) -> int | None:
+        """The group's committed offset of `queue_id`; None when it never committed one."""
+        self._check_open()
+        group = self._require_group()
+        request = pb.FetchOffsetRequest(
+            group=group, topic=self.topic, queue_id=_check_queue_id(queue_id)
+        )
+        response = self._unary(lambda s: s.FetchOffset, request, "ConsumeQueue/FetchOffset")
+        return None if response.offset < 0 else response.offset
+
+    def commit(self, offsets: Mapping[int, int] | None = None) -> None:
+        """Set the group's offsets: `offsets`, or every queue's position (the next offset to
+        read) when None."""
+        self._check_open()
+        self._require_group()
+        if offsets is None:
+            offsets = {q: s.position for q, s in self._queues.items()}
+        for q, offset in offsets.items():
+            _check_queue_id(q)
+            if offset < 0:
+                raise InvalidArgument(f"offset {offset} is negative", field="offset")
+        self._commit(offsets)
+
+    def _commit(self, offsets: Mapping[int, int]) -> None:
+        group = self._require_group()
+        for q, offset in offsets.items():
+            request = pb.CommitOffsetRequest(
+                group=group, topic=self.topic, queue_id=q, offset=offset
+            )
+            self._unary(lambda s: s.CommitOffset, request, "ConsumeQueue/CommitOffset")
+            self._last_committed[q] = offset
+
+    def _commit_changed(self) -> None:
+        changed = {
+            q: s.position
+            for q, s in self._queues.items()
+            if self._last_committed.get(q) != s.position
+        }
+        if changed:
+            self._commit(changed)
+        self._next_auto_commit = time.monotonic() + self.auto_commit_interval_s
+
+    def _maybe_auto_commit(self) -> None:
+        if self.auto_commit and time.monotonic() >= self._next_auto_commit:
+            self._commit_changed()
+
+    def _require_group(self) -> str:
+        if self.group is None:
+            raise InvalidArgument(
+                "this needs a consumer group: Consumer(..., group=...)", field="group"
+            )
+        return self.group
+
+    # -- receive / ack ---------------------------------------------------------------------------
+
+    def receive(
+        self,
+        queue_id: int,
+        *,
+        max_messages: int = RECEIVE_MESSAGES_DEFAULT,
+        invisible_duration_ms: int = INVISIBLE_DURATION_MS_DEFAULT,
+        long_poll_ms: int = 0,
+    ) -> list[ReceivedMessage]:
+        """Messages of `queue_id` for the group, each invisible to the group for
+        `invisible_duration_ms` unless acknowledged (then it is delivered again)."""
+        self._check_open()
+        group = self._require_group()
+        if max_messages <= 0:
+            raise InvalidArgument("max_messages must be positive", field="max_messages")
+        if invisible_duration_ms <= 0:
+            raise InvalidArgument(
+                "invisible_duration_ms must be positive", field="invisible_duration_ms"
+            )
+        if long_poll_ms < 0:
+            raise InvalidArgument("long_poll_ms must not be negative", field="long_poll_ms")
+        request = pb.ReceiveRequest(
+            group=group,
+            topic=self.topic,
+            queue_id=_check_queue_id(queue_id),
+            max_messages=max_messages,
+            invisible_duration_ms=invisible_duration_ms,
+            long_poll_ms=long_poll_ms,
+        )
+        response = self._unary(
+            lambda s: s.Receive,
+            request,
+            "ConsumeQueue/Receive",
+            timeout_s=self._pull_timeout_s(long_poll_ms),
+        )
+        out = [
+            ReceivedMessage(Message.from_record(raw), handle, count)
+            for raw, handle, count in zip(
+                response.records, response.receipt_handles, response.delivery_counts, strict=True
+            )
+        ]
+        self.stats.messages += len(out)
+        return out
+
+    def ack(self, items: Iterable[ReceivedMessage | str], queue_id: int | None = None) -> AckResult:
+        """Acknowledge deliveries (ReceivedMessage, or receipt handles of `queue_id`). Stale
+        receipts are listed in the result, not raised: the message was delivered again (or
+        acked before), and only the newer delivery can be acknowledged."""
+        self._check_open()
+        group = self._require_group()
+        by_queue: dict[int, list[str]] = {}
+        for item in items:
+            handle, q = self._receipt(item, queue_id)
+            by_queue.setdefault(q, []).append(handle)
+        stale: list[str] = []
+        committed: dict[int, int] = {}
+        acked = 0
+        for q, handles in by_queue.items():
+            for at in range(0, len(handles), ACK_HANDLES_MAX):
+                chunk = handles[at : at + ACK_HANDLES_MAX]
+                request = pb.AckRequest(
+                    group=group, topic=self.topic, queue_id=q, receipt_handles=chunk
+                )
+                response = self._unary(lambda s: s.Ack, request, "ConsumeQueue/Ack")
+                stale.extend(response.stale_receipt_handles)
+                acked += len(chunk) - len(response.stale_receipt_handles)
+                committed[q] = response.committed_offset
+        return AckResult(acked=acked, stale=stale, committed_offsets=committed)
+
+    def change_invisible_duration(
+        self, item: ReceivedMessage | str, ms: int, queue_id: int | None = None
+    ) -> str:
+        """Hide (or show, with 0) a delivery for `ms` from now. Returns the receipt to use
+        from now on, or "" when the given one was stale (redelivered since, or acked)."""
+        self._check_open()
+        group = self._require_group()
+        if ms < 0:
+            raise InvalidArgument("ms must not be negative", field="invisible_duration_ms")
+        handle, q = self._receipt(item, queue_id)
+        request = pb.ChangeInvisibleDurationRequest(
+            group=group,
+            topic=self.topic,
+            queue_id=q,
+            receipt_handle=handle,
+            invisible_duration_ms=ms,
+        )
+        response = self._unary(
+            lambda s: s.ChangeInvisibleDuration, request, "ConsumeQueue/ChangeInvisibleDuration"
+        )
+        return response.receipt_handle
+
+    @staticmethod
+    def _receipt(item: ReceivedMessage | str, queue_id: int | None) -> tuple[str, int]:
+        if isinstance(item, ReceivedMessage):
+            return item.receipt_handle, item.message.queue_id
+        if queue_id is None:
+            raise InvalidArgument(
+                "a bare receipt handle needs queue_id (or pass the ReceivedMessage)",
+                field="queue_id",
+            )
+        return item, _check_queue_id(queue_id)
+
+    # -- outages ---------------------------------------------------------------------------------
+
+    def _unary(
+        self,
+        pick: Callable[[pb_grpc.ConsumeQueueStub], Callable[..., T]],
+        request: object,
+        name: str,
+        *,
+        timeout_s: float | None = None,
+    ) -> T:
+        """One consume-queue call, retried through outages."""
+        return self._retry(
+            lambda: self._conn.call_cq(pick, request, name=name, timeout_s=timeout_s)
+        )
+
+    def _retry(self, call: Callable[[], T]) -> T:
+        """`call`, again after a pause while every replica answers UNAVAILABLE, until
+        reconnect_timeout_s of that."""
+        while True:
+            try:
+                out = call()
+            except Unavailable as err:
+                self._back_off(err, None)
+                continue
+            self._recovered()
+            return out
+
+    def _back_off(self, err: Unavailable, deadline: float | None) -> bool:
+        """Pause before the next attempt. False when `deadline` comes first (the caller gives
+        up for now); raises Unavailable once the outage has lasted reconnect_timeout_s."""
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = now
+            self._backoff_s = BACKOFF_INITIAL_S
+            log.warning("%s: consume queues unavailable (%s); retrying", self.topic, err)
+        give_up = self._outage_since + self.reconnect_timeout_s
+        if now >= give_up:
+            self._outage_since = None
+            raise Unavailable(
+                f"no consume-queue replica answered for {self.reconnect_timeout_s:g} s "
+                f"({', '.join(self._settings.cq)}): {err.details}",
+                method=err.method,
+            ) from err
+        pause = min(self._backoff_s, give_up - now)
+        if deadline is not None and now + pause > deadline:
+            return False
+        self.stats.retries += 1
+        time.sleep(pause)
+        self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+        return True
+
+    def _recovered(self) -> None:
+        if self._outage_since is not None:
+            log.info(
+                "%s: consume queues answer again after %.1f s",
+                self.topic,
+                time.monotonic() - self._outage_since,
+            )
+            self._outage_since = None
+            self.stats.reconnects += 1
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _decode(response: pb.PullResponse) -> list[Message]:
+    return [Message.from_record(raw) for raw in response.records]
+
+
+def _check_topic(topic: str) -> str:
+    try:
+        validate_topic(topic, _LIMITS)
+    except domain.InvalidArgument as err:
+        raise InvalidArgument(str(err), field="topic") from None
+    return topic
+
+
+def _check_group(group: str | None) -> str | None:
+    if group is None:
+        return None
+    if not group or len(group) > _GROUP_CHARS_MAX or not TOPIC_PATTERN.match(group):
+        raise InvalidArgument(
+            f"group {group[:64]!r} must be 1 to {_GROUP_CHARS_MAX} characters matching "
+            f"{TOPIC_PATTERN.pattern}",
+            field="group",
+        )
+    return group
+
+
+# RocketMQ's Validators.CHARACTER_MAX_LENGTH for group names (what cq_svc accepts).
+_GROUP_CHARS_MAX = 255
+
+
+def _check_queue_id(queue_id: int) -> int:
+    if not 0 <= queue_id <= _LIMITS.queue_id_max:
+        raise InvalidArgument(
+            f"queue id {queue_id} is outside [0, {_LIMITS.queue_id_max}]", field="queue_id"
+        )
+    return queue_id
+
+
+def _check_tags(tags: Sequence[str] | str) -> tuple[str, ...]:
+    """A tag list, or RocketMQ's subscription expression "a || b" ("*" or empty: all)."""
+    if isinstance(tags, str):
+        tags = tags.split("||")
+    names = tuple(t.strip() for t in tags if t.strip())
+    return () if "*" in names else names
+
+
+def _check_max_messages(n: int) -> int:
+    if not 0 < n <= PULL_MESSAGES_MAX:
+        raise InvalidArgument(
+            f"max_messages {n} is outside [1, {PULL_MESSAGES_MAX}]", field="max_messages"
+        )
+    return n
+
+
+def _check_start(start: Start, group: str | None) -> Start:
+    if isinstance(start, Offset | Timestamp):
+        return start
+    if isinstance(start, Mapping):
+        checked = {}
+        for q, n in start.items():
+            _check_queue_id(q)
+            if n < 0:
+                raise InvalidArgument(f"start offset {n} of queue {q} is negative", field="start")
+            checked[q] = n
+        return checked
+    if start not in ("earliest", "latest", "committed"):
+        raise InvalidArgument(
+            f"start {start!r} is not 'earliest', 'latest', 'committed', an Offset, a "
+            "Timestamp or a {queue: offset} dict",
+            field="start",
+        )
+    if start == "committed" and group is None:
+        raise InvalidArgument("start='committed' needs a group", field="start")
+    return start
