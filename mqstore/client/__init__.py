@@ -8,6 +8,16 @@ See docs/client.md for a tour. Everything raises the typed exceptions of
 
 from __future__ import annotations
 
+from mqstore.client.admin import (
+    Admin,
+    ClusterStatus,
+    CommitLogStatus,
+    CqReplicaStatus,
+    IndexReplicaStatus,
+    KeyPageOverflow,
+    QueueInfo,
+    SubscriberLag,
+)
 from mqstore.client.compression import Compression
 from mqstore.client.connection import AsyncConnection, Connection
 from mqstore.client.consumer import (
@@ -31,6 +41,14 @@ from mqstore.client.producer import (
 from mqstore.client.settings import ClientSettings, TlsSettings
 
 __all__ = [
+    "Admin",
+    "ClusterStatus",
+    "CommitLogStatus",
+    "CqReplicaStatus",
+    "IndexReplicaStatus",
+    "KeyPageOverflow",
+    "QueueInfo",
+    "SubscriberLag",
     "AckResult",
     "Consumer",
     "ConsumerStats",

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from mqstore.client.errors import ClientError, from_rpc_error
+from mqstore.client.errors import Cancelled, ClientError, FailedPrecondition, from_rpc_error
 from mqstore.client.settings import ClientSettings
 from mqstore.rpc.channel import channel_options
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
@@ -63,7 +63,7 @@ class Connection:
     def channel(self, target: str) -> grpc.Channel:
         with self._lock:
             if self._closed:
-                raise ClientError("the connection is closed", code=grpc.StatusCode.CANCELLED)
+                raise Cancelled("the connection is closed")
             channel = self._channels.get(target)
             if channel is None:
                 options = _options(self.settings)
@@ -113,9 +113,7 @@ class Connection:
         from the one that answered last)."""
         targets = self.settings.cq
         if not targets:
-            raise ClientError(
-                "no consume-queue address is configured", code=grpc.StatusCode.FAILED_PRECONDITION
-            )
+            raise FailedPrecondition("no consume-queue address is configured", field="cq")
         last: ClientError | None = None
         start = self._cq_preferred
         for i in range(len(targets)):
