@@ -1,32 +1,82 @@
 """The `mqstore` command.
 
-    mqstore up                         run the store (all three services) on this machine
-    mqstore log dump|verify DIR        offline tools over commit-log files
+    mqstore up                              run the store (all three services) on this machine
+    mqstore produce TOPIC [BODY...]         send messages (arguments, a file, stdin, a load)
+    mqstore consume TOPIC                   read messages (from an offset, a time, a group)
+    mqstore query key|uniq|msg ...          find messages by key, unique id or message id
+    mqstore status | topics | queues TOPIC  what the store holds and how its services are
+    mqstore offsets show|reset GROUP TOPIC  a consumer group's committed offsets
+    mqstore log dump|verify DIR             offline tools over commit-log files
 
-Each group is a noun, each command a verb (`mqstore <noun> <verb>`), so later tools slot in.
-Exit codes: 0 success; 1 the data or the store failed a check; 2 usage errors.
+Nouns are groups and verbs their commands (`mqstore <noun> <verb>`), so later tools slot in;
+the everyday verbs (produce, consume, status) sit at the top. The connection options belong to
+the group (options.py) and are only turned into a connection by a command that needs one.
+
+Exit codes: 0 success; 1 the store answered an error or the data failed a check; 2 usage
+errors; 3 a service could not be reached; 4 nothing found.
 """
 
 from __future__ import annotations
 
 import click
 
+from mqstore.cli.consume import consume
 from mqstore.cli.log import log_group
+from mqstore.cli.options import ClientGroup, CliState, connection_options
+from mqstore.cli.produce import produce
+from mqstore.cli.query import query_group
+from mqstore.cli.status import offsets_group, queues, status, topics
 from mqstore.cli.up import up
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
+@click.group(cls=ClientGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@connection_options
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    commitlog: str | None,
+    cq: str | None,
+    index: str | None,
+    token_file: str | None,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_server_name: str | None,
+    timeout_s: str | None,
+) -> None:
     """mqstore: a persistent message store in the design of RocketMQ's broker store.
 
     \b
     Start here:
-      mqstore up                    run the store on ./data
-      mqstore log verify DIR        check a commit-log directory offline
+      mqstore up                            run the store on ./data
+      mqstore produce demo hello world      send two messages
+      mqstore consume demo                  read them back
+      mqstore status                        offsets, lag and replicas
+      mqstore log verify DIR                check a commit-log directory offline
+
+    \b
+    The options above the command say where the services are (defaults: what `mqstore up`
+    listens on); each also reads its MQSTORE_* variable.
+    Exit codes: 0 ok, 1 the store answered an error, 2 bad arguments,
+    3 a service could not be reached, 4 nothing found.
     """
+    state = CliState(
+        commitlog=commitlog,
+        cq=cq,
+        index=index,
+        token_file=token_file,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_server_name=tls_server_name,
+        timeout_s=timeout_s,
+    )
+    ctx.obj = state
+    ctx.call_on_close(state.close)
 
 
-cli.add_command(up)
+for command in (up, produce, consume, query_group, status, topics, queues, offsets_group):
+    cli.add_command(command)
 cli.add_command(log_group)
 
 
