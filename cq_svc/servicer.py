@@ -66,7 +66,7 @@ from mqstore.errors import (
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import TAGS
 from mqstore.formats.record import Bad, Blank, read_record, validate_topic
-from mqstore.limits import TOPIC_PATTERN, MessageLimits
+from mqstore.limits import MessageLimits, validate_group
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
@@ -77,7 +77,6 @@ log = logging.getLogger(__name__)
 
 LIMITS = MessageLimits()
 # RocketMQ's Validators.CHARACTER_MAX_LENGTH for group names.
-GROUP_CHARS_MAX = 255
 # A long poll answers this long before the caller's deadline, so the answer still arrives.
 DEADLINE_MARGIN_S = 0.05
 # Receive settles messages the log no longer holds and looks again: at most this many looks.
@@ -672,13 +671,7 @@ def _queue_id(queue_id: int) -> int:
 
 
 def _group(group: str) -> str:
-    if not group or len(group) > GROUP_CHARS_MAX or not TOPIC_PATTERN.match(group):
-        raise InvalidArgument(
-            f"group {group[:64]!r} must be 1 to {GROUP_CHARS_MAX} characters matching "
-            f"{TOPIC_PATTERN.pattern}",
-            field="group",
-        )
-    return group
+    return validate_group(group)
 
 
 def _limit(value: int, default: int, top: int, name: str) -> int:

@@ -40,3 +40,18 @@ class MessageLimits:
 
 def is_system_topic(topic: str) -> bool:
     return topic.startswith(("%RETRY%", "%DLQ%"))
+
+
+# RocketMQ's Validators.CHARACTER_MAX_LENGTH: the longest consumer-group name.
+GROUP_CHARS_MAX = 255
+
+
+def validate_group(group: str) -> str:
+    """A consumer-group name as RocketMQ allows it (the topic pattern, 1..255 characters)."""
+    if not group or len(group) > GROUP_CHARS_MAX or not TOPIC_PATTERN.match(group):
+        raise InvalidArgument(
+            f"group {group[:64]!r} must be 1 to {GROUP_CHARS_MAX} characters matching "
+            f"{TOPIC_PATTERN.pattern}",
+            field="group",
+        )
+    return group

@@ -62,7 +62,7 @@ from mqstore.client.errors import (
 from mqstore.client.message import Message, ReceivedMessage
 from mqstore.client.settings import LONG_POLL_MS_DEFAULT, ClientSettings
 from mqstore.formats.record import validate_topic
-from mqstore.limits import TOPIC_PATTERN, MessageLimits
+from mqstore.limits import MessageLimits, validate_group
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
@@ -1047,17 +1047,10 @@ def _check_topic(topic: str) -> str:
 def _check_group(group: str | None) -> str | None:
     if group is None:
         return None
-    if not group or len(group) > _GROUP_CHARS_MAX or not TOPIC_PATTERN.match(group):
-        raise InvalidArgument(
-            f"group {group[:64]!r} must be 1 to {_GROUP_CHARS_MAX} characters matching "
-            f"{TOPIC_PATTERN.pattern}",
-            field="group",
-        )
-    return group
-
-
-# RocketMQ's Validators.CHARACTER_MAX_LENGTH for group names (what cq_svc accepts).
-_GROUP_CHARS_MAX = 255
+    try:
+        return validate_group(group)
+    except domain.InvalidArgument as err:
+        raise InvalidArgument(str(err), field="group") from None
 
 
 def _check_queue_id(queue_id: int) -> int:
