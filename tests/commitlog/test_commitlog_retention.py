@@ -121,12 +121,12 @@ def test_the_delete_hour_triggers_deletion_of_expired_files() -> None:
     clock = ManualClock(now_ms=at_four - RESERVED_MS - 60_000)
     log, _ = _store(clock, delete_when_hours=(4,))
     _fill(log, 2)
-    clock.set_wall(at_four)
+    clock.advance(RESERVED_MS + 60_000)  # 04:30
     report = log.clean_expired()
     assert report.triggered and report.deleted_files == 2
-    clock.set_wall(at_four + 2 * HOUR_MS)  # 06:30: not a delete hour
+    clock.advance(2 * HOUR_MS)  # 06:30: not a delete hour
     _fill(log, 1)
-    clock.set_wall(at_four + 2 * HOUR_MS + 10 * RESERVED_MS)
+    clock.advance(10 * RESERVED_MS)  # 06:30 again, 30 days later
     assert not log.clean_expired().triggered
     log.close()
 
@@ -246,4 +246,70 @@ def test_real_files_expire_by_their_mtime(tmp_path: Path) -> None:
     assert report.deleted_files == 2
     assert sorted(os.listdir(log.config.commitlog_dir)) == [offset_to_file_name(2 * FILE)]
     assert_log_holds(log, [s for s in stored if s.offset >= 2 * FILE], "real files")
+    log.close()
+
+
+# -- clock leaps (T12) ---------------------------------------------------------------------------
+
+YEAR_MS = 365 * 24 * HOUR_MS
+
+
+def test_a_wall_clock_leaping_a_year_ahead_expires_nothing_until_files_really_age() -> None:
+    clock = ManualClock()
+    log, _disk = _store(clock)
+    stored = _fill(log, 2)
+    clock.set_wall(clock.now_ms() + YEAR_MS)  # the wall clock alone: monotonic time stands
+    report = log.clean_expired(manual=True)
+    assert report.age_paused and report.deleted_files == 0
+    assert_log_holds(log, stored, "after the leap")
+    clock.advance(RESERVED_MS - HOUR_MS)  # not yet file_reserved_hours of real time
+    assert log.clean_expired(manual=True).deleted_files == 0
+    clock.advance(HOUR_MS + 1)
+    report = log.clean_expired(manual=True)
+    assert not report.age_paused and report.deleted_files == 2
+    log.close()
+
+
+def test_disk_pressure_still_deletes_while_age_is_paused_by_a_leap() -> None:
+    clock = ManualClock()
+    log, disk = _store(clock, delete_files_batch_max=1)
+    _fill(log, 3)
+    clock.set_wall(clock.now_ms() + YEAR_MS)
+    _set_usage(disk, 0.87)  # over the clean-forcibly ratio
+    report = log.clean_expired()
+    assert report.age_paused and report.clean_immediately and report.deleted_files == 1
+    log.close()
+
+
+def test_a_backward_step_keeps_files_longer_and_normal_ticks_are_no_leap() -> None:
+    clock = ManualClock()
+    log, _disk = _store(clock)
+    _fill(log, 2)
+    clock.set_wall(clock.now_ms() - HOUR_MS)  # NTP stepping back
+    clock.advance(RESERVED_MS + 1)  # real time passes: the files are 72 h - 1 h "old"
+    report = log.clean_expired(manual=True)
+    assert not report.age_paused and report.deleted_files == 0
+    clock.advance(HOUR_MS)
+    assert log.clean_expired(manual=True).deleted_files == 2
+    log.close()
+
+
+def test_offsets_and_records_are_unaffected_by_clock_steps_and_survive_a_restart() -> None:
+    """The log orders by offset, never by time: store timestamps follow the clock wherever it
+    goes (the time index takes the running maximum), and recovery reads offsets only."""
+    clock = ManualClock()
+    log, disk = _store(clock)
+    before = append_each(log, [message(i) for i in range(10)])
+    clock.set_wall(clock.now_ms() - HOUR_MS)
+    back = append_each(log, [message(i) for i in range(10, 20)])
+    clock.set_wall(clock.now_ms() + YEAR_MS)
+    ahead = append_each(log, [message(i) for i in range(20, 30)])
+    everything = before + back + ahead
+    offsets = [s.offset for s in everything]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 30
+    times = [log.read_record(s.offset).store_timestamp_ms for s in everything]
+    assert times[10] < times[9] < times[20]  # stored as the clock said
+    log.close()
+    log = reopen(log, disk=disk, clock=clock)
+    assert_log_holds(log, everything, "after the restart")
     log.close()
