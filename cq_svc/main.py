@@ -50,13 +50,16 @@ class CqService:
         self.engine = CqEngine(settings.engine_config())
         self.watch = QueueWatch(settings.long_polls_max)
         self.sink = EngineSink(self.engine, self.watch)
+        # TLS and this replica's token for the subscription and for Reads and probes.
+        security = settings.commitlog_security()
         self.subscriber = Subscriber(
             settings.commitlog_target,
             settings.subscriber_id,
             self.sink,
             on_ready_change=self._ready_changed,
+            security=security,
         )
-        self.channel: grpc.Channel = make_channel(settings.commitlog_target)
+        self.channel: grpc.Channel = make_channel(settings.commitlog_target, security)
         self.probe = HeadProbe(self.channel, self.sink, settings.log_probe_interval_ms / 1000)
         self.servicer = CqServicer(
             self.engine,

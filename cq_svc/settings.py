@@ -19,7 +19,7 @@ from pydantic_settings import SettingsConfigDict
 
 from cq_svc.config import AckFlush, CqConfig, StoreKind
 from mqstore.launcher import DEFAULT_PORTS
-from mqstore.rpc.settings import ServiceSettings
+from mqstore.rpc.settings import FollowerSettings
 
 _API, _HEALTH, _METRICS = DEFAULT_PORTS["cq_svc"]
 _COMMITLOG_PORT = DEFAULT_PORTS["commitlog_svc"][0]
@@ -30,7 +30,7 @@ def _default_subscriber_id() -> str:
     return os.environ.get("POD_NAME") or "cq-0"
 
 
-class CqSettings(ServiceSettings):
+class CqSettings(FollowerSettings):
     model_config = SettingsConfigDict(
         env_prefix="MQSTORE_CQ_", extra="forbid", validate_default=True
     )

@@ -55,6 +55,8 @@ class IndexService:
         self.settings = settings
         self.engine = IndexEngine(settings.index_config(), disk=disk)
         self.sink = IndexSink(self.engine)
+        # TLS and this replica's token for the subscription and for Reads and status.
+        security = settings.commitlog_security()
         self.subscriber = Subscriber(
             settings.commitlog_target,
             settings.subscriber_id,
@@ -62,10 +64,11 @@ class IndexService:
             include_keys=True,
             max_batch_entries=settings.max_batch_entries,
             on_ready_change=self._ready_changed,
+            security=security,
         )
         self.flusher = Flusher(self.engine)
         # Queries' Reads and retention's GetStatus; the subscription has a channel of its own.
-        self._channel = make_channel(settings.commitlog_target)
+        self._channel = make_channel(settings.commitlog_target, security)
         self.retention = RetentionFollower(
             self.engine, self._channel, settings.retention_check_interval_s
         )

@@ -25,7 +25,7 @@ from index_svc.config import IndexConfig
 from index_svc.formats import index_file as fmt
 from mqstore.errors import InvalidArgument
 from mqstore.launcher import DEFAULT_PORTS
-from mqstore.rpc.settings import ServiceSettings
+from mqstore.rpc.settings import FollowerSettings
 
 _API_PORT, _HEALTH_PORT, _METRICS_PORT = DEFAULT_PORTS["index_svc"]
 _COMMITLOG_PORT = DEFAULT_PORTS["commitlog_svc"][0]
@@ -47,7 +47,7 @@ def ordinal_of(name: str) -> int:
     return int(found.group(1))
 
 
-class IndexSettings(ServiceSettings):
+class IndexSettings(FollowerSettings):
     model_config = SettingsConfigDict(
         env_prefix="MQSTORE_INDEX_", extra="forbid", validate_default=True
     )

@@ -15,6 +15,9 @@
     ├── DataLoss                      DATA_LOSS         stored bytes fail their checks
     │   ├── CorruptRecord             a commit-log record fails its CRC or length check
     │   └── CorruptFile               a metadata file (checkpoint, meta) fails its CRC
+    ├── Unauthenticated               UNAUTHENTICATED   no token, a malformed one, or one no
+    │                                                   entry of the tokens file matches
+    ├── PermissionDenied              PERMISSION_DENIED a valid token without the scope
     └── StorageError                  INTERNAL          the environment failed (fsync, EIO)
         └── FlushFailed               a flush failed: writes stop, nothing is acknowledged
 
@@ -98,6 +101,16 @@ class CorruptFile(DataLoss):
         super().__init__(f"corrupt file {path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class Unauthenticated(MqstoreError):
+    """The caller did not prove who it is. The message never echoes what it presented."""
+
+    grpc_code = "UNAUTHENTICATED"
+
+
+class PermissionDenied(MqstoreError):
+    grpc_code = "PERMISSION_DENIED"
 
 
 class StorageError(MqstoreError):

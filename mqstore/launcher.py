@@ -56,7 +56,14 @@ class ServiceProcess:
             os.unlink(self.ports_file)
         out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - kept open
         env = {**os.environ, **self.env}
-        self.proc = subprocess.Popen(self.command(), stdout=out, stderr=out, env=env)
+        # A process group of its own: Ctrl-C in a terminal signals the whole foreground group,
+        # and a service that got it straight from the terminal could be in interpreter
+        # shutdown (default signal actions restored) when its launcher's own SIGTERM comes,
+        # and die of it (exit -15) after stopping cleanly. The launcher alone decides when
+        # and in which order its services stop.
+        self.proc = subprocess.Popen(
+            self.command(), stdout=out, stderr=out, env=env, process_group=0
+        )
         if out is not None:
             out.close()  # the child has its own copy
 

@@ -25,6 +25,7 @@ from mqstore.cli.log import log_group
 from mqstore.cli.options import ClientGroup, CliState, connection_options
 from mqstore.cli.produce import produce
 from mqstore.cli.query import query_group
+from mqstore.cli.security import token_group
 from mqstore.cli.status import offsets_group, queues, status, topics
 from mqstore.cli.up import up
 
@@ -78,6 +79,7 @@ def cli(
 for command in (up, produce, consume, query_group, status, topics, queues, offsets_group):
     cli.add_command(command)
 cli.add_command(log_group)
+cli.add_command(token_group)
 
 
 def main() -> None:

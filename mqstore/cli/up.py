@@ -4,17 +4,24 @@ Starts commitlog_svc, then cq_svc and index_svc subscribed to it, each a process
 data directory under DATA_DIR and its log in DATA_DIR/logs/. Prints where each listens and how
 to reach it; on Ctrl-C (or SIGTERM) stops them in reverse order, each gracefully (flush,
 checkpoint), and exits with 0 only if every service exited cleanly.
+
+Plaintext on loopback by default (`make run` needs nothing). `--secure` makes (or reuses) a CA,
+certificates and tokens in DATA_DIR/secrets/ (security.py) and starts every service with TLS
+and a tokens file, the followers with their own token; `--mtls` also requires client
+certificates. Either prints the `export MQSTORE_...` lines a client needs.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import threading
 from types import FrameType
 
 import click
 
+from mqstore.cli.security import SecretFiles, prepare_secrets
 from mqstore.launcher import DEFAULT_PORTS, ServiceProcess
 
 SERVICES = ("commitlog_svc", "cq_svc", "index_svc")
@@ -48,16 +55,26 @@ def _ports_args(package: str, base: int) -> list[str]:
     help="ports from here: commit log +0..2, consume queues +100..102, index +200..202; "
     "-1 lets the kernel pick free ones",
 )
-def up(data_dir: str, flush: str, cq_store: str, base_port: int) -> None:
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="TLS and bearer tokens, with a CA, certificates and tokens made in DATA_DIR/secrets",
+)
+@click.option("--mtls", is_flag=True, help="--secure, and require client certificates too")
+def up(data_dir: str, flush: str, cq_store: str, base_port: int, secure: bool, mtls: bool) -> None:
     """Run the store here: commit log, consume queues and index, until Ctrl-C.
 
     \b
     Each service listens on three ports: its API (gRPC, with reflection), a plaintext
     grpc.health.v1 port for probes, and Prometheus metrics. Logs: DATA_DIR/logs/*.log.
+    With --secure the API ports speak TLS and want a token; the lines to paste into a shell
+    are printed (MQSTORE_TLS_CA, MQSTORE_TOKEN_FILE, ...).
     """
     data_dir = os.path.abspath(data_dir)
     logs = os.path.join(data_dir, "logs")
     os.makedirs(logs, exist_ok=True)
+    secrets = prepare_secrets(os.path.join(data_dir, "secrets")) if secure or mtls else None
+    server_args, follower_args = _security_args(secrets, mtls)
     started: list[ServiceProcess] = []
     stop = threading.Event()
 
@@ -70,7 +87,7 @@ def up(data_dir: str, flush: str, cq_store: str, base_port: int) -> None:
         commitlog = ServiceProcess(
             "commitlog_svc",
             os.path.join(data_dir, "commitlog_svc"),
-            args=[*_ports_args("commitlog_svc", base_port), "--flush", flush],
+            args=[*_ports_args("commitlog_svc", base_port), "--flush", flush, *server_args],
             log_path=os.path.join(logs, "commitlog_svc.log"),
         )
         commitlog.start()
@@ -81,14 +98,14 @@ def up(data_dir: str, flush: str, cq_store: str, base_port: int) -> None:
                 "cq_svc",
                 os.path.join(data_dir, "cq_svc"),
                 args=[*_ports_args("cq_svc", base_port), "--cq-store", cq_store,
-                      "--commitlog-target", commitlog.target],
+                      "--commitlog-target", commitlog.target, *server_args, *follower_args],
                 log_path=os.path.join(logs, "cq_svc.log"),
             ),
             ServiceProcess(
                 "index_svc",
                 os.path.join(data_dir, "index_svc"),
                 args=[*_ports_args("index_svc", base_port),
-                      "--commitlog-target", commitlog.target],
+                      "--commitlog-target", commitlog.target, *server_args, *follower_args],
                 log_path=os.path.join(logs, "index_svc.log"),
             ),
         ]  # fmt: skip
@@ -100,7 +117,7 @@ def up(data_dir: str, flush: str, cq_store: str, base_port: int) -> None:
     except (RuntimeError, TimeoutError) as exc:
         _stop_all(started)
         raise click.ClickException(str(exc)) from exc
-    _print_summary(data_dir, started)
+    _print_summary(data_dir, started, secrets, mtls)
     while not stop.wait(0.5):
         dead = [s for s in started if not s.running]
         if dead:
@@ -119,7 +136,49 @@ def _stop_all(started: list[ServiceProcess]) -> dict[str, int]:
     return {s.package: s.stop() for s in reversed(started)}
 
 
-def _print_summary(data_dir: str, started: list[ServiceProcess]) -> None:
+def _security_args(secrets: SecretFiles | None, mtls: bool) -> tuple[list[str], list[str]]:
+    """(flags of every service's API, flags of a follower's channel to the commit log)."""
+    if secrets is None:
+        return [], []
+    server = [
+        "--tls-cert-file", str(secrets.server_cert),
+        "--tls-key-file", str(secrets.server_key),
+        "--tokens-file", str(secrets.tokens),
+    ]  # fmt: skip
+    follower = [
+        "--commitlog-tls-ca-file", str(secrets.ca),
+        "--commitlog-token-file", str(secrets.subscriber_token),
+    ]  # fmt: skip
+    if mtls:
+        server += ["--tls-client-ca-file", str(secrets.ca)]
+        follower += [
+            "--commitlog-tls-cert-file", str(secrets.client_cert),
+            "--commitlog-tls-key-file", str(secrets.client_key),
+        ]  # fmt: skip
+    return server, follower
+
+
+def client_environment(
+    started: list[ServiceProcess], secrets: SecretFiles, mtls: bool
+) -> dict[str, str]:
+    """What a client of this store needs (ClientSettings.from_env, the mqstore command)."""
+    by_package = {s.package: s.target for s in started}
+    env = {
+        "MQSTORE_COMMITLOG": by_package.get("commitlog_svc", ""),
+        "MQSTORE_CQ": by_package.get("cq_svc", ""),
+        "MQSTORE_INDEX": by_package.get("index_svc", ""),
+        "MQSTORE_TLS_CA": str(secrets.ca),
+        "MQSTORE_TOKEN_FILE": str(secrets.admin_token),
+    }
+    if mtls:
+        env["MQSTORE_TLS_CERT"] = str(secrets.client_cert)
+        env["MQSTORE_TLS_KEY"] = str(secrets.client_key)
+    return env
+
+
+def _print_summary(
+    data_dir: str, started: list[ServiceProcess], secrets: SecretFiles | None, mtls: bool
+) -> None:
     click.echo(f"mqstore is up; data in {data_dir}")
     for s in started:
         click.echo(
@@ -128,13 +187,31 @@ def _print_summary(data_dir: str, started: list[ServiceProcess]) -> None:
         )
     commitlog = started[0].target
     cq = started[1].target if len(started) > 1 else "?"
+    if secrets is None:
+        grpcurl = "grpcurl -plaintext"
+    else:
+        mode = "mutual TLS" if mtls else "TLS"
+        click.echo(
+            f"Secure: {mode} and bearer tokens; secrets in {secrets.directory} (keep it private)"
+        )
+        click.echo("A client needs (paste into a shell, then e.g. `mqstore status`):")
+        for name, value in client_environment(started, secrets, mtls).items():
+            click.echo(f"  export {name}={shlex.quote(value)}")
+        grpcurl = f"grpcurl -cacert {shlex.quote(str(secrets.ca))}"
+        if mtls:
+            grpcurl += (
+                f" -cert {shlex.quote(str(secrets.client_cert))}"
+                f" -key {shlex.quote(str(secrets.client_key))}"
+            )
+        token = shlex.quote(str(secrets.admin_token))
+        grpcurl += f' -H "authorization: Bearer $(cat {token})"'
     click.echo("Try it (grpcurl uses the servers' reflection):")
     click.echo(
-        f'  grpcurl -plaintext -d \'{{"batches":[{{"topic":"demo","queue_ids":[0],'
+        f'  {grpcurl} -d \'{{"batches":[{{"topic":"demo","queue_ids":[0],'
         f'"bodies":["aGVsbG8="]}}]}}\' {commitlog} mqstore.commitlog.v1.CommitLog/Append'
     )
     click.echo(
-        f'  grpcurl -plaintext -d \'{{"topic":"demo","queue_id":0,"offset":0}}\' '
+        f'  {grpcurl} -d \'{{"topic":"demo","queue_id":0,"offset":0}}\' '
         f"{cq} mqstore.consumequeue.v1.ConsumeQueue/Pull"
     )
     click.echo("Ctrl-C stops everything gracefully.")

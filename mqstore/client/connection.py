@@ -2,7 +2,10 @@
 every call, keepalive suited to long polls, and errors turned into typed exceptions.
 
 Everything that talks to a service goes through a Connection (or AsyncConnection), so the
-security settings and the error mapping live here once.
+security settings and the error mapping live here once. The TLS credentials, options and the
+token's metadata come from mqstore/rpc/channel.py's ChannelSecurity, which the services'
+own channels to the commit log use too. The token is passed as call metadata (not through an
+interceptor) so that the asyncio channels carry it the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import grpc.aio
 
 from mqstore.client.errors import Cancelled, ClientError, FailedPrecondition, from_rpc_error
 from mqstore.client.settings import ClientSettings
-from mqstore.rpc.channel import channel_options
+from mqstore.rpc.channel import ChannelSecurity
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
@@ -27,25 +30,17 @@ T = TypeVar("T")
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 
 
-def _credentials(settings: ClientSettings) -> grpc.ChannelCredentials | None:
-    if settings.tls is None:
-        return None
-    ca, key, cert = settings.tls.credentials_bytes()
-    return grpc.ssl_channel_credentials(
-        root_certificates=ca, private_key=key, certificate_chain=cert
+def security_of(settings: ClientSettings) -> ChannelSecurity:
+    """The settings' TLS files and token as a ChannelSecurity (reads the token file)."""
+    tls = settings.tls
+    return ChannelSecurity(
+        tls=tls is not None,
+        ca_file=tls.ca_file if tls else None,
+        cert_file=tls.cert_file if tls else None,
+        key_file=tls.key_file if tls else None,
+        server_name=tls.server_name if tls else None,
+        token=settings.bearer_token(),
     )
-
-
-def _options(settings: ClientSettings) -> list[tuple[str, Any]]:
-    options = channel_options()
-    if settings.tls is not None and settings.tls.server_name:
-        options.append(("grpc.ssl_target_name_override", settings.tls.server_name))
-    return options
-
-
-def _metadata(settings: ClientSettings) -> tuple[tuple[str, str], ...]:
-    token = settings.bearer_token()
-    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 class Connection:
@@ -53,8 +48,9 @@ class Connection:
 
     def __init__(self, settings: ClientSettings | None = None) -> None:
         self.settings = settings or ClientSettings()
-        self.metadata = _metadata(self.settings)
-        self._credentials = _credentials(self.settings)
+        self._security = security_of(self.settings)
+        self.metadata = self._security.metadata()
+        self._credentials = self._security.credentials()
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -66,7 +62,7 @@ class Connection:
                 raise Cancelled("the connection is closed")
             channel = self._channels.get(target)
             if channel is None:
-                options = _options(self.settings)
+                options = self._security.options()
                 if self._credentials is None:
                     channel = grpc.insecure_channel(target, options=options)
                 else:
@@ -150,14 +146,15 @@ class AsyncConnection:
 
     def __init__(self, settings: ClientSettings | None = None) -> None:
         self.settings = settings or ClientSettings()
-        self.metadata = _metadata(self.settings)
-        self._credentials = _credentials(self.settings)
+        self._security = security_of(self.settings)
+        self.metadata = self._security.metadata()
+        self._credentials = self._security.credentials()
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def channel(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)
         if channel is None:
-            options = _options(self.settings)
+            options = self._security.options()
             if self._credentials is None:
                 channel = grpc.aio.insecure_channel(target, options=options)
             else:

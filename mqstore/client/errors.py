@@ -8,8 +8,8 @@
     ├── ResourceExhausted            RESOURCE_EXHAUSTED (disk full, store busy, too big)
     ├── Unavailable                  UNAVAILABLE        retried by the SDK where that is safe
     ├── DataLoss                     DATA_LOSS          the stored bytes failed their checks
-    ├── Unauthenticated              UNAUTHENTICATED    no token, or a wrong one
-    ├── PermissionDenied             PERMISSION_DENIED  the token lacks the scope
+    ├── Unauthenticated              UNAUTHENTICATED    no token, or a wrong one (also domain)
+    ├── PermissionDenied             PERMISSION_DENIED  the token lacks the scope (also domain)
     ├── DeadlineExceeded             DEADLINE_EXCEEDED  the call's deadline passed
     ├── Cancelled                    CANCELLED
     └── Internal                     INTERNAL / UNKNOWN / anything else
@@ -82,11 +82,11 @@ class DataLoss(ClientError, domain.DataLoss):
     status = grpc.StatusCode.DATA_LOSS
 
 
-class Unauthenticated(ClientError):
+class Unauthenticated(ClientError, domain.Unauthenticated):
     status = grpc.StatusCode.UNAUTHENTICATED
 
 
-class PermissionDenied(ClientError):
+class PermissionDenied(ClientError, domain.PermissionDenied):
     status = grpc.StatusCode.PERMISSION_DENIED
 
 

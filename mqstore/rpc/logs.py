@@ -3,7 +3,9 @@
 Every log line of the process goes through structlog, and the standard `logging` module (which
 the engines use) is routed into it, so one format covers both. `LoggingInterceptor` binds the
 method and peer of each call to the context, so every line logged while serving it carries
-them. Message bodies are never logged.
+them. Message bodies are never logged, and neither is call metadata: it carries the bearer
+token (auth.py binds the token's *name*, `caller`, instead), and tests/security checks every
+service log for every token.
 """
 
 from __future__ import annotations

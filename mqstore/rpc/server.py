@@ -2,9 +2,12 @@
 
     ServiceHost(name, settings, register=..., on_stop=...)
       main port     the API (thread pool server), reflection, interceptors: logs, metrics,
-                    errors -> status codes
+                    errors -> status codes, auth (with a tokens file: auth.py); TLS when
+                    settings give a certificate and key, mutual TLS when they also give a CA
+                    for client certificates (server_credentials below)
       health port   its own plaintext server: grpc.health.v1 with "", "startup", "readiness",
-                    "liveness"; separate so that an overloaded API never fails a probe
+                    "liveness", and nothing else (no API, no reflection, no token); separate so
+                    that an overloaded API never fails a probe and probes need no TLS material
       metrics port  Prometheus /metrics
       SIGTERM/INT   readiness NOT_SERVING (health.enter_graceful_shutdown), wait drain_delay_s,
                     on_drain() (waiting calls answer now), stop accepting and finish calls
@@ -20,6 +23,7 @@ as JSON so that a launcher or a test can find them.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -34,6 +38,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from mqstore.rpc.auth import AuthInterceptor, TokenTable
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.logs import LoggingInterceptor
 from mqstore.rpc.metrics import MetricsInterceptor, MetricsServer
@@ -50,6 +55,13 @@ LIVENESS_CHECK_S = 1.0
 KEEPALIVE_MIN_PING_MS = 10_000
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -58,6 +70,39 @@ def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
         ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MIN_PING_MS),
         ("grpc.http2.max_pings_without_data", 0),
     ]
+
+
+def server_credentials(settings: ServiceSettings) -> grpc.ServerCredentials | None:
+    """TLS credentials from the settings' files (read now), or None for plaintext."""
+    if not settings.tls_cert_file:
+        return None
+    with open(settings.tls_key_file, "rb") as f:
+        key = f.read()
+    with open(settings.tls_cert_file, "rb") as f:
+        chain = f.read()
+    client_ca = None
+    if settings.tls_client_ca_file:
+        with open(settings.tls_client_ca_file, "rb") as f:
+            client_ca = f.read()
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def describe_security(settings: ServiceSettings, tokens: TokenTable | None) -> str:
+    """One line for the start-up log: what protects the API (file names, never contents)."""
+    if settings.tls_client_ca_file:
+        transport = "mutual TLS (client certificates required)"
+    elif settings.tls_cert_file:
+        transport = "TLS"
+    else:
+        transport = "plaintext"
+    auth = (
+        f"{len(tokens.grants)} tokens from {settings.tokens_file}"
+        if tokens is not None
+        else "no tokens (every caller is trusted)"
+    )
+    return f"{transport}, {auth}"
 
 
 class ServiceHost:
@@ -89,6 +134,10 @@ class ServiceHost:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._watchdog: threading.Thread | None = None
+        # Secrets and certificates are read now, so that a bad file stops the process before
+        # recovery work, not after it.
+        self._tokens = TokenTable.from_file(settings.tokens_file) if settings.tokens_file else None
+        self._credentials = server_credentials(settings)
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -112,11 +161,20 @@ class ServiceHost:
         s = self.settings
         if self._health_server is None:
             self.start_health()
+        # Outermost first: auth runs inside the error interceptor, which turns its typed
+        # refusals into UNAUTHENTICATED / PERMISSION_DENIED like every other error.
+        interceptors: list[grpc.ServerInterceptor] = [
+            LoggingInterceptor(),
+            MetricsInterceptor(),
+            ErrorInterceptor(),
+        ]
+        if self._tokens is not None:
+            interceptors.append(AuthInterceptor(self._tokens))
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=s.max_workers, thread_name_prefix=f"{self.name}-rpc"
             ),
-            interceptors=[LoggingInterceptor(), MetricsInterceptor(), ErrorInterceptor()],
+            interceptors=interceptors,
             options=server_options(s.max_message_bytes),
             # Past this many calls in flight, new ones get RESOURCE_EXHAUSTED at once rather
             # than queueing without bound behind long polls and streams.
@@ -126,7 +184,14 @@ class ServiceHost:
         reflection.enable_server_reflection(
             [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        address = f"{s.host}:{s.port}"
+        if self._credentials is None:
+            self.port = server.add_insecure_port(address)
+        else:
+            self.port = server.add_secure_port(address, self._credentials)
+        log.info("API security: %s", describe_security(s, self._tokens))
+        if self._tokens is not None and self._credentials is None and not _loopback(s.host):
+            log.warning("tokens over plaintext on %s: anyone on the path can read them", s.host)
         server.start()
         self._server = server
         self.set_serving(STARTUP, True)

@@ -5,6 +5,22 @@ Every service subclasses `ServiceSettings` with its own fields and environment p
 MQSTORE_CONFIG variable; within it a service reads its own table ([commitlog], [cq], [index])
 and the shared top-level keys. Flags are the field names: `--port 7100 --data-dir ./data`.
 The defaults run all three services on one machine.
+
+Security (docs/security.md), all off by default so that `mqstore up` needs nothing:
+
+    tls_cert_file, tls_key_file   the API serves TLS with this certificate chain and key (PEM)
+    tls_client_ca_file            and requires client certificates issued by this CA (mTLS)
+    tokens_file                   and requires a bearer token with the scope (mqstore/rpc/auth.py)
+
+Followers (cq_svc, index_svc) reach commitlog_svc as clients (`FollowerSettings`):
+
+    commitlog_tls_ca_file         TLS to the commit log, trusting this CA ("" with
+                                  commitlog_tls: the system's roots)
+    commitlog_tls_cert_file/_key_file   a client certificate, for a commit log that wants one
+    commitlog_tls_server_name     the name to check in its certificate (default: the target's)
+    commitlog_token_file          the follower's own token (scopes: subscribe, consume:*)
+
+Only paths are settings: secrets stay in their files, out of argv, the environment and logs.
 """
 
 from __future__ import annotations
@@ -16,7 +32,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
@@ -24,6 +40,8 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from mqstore.rpc.channel import ChannelSecurity
 
 CONFIG_ENV = "MQSTORE_CONFIG"
 
@@ -51,6 +69,27 @@ class ServiceSettings(BaseSettings):
     max_message_bytes: int = Field(64 << 20, ge=1 << 20)
     # Where to write the bound ports as JSON once listening (launchers and tests read it).
     ports_file: str = ""
+
+    # -- security of the API port (the health port stays plaintext and health-only) --------------
+    tls_cert_file: str = Field("", description="PEM certificate chain: the API serves TLS")
+    tls_key_file: str = Field("", description="PEM private key of tls_cert_file")
+    tls_client_ca_file: str = Field(
+        "", description="PEM CA bundle: require client certificates it issued (mutual TLS)"
+    )
+    tokens_file: str = Field(
+        "", description="TOML of token hashes and scopes: require a bearer token (auth.py)"
+    )
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Self:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError(
+                "tls_client_ca_file (client certificates) needs server TLS: "
+                "tls_cert_file and tls_key_file"
+            )
+        return self
 
     @classmethod
     def load(cls, argv: list[str] | None = None, **overrides: Any) -> Self:
@@ -84,6 +123,41 @@ class ServiceSettings(BaseSettings):
         sources.append(env_settings)
         sources.append(InitSettingsSource(settings_cls, init_kwargs=file_values))
         return tuple(sources)
+
+
+class FollowerSettings(ServiceSettings):
+    """A service that follows commitlog_svc (cq_svc, index_svc): how it reaches it securely."""
+
+    commitlog_tls: bool = Field(
+        False, description="TLS to the commit log (on by itself with any commitlog_tls_* file)"
+    )
+    commitlog_tls_ca_file: str = Field("", description="PEM CA bundle for the commit log's cert")
+    commitlog_tls_cert_file: str = Field("", description="client certificate (mutual TLS)")
+    commitlog_tls_key_file: str = Field("", description="key of commitlog_tls_cert_file")
+    commitlog_tls_server_name: str = Field("", description="name checked in its certificate")
+    commitlog_token_file: str = Field("", description="file holding this follower's token")
+
+    @model_validator(mode="after")
+    def _check_commitlog_tls(self) -> Self:
+        if bool(self.commitlog_tls_cert_file) != bool(self.commitlog_tls_key_file):
+            raise ValueError("commitlog_tls_cert_file and commitlog_tls_key_file go together")
+        return self
+
+    def commitlog_security(self) -> ChannelSecurity:
+        """TLS and token for every channel to the commit log; reads the token file now."""
+        return ChannelSecurity.from_files(
+            tls=self.commitlog_tls
+            or bool(
+                self.commitlog_tls_ca_file
+                or self.commitlog_tls_cert_file
+                or self.commitlog_tls_server_name
+            ),
+            ca_file=self.commitlog_tls_ca_file,
+            cert_file=self.commitlog_tls_cert_file,
+            key_file=self.commitlog_tls_key_file,
+            server_name=self.commitlog_tls_server_name,
+            token_file=self.commitlog_token_file,
+        )
 
 
 # What `load` found for the settings being built: (file values, remaining argv).

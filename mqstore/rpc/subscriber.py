@@ -7,6 +7,9 @@
       every CONFIRM_INTERVAL_S, if sink.confirmed_offset moved -> Confirm
       stream ends or fails -> reconnect after a backoff (gRPC never retries a stream for us)
 
+The channel is built with the follower's `ChannelSecurity` (TLS, client certificate, its
+token): the stream and the Confirms carry the token like any client call.
+
 `caught_up` turns true once the sink has applied everything the log held at the handshake
 (the services' readiness), and false again when a handshake shows the log was replaced
 (`on_ready_change` hears both). The sink's confirmed offset must only cover entries that are
@@ -24,7 +27,7 @@ from typing import Protocol
 import grpc
 
 from mqstore.dispatch import DispatchEntry
-from mqstore.rpc.channel import make_channel
+from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity, make_channel
 from mqstore.rpc.dispatch_codec import decode_dispatch
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
@@ -66,8 +69,10 @@ class Subscriber:
         include_keys: bool = False,
         max_batch_entries: int = 0,
         on_ready_change: Callable[[bool], None] | None = None,
+        security: ChannelSecurity = PLAINTEXT,
     ) -> None:
         self.target = target
+        self.security = security
         self.subscriber_id = subscriber_id
         self.sink = sink
         self.include_keys = include_keys
@@ -107,7 +112,7 @@ class Subscriber:
     # -- life cycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._channel = make_channel(self.target)
+        self._channel = make_channel(self.target, self.security)
         self._thread = threading.Thread(target=self._run, name="subscriber", daemon=True)
         self._thread.start()
         self._confirm_thread = threading.Thread(

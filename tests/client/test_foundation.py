@@ -75,8 +75,8 @@ def test_a_compression_bomb_stops_at_the_limit(kind: Compression) -> None:
         (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted, domain.ResourceExhausted),
         (grpc.StatusCode.UNAVAILABLE, errors.Unavailable, domain.Unavailable),
         (grpc.StatusCode.DATA_LOSS, errors.DataLoss, domain.DataLoss),
-        (grpc.StatusCode.UNAUTHENTICATED, errors.Unauthenticated, errors.ClientError),
-        (grpc.StatusCode.PERMISSION_DENIED, errors.PermissionDenied, errors.ClientError),
+        (grpc.StatusCode.UNAUTHENTICATED, errors.Unauthenticated, domain.Unauthenticated),
+        (grpc.StatusCode.PERMISSION_DENIED, errors.PermissionDenied, domain.PermissionDenied),
         (grpc.StatusCode.UNIMPLEMENTED, errors.Internal, errors.ClientError),
     ],
 )

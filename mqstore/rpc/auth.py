@@ -1,0 +1,403 @@
+"""Who may call what: bearer tokens with scopes, checked before any handler runs.
+
+    tokens file (TOML; --tokens-file), read when the service starts; it holds hashes only:
+
+        [[token]]
+        name = "billing"                     # shown in logs and errors, never the token
+        sha256 = "9f86d081884c7d65..."       # hex SHA-256 of the token's UTF-8 bytes
+        scopes = ["produce:orders", "consume:orders*", "admin", "subscribe"]
+        expires = 2027-01-31T00:00:00Z       # optional; from then on UNAUTHENTICATED
+
+    scope      produce:<topic pattern>   Append / AppendStream to a matching topic
+               consume:<topic pattern>   Pull, offsets, Receive/Ack, key queries on a matching
+                                         topic; `consume:*` also raw reads by offset (Read,
+                                         GetMessage), which may hit any topic
+               subscribe                 the dispatch stream (Subscribe, Confirm): followers
+               admin                     every method (ListTopics needs it, nothing else does)
+               (any valid token)         GetStatus of each service, reflection
+               patterns are fnmatch, case-sensitive: `*` every topic, `orders*`, `eu-?-audit`
+
+    a call     metadata  authorization: Bearer <token>
+               -> missing, repeated or not "Bearer <token>"          UNAUTHENTICATED
+               -> SHA-256 of the token compared with every entry       UNAUTHENTICATED if none
+                  (hmac.compare_digest on 32-byte digests, no early      matches, or the entry
+                  exit: the time says nothing of which entry or how      has expired
+                  much of it matched)
+               -> the method's requirement (REQUIREMENTS) against     PERMISSION_DENIED if the
+                  the entry's scopes, with the request in hand: every  scopes do not cover it
+                  topic of an Append, each request of an AppendStream
+                  as it arrives (a refused one ends the stream; the
+                  requests before it were answered, nothing of it is
+                  stored)
+               -> the handler, with `caller=<entry name>` bound to its log lines
+
+Health is not here: it is served by a plaintext server of its own (server.py) that holds
+nothing but grpc.health.v1. Reflection is open to any valid token. A method missing from the
+table needs `admin` (fail closed); a test checks that the table names every method.
+
+Errors are the typed `Unauthenticated` / `PermissionDenied` of mqstore/errors.py, mapped to
+their codes by the ErrorInterceptor, which sits outside this one. Neither the token nor its
+hash appears in an error or a log line.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import hashlib
+import hmac
+import logging
+import tomllib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import grpc
+import structlog
+
+from mqstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from mqstore.rpc.channel import AUTHORIZATION_KEY
+from mqstore.rpc.errors import wrap_handler
+
+log = logging.getLogger(__name__)
+
+PRODUCE: Final = "produce"
+CONSUME: Final = "consume"
+ADMIN: Final = "admin"
+SUBSCRIBE: Final = "subscribe"
+ALL_TOPICS: Final = "*"
+DIGEST_BYTES = hashlib.sha256().digest_size
+assert DIGEST_BYTES == 32
+_ENTRY_KEYS = frozenset({"name", "sha256", "scopes", "expires"})
+
+Scope = Literal["produce", "consume", "admin", "subscribe", "authenticated"]
+
+
+def hash_token(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def parse_scope(text: str) -> tuple[str, str]:
+    """(action, topic pattern) of one scope; the pattern is "" for admin and subscribe."""
+    if text in (ADMIN, SUBSCRIBE):
+        return text, ""
+    action, sep, pattern = text.partition(":")
+    if action in (PRODUCE, CONSUME) and sep and pattern and not pattern.isspace():
+        return action, pattern
+    raise InvalidArgument(
+        f"scope {text!r}: expected produce:<topic pattern>, consume:<topic pattern>, "
+        "admin or subscribe",
+        field="scopes",
+    )
+
+
+# -- what a method needs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """`scope` on the topics `topics(request)` names; `topics` None for produce/consume means
+    any topic at all (raw offsets), which only `<action>:*` or admin covers."""
+
+    scope: Scope
+    topics: Callable[[Any], Iterable[str]] | None = None
+
+
+def _topic(request: Any) -> Iterable[str]:
+    return (request.topic,)
+
+
+def _batch_topics(request: Any) -> Iterable[str]:
+    return {batch.topic for batch in request.batches}
+
+
+AUTHENTICATED = Requirement("authenticated")
+NEEDS_ADMIN = Requirement(ADMIN)
+NEEDS_SUBSCRIBE = Requirement(SUBSCRIBE)
+PRODUCE_BATCHES = Requirement(PRODUCE, _batch_topics)
+CONSUME_TOPIC = Requirement(CONSUME, _topic)
+CONSUME_ANY_TOPIC = Requirement(CONSUME)
+
+_CL = "/mqstore.commitlog.v1.CommitLog/"
+_CQ = "/mqstore.consumequeue.v1.ConsumeQueue/"
+_IX = "/mqstore.index.v1.Index/"
+
+# Every method of the three services. GetStatus is open to any valid token (offsets, lag and
+# replica state, no names); ListTopics names every topic, so it needs admin.
+REQUIREMENTS: dict[str, Requirement] = {
+    _CL + "Append": PRODUCE_BATCHES,
+    _CL + "AppendStream": PRODUCE_BATCHES,
+    _CL + "Read": CONSUME_ANY_TOPIC,
+    _CL + "GetMessage": CONSUME_ANY_TOPIC,
+    _CL + "Subscribe": NEEDS_SUBSCRIBE,
+    _CL + "Confirm": NEEDS_SUBSCRIBE,
+    _CL + "GetStatus": AUTHENTICATED,
+    _CQ + "Pull": CONSUME_TOPIC,
+    _CQ + "GetOffsetByTime": CONSUME_TOPIC,
+    _CQ + "GetQueueInfo": CONSUME_TOPIC,
+    _CQ + "ListQueues": CONSUME_TOPIC,
+    _CQ + "ListTopics": NEEDS_ADMIN,
+    _CQ + "CommitOffset": CONSUME_TOPIC,
+    _CQ + "FetchOffset": CONSUME_TOPIC,
+    _CQ + "Receive": CONSUME_TOPIC,
+    _CQ + "Ack": CONSUME_TOPIC,
+    _CQ + "ChangeInvisibleDuration": CONSUME_TOPIC,
+    _CQ + "GetStatus": AUTHENTICATED,
+    _IX + "QueryByKey": CONSUME_TOPIC,
+    _IX + "QueryByUniqKey": CONSUME_TOPIC,
+    _IX + "GetStatus": AUTHENTICATED,
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": AUTHENTICATED,
+}
+
+
+def requirement_for(method: str) -> Requirement:
+    """A method nobody listed needs admin: a new RPC is closed until someone decides."""
+    return REQUIREMENTS.get(method, NEEDS_ADMIN)
+
+
+# -- who the caller is --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One entry of the tokens file: a name, the token's digest and what it may do."""
+
+    name: str
+    digest: bytes = field(repr=False)
+    scopes: tuple[str, ...] = ()
+    admin: bool = False
+    subscribe: bool = False
+    produce: tuple[str, ...] = ()
+    consume: tuple[str, ...] = ()
+    expires: dt.datetime | None = None
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        digest: bytes,
+        scopes: Sequence[str],
+        expires: dt.datetime | None = None,
+    ) -> Grant:
+        patterns: dict[str, list[str]] = {PRODUCE: [], CONSUME: []}
+        flags = set()
+        for scope in scopes:
+            action, pattern = parse_scope(scope)
+            if pattern:
+                patterns[action].append(pattern)
+            else:
+                flags.add(action)
+        return cls(
+            name=name,
+            digest=digest,
+            scopes=tuple(scopes),
+            admin=ADMIN in flags,
+            subscribe=SUBSCRIBE in flags,
+            produce=tuple(patterns[PRODUCE]),
+            consume=tuple(patterns[CONSUME]),
+            expires=expires,
+        )
+
+    def check(self, requirement: Requirement, request: Any) -> None:
+        """Raises PermissionDenied unless the scopes cover `requirement` for `request`."""
+        scope = requirement.scope
+        if self.admin or scope == "authenticated":
+            return
+        if scope == SUBSCRIBE:
+            if not self.subscribe:
+                raise PermissionDenied(f"token {self.name!r} lacks the subscribe scope")
+            return
+        if scope == ADMIN:
+            raise PermissionDenied(f"token {self.name!r} lacks the admin scope")
+        patterns = self.produce if scope == PRODUCE else self.consume
+        if requirement.topics is None:
+            if ALL_TOPICS not in patterns:
+                raise PermissionDenied(
+                    f"token {self.name!r} may not {scope} every topic "
+                    f"(reads by offset need {scope}:* or admin)"
+                )
+            return
+        for topic in requirement.topics(request):
+            if not any(fnmatch.fnmatchcase(topic, p) for p in patterns):
+                raise PermissionDenied(f"token {self.name!r} may not {scope} topic {topic!r}")
+
+
+class TokenTable:
+    """The entries of a tokens file, and the constant-time lookup of a presented token."""
+
+    def __init__(self, grants: Sequence[Grant]) -> None:
+        if not grants:
+            raise InvalidArgument("the tokens file has no [[token]] entries", field="token")
+        digests = [g.digest for g in grants]
+        if len(set(digests)) != len(digests):
+            raise InvalidArgument("two entries have the same sha256", field="sha256")
+        self.grants = tuple(grants)
+
+    @classmethod
+    def from_file(cls, path: str) -> TokenTable:
+        try:
+            return cls.from_toml(Path(path).read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as err:
+            raise InvalidArgument(f"tokens file {path}: {err}", field="tokens_file") from None
+        except InvalidArgument as err:
+            raise InvalidArgument(f"tokens file {path}: {err}", field=err.field) from None
+
+    @classmethod
+    def from_toml(cls, text: str) -> TokenTable:
+        entries = tomllib.loads(text).get("token", [])
+        if not isinstance(entries, list):
+            raise InvalidArgument("`token` must be an array of tables: [[token]]", field="token")
+        return cls([_grant(i, entry) for i, entry in enumerate(entries)])
+
+    def authenticate(self, token: str, now: dt.datetime | None = None) -> Grant:
+        """The entry whose digest is the token's. Every entry is compared, each in constant
+        time on 32 bytes whatever the token's length, so timing tells nothing."""
+        digest = hash_token(token)
+        found: Grant | None = None
+        for grant in self.grants:
+            if hmac.compare_digest(digest, grant.digest):
+                found = grant
+        if found is None:
+            raise Unauthenticated("the bearer token is not valid")
+        if found.expires is not None and (now or dt.datetime.now(dt.UTC)) >= found.expires:
+            raise Unauthenticated(f"the bearer token {found.name!r} expired at {found.expires}")
+        return found
+
+
+def _grant(index: int, entry: object) -> Grant:
+    where = f"[[token]] #{index + 1}"
+    if not isinstance(entry, dict):
+        raise InvalidArgument(f"{where} is not a table", field="token")
+    if "token" in entry:
+        raise InvalidArgument(
+            f"{where} holds a token: store only its sha256 (`mqstore token new` prints it)",
+            field="token",
+        )
+    unknown = set(entry) - _ENTRY_KEYS
+    if unknown:
+        raise InvalidArgument(f"{where}: unknown keys {sorted(unknown)}", field="token")
+    name, hex_digest, scopes = entry.get("name"), entry.get("sha256"), entry.get("scopes", [])
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"{where}: `name` must be a non-empty string", field="name")
+    where = f"token {name!r}"
+    try:
+        digest = bytes.fromhex(hex_digest) if isinstance(hex_digest, str) else b""
+    except ValueError:
+        digest = b""
+    if len(digest) != DIGEST_BYTES:
+        raise InvalidArgument(f"{where}: `sha256` must be 64 hex digits", field="sha256")
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        raise InvalidArgument(f"{where}: `scopes` must be a list of strings", field="scopes")
+    expires = entry.get("expires")
+    if expires is not None and not (isinstance(expires, dt.datetime) and expires.tzinfo):
+        raise InvalidArgument(
+            f"{where}: `expires` must be a TOML date-time with an offset (2027-01-31T00:00:00Z)",
+            field="expires",
+        )
+    try:
+        return Grant.of(name, digest, scopes, expires)
+    except InvalidArgument as err:
+        raise InvalidArgument(f"{where}: {err}", field="scopes") from None
+
+
+def presented_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    """The token of `authorization: Bearer <token>`; Unauthenticated when there is not
+    exactly one such header of that form."""
+    values = [v for k, v in metadata or () if k == AUTHORIZATION_KEY]
+    if not values:
+        raise Unauthenticated("no bearer token: send the metadata authorization: Bearer <token>")
+    if len(values) > 1:
+        raise Unauthenticated("more than one authorization header")
+    value = values[0]
+    scheme, _, token = value.partition(" ") if isinstance(value, str) else ("", "", "")
+    if scheme.lower() != "bearer" or not token or token != token.strip() or " " in token:
+        raise Unauthenticated("malformed authorization header: expected Bearer <token>")
+    return token
+
+
+# -- the interceptor ----------------------------------------------------------------------------
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Authenticates every call and checks its method's requirement against the request.
+
+    The work runs in the handler's thread (wrapped behaviours), not in intercept_service,
+    which gRPC runs on its serving thread."""
+
+    def __init__(self, table: TokenTable) -> None:
+        self.table = table
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        requirement = requirement_for(method)
+        streaming = handler.request_streaming
+        table = self.table
+
+        def admit(request: Any, context: grpc.ServicerContext) -> tuple[Grant, Any, _Refusal]:
+            refusal = _Refusal()
+            try:
+                grant = table.authenticate(presented_token(context.invocation_metadata()))
+                if streaming:
+                    request = _checked(grant, requirement, request, refusal)
+                else:
+                    grant.check(requirement, request)
+            except (Unauthenticated, PermissionDenied) as err:
+                log.warning("refused %s: %s", method, err)
+                raise
+            return grant, request, refusal
+
+        def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                grant, request, refusal = admit(request, context)
+                with structlog.contextvars.bound_contextvars(caller=grant.name):
+                    response = behavior(request, context)
+                refusal.raise_if_any(method)
+                return response
+
+            return call
+
+        def stream(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                grant, request, refusal = admit(request, context)
+                with structlog.contextvars.bound_contextvars(caller=grant.name):
+                    yield from behavior(request, context)
+                refusal.raise_if_any(method)
+
+            return call
+
+        return wrap_handler(handler, unary, stream)
+
+
+class _Refusal:
+    """A request of a stream that the scopes did not cover: the stream ended before it, and
+    the call ends with its PERMISSION_DENIED once the handler has answered the earlier ones."""
+
+    def __init__(self) -> None:
+        self.error: PermissionDenied | None = None
+
+    def raise_if_any(self, method: str) -> None:
+        if self.error is not None:
+            log.warning("refused %s: %s", method, self.error)
+            raise self.error
+
+
+def _checked(
+    grant: Grant, requirement: Requirement, requests: Iterator[Any], refusal: _Refusal
+) -> Iterator[Any]:
+    """The requests of a stream, each checked as it arrives; the first refused one ends the
+    stream for the handler (it never sees it) and is remembered in `refusal`."""
+    for request in requests:
+        try:
+            grant.check(requirement, request)
+        except PermissionDenied as err:
+            refusal.error = err
+            return
+        yield request
