@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 PYTEST_ARGS ?=
 
-.PHONY: help setup run demo test check fmt bench proto clean
+.PHONY: help setup run demo test check fmt bench proto clean chaos
 
 help:
 	@echo "make run    - set up, then run the store (all three services) on $(DATA_DIR); Ctrl-C stops it"
@@ -14,6 +14,7 @@ help:
 	@echo "make check  - generated code up to date, ruff (format + lint) and mypy"
 	@echo "make proto  - regenerate mqstore/rpc/gen from protos/"
 	@echo "make bench  - engine benchmarks against raw limits measured in the same run"
+	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=)"
 
 # The venv is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -56,6 +57,14 @@ bench: $(STAMP)
 	$(PY) -m bench.cq_bench $(BENCH_ARGS)
 	$(PY) -m bench.index_bench $(BENCH_ARGS)
 	$(PY) -m bench.e2e_bench $(BENCH_ARGS)
+
+# Kill -9 the services at seeded moments under load and check every acknowledged append
+# (docs/chaos.md). CYCLES=1000 is the long run; SEED=n replays a run.
+CYCLES ?=
+SEED ?=
+CHAOS_ARGS ?=
+chaos: $(STAMP)
+	$(PY) -m chaos $(if $(CYCLES),--cycles $(CYCLES)) $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
