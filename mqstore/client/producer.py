@@ -13,6 +13,14 @@ already stored with the first result (duplicate = true) and stores nothing. `win
 below the 5 requests per producer the store remembers (commitlog_svc/producers.py), so every
 retry is recognised.
 
+Sequences start at the wall clock in microseconds, so a producer restarted under the same id
+(a stable `producer_id`) continues above its previous life: no life sends a request per
+microsecond. Should the clock have stepped back between lives, the store answers a first
+attempt from the previous life's table (duplicate = true, nothing stored) or refuses it
+(FAILED_PRECONDITION: not after the last sequence); such a request was not stored, so it is
+sent again under sequences moved far ahead (`_rebase`), never acknowledged for what the store
+did not take. Order across such a move is kept among the requests not yet answered.
+
 A request the store refuses as a whole (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) fails the
 futures of its messages; a message the store refuses alone (a PutStatus other than PUT_OK)
 fails its own future with MessageRefused. Everything else resolves to a SendResult.
@@ -71,6 +79,10 @@ BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
 # A request's share of the 64 MiB gRPC message limit: a batch never grows past it.
 REQUEST_BYTES_MAX = 32 << 20
+# After a stale answer (a previous life's sequences ahead of ours), sequences jump this far
+# ahead, doubling on each further stale answer, at most REBASES_MAX times per request.
+REBASE_GAP_FIRST = 1 << 32
+REBASES_MAX = 8
 # Fixed per-message overhead counted towards batch_bytes besides body and properties.
 MESSAGE_OVERHEAD_BYTES = 16
 
@@ -188,6 +200,8 @@ class _Request:
     messages: list[_Message]  # in the order of the answer (batches concatenated)
     weight: int
     sent_at: float = 0.0
+    attempts: int = 0  # times written to a stream under its current sequence
+    rebases: int = 0
 
 
 @dataclass
@@ -198,6 +212,12 @@ class ProducerStats:
     retries: int = 0  # requests sent again after a broken stream
     duplicates: int = 0  # answers the store gave from a request it had already stored
     reconnects: int = 0  # streams opened after the first
+    rebases: int = 0  # sequence moves after answers from an earlier life of the producer id
+
+
+def _sequence_base() -> int:
+    """The first sequence of a producer's life: the wall clock in microseconds."""
+    return time.time_ns() // 1_000
 
 
 def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> _Request:
@@ -312,6 +332,7 @@ class Producer:
         buffer_bytes: int = BUFFER_BYTES_DEFAULT,
         block_timeout_s: float = BLOCK_TIMEOUT_S_DEFAULT,
         limits: MessageLimits = MessageLimits(),  # noqa: B008
+        first_sequence: int | None = None,
     ) -> None:
         if not 1 <= window <= WINDOW_MAX:
             raise InvalidArgument(f"window must be 1..{WINDOW_MAX}", field="window")
@@ -351,7 +372,14 @@ class Producer:
 
         self._ids = UniqIdGenerator()
         self._round_robin = itertools.count()
-        self._sequences = itertools.count(1)
+        # `first_sequence`: for a producer that keeps its own numbering across restarts.
+        self._sequences = itertools.count(
+            _sequence_base() if first_sequence is None else first_sequence
+        )
+        self._rebase_gap = REBASE_GAP_FIRST
+        # First attempts the store answered from a previous life's table: not stored, to be
+        # sent again under new sequences once the stream has answered everything in flight.
+        self._stale: list[_Request] = []
         self._cond = threading.Condition()
         self._open: list[_Message] = []
         self._open_weight = 0
@@ -557,10 +585,13 @@ class Producer:
                         self._failing_since = None
                     elif now >= self._retry_at:
                         open_stream = True
+                if self._stale and not self._inflight:
+                    to_fail.extend(self._rebase())
                 if self._stream is not None:
-                    while self._sealed and len(self._inflight) < self.window:
+                    while self._sealed and not self._stale and len(self._inflight) < self.window:
                         r = self._sealed.popleft()
                         r.sent_at = now
+                        r.attempts += 1
                         self._inflight.append(r)
                         self._stream.requests.put(r.request)
                     head = self._inflight[0] if self._inflight else None
@@ -631,6 +662,11 @@ class Producer:
                     self._inflight.popleft()
                     self._failing_since = None
                     self._backoff_s = BACKOFF_FIRST_S
+                    if response.duplicate and head.attempts == 1:
+                        # Answered from the table before this life sent it: not stored.
+                        self._stale.append(head)
+                        self._cond.notify_all()
+                        continue
                     self.stats.requests += 1
                     if response.duplicate:
                         self.stats.duplicates += 1
@@ -654,6 +690,17 @@ class Producer:
                 return
             if retryable:
                 self._back_off()
+            elif (
+                error is not None
+                and error.code == grpc.StatusCode.FAILED_PRECONDITION
+                and self._inflight
+                and self._inflight[0].attempts == 1
+            ):
+                # Not after the last sequence the store knows for this id (a previous life):
+                # refused before anything was written, and the store read nothing after it.
+                self._stale.append(self._inflight.popleft())
+                self._sealed.extendleft(reversed(self._inflight))
+                self._inflight.clear()
             elif self._inflight:
                 failed = self._inflight.popleft()
             elif self._sealed:  # refused before a request was written (no token, say)
@@ -661,6 +708,54 @@ class Producer:
             self._cond.notify_all()
         if failed is not None and error is not None:
             self._finish(failed, [error] * len(failed.messages))
+
+    def _rebase(self) -> list[tuple[_Request, ClientError]]:
+        """Under the lock, with nothing in flight: move the sequences far ahead and give the
+        stale requests, then every unsent one, new sequences in order. A request written
+        before under its sequence (attempts > 1, outcome unknown) cannot move: it fails."""
+        failed: list[tuple[_Request, ClientError]] = []
+        moving: list[_Request] = []
+        for r in [*self._stale, *self._sealed]:
+            if r.attempts > 1 or r.rebases >= REBASES_MAX:
+                failed.append(
+                    (
+                        r,
+                        ClientError(
+                            f"producer id {self.producer_id!r} is in use by another producer or "
+                            "an earlier life whose sequences could not be passed; not stored",
+                            code=grpc.StatusCode.FAILED_PRECONDITION,
+                            method="CommitLog/AppendStream",
+                        )
+                        if r.attempts <= 1
+                        else Unavailable(
+                            "outcome unknown: the request could not be confirmed after its "
+                            "producer id's sequences moved",
+                            method="CommitLog/AppendStream",
+                        ),
+                    )
+                )
+                continue
+            moving.append(r)
+        self._stale.clear()
+        self._sealed.clear()
+        start = max(next(self._sequences), _sequence_base()) + self._rebase_gap
+        self._rebase_gap = min(self._rebase_gap * 2, 1 << 60)
+        self._sequences = itertools.count(start)
+        for r in moving:
+            r.sequence = next(self._sequences)
+            r.request.sequence = r.sequence
+            r.attempts = 0
+            r.rebases += 1
+            self._sealed.append(r)
+        self.stats.rebases += 1
+        log.warning(
+            "producer %r: the store knew later sequences of this id (an earlier life with a "
+            "clock ahead of ours?); %d request(s) sent again from sequence %d",
+            self.producer_id,
+            len(moving),
+            start,
+        )
+        return failed
 
     def _back_off(self) -> None:
         """The next stream opens after a pause that doubles up to BACKOFF_MAX_S (under the

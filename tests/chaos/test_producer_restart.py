@@ -1,9 +1,8 @@
 """A producer restarted under the same producer_id (a client process restarting with the stable
 name docs/client.md shows, `Producer(conn, producer_id="orders-writer")`).
 
-The SDK numbers each Producer's requests from 1 (mqstore/client/producer.py: _sequences =
-itertools.count(1)), and the commit log answers a (producer id, sequence) it remembers with the
-first result, without looking at what the request holds (commitlog_svc/producers.py). The
+The SDK numbered each Producer's requests from 1, and the commit log answers a (producer id,
+sequence) it remembers with the first result, without looking at what the request holds (commitlog_svc/producers.py). The
 producer table is durable (checkpoint and MQS_PSEQ tags), so restarting the store does not clear
 it. A second life of a producer id therefore meets the first life's table:
 
@@ -13,10 +12,10 @@ it. A second life of a producer id therefore meets the first life's table:
                                               is acknowledged, nothing is stored (silent loss)
     > last                                    stored
 
-Found by the chaos run with --producer-restarts (docs/chaos.md). Both tests are strict xfails:
-they pass once a restarted producer can neither be refused nor be acknowledged for a message
-the store did not take (e.g. a producer epoch that fences the old session, as Kafka's
-InitProducerId does, or a store that compares a retry with the request it remembers).
+Found by the chaos run with --producer-restarts (docs/chaos.md). Fixed in the SDK: sequences
+start at the wall clock in microseconds (a new life continues above the old one), and a first
+attempt answered from an earlier life's table is sent again under sequences moved ahead
+(tests/client/test_producer.py covers the stale answers directly).
 """
 
 from __future__ import annotations
@@ -54,12 +53,6 @@ def _first_life(cluster: Cluster) -> None:
             p.send_sync(TOPIC, b"first life %d" % i, queue_id=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a Producer restarted under the same producer_id restarts its sequences at 1; "
-    "the commit log answers sequences it remembers from the previous life with that life's "
-    "results (duplicate=True), so the new messages are acknowledged and never stored",
-)
 def test_a_restarted_producer_is_never_acknowledged_for_a_message_the_store_did_not_take(
     cluster: Cluster,
 ) -> None:
@@ -81,12 +74,6 @@ def test_a_restarted_producer_is_never_acknowledged_for_a_message_the_store_did_
     assert acked_elsewhere == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a Producer restarted under the same producer_id sends sequences 1, 2, ... "
-    "that the commit log refuses (FAILED_PRECONDITION: not after the previous life's last "
-    "sequence) until they pass it",
-)
 def test_a_restarted_producer_can_send_at_once(cluster: Cluster) -> None:
     _first_life(cluster)
     with Producer(settings_for(cluster), producer_id=PRODUCER_ID) as p:

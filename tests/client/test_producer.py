@@ -285,3 +285,54 @@ def test_a_kill_9_of_the_commit_log_mid_produce_loses_nothing_and_duplicates_not
     assert {r.commit_log_offset for r in results} == {
         m.commit_log_offset for queue in stored for m in queue
     }
+
+
+# -- a producer id with an earlier life ---------------------------------------------------------
+
+
+def _earlier_life(cluster: Cluster, producer_id: str, topic: str, sequences: range) -> None:
+    """Another client (or an earlier life whose clock was ahead) stored these sequences."""
+    stub = cluster.commitlog_stub()
+    for seq in sequences:
+        request = cl.AppendRequest(
+            batches=[cl.MessageBatch(topic=topic, queue_ids=[0], bodies=[b"earlier %d" % seq])],
+            producer_id=producer_id,
+            sequence=seq,
+        )
+        assert not stub.Append(request, timeout=10).duplicate
+
+
+def _acked_bodies_are_stored(cluster: Cluster, sent: list[tuple[bytes, SendResult]]) -> None:
+    stored = read_back(cluster, [r for _, r in sent])
+    assert [m.body for m in stored] == [body for body, _ in sent]
+
+
+def test_answers_from_an_earlier_life_of_the_id_are_not_taken_as_acks(
+    cluster: Cluster, topic: str
+) -> None:
+    """A clock stepped back between lives: the new life's first sequences are ones the store
+    remembers from the earlier life. It answers them from its table (nothing stored); the
+    producer sees a first attempt answered as a duplicate and sends it again, moved ahead."""
+    pid = f"stale-{topic}"
+    _earlier_life(cluster, pid, topic, range(1_000, 1_010))  # 1,005..1,009 remembered
+    with Producer(settings_for(cluster), producer_id=pid, first_sequence=1_006) as p:
+        sent = [(b"new %d" % i, p.send(topic, b"new %d" % i, queue_id=0)) for i in range(6)]
+        p.flush()
+        results = [(body, f.result()) for body, f in sent]
+        assert p.stats.rebases >= 1 and p.stats.duplicates == 0
+    _acked_bodies_are_stored(cluster, results)
+    assert not any(r.duplicate for _, r in results)
+
+
+def test_a_first_attempt_refused_as_behind_the_ids_last_sequence_is_moved_ahead(
+    cluster: Cluster, topic: str
+) -> None:
+    pid = f"behind-{topic}"
+    ahead = int(time.time_ns() // 1_000) + 1_000_000_000  # an earlier life 17 minutes ahead
+    _earlier_life(cluster, pid, topic, range(ahead, ahead + 3))
+    with Producer(settings_for(cluster), producer_id=pid) as p:
+        results = [(b"m%d" % i, p.send_sync(topic, b"m%d" % i, queue_id=0)) for i in range(3)]
+        assert p.stats.rebases == 1 and p.stats.failed == 0
+    _acked_bodies_are_stored(cluster, results)
+    queue_offsets = [r.queue_offset for _, r in results]
+    assert queue_offsets == sorted(queue_offsets), "in the order sent"
