@@ -4,7 +4,8 @@ name docs/client.md shows, `Producer(conn, producer_id="orders-writer")`).
 The SDK numbered each Producer's requests from 1, and the commit log answers a (producer id,
 sequence) it remembers with the first result, without looking at what the request holds
 (commitlog_svc/producers.py). The producer table is durable (checkpoint and MQS_PSEQ tags), so
-restarting the store does not clear it. A second life of a producer id therefore meets the first life's table:
+restarting the store does not clear it. A second life of a producer id therefore meets the first
+life's table:
 
     its sequence                              the store answers
     <= last - 5 (not remembered)              FAILED_PRECONDITION: the send fails
