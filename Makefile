@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 PYTEST_ARGS ?=
 
-.PHONY: help setup run demo test check fmt bench proto clean chaos
+.PHONY: help setup run demo test check fmt bench proto clean chaos fuzz
 
 help:
 	@echo "make run    - set up, then run the store (all three services) on $(DATA_DIR); Ctrl-C stops it"
@@ -14,6 +14,7 @@ help:
 	@echo "make check  - generated code up to date, ruff (format + lint) and mypy"
 	@echo "make proto  - regenerate mqstore/rpc/gen from protos/"
 	@echo "make bench  - engine benchmarks against raw limits measured in the same run"
+	@echo "make fuzz   - coverage-guided fuzzing of every decoder and API (FUZZ_SECONDS per target)"
 	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=)"
 
 # The venv is rebuilt whenever pyproject.toml changes.
@@ -65,6 +66,18 @@ SEED ?=
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m chaos $(if $(CYCLES),--cycles $(CYCLES)) $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+
+FUZZ_STAMP := $(VENV)/.installed-fuzz
+FUZZ_SECONDS ?= 60
+
+# The fuzz extra (atheris) on top of the dev install; redone whenever the dev install is.
+$(FUZZ_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,fuzz]'
+	touch $(FUZZ_STAMP)
+
+# Every fuzz target for FUZZ_SECONDS each (about 7.5 min at 60); fails on a new finding.
+fuzz: $(FUZZ_STAMP)
+	$(PY) -m fuzz all --seconds $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

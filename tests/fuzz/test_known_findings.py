@@ -1,0 +1,189 @@
+"""What the fuzzers found in code this work does not own, each reproduced with the smallest
+input found: strict xfails until fixed (a fix makes one pass, and strict makes the suite say
+so: then drop the xfail and its line in fuzz/known.py). docs/fuzzing.md describes each.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from commitlog_svc.store_files import CHECKPOINT_FILE
+from cq_svc import group_offsets
+from fuzz.services import Stack
+from fuzz.targets import dispatch
+from mqstore.errors import CorruptFile
+from mqstore.formats.commitlog_checkpoint import decode_checkpoint
+from mqstore.formats.framing import frame
+from mqstore.rpc.errors import error_from_rpc
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
+from tests.commitlog_svc.support import Running
+
+TIMEOUT_S = 20.0
+# Bounds a wait for the flush thread's next checkpoint (every 50 ms in Running's settings).
+CHECKPOINT_WAIT_S = 10.0
+
+
+def one_entry(**columns: list[int]) -> pb.DispatchBatch:
+    """A frame of one entry of topic "A", with some columns overridden."""
+    fields: dict[str, list[int]] = {name: [0] for name in dispatch.COLUMNS}
+    fields.update(columns)
+    return pb.DispatchBatch(topics=["A"], **fields)  # type: ignore[arg-type]
+
+
+# -- the dispatch batch decoder (mqstore/rpc/dispatch_codec.py) --------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="decode_dispatch zips the columns with strict=True: a frame whose columns differ in "
+    "length raises ValueError (untyped), and the subscriber then stops for good",
+)
+def test_a_dispatch_frame_with_columns_of_different_lengths_is_refused_typed() -> None:
+    assert dispatch.check_batch(one_entry(commit_log_offsets=[0, 100])) is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="decode_dispatch indexes the topic table without a check: an index past it raises "
+    "IndexError (untyped)",
+)
+def test_a_dispatch_frame_naming_a_topic_past_its_table_is_refused_typed() -> None:
+    assert dispatch.check_batch(one_entry(topic_indexes=[1])) is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a negative topic index is read Python-style from the end of the table: the entry "
+    "is applied to another topic's queue, silently",
+)
+def test_a_negative_topic_index_is_refused_not_read_as_another_topic() -> None:
+    batch = one_entry(topic_indexes=[-1])
+    batch.topics.append("B")
+    assert dispatch.check_batch(batch) is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a keys (or uniq_keys) column of another length than the entries is dropped "
+    "silently: the index then misses those keys",
+)
+def test_a_keys_column_of_the_wrong_length_is_refused_not_dropped() -> None:
+    batch = one_entry(**{name: [0, 0] for name in dispatch.COLUMNS})
+    batch.keys.append("k")
+    assert dispatch.check_batch(batch) is None
+
+
+# -- cq_svc's group-offsets snapshot (cq_svc/group_offsets.py) ---------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="decode_snapshot parses a CRC-valid frame without catching struct.error or "
+    "UnicodeDecodeError: a payload that does not parse is not reported as CorruptFile",
+)
+@pytest.mark.parametrize(
+    "payload",
+    [b"", b"\x00\x00\x00\x01", b"\x00\x00\x00\x01\x00\x01\xff"],
+    ids=["empty", "count-without-entry", "group-not-utf8"],
+)
+def test_a_group_offsets_snapshot_that_does_not_parse_is_corrupt_file(payload: bytes) -> None:
+    with pytest.raises(CorruptFile):
+        group_offsets.decode_snapshot(frame(group_offsets.SNAP_MAGIC, 1, payload), path="snap")
+
+
+# -- commitlog_svc ------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an idempotent append whose messages are all refused leaves its producer in the "
+    "table with last_sequence -1; the next checkpoint cannot encode it (struct.error), the "
+    "flush thread fails and every later append is SERVICE_NOT_AVAILABLE until a restart",
+)
+def test_an_idempotent_append_refused_whole_does_not_stop_the_store(tmp_path: Path) -> None:
+    svc = Running(tmp_path / "log", checkpoint_interval_ms=50)
+    try:
+        refused = svc.append(
+            pb.MessageBatch(topic="bad topic", queue_ids=[0], bodies=[b"x"]),
+            producer_id="p",
+            sequence=1,
+        )
+        assert list(refused.statuses) == [pb.MESSAGE_ILLEGAL]
+        svc.append_ok(pb.MessageBatch(topic="T", queue_ids=[0], bodies=[b"y"]))
+        end = svc.engine.max_offset
+        path = os.path.join(svc.data_dir, CHECKPOINT_FILE)
+        deadline = time.monotonic() + CHECKPOINT_WAIT_S
+        # Until the flush thread has checkpointed past the append, or failed trying.
+        while time.monotonic() < deadline and svc.engine.flush_alive:
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    if decode_checkpoint(f.read()).flushed_offset >= end:
+                        break
+            time.sleep(0.01)
+        assert svc.engine.flush_alive
+        svc.append_ok(pb.MessageBatch(topic="T", queue_ids=[0], bodies=[b"z"]))
+    finally:
+        svc.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Subscribe trusts a confirmed offset that is not a record boundary: dispatch starts "
+    "inside a record and reports intact bytes as corrupt (error log, CRC-mismatch metric)",
+)
+def test_a_confirmed_offset_inside_a_record_is_refused_not_reported_as_corruption(
+    stack: Stack,
+) -> None:
+    status = stack.log.GetStatus(pb.GetStatusRequest(), timeout=TIMEOUT_S)
+    inside = stack.stored[0].commit_log_offset + 1
+    stream = stack.log.Subscribe(
+        pb.SubscribeRequest(
+            subscriber_id="inside", store_id=status.store_id, confirmed_offset=inside
+        ),
+        timeout=TIMEOUT_S,
+    )
+    try:
+        handshake = next(stream).handshake
+        batch = next(stream).batch
+    except grpc.RpcError as err:  # refusing the offset is a right answer too
+        code, _, _ = error_from_rpc(err)
+        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
+        return
+    finally:
+        stream.cancel()
+    assert handshake.start_offset != inside
+    assert not batch.corrupt_starts
+
+
+# -- names: RocketMQ's pattern matched whole (mqstore/limits.py TOPIC_PATTERN ends in "$") -------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason='TOPIC_PATTERN is matched with re.match and ends in "$", which also matches before '
+    'a final newline: the topic "T\\n" is stored (RocketMQ matches the whole name)',
+)
+def test_a_topic_with_a_trailing_newline_is_refused(stack: Stack) -> None:
+    response = stack.log.Append(
+        pb.AppendRequest(batches=[pb.MessageBatch(topic="T\n", queue_ids=[0], bodies=[b"n"])]),
+        timeout=TIMEOUT_S,
+    )
+    assert list(response.statuses) == [pb.MESSAGE_ILLEGAL]
+    assert [r.field for r in response.refusals] == ["topic"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason='validate_group uses the same pattern: the group "g\\n" commits offsets',
+)
+def test_a_group_with_a_trailing_newline_is_refused(stack: Stack) -> None:
+    request = cq.CommitOffsetRequest(group="g\n", topic="T", queue_id=0, offset=1)
+    with pytest.raises(grpc.RpcError) as info:
+        stack.queues.CommitOffset(request, timeout=TIMEOUT_S)
+    assert error_from_rpc(info.value)[::2] == (grpc.StatusCode.INVALID_ARGUMENT, "group")
