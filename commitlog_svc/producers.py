@@ -184,9 +184,12 @@ class ProducerTable:
 
     def snapshot(self) -> list[ProducerEntry]:
         with self._lock:
+            # A producer whose requests were all refused stored nothing: nothing to remember
+            # (its state exists only for its lock; last_sequence -1 has no encoding).
             return [
                 ProducerEntry(pid, st.last_sequence, list(st.requests.values()))
                 for pid, st in self._producers.items()
+                if st.last_sequence >= 0
             ]
 
     def load(self, entries: list[ProducerEntry], *, end_offset: int) -> int:

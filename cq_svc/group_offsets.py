@@ -90,12 +90,15 @@ def encode_snapshot(offsets: dict[GroupKey, int]) -> bytes:
 
 def decode_snapshot(data: bytes, *, path: str) -> dict[GroupKey, int]:
     _, payload = unframe(SNAP_MAGIC, data, path=path)
-    (count,) = _U32.unpack_from(payload, 0)
-    pos = _U32.size
     out: dict[GroupKey, int] = {}
-    for _ in range(count):
-        key, offset, pos = decode_payload(payload, pos)
-        out[key] = offset
+    try:  # the CRC held, yet the payload must parse too: a writer's bug is still corruption
+        (count,) = _U32.unpack_from(payload, 0)
+        pos = _U32.size
+        for _ in range(count):
+            key, offset, pos = decode_payload(payload, pos)
+            out[key] = offset
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise CorruptFile(path, f"the snapshot does not parse: {exc}") from None
     if pos != len(payload):
         raise CorruptFile(path, "trailing bytes after the last offset")
     return out

@@ -14,7 +14,8 @@
     │   └── StoreLocked               another process holds the store's lock file
     ├── DataLoss                      DATA_LOSS         stored bytes fail their checks
     │   ├── CorruptRecord             a commit-log record fails its CRC or length check
-    │   └── CorruptFile               a metadata file (checkpoint, meta) fails its CRC
+    │   ├── CorruptFile               a metadata file (checkpoint, meta) fails its CRC
+    │   └── MalformedFrame            a dispatch frame whose columns do not fit together
     ├── Unauthenticated               UNAUTHENTICATED   no token, a malformed one, or one no
     │                                                   entry of the tokens file matches
     ├── PermissionDenied              PERMISSION_DENIED a valid token without the scope
@@ -111,6 +112,10 @@ class Unauthenticated(MqstoreError):
 
 class PermissionDenied(MqstoreError):
     grpc_code = "PERMISSION_DENIED"
+
+
+class MalformedFrame(DataLoss):
+    """A dispatch frame from the commit log that cannot be applied as it is."""
 
 
 class StorageError(MqstoreError):

@@ -12,7 +12,7 @@ from mqstore.errors import InvalidArgument
 
 # RocketMQ's TopicValidator pattern. Topics become directory names in the consume-queue tree,
 # so this is also what keeps "../" and friends out of paths.
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_PATTERN = re.compile(r"\A[%|a-zA-Z0-9_-]+\Z")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,10 @@
 
 commitlog_svc encodes what its scan found; cq_svc and index_svc decode. Topics are sent once
 per batch in a table and referenced by index, so a batch of one topic carries the name once.
+
+A frame whose columns disagree in length, whose keys columns are neither empty nor one per
+entry, or whose topic index falls outside its table is refused whole (MalformedFrame): a follower
+never applies a guess.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mqstore.dispatch import DispatchEntry
+from mqstore.errors import MalformedFrame
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
 
@@ -48,11 +53,36 @@ def encode_dispatch(
     return batch
 
 
+_COLUMNS = (
+    "topic_indexes",
+    "queue_ids",
+    "queue_offsets",
+    "sizes",
+    "tags_codes",
+    "store_timestamps_ms",
+    "sys_flags",
+)
+
+
 def decode_dispatch(batch: pb.DispatchBatch) -> list[DispatchEntry]:
     topics = list(batch.topics)
     n = len(batch.commit_log_offsets)
-    keys = list(batch.keys) if len(batch.keys) == n else [""] * n
-    uniq = list(batch.uniq_keys) if len(batch.uniq_keys) == n else [""] * n
+    for name in _COLUMNS:
+        if len(getattr(batch, name)) != n:
+            raise MalformedFrame(
+                f"malformed dispatch frame: {len(getattr(batch, name))} {name} for {n} entries"
+            )
+    for name in ("keys", "uniq_keys"):
+        if len(getattr(batch, name)) not in (0, n):
+            raise MalformedFrame(
+                f"malformed dispatch frame: {len(getattr(batch, name))} {name} for {n} entries"
+            )
+    if n and (min(batch.topic_indexes) < 0 or max(batch.topic_indexes) >= len(topics)):
+        raise MalformedFrame(
+            f"malformed dispatch frame: a topic index outside its table of {len(topics)}"
+        )
+    keys = list(batch.keys) if batch.keys else [""] * n
+    uniq = list(batch.uniq_keys) if batch.uniq_keys else [""] * n
     return [
         DispatchEntry(
             topic=topics[t],

@@ -27,6 +27,7 @@ from typing import Protocol
 import grpc
 
 from mqstore.dispatch import DispatchEntry
+from mqstore.errors import MalformedFrame
 from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity, make_channel
 from mqstore.rpc.dispatch_codec import decode_dispatch
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
@@ -155,6 +156,14 @@ class Subscriber:
                         _describe(err),
                         backoff,
                     )
+            except MalformedFrame as err:  # a malformed frame: nothing of it applied; ask again
+                got_frames = False
+                log.error(
+                    "the commit log at %s sent a malformed frame: %s; reconnecting in %.1f s",
+                    self.target,
+                    err,
+                    backoff,
+                )
             except Exception as err:  # the sink failed: stop, the service goes not-alive
                 log.exception("applying dispatch failed; the subscription stops")
                 self.failure = err

@@ -1,6 +1,6 @@
-"""What the fuzzers found in code this work does not own, each reproduced with the smallest
-input found: strict xfails until fixed (a fix makes one pass, and strict makes the suite say
-so: then drop the xfail and its line in fuzz/known.py). docs/fuzzing.md describes each.
+"""What the fuzzers found, each reproduced with the smallest input found. Fixed ones stay as
+regression tests; one still open is a strict xfail (a fix makes it pass, and strict makes the
+suite say so: then drop the xfail and its line in fuzz/known.py). docs/fuzzing.md has each.
 """
 
 from __future__ import annotations
@@ -39,40 +39,20 @@ def one_entry(**columns: list[int]) -> pb.DispatchBatch:
 # -- the dispatch batch decoder (mqstore/rpc/dispatch_codec.py) --------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decode_dispatch zips the columns with strict=True: a frame whose columns differ in "
-    "length raises ValueError (untyped), and the subscriber then stops for good",
-)
 def test_a_dispatch_frame_with_columns_of_different_lengths_is_refused_typed() -> None:
     assert dispatch.check_batch(one_entry(commit_log_offsets=[0, 100])) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decode_dispatch indexes the topic table without a check: an index past it raises "
-    "IndexError (untyped)",
-)
 def test_a_dispatch_frame_naming_a_topic_past_its_table_is_refused_typed() -> None:
     assert dispatch.check_batch(one_entry(topic_indexes=[1])) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a negative topic index is read Python-style from the end of the table: the entry "
-    "is applied to another topic's queue, silently",
-)
 def test_a_negative_topic_index_is_refused_not_read_as_another_topic() -> None:
     batch = one_entry(topic_indexes=[-1])
     batch.topics.append("B")
     assert dispatch.check_batch(batch) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a keys (or uniq_keys) column of another length than the entries is dropped "
-    "silently: the index then misses those keys",
-)
 def test_a_keys_column_of_the_wrong_length_is_refused_not_dropped() -> None:
     batch = one_entry(**{name: [0, 0] for name in dispatch.COLUMNS})
     batch.keys.append("k")
@@ -82,11 +62,6 @@ def test_a_keys_column_of_the_wrong_length_is_refused_not_dropped() -> None:
 # -- cq_svc's group-offsets snapshot (cq_svc/group_offsets.py) ---------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decode_snapshot parses a CRC-valid frame without catching struct.error or "
-    "UnicodeDecodeError: a payload that does not parse is not reported as CorruptFile",
-)
 @pytest.mark.parametrize(
     "payload",
     [b"", b"\x00\x00\x00\x01", b"\x00\x00\x00\x01\x00\x01\xff"],
@@ -100,12 +75,6 @@ def test_a_group_offsets_snapshot_that_does_not_parse_is_corrupt_file(payload: b
 # -- commitlog_svc ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an idempotent append whose messages are all refused leaves its producer in the "
-    "table with last_sequence -1; the next checkpoint cannot encode it (struct.error), the "
-    "flush thread fails and every later append is SERVICE_NOT_AVAILABLE until a restart",
-)
 def test_an_idempotent_append_refused_whole_does_not_stop_the_store(tmp_path: Path) -> None:
     svc = Running(tmp_path / "log", checkpoint_interval_ms=50)
     try:
@@ -164,11 +133,6 @@ def test_a_confirmed_offset_inside_a_record_is_refused_not_reported_as_corruptio
 # -- names: RocketMQ's pattern matched whole (mqstore/limits.py TOPIC_PATTERN ends in "$") -------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='TOPIC_PATTERN is matched with re.match and ends in "$", which also matches before '
-    'a final newline: the topic "T\\n" is stored (RocketMQ matches the whole name)',
-)
 def test_a_topic_with_a_trailing_newline_is_refused(stack: Stack) -> None:
     response = stack.log.Append(
         pb.AppendRequest(batches=[pb.MessageBatch(topic="T\n", queue_ids=[0], bodies=[b"n"])]),
@@ -178,10 +142,6 @@ def test_a_topic_with_a_trailing_newline_is_refused(stack: Stack) -> None:
     assert [r.field for r in response.refusals] == ["topic"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='validate_group uses the same pattern: the group "g\\n" commits offsets',
-)
 def test_a_group_with_a_trailing_newline_is_refused(stack: Stack) -> None:
     request = cq.CommitOffsetRequest(group="g\n", topic="T", queue_id=0, offset=1)
     with pytest.raises(grpc.RpcError) as info:
