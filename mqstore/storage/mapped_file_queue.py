@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 
 from mqstore.errors import StorageError, check
+from mqstore.storage import failpoints
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import MappedFile, file_name_to_offset, offset_to_file_name
 from mqstore.storage.transient_pool import TransientStorePool
@@ -140,6 +141,7 @@ class MappedFileQueue:
                 self.disk.remove(path)
                 self.disk.fsync_dir(self.store_path)
             self.disk.create(path, self.file_size)
+            failpoints.hit("segment.after_create")
             buffer = self.pool.borrow() if self.pool is not None else None
             mf = MappedFile(self.disk, path, self.file_size, write_buffer=buffer)
             self.files = [*self.files, mf]
@@ -321,6 +323,7 @@ class MappedFileQueue:
         with self._mutate:
             for mf in doomed:
                 self._destroy(mf)
+                failpoints.hit("segment.after_delete")
                 if on_delete is not None:
                     on_delete(mf)
             gone = {id(mf) for mf in doomed}
