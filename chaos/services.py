@@ -33,11 +33,10 @@ from grpc_health.v1 import health_pb2
 from chaos.plan import CyclePlan
 from mqstore.client.settings import ClientSettings
 from mqstore.launcher import ServiceProcess
-from tests.e2e.cluster import Cluster, health_status
+from tests.e2e.cluster import Cluster, health_status, start_all
 
 SEGMENT_BYTES = 4 << 20
 CQ_UNITS_PER_FILE = 4_096
-INDEX_ARGS = ("--slot-num", "4096", "--entry-num", "16384")
 EXTRA_ARGS = {
     "commitlog_svc": ["--file-bytes", str(SEGMENT_BYTES), "--warm-ahead-bytes", "0"],
     "cq_svc": ["--units-per-file", str(CQ_UNITS_PER_FILE)],
@@ -74,16 +73,7 @@ class Services:
         self.cluster = Cluster(root, flush=flush, extra=EXTRA_ARGS)
 
     def start(self) -> None:
-        c = self.cluster
-        try:
-            c.start_commitlog()
-            c.add("cq_svc", "cq")
-            c.add("index_svc", "index", *INDEX_ARGS)
-            c.start("cq")
-            c.start("index")
-        except BaseException:
-            c.stop_all()
-            raise
+        start_all(self.cluster)
         for process in self.processes().values():
             _pin_ports(process)
 

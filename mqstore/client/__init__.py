@@ -19,7 +19,7 @@ from mqstore.client.admin import (
     SubscriberLag,
 )
 from mqstore.client.compression import Compression
-from mqstore.client.connection import AsyncConnection, Connection
+from mqstore.client.connection import Connection
 from mqstore.client.consumer import (
     AckResult,
     Consumer,
@@ -56,7 +56,6 @@ __all__ = [
     "PullResult",
     "Start",
     "Timestamp",
-    "AsyncConnection",
     "AsyncProducer",
     "ClientError",
     "ClientSettings",

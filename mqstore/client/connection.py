@@ -1,11 +1,11 @@
-"""Channels and stubs for the SDK, sync and asyncio: TLS or plaintext, the bearer token on
-every call, keepalive suited to long polls, and errors turned into typed exceptions.
+"""Channels and stubs for the SDK: TLS or plaintext, the bearer token on every call, keepalive
+suited to long polls, and errors turned into typed exceptions.
 
-Everything that talks to a service goes through a Connection (or AsyncConnection), so the
-security settings and the error mapping live here once. The TLS credentials, options and the
-token's metadata come from mqstore/rpc/channel.py's ChannelSecurity, which the services'
-own channels to the commit log use too. The token is passed as call metadata (not through an
-interceptor) so that the asyncio channels carry it the same way.
+Everything that talks to a service goes through a Connection, so the security settings and
+the error mapping live here once. The TLS credentials, options and the token's metadata come
+from mqstore/rpc/channel.py's ChannelSecurity, which the services' own channels to the commit
+log use too. The token is passed as call metadata on each call. (AsyncProducer runs on the
+same threads and channels, so there is no asyncio connection.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
-import grpc.aio
 
 from mqstore.client.errors import Cancelled, ClientError, FailedPrecondition, from_rpc_error
 from mqstore.client.settings import ClientSettings
@@ -139,43 +138,3 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class AsyncConnection:
-    """The asyncio flavour: grpc.aio channels, created inside the running loop."""
-
-    def __init__(self, settings: ClientSettings | None = None) -> None:
-        self.settings = settings or ClientSettings()
-        self._security = security_of(self.settings)
-        self.metadata = self._security.metadata()
-        self._credentials = self._security.credentials()
-        self._channels: dict[str, grpc.aio.Channel] = {}
-
-    def channel(self, target: str) -> grpc.aio.Channel:
-        channel = self._channels.get(target)
-        if channel is None:
-            options = self._security.options()
-            if self._credentials is None:
-                channel = grpc.aio.insecure_channel(target, options=options)
-            else:
-                channel = grpc.aio.secure_channel(target, self._credentials, options=options)
-            self._channels[target] = channel
-        return channel
-
-    def commitlog(self) -> commitlog_pb2_grpc.CommitLogStub:
-        return commitlog_pb2_grpc.CommitLogStub(self.channel(self.settings.commitlog))
-
-    def cq(self, target: str) -> consumequeue_pb2_grpc.ConsumeQueueStub:
-        return consumequeue_pb2_grpc.ConsumeQueueStub(self.channel(target))
-
-    async def close(self) -> None:
-        channels = list(self._channels.values())
-        self._channels.clear()
-        for channel in channels:
-            await channel.close()
-
-    async def __aenter__(self) -> AsyncConnection:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

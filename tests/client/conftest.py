@@ -14,25 +14,14 @@ from pathlib import Path
 import pytest
 
 from mqstore.client.settings import ClientSettings
-from tests.e2e.cluster import Cluster
+from tests.e2e.cluster import SMALL_INDEX_ARGS, Cluster, start_store
 
-# Small index files: RocketMQ's default 420 MB file per replica is too much for a test.
-INDEX_ARGS = ("--slot-num", "4096", "--entry-num", "16384")
+INDEX_ARGS = SMALL_INDEX_ARGS
 _topics = itertools.count()
 
 
 def start_cluster(root: Path, *, flush: str = "sync") -> Cluster:
-    c = Cluster(root, flush=flush)
-    try:
-        c.start_commitlog()
-        c.add("cq_svc", "cq")
-        c.add("index_svc", "index", *INDEX_ARGS)
-        c.start("cq")
-        c.start("index")
-    except BaseException:
-        c.stop_all()
-        raise
-    return c
+    return start_store(root, flush=flush)
 
 
 def settings_for(c: Cluster, **overrides: object) -> ClientSettings:

@@ -139,6 +139,32 @@ class Cluster:
         return index_pb2_grpc.IndexStub(self._channel(name, self.followers[name].target))
 
 
+# Small index files: RocketMQ's default 420 MB file per replica is too much for a test.
+SMALL_INDEX_ARGS = ("--slot-num", "4096", "--entry-num", "16384")
+
+
+def start_store(
+    root: Path, *, flush: str = "sync", extra: dict[str, list[str]] | None = None
+) -> Cluster:
+    """commitlog_svc, one cq_svc ("cq") and one index_svc ("index", small files), all ready."""
+    return start_all(Cluster(root, flush=flush, extra=extra))
+
+
+def start_all(c: Cluster) -> Cluster:
+    """Start a cluster's three services ("cq" and "index" added here) and wait until ready;
+    everything stopped again if any fails to start."""
+    try:
+        c.start_commitlog()
+        c.add("cq_svc", "cq")
+        c.add("index_svc", "index", *SMALL_INDEX_ARGS)
+        c.start("cq")
+        c.start("index")
+    except BaseException:
+        c.stop_all()
+        raise
+    return c
+
+
 def data_files(directory: str) -> dict[str, bytes]:
     out = {}
     for base, _, names in os.walk(directory):
