@@ -52,6 +52,12 @@ FLUSH_SECONDS = Histogram(
 RECOVERY_TRUNCATED_BYTES = Counter(
     "mqstore_recovery_truncated_bytes", "Bytes of dirty tail cut by commit-log recovery."
 )
+DISPATCH_FRAMES = Counter(
+    "mqstore_commitlog_dispatch_frames",
+    "Dispatch frames sent, by where they came from: a scan of the log, or one already scanned "
+    "for another subscriber in step (frame_cache.py).",
+    ["source"],
+)
 CRC_MISMATCHES = Counter(
     "mqstore_crc_mismatch",
     "Commit-log records failing their CRC or length checks, by who found them.",

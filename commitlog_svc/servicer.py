@@ -45,12 +45,14 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import grpc
 
 from commitlog_svc import metrics
 from commitlog_svc.commitlog import CommitLog
-from commitlog_svc.dispatch_scan import scan_dispatch
+from commitlog_svc.dispatch_scan import DispatchScan, scan_dispatch
+from commitlog_svc.frame_cache import FrameCache
 from commitlog_svc.messages import AppendResult, PendingAppend, PutStatus
 from commitlog_svc.producers import TAG_PREFIX
 from commitlog_svc.recovery import CorruptRange
@@ -138,6 +140,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         self.engine = engine
         self.registry = registry
         self.settings = settings
+        self._frames = FrameCache(settings.dispatch_share_bytes)  # frames shared in step
         self._limits = engine.config.limits
         self._started = threading.Event()
         self._draining = threading.Event()
@@ -513,17 +516,15 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                     f"{engine.min_offset}); subscribe again"
                 )
             seen = engine.confirm_offset
-            found = scan_dispatch(
-                engine,
+            response, offset = self._frames.frame(
                 offset,
-                max_records=entries_max,
-                max_bytes=bytes_max,
-                include_keys=include_keys,
-                on_corrupt=_report_corrupt,
+                entries_max,
+                bytes_max,
+                include_keys,
+                partial(_scan, engine, offset, entries_max=entries_max, bytes_max=bytes_max),
             )
-            if found.next_offset > offset:
-                offset = found.next_offset
-                yield pb.SubscribeResponse(batch=found.frame)
+            if response is not None:
+                yield response
                 self.registry.advance(sid, offset)
                 continue
             engine.wait_for_data(max(offset, seen), SUBSCRIBE_WAIT_S)
@@ -599,6 +600,19 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             values.dispatch_behind[sub.subscriber_id] = max(0, high - sent)
             values.subscriber_lag[sub.subscriber_id] = max(0, high - sub.confirmed_offset)
         return values
+
+
+def _scan(
+    engine: CommitLog, start: int, include_keys: bool, *, entries_max: int, bytes_max: int
+) -> DispatchScan:
+    return scan_dispatch(
+        engine,
+        start,
+        max_records=entries_max,
+        max_bytes=bytes_max,
+        include_keys=include_keys,
+        on_corrupt=_report_corrupt,
+    )
 
 
 def _report_corrupt(corrupt: CorruptRange) -> None:

@@ -68,6 +68,8 @@ class CommitLogSettings(ServiceSettings):
     # One dispatch frame: the server's default when a subscriber asks for 0, and the cap.
     dispatch_batch_entries: int = Field(1_024, ge=1, le=65_536)
     dispatch_batch_bytes: int = Field(4 << 20, ge=4096)
+    # Frames kept for subscribers in step (frame_cache.py); 0: every subscriber scans alone.
+    dispatch_share_bytes: int = Field(32 << 20, ge=0)
     # AppendStream: requests written but not yet answered, per stream (the pipelining window).
     append_stream_window: int = Field(16, ge=1, le=1_024)
 

@@ -1,0 +1,71 @@
+"""Dispatch frames scanned once for subscribers in step (commitlog_svc/frame_cache.py): a
+consume-queue subscriber (no keys) and an index subscriber (keys) following the same log get
+the frames a scan of their own would give them, while each range is scanned once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from commitlog_svc.dispatch_scan import scan_dispatch
+from commitlog_svc.frame_cache import FrameCache
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+from tests.commitlog_svc.support import Running, batch, subscribe
+
+
+def _own_scans(svc: Running, batches: list[pb.DispatchBatch], include_keys: bool) -> None:
+    """Each received frame equals a fresh scan of its range with the subscriber's options."""
+    for got in batches:
+        fresh = scan_dispatch(
+            svc.engine,
+            got.start_offset,
+            max_records=len(got.commit_log_offsets),
+            max_bytes=1 << 30,
+            include_keys=include_keys,
+        )
+        assert fresh.next_offset == got.next_offset
+        assert fresh.frame == got
+
+
+def test_subscribers_in_step_get_their_own_frames_from_one_scan_per_range(svc: Running) -> None:
+    cache: FrameCache = svc.service.servicer._frames  # type: ignore[union-attr]
+    end = 0
+    for i in range(0, 200, 20):
+        end = svc.append_ok(batch(i, 20)).commit_log_offsets[-1] + 1
+    cq = subscribe(svc, "cq", max_batch_entries=50)
+    cq_batches = cq.wait_reaching(end)  # first, so that which one scans is known
+    index = subscribe(svc, "index", max_batch_entries=50, include_keys=True)
+    index_batches = index.wait_reaching(end)
+    assert all(not b.keys and not b.uniq_keys for b in cq_batches)
+    assert all(len(b.keys) == len(b.commit_log_offsets) for b in index_batches)
+    assert [b.start_offset for b in cq_batches] == [b.start_offset for b in index_batches]
+    _own_scans(svc, cq_batches, include_keys=False)
+    _own_scans(svc, index_batches, include_keys=True)
+    assert cache.scans == len(cq_batches) and cache.hits == len(index_batches)
+    cq.cancel()
+    index.cancel()
+
+
+def test_frames_are_shared_only_for_the_same_bounds(svc: Running) -> None:
+    cache: FrameCache = svc.service.servicer._frames  # type: ignore[union-attr]
+    end = svc.append_ok(batch(0, 30)).commit_log_offsets[-1] + 1
+    small = subscribe(svc, "small", max_batch_entries=10)
+    large = subscribe(svc, "large", max_batch_entries=30)
+    assert len(small.wait_reaching(end)) == 3
+    assert len(large.wait_reaching(end)) == 1
+    assert cache.hits == 0 and cache.scans == 4
+    small.cancel()
+    large.cancel()
+
+
+def test_with_sharing_off_each_subscriber_scans_for_itself(start: Callable[..., Running]) -> None:
+    svc = start(dispatch_share_bytes=0)
+    end = svc.append_ok(batch(0, 30)).commit_log_offsets[-1] + 1
+    cq = subscribe(svc, "cq")
+    index = subscribe(svc, "index", include_keys=True)
+    cq_batches, index_batches = cq.wait_reaching(end), index.wait_reaching(end)
+    _own_scans(svc, cq_batches, include_keys=False)
+    _own_scans(svc, index_batches, include_keys=True)
+    cache: FrameCache = svc.service.servicer._frames  # type: ignore[union-attr]
+    assert cache.hits == 0
+    cq.cancel()
+    index.cancel()
