@@ -554,6 +554,23 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
 
     # -- status ---------------------------------------------------------------------------------
 
+    def ForgetSubscriber(
+        self, request: pb.ForgetSubscriberRequest, context: grpc.ServicerContext
+    ) -> pb.ForgetSubscriberResponse:
+        sid = request.subscriber_id
+        state = self.registry.get(sid)
+        if state is None:
+            raise NotFound(f"no subscriber {sid[:256]!r} is known")
+        if state.streams > 0:
+            raise FailedPrecondition(
+                f"subscriber {sid!r} is connected now: stop it first, or it would come back "
+                "at once with the offset it holds"
+            )
+        self.registry.forget(sid)
+        floor = self.registry.floor()
+        log.info("subscriber %s forgotten; retention floor now %s", sid, floor)
+        return pb.ForgetSubscriberResponse(retention_floor=-1 if floor is None else floor)
+
     def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetStatusResponse:

@@ -6,6 +6,7 @@
     mqstore query key|uniq|msg ...          find messages by key, unique id or message id
     mqstore status | topics | queues TOPIC  what the store holds and how its services are
     mqstore offsets show|reset GROUP TOPIC  a consumer group's committed offsets
+    mqstore subscribers list|forget [ID]    the commit log's subscribers, and forgetting one
     mqstore log dump|verify DIR             offline tools over commit-log files
 
 Nouns are groups and verbs their commands (`mqstore <noun> <verb>`), so later tools slot in;
@@ -26,7 +27,7 @@ from mqstore.cli.options import ClientGroup, CliState, connection_options
 from mqstore.cli.produce import produce
 from mqstore.cli.query import query_group
 from mqstore.cli.security import token_group
-from mqstore.cli.status import offsets_group, queues, status, topics
+from mqstore.cli.status import offsets_group, queues, status, subscribers_group, topics
 from mqstore.cli.up import up
 
 
@@ -76,7 +77,17 @@ def cli(
     ctx.call_on_close(state.close)
 
 
-for command in (up, produce, consume, query_group, status, topics, queues, offsets_group):
+for command in (
+    up,
+    produce,
+    consume,
+    query_group,
+    status,
+    topics,
+    queues,
+    offsets_group,
+    subscribers_group,
+):
     cli.add_command(command)
 cli.add_command(log_group)
 cli.add_command(token_group)

@@ -157,6 +157,55 @@ def topics(state: CliState, as_json: bool) -> None:
         click.echo(name)
 
 
+@click.group("subscribers")
+def subscribers_group() -> None:
+    """The commit log's subscribers (consume-queue and index replicas) and their lag.
+
+    A subscriber's confirmed offset holds retention back, so one that will not come back (a
+    replica scaled away) must be forgotten, or the log keeps every segment from there on.
+
+    \b
+    Examples:
+      mqstore subscribers list
+      mqstore subscribers forget index-3
+    """
+
+
+@subscribers_group.command("list")
+@json_option
+@pass_state
+def subscribers_list(state: CliState, as_json: bool) -> None:
+    """Every subscriber: confirmed offset, lag in bytes and ms, connected or not."""
+    lags = _admin(state).lag()
+    if as_json:
+        echo_json([lag.to_json() for lag in lags])
+        return
+    table = Table("subscriber", "confirmed offset", "lag bytes", "lag ms", "connected")
+    for lag in lags:
+        table.add_row(
+            lag.subscriber_id,
+            _cell(lag.confirmed_offset),
+            _cell(lag.lag_bytes),
+            _cell(lag.lag_ms),
+            _yes(lag.connected),
+        )
+    stdout_console().print(table)
+
+
+@subscribers_group.command("forget")
+@click.argument("subscriber_id")
+@json_option
+@pass_state
+def subscribers_forget(state: CliState, subscriber_id: str, as_json: bool) -> None:
+    """Forget SUBSCRIBER_ID so that it no longer holds retention back (it must be stopped)."""
+    floor = _admin(state).forget_subscriber(subscriber_id)
+    if as_json:
+        echo_json({"forgotten": subscriber_id, "retention_floor": floor})
+        return
+    where = "no subscriber left" if floor < 0 else f"retention floor now {floor}"
+    click.echo(f"forgot {subscriber_id}; {where}")
+
+
 def _queue_row(q: QueueInfo) -> dict[str, Any]:
     return {**q.to_json(), "messages": q.messages}
 

@@ -327,6 +327,19 @@ class Admin:
         )
         return [_lag(s) for s in response.subscribers]
 
+    def forget_subscriber(self, subscriber_id: str) -> int:
+        """Forget a subscriber of the commit log that will not come back (a replica scaled
+        away), so that it no longer holds retention back; returns the new retention floor
+        (-1: no subscriber left). NotFound when unknown, FailedPrecondition while connected."""
+        if not subscriber_id:
+            raise InvalidArgument("a subscriber id is required", field="subscriber_id")
+        response = self._conn.call(
+            self._conn.commitlog().ForgetSubscriber,
+            cl_pb.ForgetSubscriberRequest(subscriber_id=subscriber_id),
+            name="CommitLog/ForgetSubscriber",
+        )
+        return int(response.retention_floor)
+
     def _cq_status(self, address: str) -> CqReplicaStatus:
         try:
             r = self._conn.call(

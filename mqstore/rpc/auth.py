@@ -133,6 +133,7 @@ REQUIREMENTS: dict[str, Requirement] = {
     _CL + "Subscribe": NEEDS_SUBSCRIBE,
     _CL + "Confirm": NEEDS_SUBSCRIBE,
     _CL + "GetStatus": AUTHENTICATED,
+    _CL + "ForgetSubscriber": NEEDS_ADMIN,
     _CQ + "Pull": CONSUME_TOPIC,
     _CQ + "GetOffsetByTime": CONSUME_TOPIC,
     _CQ + "GetQueueInfo": CONSUME_TOPIC,

@@ -27,6 +27,7 @@ from click.testing import CliRunner
 
 from mqstore.cli import cli
 from mqstore.client.admin import Admin
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from tests.client.conftest import settings_for, start_cluster
 from tests.e2e.cluster import Cluster
 
@@ -468,3 +469,26 @@ def test_every_command_explains_itself_with_examples(command: list[str]) -> None
     assert result.exit_code == 0
     examples = result.output.partition("Examples:")[2]
     assert examples.count("\n    mqstore ") >= 2
+
+
+def test_subscribers_are_listed_and_a_stopped_one_is_forgotten(store: Store) -> None:
+    status = store.admin.status().commitlog
+    stub = store.cluster.commitlog_stub()
+    stub.Confirm(
+        cl.ConfirmRequest(
+            subscriber_id="scaled-away", store_id=bytes.fromhex(status.store_id),
+            confirmed_offset=0,
+        ),
+        timeout=10,
+    )  # fmt: skip
+    listed = {s["subscriber_id"]: s for s in json.loads(store.ok("subscribers", "list", "--json"))}
+    assert {"cq", "index", "scaled-away"} <= set(listed)
+    assert listed["cq"]["connected"] and not listed["scaled-away"]["connected"]
+    assert "scaled-away" in store.ok("subscribers", "list")
+    out = store.ok("subscribers", "forget", "scaled-away")
+    assert out.startswith("forgot scaled-away; retention floor now")
+    assert "scaled-away" not in {s.subscriber_id for s in store.admin.lag()}
+    again = store.run("subscribers", "forget", "scaled-away")
+    assert again.returncode == 4 and again.stderr.startswith("error:")
+    connected = store.run("subscribers", "forget", "cq")
+    assert connected.returncode == 1 and "connected" in connected.stderr

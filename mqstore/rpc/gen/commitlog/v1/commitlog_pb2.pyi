@@ -561,6 +561,45 @@ class ConfirmResponse(_message.Message):
 Global___ConfirmResponse: _TypeAlias = ConfirmResponse  # noqa: Y015
 
 @_typing.final
+class ForgetSubscriberRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
+    subscriber_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        subscriber_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriber_id", b"subscriber_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetSubscriberRequest: _TypeAlias = ForgetSubscriberRequest  # noqa: Y015
+
+@_typing.final
+class ForgetSubscriberResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RETENTION_FLOOR_FIELD_NUMBER: _builtins.int
+    retention_floor: _builtins.int
+    """The lowest confirmed offset of the subscribers left (-1: none left)."""
+    def __init__(
+        self,
+        *,
+        retention_floor: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["retention_floor", b"retention_floor"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetSubscriberResponse: _TypeAlias = ForgetSubscriberResponse  # noqa: Y015
+
+@_typing.final
 class GetStatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -70,6 +70,11 @@ class CommitLogStub:
                 request_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.ForgetSubscriber = channel.unary_unary(
+                '/mqstore.commitlog.v1.CommitLog/ForgetSubscriber',
+                request_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberRequest.SerializeToString,
+                response_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberResponse.FromString,
+                _registered_method=True)
 
 
 class CommitLogServicer:
@@ -124,6 +129,14 @@ class CommitLogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetSubscriber(self, request, context):
+        """Forget a subscriber that will not come back (a replica scaled away), so that its confirmed
+        offset no longer holds retention back. Refused while it is connected.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CommitLogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +174,11 @@ def add_CommitLogServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.GetStatusRequest.FromString,
                     response_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'ForgetSubscriber': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetSubscriber,
+                    request_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberRequest.FromString,
+                    response_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -352,6 +370,33 @@ class CommitLog:
             '/mqstore.commitlog.v1.CommitLog/GetStatus',
             mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.GetStatusRequest.SerializeToString,
             mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetSubscriber(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqstore.commitlog.v1.CommitLog/ForgetSubscriber',
+            mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberRequest.SerializeToString,
+            mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberResponse.FromString,
             options,
             channel_credentials,
             insecure,

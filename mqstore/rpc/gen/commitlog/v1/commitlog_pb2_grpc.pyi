@@ -50,6 +50,10 @@ class CommitLogStub:
     Confirm: _grpc.UnaryUnaryMultiCallable[_commitlog_pb2.ConfirmRequest, _commitlog_pb2.ConfirmResponse]
     """A subscriber's new confirmed offset: everything below it is applied and durable there."""
     GetStatus: _grpc.UnaryUnaryMultiCallable[_commitlog_pb2.GetStatusRequest, _commitlog_pb2.GetStatusResponse]
+    ForgetSubscriber: _grpc.UnaryUnaryMultiCallable[_commitlog_pb2.ForgetSubscriberRequest, _commitlog_pb2.ForgetSubscriberResponse]
+    """Forget a subscriber that will not come back (a replica scaled away), so that its confirmed
+    offset no longer holds retention back. Refused while it is connected.
+    """
 
 @_typing.type_check_only
 class CommitLogAsyncStub(CommitLogStub):
@@ -69,6 +73,10 @@ class CommitLogAsyncStub(CommitLogStub):
     Confirm: _aio.UnaryUnaryMultiCallable[_commitlog_pb2.ConfirmRequest, _commitlog_pb2.ConfirmResponse]  # type: ignore[assignment]
     """A subscriber's new confirmed offset: everything below it is applied and durable there."""
     GetStatus: _aio.UnaryUnaryMultiCallable[_commitlog_pb2.GetStatusRequest, _commitlog_pb2.GetStatusResponse]  # type: ignore[assignment]
+    ForgetSubscriber: _aio.UnaryUnaryMultiCallable[_commitlog_pb2.ForgetSubscriberRequest, _commitlog_pb2.ForgetSubscriberResponse]  # type: ignore[assignment]
+    """Forget a subscriber that will not come back (a replica scaled away), so that its confirmed
+    offset no longer holds retention back. Refused while it is connected.
+    """
 
 class CommitLogServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -127,5 +135,15 @@ class CommitLogServicer(metaclass=_abc_1.ABCMeta):
         request: _commitlog_pb2.GetStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_commitlog_pb2.GetStatusResponse, _abc.Awaitable[_commitlog_pb2.GetStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ForgetSubscriber(
+        self,
+        request: _commitlog_pb2.ForgetSubscriberRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_commitlog_pb2.ForgetSubscriberResponse, _abc.Awaitable[_commitlog_pb2.ForgetSubscriberResponse]]:
+        """Forget a subscriber that will not come back (a replica scaled away), so that its confirmed
+        offset no longer holds retention back. Refused while it is connected.
+        """
 
 def add_CommitLogServicer_to_server(servicer: CommitLogServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
