@@ -600,6 +600,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                 lag_bytes=lag_bytes,
                 lag_ms=lag_ms,
                 connected=sub.streams > 0,
+                sent_offset=sub.position if sub.streams > 0 else -1,
             )
         return response
 

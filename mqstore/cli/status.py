@@ -180,11 +180,14 @@ def subscribers_list(state: CliState, as_json: bool) -> None:
     if as_json:
         echo_json([lag.to_json() for lag in lags])
         return
-    table = Table("subscriber", "confirmed offset", "lag bytes", "lag ms", "connected")
+    table = Table(
+        "subscriber", "confirmed offset", "sent offset", "lag bytes", "lag ms", "connected"
+    )
     for lag in lags:
         table.add_row(
             lag.subscriber_id,
             _cell(lag.confirmed_offset),
+            _cell(lag.sent_offset if lag.connected else "-"),
             _cell(lag.lag_bytes),
             _cell(lag.lag_ms),
             _yes(lag.connected),

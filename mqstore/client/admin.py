@@ -107,6 +107,9 @@ class SubscriberLag:
     lag_bytes: int  # max_offset - confirmed_offset
     lag_ms: int  # store time of the newest message - that of the first unconfirmed one
     connected: bool
+    # How far its open stream has sent (-1: not connected): the lag as of now is the log's
+    # max offset minus this; confirmed_offset trails it by what is not yet durable there.
+    sent_offset: int = -1
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -665,7 +668,9 @@ class Admin:
 
 
 def _lag(s: cl_pb.SubscriberStatus) -> SubscriberLag:
-    return SubscriberLag(s.subscriber_id, s.confirmed_offset, s.lag_bytes, s.lag_ms, s.connected)
+    return SubscriberLag(
+        s.subscriber_id, s.confirmed_offset, s.lag_bytes, s.lag_ms, s.connected, s.sent_offset
+    )
 
 
 def _fan_out(jobs: Sequence[Callable[[], T]]) -> list[T]:

@@ -9,7 +9,14 @@ import grpc
 
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.storage.clock import ManualClock
-from tests.commitlog_svc.support import FILE_BYTES, Running, batch, rpc_error, subscribe
+from tests.commitlog_svc.support import (
+    FILE_BYTES,
+    Running,
+    batch,
+    rpc_error,
+    subscribe,
+    wait_until,
+)
 
 
 def confirm(svc: Running, sid: str, offset: int, store_id: bytes | None = None) -> int:
@@ -142,3 +149,17 @@ def test_get_status_of_an_empty_log(svc: Running) -> None:
     assert (status.min_offset, status.max_offset, status.flushed_offset) == (0, 0, 0)
     assert len(status.store_id) == 16 and not status.subscribers
     assert svc.engine.newest_store_timestamp_ms() == -1
+
+
+def test_status_shows_how_far_a_stream_has_sent_ahead_of_what_is_confirmed(
+    svc: Running,
+) -> None:
+    end = svc.append_ok(batch(0, 20)).commit_log_offsets[-1] + 1
+    reader = subscribe(svc, "follower")
+    reader.wait_reaching(end)
+    (sub,) = svc.status().subscribers
+    assert sub.connected and sub.sent_offset == svc.status().max_offset
+    assert sub.confirmed_offset == 0 and sub.lag_bytes == sub.sent_offset  # nothing confirmed
+    reader.cancel()
+    wait_until(lambda: not svc.status().subscribers[0].connected, "the stream to end")
+    assert svc.status().subscribers[0].sent_offset == -1

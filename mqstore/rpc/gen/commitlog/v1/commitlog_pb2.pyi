@@ -623,6 +623,7 @@ class SubscriberStatus(_message.Message):
     LAG_BYTES_FIELD_NUMBER: _builtins.int
     LAG_MS_FIELD_NUMBER: _builtins.int
     CONNECTED_FIELD_NUMBER: _builtins.int
+    SENT_OFFSET_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     confirmed_offset: _builtins.int
     lag_bytes: _builtins.int
@@ -630,6 +631,11 @@ class SubscriberStatus(_message.Message):
     lag_ms: _builtins.int
     """store time of the newest message - that of the first unconfirmed one"""
     connected: _builtins.bool
+    sent_offset: _builtins.int
+    """How far its open stream has sent (-1: not connected). Ahead of confirmed_offset by what
+    the subscriber applied but has not yet made durable and confirmed (cq_svc confirms at its
+    thorough flush, every 10 s by default): the lag as of now is max_offset - sent_offset.
+    """
     def __init__(
         self,
         *,
@@ -638,10 +644,11 @@ class SubscriberStatus(_message.Message):
         lag_bytes: _builtins.int = ...,
         lag_ms: _builtins.int = ...,
         connected: _builtins.bool = ...,
+        sent_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "connected", b"connected", "lag_bytes", b"lag_bytes", "lag_ms", b"lag_ms", "subscriber_id", b"subscriber_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "connected", b"connected", "lag_bytes", b"lag_bytes", "lag_ms", b"lag_ms", "sent_offset", b"sent_offset", "subscriber_id", b"subscriber_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
