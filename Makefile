@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 PYTEST_ARGS ?=
 
-.PHONY: help setup run demo test check fmt bench proto clean chaos fuzz
+.PHONY: help setup run demo test check fmt bench bench-peers proto clean chaos fuzz
 
 help:
 	@echo "make run    - set up, then run the store (all three services) on $(DATA_DIR); Ctrl-C stops it"
@@ -14,6 +14,7 @@ help:
 	@echo "make check  - generated code up to date, ruff (format + lint) and mypy"
 	@echo "make proto  - regenerate mqstore/rpc/gen from protos/"
 	@echo "make bench  - engine benchmarks against raw limits measured in the same run"
+	@echo "make bench-peers - mqstore next to NATS JetStream, Redis Streams and the gRPC ceiling"
 	@echo "make fuzz   - coverage-guided fuzzing of every decoder and API (FUZZ_SECONDS per target)"
 	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=)"
 
@@ -66,6 +67,18 @@ SEED ?=
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m chaos $(if $(CYCLES),--cycles $(CYCLES)) $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+
+BENCH_STAMP := $(VENV)/.installed-bench
+
+# The bench extra (nats-py, redis, hiredis) on top of the dev install; redone whenever it is.
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+# mqstore next to NATS JetStream, Redis Streams and a bare gRPC ceiling (docs/bench-peers.md).
+bench-peers: $(BENCH_STAMP)
+	$(PY) -m bench.peers.servers --ensure
+	$(PY) -m bench.peers $(BENCH_ARGS)
 
 FUZZ_STAMP := $(VENV)/.installed-fuzz
 FUZZ_SECONDS ?= 60

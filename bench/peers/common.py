@@ -1,0 +1,287 @@
+"""What every system's benchmark shares: the scale, the workloads, CPU accounting, results.
+
+CPU accounting: the machine is a shared 2-core VM. Every measured call is wrapped in a Meter,
+which reads the machine's busy time (/proc/stat) and the CPU time of this process and all its
+descendants (the client worker processes and every server we started) at both ends; what the
+machine spent beyond ours is "foreign" load, in cores over the call. A run with much of it is
+suspect, and the table says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SIZES = (100, 1024)  # message payload bytes
+BATCH = 1000  # messages per batch / fetch / page, for every system (reference §1-3)
+# A run with more foreign load than this (cores) is flagged as noisy (the reference's limit).
+FOREIGN_NOISY_CORES = 0.25
+CALL_TIMEOUT_S = 60.0
+
+SYSTEMS = ("mqstore", "nats", "redis", "ceiling")
+SYSTEM_NAMES = {
+    "mqstore": "mqstore",
+    "nats": "NATS JetStream",
+    "redis": "Redis Streams",
+    "ceiling": "gRPC ceiling",
+}
+
+
+@dataclass(frozen=True)
+class Scale:
+    messages: int  # per produce run (and read back by each consume run)
+    runs: int  # runs per cell: the median (min-max) is reported
+    lookups: int  # time lookups per run
+    visible_s: float  # length of one append-to-visible run
+    # Before each measured call, wait up to this long for foreign load to drop below
+    # FOREIGN_NOISY_CORES (the reference waited up to 90 s; a smoke run does not wait).
+    settle_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FULL = Scale(messages=200_000, runs=3, lookups=500, visible_s=5.0, settle_s=15.0)
+QUICK = Scale(messages=5_000, runs=1, lookups=50, visible_s=1.0)
+
+
+@dataclass(frozen=True)
+class Workload:
+    key: str
+    label: str
+    unit: str
+    higher_better: bool
+    per_size: bool = True
+
+
+WORKLOADS = (
+    Workload("produce", "produce (mqstore: flush async)", "msg/s", True),
+    Workload("produce_sync", "produce (mqstore: flush sync)", "msg/s", True),
+    Workload("consume", "consume by offset: pull API", "msg/s", True),
+    Workload("consume_fast", "consume by offset: fastest read path", "msg/s", True),
+    Workload("lookup_p50", "time lookup p50", "ms", False),
+    Workload("lookup_p99", "time lookup p99", "ms", False),
+    Workload("visible_p50", "append-to-visible p50 (½ mqstore's peak)", "ms", False),
+    Workload("visible_p99", "append-to-visible p99 (½ mqstore's peak)", "ms", False),
+    Workload("memory", "resident memory after the run", "MiB", False, per_size=False),
+)
+WORKLOAD_KEYS = tuple(w.key for w in WORKLOADS)
+
+
+def sizes_of(workload: Workload) -> tuple[int, ...]:
+    """Message sizes a workload has a row for (0: one row for the whole run)."""
+    return SIZES if workload.per_size else (0,)
+
+
+def size_name(size: int) -> str:
+    if size == 0:
+        return "all"
+    return "1 KiB" if size == 1024 else f"{size} B"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+# -- results ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One system's figure for one workload and size: a value per run."""
+
+    values: list[float] = field(default_factory=list)
+    foreign: list[float] = field(default_factory=list)  # cores, per run
+    detail: str = ""  # what exactly ran (variant, durability), for the notes and JSON
+    runs: list[dict[str, Any]] = field(default_factory=list)  # raw per-run data
+
+
+@dataclass
+class Results:
+    cells: dict[tuple[str, int, str], Cell] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    details: dict[str, list[str]] = field(default_factory=dict)  # per system
+    extras: dict[str, Any] = field(default_factory=dict)  # variants kept for the JSON only
+
+    def add(
+        self,
+        workload: str,
+        size: int,
+        system: str,
+        value: float,
+        foreign: float,
+        detail: str = "",
+        **raw: Any,
+    ) -> None:
+        if workload not in WORKLOAD_KEYS or system not in SYSTEMS:
+            raise ValueError(f"unknown workload {workload!r} or system {system!r}")
+        cell = self.cells.setdefault((workload, size, system), Cell())
+        cell.values.append(value)
+        cell.foreign.append(foreign)
+        if detail:
+            cell.detail = detail
+        cell.runs.append({"value": value, "foreign_cores": foreign, **raw})
+
+    def get(self, workload: str, size: int, system: str) -> Cell | None:
+        return self.cells.get((workload, size, system))
+
+    def describe(self, system: str, text: str) -> None:
+        """A line for the notes on how `system` was run (durability, variants)."""
+        lines = self.details.setdefault(system, [])
+        if text not in lines:
+            lines.append(text)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Results:
+        out = cls(
+            notes=list(data.get("notes", [])),
+            details={k: list(v) for k, v in data.get("details", {}).items()},
+            extras=dict(data.get("extras", {})),
+        )
+        for c in data["cells"]:
+            out.cells[(c["workload"], int(c["size"]), c["system"])] = Cell(
+                values=list(c["values"]),
+                foreign=list(c["foreign"]),
+                detail=c.get("detail", ""),
+                runs=list(c.get("runs", [])),
+            )
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cells": [
+                {"workload": w, "size": s, "system": sy, **asdict(c)}
+                for (w, s, sy), c in sorted(self.cells.items())
+            ],
+            "notes": self.notes,
+            "details": self.details,
+            "extras": self.extras,
+        }
+
+
+# -- CPU accounting ---------------------------------------------------------------------------
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process (0 once it is gone)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def descendants(root: int) -> set[int]:
+    """Every living process below `root` (children, grandchildren, ...)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _stat_fields(int(name))
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    out: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _our_cpu() -> dict[int, float]:
+    """CPU seconds of this process (with its reaped children) and each living descendant."""
+    me = os.getpid()
+    fields = _stat_fields(me)
+    reaped = (int(fields[13]) + int(fields[14])) * _TICK_S if fields else 0.0
+    out = {pid: proc_cpu_s(pid) for pid in descendants(me)}
+    out[me] = proc_cpu_s(me) + reaped
+    return out
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (not idle, iowait or stolen)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = values[:7]
+    return (user + nice + system + irq + softirq) * _TICK_S
+
+
+def wait_for_quiet(limit_s: float, sample_s: float = 0.5) -> float:
+    """Sample foreign load until a sample is under FOREIGN_NOISY_CORES or `limit_s` has
+    passed; returns the seconds waited."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < limit_s:
+        with Meter() as meter:
+            time.sleep(sample_s)
+        if meter.foreign_cores <= FOREIGN_NOISY_CORES:
+            break
+    return time.perf_counter() - began
+
+
+class Meter:
+    """Cores used over one measured call: by each server of ours, by everything of ours, and
+    by the rest of the machine (foreign)."""
+
+    def __init__(self, servers: Mapping[str, int] | None = None) -> None:
+        self.servers = dict(servers or {})
+        self.wall_s = 0.0
+        self.foreign_cores = 0.0
+        self.ours_cores = 0.0
+        self.server_cores: dict[str, float] = {}
+
+    def __enter__(self) -> Meter:
+        self._began = time.perf_counter()
+        self._busy0 = machine_busy_s()
+        self._ours0 = _our_cpu()
+        self._servers0 = {name: proc_cpu_s(pid) for name, pid in self.servers.items()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ours1 = _our_cpu()
+        busy = machine_busy_s() - self._busy0
+        self.wall_s = max(time.perf_counter() - self._began, 1e-9)
+        # A process born during the call counts in full; one that died is lost unless reaped.
+        ours = sum(cpu - self._ours0.get(pid, 0.0) for pid, cpu in ours1.items())
+        self.ours_cores = ours / self.wall_s
+        self.foreign_cores = max(0.0, busy - ours) / self.wall_s
+        self.server_cores = {
+            name: (proc_cpu_s(pid) - self._servers0[name]) / self.wall_s
+            for name, pid in self.servers.items()
+        }
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> dict[str, float]:
+    """Resident memory of a process from /proc/<pid>/status, MiB: rss (anon + file + shmem),
+    anon, file (mapped file pages, e.g. an mmap'd log) and hwm (peak rss)."""
+    wanted = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "hwm"}
+    out: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in wanted:
+                    out[wanted[key]] = int(rest.split()[0]) / 1024  # kB
+    except OSError:
+        pass
+    return out

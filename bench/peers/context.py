@@ -1,0 +1,81 @@
+"""What the orchestrator hands each system's benchmark: the scale, the client pool, the results
+and the way to run a client under a CPU meter."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.peers.common import CALL_TIMEOUT_S, Meter, Results, Scale, wait_for_quiet
+from bench.peers.pacing import READY_TIMEOUT_S
+
+# A whole client call (a produce run of 200k messages at a few thousand msg/s included).
+CLIENT_TIMEOUT_S = 900.0
+# Most a whole run waits for foreign load to settle (Scale.settle_s before each call).
+SETTLE_BUDGET_S = 300.0
+
+
+@dataclass
+class Context:
+    scale: Scale
+    pool: ProcessPoolExecutor
+    root: Path
+    results: Results = field(default_factory=Results)
+    # Offered rate of append-to-visible, per message size: half of mqstore's peak produce rate.
+    visible_rates: dict[int, float] = field(default_factory=dict)
+    visible_rate_source: str = ""
+    started: float = field(default_factory=time.perf_counter)
+    settled_s: float = 0.0  # waited in total for foreign load to drop
+
+    def settle(self) -> None:
+        """Wait a while for foreign load to drop before a measured call, within a budget for
+        the whole run (a neighbour busy all along must not stretch it by an hour)."""
+        left = SETTLE_BUDGET_S - self.settled_s
+        if self.scale.settle_s > 0 and left > 0:
+            self.settled_s += wait_for_quiet(min(self.scale.settle_s, left))
+
+    def say(self, text: str) -> None:
+        print(f"[{time.perf_counter() - self.started:6.1f} s] {text}", flush=True)
+
+    def measure(
+        self, servers: Mapping[str, int], fn: Callable[..., dict[str, Any]], *args: Any
+    ) -> tuple[dict[str, Any], Meter]:
+        """Run `fn(*args)` in a client process under a CPU meter."""
+        self.settle()
+        with Meter(servers) as meter:
+            got = self.pool.submit(fn, *args).result(timeout=CLIENT_TIMEOUT_S)
+        return got, meter
+
+    def measure_pair(
+        self,
+        servers: Mapping[str, int],
+        consumer: tuple[Callable[..., dict[str, Any]], tuple[Any, ...]],
+        producer: tuple[Callable[..., dict[str, Any]], tuple[Any, ...]],
+        ready_path: str,
+    ) -> tuple[dict[str, Any], dict[str, Any], Meter]:
+        """A consumer process, started first and waited for until it touches `ready_path`
+        (subscribed, polling), then a producer process; the meter covers the producer's run
+        until the consumer has everything."""
+        self.settle()
+        seen = self.pool.submit(consumer[0], *consumer[1])
+        _wait_ready(ready_path, seen)
+        with Meter(servers) as meter:
+            sent = self.pool.submit(producer[0], *producer[1])
+            sent_got = sent.result(timeout=CLIENT_TIMEOUT_S)
+            seen_got = seen.result(timeout=CLIENT_TIMEOUT_S)
+        return sent_got, seen_got, meter
+
+
+def _wait_ready(path: str, client: Future[Any]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S + CALL_TIMEOUT_S
+    while not Path(path).exists():
+        if client.done():
+            client.result()  # raises what the client raised
+            raise RuntimeError(f"the consumer returned before touching {path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the consumer did not get ready ({path})")
+        time.sleep(0.005)

@@ -1,0 +1,293 @@
+"""The transport ceiling: a trivial gRPC service moving the same batches mqstore moves, as in
+reference §3, so that mqstore's figures can be read against what Python gRPC alone allows.
+
+    python -m bench.peers.grpc_ceiling --serve PORTS_FILE     (the server process)
+
+The service is the sync grpc.server with a thread pool, as mqstore's services are, with the
+same message-size options and no interceptors. Its proto is one of three messages made at run
+time (no generated code): Batch { repeated bytes payloads }, Ack { messages, bytes },
+FetchRequest { max_messages, size }.
+- Append (bidi, the shape of mqstore's AppendStream): a Batch of 1000 payloads in, an Ack
+  out; the server touches every payload (sum of lengths), as a store must. The client keeps
+  as many batches in flight as the SDK Producer's default window.
+- Fetch (unary, the shape of a Pull): 1000 payloads of the asked size out, one call in flight,
+  the client reading every payload. The server's batch is built once and re-serialised.
+- Ping (unary, empty): the bare round trip a time lookup is read against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from bench.peers.common import BATCH, SIZES, percentile, rss_mib
+from bench.peers.context import Context
+from mqstore.client.producer import WINDOW_DEFAULT
+from mqstore.rpc.channel import MAX_MESSAGE_BYTES, make_channel
+from mqstore.rpc.server import server_options
+
+SERVICE = "benchceiling.Ceiling"
+SERVER_THREADS = 8  # the reference's sync server
+READY_TIMEOUT_S = 30.0
+LOOKUP_WARM_UP = 20
+_F = descriptor_pb2.FieldDescriptorProto
+
+
+@cache
+def messages() -> dict[str, Any]:
+    """The three message classes, from a descriptor built here."""
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="bench_ceiling.proto", package="benchceiling", syntax="proto3"
+    )
+    optional, repeated = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
+    layout = {
+        "Batch": [("payloads", _F.TYPE_BYTES, repeated)],
+        "Ack": [("messages", _F.TYPE_INT64, optional), ("bytes", _F.TYPE_INT64, optional)],
+        "FetchRequest": [
+            ("max_messages", _F.TYPE_INT32, optional),
+            ("size", _F.TYPE_INT32, optional),
+        ],
+    }
+    for name, fields in layout.items():
+        message = proto.message_type.add(name=name)
+        for number, (field_name, kind, label) in enumerate(fields, 1):
+            message.field.add(name=field_name, number=number, type=kind, label=label)
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(proto.SerializeToString())
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"benchceiling.{name}"))
+        for name in layout
+    }
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+def serve(ports_file: str) -> None:
+    m = messages()
+    batches = {size: m["Batch"](payloads=[os.urandom(size)] * BATCH) for size in SIZES}
+
+    def append(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        for batch in requests:
+            yield m["Ack"](messages=len(batch.payloads), bytes=sum(map(len, batch.payloads)))
+
+    def fetch(request: Any, context: grpc.ServicerContext) -> Any:
+        return batches[request.size]
+
+    def ping(request: Any, context: grpc.ServicerContext) -> Any:
+        return request
+
+    handlers = {
+        "Append": grpc.stream_stream_rpc_method_handler(
+            append, m["Batch"].FromString, m["Ack"].SerializeToString
+        ),
+        "Fetch": grpc.unary_unary_rpc_method_handler(
+            fetch, m["FetchRequest"].FromString, m["Batch"].SerializeToString
+        ),
+        "Ping": grpc.unary_unary_rpc_method_handler(
+            ping, m["Ack"].FromString, m["Ack"].SerializeToString
+        ),
+    }
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=SERVER_THREADS), options=server_options(MAX_MESSAGE_BYTES)
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    tmp = f"{ports_file}.tmp"
+    Path(tmp).write_text(json.dumps({"port": port, "pid": os.getpid()}), encoding="utf-8")
+    os.replace(tmp, ports_file)
+    stop.wait()
+    server.stop(grace=1).wait()
+
+
+class CeilingServer:
+    """The server as a process of its own, stopped by PID."""
+
+    def __init__(self, root: Path) -> None:
+        self.ports_file = root / "ceiling.ports.json"
+        self.log_path = root / "ceiling.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def __enter__(self) -> CeilingServer:
+        self.ports_file.unlink(missing_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.peers.grpc_ceiling", "--serve", str(self.ports_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+            )
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not self.ports_file.exists():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the ceiling server did not start; see {self.log_path}")
+                time.sleep(0.02)
+            self.port = int(json.loads(self.ports_file.read_text(encoding="utf-8"))["port"])
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+# -- the clients (worker processes) -----------------------------------------------------------
+
+
+def _stubs(channel: grpc.Channel) -> dict[str, Any]:
+    m = messages()
+    return {
+        "append": channel.stream_stream(
+            f"/{SERVICE}/Append", m["Batch"].SerializeToString, m["Ack"].FromString
+        ),
+        "fetch": channel.unary_unary(
+            f"/{SERVICE}/Fetch", m["FetchRequest"].SerializeToString, m["Batch"].FromString
+        ),
+        "ping": channel.unary_unary(
+            f"/{SERVICE}/Ping", m["Ack"].SerializeToString, m["Ack"].FromString
+        ),
+    }
+
+
+def produce(target: str, size: int, n: int, window: int = WINDOW_DEFAULT) -> dict[str, Any]:
+    batch = messages()["Batch"](payloads=[os.urandom(size)] * BATCH)
+    calls = max(1, n // BATCH)
+    slots = threading.Semaphore(window)
+
+    def requests() -> Iterator[Any]:
+        for _ in range(calls):
+            slots.acquire()
+            yield batch
+
+    with make_channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=READY_TIMEOUT_S)
+        append = _stubs(channel)["append"]
+        acked = 0
+        began = time.perf_counter()
+        for ack in append(requests()):
+            slots.release()
+            acked += ack.messages
+        took = time.perf_counter() - began
+    if acked != calls * BATCH:
+        raise RuntimeError(f"ceiling: {acked} acked of {calls * BATCH}")
+    return {"rate": acked / took, "seconds": took, "window": window}
+
+
+def consume(target: str, size: int, n: int) -> dict[str, Any]:
+    request = messages()["FetchRequest"](max_messages=BATCH, size=size)
+    with make_channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=READY_TIMEOUT_S)
+        fetch = _stubs(channel)["fetch"]
+        count = body_bytes = 0
+        began = time.perf_counter()
+        while count < n:
+            batch = fetch(request, timeout=READY_TIMEOUT_S)
+            body_bytes += sum(map(len, batch.payloads))
+            count += len(batch.payloads)
+        took = time.perf_counter() - began
+    return {"rate": count / took, "seconds": took, "body_bytes": body_bytes}
+
+
+def pings(target: str, count: int) -> dict[str, Any]:
+    request = messages()["Ack"](messages=random.randrange(1 << 30))
+    times: list[float] = []
+    with make_channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=READY_TIMEOUT_S)
+        ping = _stubs(channel)["ping"]
+        for i in range(LOOKUP_WARM_UP + count):
+            began = time.perf_counter()
+            ping(request, timeout=READY_TIMEOUT_S)
+            if i >= LOOKUP_WARM_UP:
+                times.append((time.perf_counter() - began) * 1000)
+    return {"p50_ms": percentile(times, 0.5), "p99_ms": percentile(times, 0.99)}
+
+
+def run(ctx: Context) -> None:
+    scale, results = ctx.scale, ctx.results
+    with CeilingServer(ctx.root) as server:
+        servers = {"ceiling": server.pid}
+        results.describe(
+            "ceiling",
+            f"grpcio {grpc.__version__}; sync grpc.server, {SERVER_THREADS} threads, "
+            "no interceptors; nothing stored",
+        )
+        for run_no in range(scale.runs):
+            for size in SIZES:
+                ctx.say(f"ceiling: run {run_no + 1}/{scale.runs}, {size} B")
+                got, m = ctx.measure(servers, produce, server.target, size, scale.messages)
+                detail = f"bidi stream of {BATCH}-payload batches, {WINDOW_DEFAULT} in flight"
+                results.add("produce", size, "ceiling", got["rate"], m.foreign_cores, detail, **got)
+                got, m = ctx.measure(servers, consume, server.target, size, scale.messages)
+                detail = f"unary Fetch of {BATCH} payloads, 1 in flight"
+                results.add("consume", size, "ceiling", got["rate"], m.foreign_cores, detail, **got)
+                results.add("consume_fast", size, "ceiling", got["rate"], m.foreign_cores, detail)
+                got, m = ctx.measure(servers, pings, server.target, scale.lookups)
+                for q in ("p50", "p99"):
+                    results.add(
+                        f"lookup_{q}",
+                        size,
+                        "ceiling",
+                        got[f"{q}_ms"],
+                        m.foreign_cores,
+                        "unary empty round trip",
+                        **got,
+                    )
+        memory = rss_mib(server.pid)
+        results.add(
+            "memory",
+            0,
+            "ceiling",
+            memory.get("rss", 0.0),
+            0.0,
+            "server RSS",
+            pid=server.pid,
+            **memory,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the gRPC ceiling's server process")
+    parser.add_argument("--serve", metavar="PORTS_FILE", required=True)
+    serve(parser.parse_args(argv).serve)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

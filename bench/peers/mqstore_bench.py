@@ -1,0 +1,406 @@
+"""mqstore through its SDK (mqstore.client) over gRPC, against the three real services as
+tests/e2e/cluster.start_store starts them (commitlog_svc, one cq_svc, one index_svc; ports 0,
+their own temp dir), once with `--flush async` (every workload) and once with `--flush sync`
+(produce only).
+
+- produce: Producer with large batches (1,000 messages, up to 4 MiB) and the default window
+  (4 requests in flight on one AppendStream) and queues (4, round robin); send() for every
+  message, then flush(); every future checked.
+- consume, pull API: Consumer(start="earliest", max_messages=1000).messages(follow=False):
+  every queue from offset 0 to its end, each record CRC-checked and decoded by the SDK.
+- consume, fastest path: the raw Consumer.pull(queue, offset, max_messages=1000) of each
+  queue in turn from offset 0 to its end (one Pull in flight; same decoding).
+- time lookup: Admin.offset_for_time (GetOffsetByTime on cq_svc) at a random store time within
+  the run's topic, on a random queue.
+- append-to-visible: a paced Producer; a Consumer long-polling (poll, long_poll_ms 2 s).
+- memory: resident memory of each service after the async store's whole run.
+
+The index service runs with its default (`make run`) index files rather than start_store's
+small test ones, so that its work is what a user's store does.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import statistics
+import threading
+import time
+from typing import Any
+
+from bench.e2e_bench import disk_guard
+from bench.peers import pacing
+from bench.peers.common import BATCH, SIZES, percentile, rss_mib, size_name
+from bench.peers.context import Context
+from index_svc.formats.index_file import DEFAULT_ENTRY_NUM, DEFAULT_SLOT_NUM
+from mqstore.client import Admin, ClientSettings, Consumer, Offset, Producer
+from mqstore.client.producer import QUEUES_PER_TOPIC_DEFAULT, WINDOW_DEFAULT
+from tests.e2e.cluster import Cluster, start_store
+
+BATCH_BYTES = 4 << 20  # room for 1,000 messages of 1 KiB with their properties
+LONG_POLL_MS = 2000
+# A per-queue follower looks up this often whether the others have seen everything.
+PER_QUEUE_POLL_S = 0.2
+LOOKUP_WARM_UP = 20
+CATCH_UP_TIMEOUT_S = 300.0
+INDEX_DEFAULT_ARGS = ["--slot-num", str(DEFAULT_SLOT_NUM), "--entry-num", str(DEFAULT_ENTRY_NUM)]
+DURABILITY = {
+    "async": "flush async: acked once in the commit log's mapped file (page cache); flushed "
+    "every 500 ms when 4+ pages are dirty, everything every 10 s",
+    "sync": "flush sync: acked once fsynced (group commit)",
+}
+
+
+def settings_of(cluster: Cluster) -> ClientSettings:
+    return ClientSettings(
+        commitlog=cluster.commitlog.target,
+        cq=(cluster.followers["cq"].target,),
+        index=(cluster.followers["index"].target,),
+    )
+
+
+def _producer(settings: ClientSettings) -> Producer:
+    return Producer(settings, batch_messages=BATCH, batch_bytes=BATCH_BYTES)
+
+
+# -- clients (worker processes) ---------------------------------------------------------------
+
+
+def produce(settings: ClientSettings, topic: str, size: int, n: int) -> dict[str, Any]:
+    body = os.urandom(size)
+    with _producer(settings) as producer:
+        producer.send_sync(f"{topic}-warm-up", b"w")  # the stream is open before the clock
+        began = time.perf_counter()
+        futures = [producer.send(topic, body) for _ in range(n)]
+        producer.flush()
+        took = time.perf_counter() - began
+    stored = [f.result() for f in futures]  # raises on a refused or failed message
+    stamps = [r.store_timestamp_ms for r in stored]
+    return {
+        "rate": n / took,
+        "seconds": took,
+        "first_ms": min(stamps),
+        "last_ms": max(stamps),
+        "duplicates": sum(r.duplicate for r in stored),
+    }
+
+
+def consume(settings: ClientSettings, topic: str, n: int) -> dict[str, Any]:
+    count = body_bytes = 0
+    with Consumer(settings, topic, start="earliest", max_messages=BATCH, long_poll_ms=0) as c:
+        began = time.perf_counter()
+        for message in c.messages(follow=False):
+            count += 1
+            body_bytes += len(message.body)
+        took = time.perf_counter() - began
+    if count != n:
+        raise RuntimeError(f"{topic}: consumed {count} of {n}")
+    return {"rate": n / took, "seconds": took, "body_bytes": body_bytes}
+
+
+def consume_raw(settings: ClientSettings, topic: str, n: int) -> dict[str, Any]:
+    with Admin(settings) as admin:
+        queues = admin.queues(topic)
+    count = body_bytes = 0
+    with Consumer(settings, topic, max_messages=BATCH, long_poll_ms=0) as c:
+        began = time.perf_counter()
+        for info in queues:
+            offset = info.min_offset
+            while offset < info.max_offset:
+                result = c.pull(info.queue_id, offset, max_messages=BATCH)
+                count += len(result.messages)
+                body_bytes += sum(len(m.body) for m in result.messages)
+                if result.status != "FOUND" or result.next_offset <= offset:
+                    break
+                offset = result.next_offset
+        took = time.perf_counter() - began
+    if count != n:
+        raise RuntimeError(f"{topic}: pulled {count} of {n}")
+    return {"rate": n / took, "seconds": took, "body_bytes": body_bytes}
+
+
+def lookups(
+    settings: ClientSettings, topic: str, first_ms: int, last_ms: int, count: int
+) -> dict[str, Any]:
+    rng = random.Random(8)
+    times: list[float] = []
+    with Admin(settings) as admin:
+        queues = [q.queue_id for q in admin.queues(topic)]
+        for i in range(LOOKUP_WARM_UP + count):
+            queue_id, at = rng.choice(queues), rng.randint(first_ms, last_ms)
+            began = time.perf_counter()
+            admin.offset_for_time(topic, queue_id, at, "lower")
+            if i >= LOOKUP_WARM_UP:
+                times.append((time.perf_counter() - began) * 1000)
+    return {"p50_ms": percentile(times, 0.5), "p99_ms": percentile(times, 0.99)}
+
+
+def prime(settings: ClientSettings, topic: str) -> dict[str, Any]:
+    """One message in each queue of `topic`, seen by cq_svc: a long poll waits only on a queue
+    that exists (an unknown one is answered at once)."""
+    with _producer(settings) as producer:
+        for queue_id in range(QUEUES_PER_TOPIC_DEFAULT):
+            producer.send_sync(topic, b"\0" * 8, queue_id=queue_id)
+    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+    with Admin(settings) as admin:
+        while sum(q.max_offset for q in admin.queues(topic)) < QUEUES_PER_TOPIC_DEFAULT:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: cq_svc did not apply the primer")
+            time.sleep(0.01)
+    return {}
+
+
+def visible_consumer(settings: ClientSettings, topic: str, n: int, ready: str) -> dict[str, Any]:
+    latencies: list[tuple[int, int]] = []
+    with Consumer(
+        settings, topic, start=Offset(1), max_messages=BATCH, long_poll_ms=LONG_POLL_MS
+    ) as c:
+        c.poll(timeout_s=0)  # queues listed, positions resolved: the next poll long-polls
+        pacing.touch(ready)
+        deadline = time.monotonic() + pacing.READY_TIMEOUT_S + n / 100
+        while len(latencies) < n and time.monotonic() < deadline:
+            batch = c.poll()
+            now = time.time_ns()
+            for message in batch:
+                stamp = pacing.sent_ns(message.body)
+                latencies.append((stamp, now - stamp))
+    return pacing.summarize(latencies, n)
+
+
+def visible_consumer_per_queue(
+    settings: ClientSettings, topic: str, n: int, ready: str
+) -> dict[str, Any]:
+    """The same with one Consumer per queue (queues=[q]), each in its own thread: what the
+    store does without the SDK's multi-queue polling (tests/bench/test_sdk_findings.py)."""
+    latencies: list[tuple[int, int]] = []
+    lock = threading.Lock()
+    started = threading.Barrier(QUEUES_PER_TOPIC_DEFAULT + 1)
+    deadline = time.monotonic() + pacing.READY_TIMEOUT_S + n / 100
+    errors: list[BaseException] = []
+
+    def follow(queue_id: int) -> None:
+        try:
+            with Consumer(
+                settings,
+                topic,
+                queues=[queue_id],
+                start=Offset(1),
+                max_messages=BATCH,
+                long_poll_ms=LONG_POLL_MS,
+            ) as c:
+                c.poll(timeout_s=0)
+                started.wait()
+                while time.monotonic() < deadline:
+                    with lock:
+                        if len(latencies) >= n:
+                            return
+                    batch = c.poll(timeout_s=PER_QUEUE_POLL_S)
+                    now = time.time_ns()
+                    with lock:
+                        for message in batch:
+                            stamp = pacing.sent_ns(message.body)
+                            latencies.append((stamp, now - stamp))
+        except BaseException as err:  # raised below, in the caller's thread
+            errors.append(err)
+            started.abort()
+
+    threads = [threading.Thread(target=follow, args=(q,)) for q in range(QUEUES_PER_TOPIC_DEFAULT)]
+    for t in threads:
+        t.start()
+    started.wait()
+    pacing.touch(ready)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return pacing.summarize(latencies, n)
+
+
+def visible_producer(
+    settings: ClientSettings, topic: str, size: int, rate: float, n: int
+) -> dict[str, Any]:
+    make = pacing.body_maker(size)
+    futures = []
+    with _producer(settings) as producer:
+        producer.send_sync(f"{topic}-warm-up", b"w")
+        took = pacing.paced(
+            rate, n, lambda: futures.append(producer.send(topic, make())), lambda: None
+        )
+        producer.flush()
+    for f in futures:
+        f.result()
+    return {"achieved": n / took, "seconds": took}
+
+
+# -- the orchestrator side --------------------------------------------------------------------
+
+
+def wait_caught_up(settings: ClientSettings) -> None:
+    """Until cq_svc and index_svc have applied the whole log: each run starts with the
+    followers idle, and a consume reads what was produced."""
+    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+    with Admin(settings) as admin:
+        while True:
+            status = admin.status()
+            end = status.commitlog.max_offset
+            applied = [r.applied_offset for r in status.cq] + [
+                r.applied_offset for r in status.index
+            ]
+            if all(a >= end for a in applied):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"followers did not catch up within {CATCH_UP_TIMEOUT_S} s")
+            time.sleep(0.05)
+
+
+def _services(cluster: Cluster) -> dict[str, int]:
+    processes = {
+        "commitlog_svc": cluster.commitlog,
+        "cq_svc": cluster.followers["cq"],
+        "index_svc": cluster.followers["index"],
+    }
+    return {name: p.proc.pid for name, p in processes.items() if p.proc is not None}
+
+
+def run(ctx: Context) -> None:
+    disk_flags, disk_note = disk_guard(ctx.root)
+    if disk_note:
+        ctx.results.notes.append(f"mqstore: {disk_note}")
+    extra = {"commitlog_svc": disk_flags, "index_svc": INDEX_DEFAULT_ARGS}
+    for flush in ("async", "sync"):
+        store_root = ctx.root / f"mqstore-{flush}"
+        ctx.say(f"mqstore: starting the three services (flush {flush})")
+        cluster = start_store(store_root, flush=flush, extra=extra)
+        try:
+            _run_store(ctx, cluster, flush)
+        finally:
+            cluster.stop_all()
+            shutil.rmtree(store_root, ignore_errors=True)
+
+
+def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
+    scale, results = ctx.scale, ctx.results
+    settings = settings_of(cluster)
+    servers = _services(cluster)
+    results.describe("mqstore", DURABILITY[flush])
+    produce_key = "produce" if flush == "async" else "produce_sync"
+    detail = f"Producer: batches of {BATCH}, window {WINDOW_DEFAULT}, flush {flush}"
+    for run_no in range(scale.runs):
+        for size in SIZES:
+            topic = f"p{size}-{flush}-{run_no}"
+            ctx.say(f"mqstore ({flush}): run {run_no + 1}/{scale.runs}, {size} B")
+            wait_caught_up(settings)
+            made, m = ctx.measure(servers, produce, settings, topic, size, scale.messages)
+            cores = m.server_cores
+            results.add(
+                produce_key,
+                size,
+                "mqstore",
+                made["rate"],
+                m.foreign_cores,
+                detail,
+                cores=cores,
+                **made,
+            )
+            if flush == "sync":
+                continue
+            wait_caught_up(settings)
+            got, m = ctx.measure(servers, consume, settings, topic, scale.messages)
+            results.add(
+                "consume",
+                size,
+                "mqstore",
+                got["rate"],
+                m.foreign_cores,
+                "Consumer.messages(), max_messages 1000",
+                cores=m.server_cores,
+                **got,
+            )
+            got, m = ctx.measure(servers, consume_raw, settings, topic, scale.messages)
+            results.add(
+                "consume_fast",
+                size,
+                "mqstore",
+                got["rate"],
+                m.foreign_cores,
+                "raw Consumer.pull() per queue, 1000 a Pull",
+                cores=m.server_cores,
+                **got,
+            )
+            got, m = ctx.measure(
+                servers, lookups, settings, topic, made["first_ms"], made["last_ms"], scale.lookups
+            )
+            for q in ("p50", "p99"):
+                results.add(
+                    f"lookup_{q}",
+                    size,
+                    "mqstore",
+                    got[f"{q}_ms"],
+                    m.foreign_cores,
+                    "Admin.offset_for_time (GetOffsetByTime)",
+                    **got,
+                )
+    if flush == "sync":
+        return
+    for size in SIZES:
+        cell = results.get("produce", size, "mqstore")
+        if size not in ctx.visible_rates and cell is not None:
+            ctx.visible_rates[size] = statistics.median(cell.values) / 2
+            ctx.visible_rate_source = "half of mqstore's median produce rate (flush async)"
+    _visible(ctx, settings, servers)
+    memory = {name: rss_mib(pid) for name, pid in servers.items()}
+    total = sum(m.get("rss", 0.0) for m in memory.values())
+    results.add(
+        "memory", 0, "mqstore", total, 0.0, "RSS of the three services", pids=servers, **memory
+    )
+
+
+def _visible(ctx: Context, settings: ClientSettings, servers: dict[str, int]) -> None:
+    scale, results = ctx.scale, ctx.results
+    per_queue: dict[int, list[dict[str, Any]]] = {}
+    for run_no in range(scale.runs):
+        for size in SIZES:
+            rate = ctx.visible_rates[size]
+            n = max(1, round(rate * scale.visible_s))
+            ctx.say(f"mqstore: append-to-visible {run_no + 1}/{scale.runs}, {size} B")
+            for variant, consumer in (
+                ("", visible_consumer),
+                ("-per-queue", visible_consumer_per_queue),
+            ):
+                topic = f"visible-{size}-{run_no}{variant}"
+                ctx.pool.submit(prime, settings, topic).result()
+                wait_caught_up(settings)
+                ready = str(ctx.root / f"mqstore-{topic}.ready")
+                sent, seen, m = ctx.measure_pair(
+                    servers,
+                    (consumer, (settings, topic, n, ready)),
+                    (visible_producer, (settings, topic, size, rate, n)),
+                    ready,
+                )
+                raw = {**seen, **sent, "offered": rate, "cores": m.server_cores}
+                if variant:
+                    per_queue.setdefault(size, []).append({**raw, "foreign_cores": m.foreign_cores})
+                    continue
+                detail = "paced Producer; one Consumer of the topic, poll() long-polling (2 s)"
+                for q in ("p50", "p99"):
+                    results.add(
+                        f"visible_{q}",
+                        size,
+                        "mqstore",
+                        seen[f"{q}_ms"],
+                        m.foreign_cores,
+                        detail,
+                        **raw,
+                    )
+    results.extras["mqstore_visible_per_queue"] = {str(k): v for k, v in per_queue.items()}
+    for size, runs in per_queue.items():
+        p50 = statistics.median(r["p50_ms"] for r in runs)
+        p99 = statistics.median(r["p99_ms"] for r in runs)
+        results.notes.append(
+            f"mqstore append-to-visible, {size_name(size)}, with one Consumer per queue "
+            f"(queues=[q], {QUEUES_PER_TOPIC_DEFAULT} threads) instead of one Consumer of the "
+            f"topic, same load: p50 {p50:,.1f} ms, p99 {p99:,.1f} ms (median of {len(runs)} "
+            "run(s)); tests/bench/test_sdk_findings.py shows the one Consumer's poll handing "
+            "out one queue per call."
+        )

@@ -1,0 +1,107 @@
+"""Append-to-visible, the same way for every system: a producer process sends messages at a
+fixed rate, each body starting with time.time_ns() read just before it is handed to the client
+library; a consumer process long-polls and notes when each message arrives. Latency = arrival
+minus that stamp (both processes on this machine: one clock).
+
+The producer is paced by ticks: at each tick it sends every message due by then (the rate times
+the time since the start), then sleeps until the next one is due. A system's client may batch
+what it is given (the mqstore Producer lingers up to 5 ms, a Redis pipeline is sent once per
+tick): that delay is part of what a user of the library sees, so it is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.peers.common import percentile
+
+STAMP = struct.Struct(">Q")
+# Most messages one tick sends: a producer that fell behind catches up in bounded steps.
+TICK_MESSAGES_MAX = 1000
+READY_TIMEOUT_S = 60.0
+
+
+def body_maker(size: int) -> Callable[[], bytes]:
+    pad = os.urandom(size - STAMP.size)
+
+    def make() -> bytes:
+        return STAMP.pack(time.time_ns()) + pad
+
+    return make
+
+
+def sent_ns(body: bytes) -> int:
+    return int(STAMP.unpack_from(body)[0])
+
+
+def paced(rate: float, count: int, send: Callable[[], None], tick: Callable[[], None]) -> float:
+    """Call `send` `count` times at `rate` per second, `tick` after each tick's sends; returns
+    the seconds it took."""
+    began = time.perf_counter()
+    sent = 0
+    while sent < count:
+        due = min(count, int((time.perf_counter() - began) * rate) + 1, sent + TICK_MESSAGES_MAX)
+        while sent < due:
+            send()
+            sent += 1
+        tick()
+        delay = began + sent / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    return time.perf_counter() - began
+
+
+async def paced_async(
+    rate: float, count: int, send: Callable[[], Awaitable[Any]], tick: Callable[[], Awaitable[Any]]
+) -> float:
+    """`paced` for asyncio clients: sleeping yields to the client's own tasks."""
+    began = time.perf_counter()
+    sent = 0
+    while sent < count:
+        due = min(count, int((time.perf_counter() - began) * rate) + 1, sent + TICK_MESSAGES_MAX)
+        while sent < due:
+            await send()
+            sent += 1
+        await tick()
+        delay = began + sent / rate - time.perf_counter()
+        await asyncio.sleep(max(0.0, delay))
+    return time.perf_counter() - began
+
+
+def wait_for_file(path: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
+        time.sleep(0.002)
+
+
+def touch(path: str) -> None:
+    Path(path).touch()
+
+
+def summarize(latencies_ns: list[tuple[int, int]], expected: int) -> dict[str, Any]:
+    """(sent, latency) pairs of every message received -> p50 / p99 / max in ms, and the p50 of
+    the first and last fifth sent: latency growing through the run means the offered load is
+    more than the system sustains (flagged `saturated`)."""
+    if len(latencies_ns) != expected:
+        raise RuntimeError(f"received {len(latencies_ns)} messages, expected {expected}")
+    by_sending = [ns / 1e6 for _, ns in sorted(latencies_ns)]
+    fifth = max(1, len(by_sending) // 5)
+    first = percentile(by_sending[:fifth], 0.5)
+    last = percentile(by_sending[-fifth:], 0.5)
+    return {
+        "received": len(by_sending),
+        "p50_ms": percentile(by_sending, 0.5),
+        "p99_ms": percentile(by_sending, 0.99),
+        "max_ms": max(by_sending),
+        "first_fifth_p50_ms": first,
+        "last_fifth_p50_ms": last,
+        "saturated": last > 2 * first + 20,
+    }
