@@ -654,7 +654,14 @@ class Consumer:
             time.sleep(min(IDLE_PAUSE_S, wait_ms / 1000.0))
             return False
         self._long_poll(queue_ids, min(wait_ms, self.long_poll_ms))
-        return self._buffered()
+        if not self._buffered():
+            return False
+        # The first answer cancelled the other polls: a quick pull of those queues takes what
+        # they got meanwhile, so one poll hands out a batch of every queue that has one.
+        others = [q for q in queue_ids if not self._state(q).buffer]
+        if others:
+            self._round(others)
+        return True
 
     def _wait_ms(self, deadline: float) -> int:
         """How long a long poll may wait: until `deadline`, and back for the queue list."""

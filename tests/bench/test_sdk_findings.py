@@ -1,5 +1,5 @@
 """What building the side-by-side benchmark (bench/peers) found in the SDK, shown against real
-services. Marked xfail(strict=True) until the code that owns it is fixed."""
+services; fixed, kept as regression tests."""
 
 from __future__ import annotations
 
@@ -41,14 +41,6 @@ def _wait_applied(admin: Admin, topic: str, total: int) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Consumer.poll() of a caught-up consumer long-polls every queue and keeps only the "
-    "first answer (the other calls are cancelled, and the queues stay marked caught up), so "
-    "it hands out one queue's batch per call instead of one batch from each queue that has "
-    "some, as its docstring says; under a steady load the other queues' messages wait (the "
-    "append-to-visible p99 of bench/peers)",
-)
 def test_poll_returns_a_batch_from_every_queue_that_has_some(store: Cluster) -> None:
     settings = _settings(store)
     topic = "fairness"
