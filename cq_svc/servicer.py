@@ -431,7 +431,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     def CommitOffset(
         self, request: pb.CommitOffsetRequest, context: grpc.ServicerContext
     ) -> pb.CommitOffsetResponse:
-        group = _group(request.group)
+        group = validate_group(request.group)
         topic = _topic(request.topic)
         queue_id = _queue_id(request.queue_id)
         if request.offset < 0:
@@ -442,7 +442,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     def FetchOffset(
         self, request: pb.FetchOffsetRequest, context: grpc.ServicerContext
     ) -> pb.FetchOffsetResponse:
-        group = _group(request.group)
+        group = validate_group(request.group)
         topic = _topic(request.topic)
         queue_id = _queue_id(request.queue_id)
         return pb.FetchOffsetResponse(offset=self.engine.fetch_offset(group, topic, queue_id))
@@ -453,7 +453,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         self, request: pb.ReceiveRequest, context: grpc.ServicerContext
     ) -> pb.ReceiveResponse:
         s = self.settings
-        group = _group(request.group)
+        group = validate_group(request.group)
         topic = _topic(request.topic)
         queue_id = _queue_id(request.queue_id)
         count = _limit(
@@ -572,7 +572,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 pass
 
     def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
-        group = _group(request.group)
+        group = validate_group(request.group)
         topic = _topic(request.topic)
         queue_id = _queue_id(request.queue_id)
         handles = list(request.receipt_handles)
@@ -600,7 +600,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         """A new deadline for a delivery. The handle stays the same (a receipt names the
         delivery, not its deadline); an empty handle in the answer means the receipt was stale
         (redelivered since, or acknowledged) and nothing changed."""
-        group = _group(request.group)
+        group = validate_group(request.group)
         topic = _topic(request.topic)
         queue_id = _queue_id(request.queue_id)
         offset, count = receipts.decode(request.receipt_handle, group, topic, queue_id)
@@ -668,10 +668,6 @@ def _queue_id(queue_id: int) -> int:
             f"queue id {queue_id} is outside [0, {LIMITS.queue_id_max}]", field="queue_id"
         )
     return queue_id
-
-
-def _group(group: str) -> str:
-    return validate_group(group)
 
 
 def _limit(value: int, default: int, top: int, name: str) -> int:

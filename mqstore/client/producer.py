@@ -83,6 +83,8 @@ REQUEST_BYTES_MAX = 32 << 20
 # ahead, doubling on each further stale answer, at most REBASES_MAX times per request.
 REBASE_GAP_FIRST = 1 << 32
 REBASES_MAX = 8
+# Topic names remembered as valid, so that send() checks a topic once, not per message.
+TOPICS_CHECKED_MAX = 1_024
 # Fixed per-message overhead counted towards batch_bytes besides body and properties.
 MESSAGE_OVERHEAD_BYTES = 16
 
@@ -371,6 +373,7 @@ class Producer:
         self.stats = ProducerStats()
 
         self._ids = UniqIdGenerator()
+        self._topics_checked: set[str] = set()
         self._round_robin = itertools.count()
         # `first_sequence`: for a producer that keeps its own numbering across restarts.
         self._sequences = itertools.count(
@@ -502,10 +505,13 @@ class Producer:
         queue_id: int | None,
         uniq_key: str | None,
     ) -> _Message:
-        try:
-            validate_topic(topic, self.limits)
-        except domain.InvalidArgument as exc:
-            raise InvalidArgument(str(exc), field="topic") from None
+        if topic not in self._topics_checked:  # a few topics, sent to again and again
+            try:
+                validate_topic(topic, self.limits)
+            except domain.InvalidArgument as exc:
+                raise InvalidArgument(str(exc), field="topic") from None
+            if len(self._topics_checked) < TOPICS_CHECKED_MAX:
+                self._topics_checked.add(topic)
         if not isinstance(body, bytes | bytearray | memoryview):
             raise InvalidArgument("a body is bytes", field="body")
         body = bytes(body)

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY
 from mqstore.formats.record import Record, unpack_host
 from mqstore.rpc.gen.common.v1 import common_pb2
 
+HOST_TEXTS_CACHED = 1_024
 
+
+@functools.lru_cache(maxsize=HOST_TEXTS_CACHED)
 def host_text(packed: bytes) -> str:
+    """The text "ip:port" of a packed host. Cached: a record's hosts repeat (one store host, a few
+    producers), and decoding them was ~2.3 us, twice per message on the consume path."""
     ip, port = unpack_host(packed)
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
