@@ -71,7 +71,7 @@ class FrameCache:
             if found.next_offset <= start_offset:
                 return None, start_offset
             metrics.DISPATCH_FRAMES.labels("scan").inc()
-            return pb.SubscribeResponse(batch=found.frame), found.next_offset
+            return found.response, found.next_offset
         key = (start_offset, entries_max, bytes_max)
         while True:
             with self._lock:
@@ -96,8 +96,7 @@ class FrameCache:
         if found.next_offset <= start_offset:
             return None, start_offset
         metrics.DISPATCH_FRAMES.labels("scan").inc()
-        response = pb.SubscribeResponse(batch=found.frame)
-        frames = _Frames(response, None, found.next_offset, response.ByteSize())
+        frames = _Frames(found.response, None, found.next_offset, found.nbytes)
         with self._lock:
             self.scans += 1
             old = self._frames.pop(key, None)

@@ -18,6 +18,7 @@ from mqstore.client.admin import (
     QueueInfo,
     SubscriberLag,
 )
+from mqstore.client.batch import BatchFuture, BatchNotStored, BatchResult
 from mqstore.client.compression import Compression
 from mqstore.client.connection import Connection
 from mqstore.client.consumer import (
@@ -50,6 +51,9 @@ __all__ = [
     "QueueInfo",
     "SubscriberLag",
     "AckResult",
+    "BatchFuture",
+    "BatchNotStored",
+    "BatchResult",
     "Consumer",
     "ConsumerStats",
     "Offset",

@@ -40,13 +40,22 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from mqstore import errors as domain
+from mqstore.client.batch import (
+    MESSAGE_OVERHEAD_BYTES,
+    BatchFuture,
+    BatchPart,
+    BatchResult,
+    PreparedBatch,
+    ResultFuture,
+    prepare_batch,
+)
 from mqstore.client.compression import COMPRESS_OVER_BYTES_DEFAULT, Compression, compress
 from mqstore.client.connection import Connection
 from mqstore.client.errors import (
@@ -85,10 +94,9 @@ REBASE_GAP_FIRST = 1 << 32
 REBASES_MAX = 8
 # Topic names remembered as valid, so that send() checks a topic once, not per message.
 TOPICS_CHECKED_MAX = 1_024
-# Fixed per-message overhead counted towards batch_bytes besides body and properties.
-MESSAGE_OVERHEAD_BYTES = 16
 
 _PUT_OK = pb.PUT_OK
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 # Stream failures after which the unanswered requests are sent again.
 _RETRYABLE = frozenset(
@@ -114,71 +122,10 @@ class SendResult:
     duplicate: bool = False  # answered from a retry the store had already stored
 
 
-_FUTURE_LOCK = threading.Lock()  # guards every SendFuture's waiter and callbacks
+class SendFuture(ResultFuture[SendResult]):
+    """The result of one send, resolved by the producer's threads (batch.ResultFuture)."""
 
-
-class SendFuture:
-    """The result of one send, resolved by the producer's threads.
-
-    A concurrent.futures.Future costs a Condition per message (~60% of a send's Python time
-    measured with cProfile); this one makes a waiter only for a caller that actually waits.
-    Same methods: result(), exception(), done(), add_done_callback()."""
-
-    __slots__ = ("_callbacks", "_done", "_error", "_event", "_result")
-
-    def __init__(self) -> None:
-        self._done = False
-        self._result: SendResult | None = None
-        self._error: BaseException | None = None
-        self._event: threading.Event | None = None
-        self._callbacks: list[Callable[[SendFuture], object]] | None = None
-
-    def done(self) -> bool:
-        return self._done
-
-    def _wait(self, timeout: float | None) -> None:
-        if self._done:
-            return
-        with _FUTURE_LOCK:
-            if not self._done and self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        if event is not None and not event.wait(timeout):
-            raise TimeoutError(f"no result within {timeout} s")
-
-    def result(self, timeout: float | None = None) -> SendResult:
-        self._wait(timeout)
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._wait(timeout)
-        return self._error
-
-    def add_done_callback(self, fn: Callable[[SendFuture], object]) -> None:
-        """Call `fn(self)` once resolved (at once, in this thread, when already resolved;
-        else in the producer's thread)."""
-        with _FUTURE_LOCK:
-            if not self._done:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def _resolve(self, result: SendResult | None, error: BaseException | None) -> None:
-        with _FUTURE_LOCK:
-            self._result, self._error, self._done = result, error, True
-            event, callbacks = self._event, self._callbacks
-        if event is not None:
-            event.set()
-        for fn in callbacks or ():
-            try:
-                fn(self)
-            except Exception:
-                log.exception("a send callback failed")
+    __slots__ = ()
 
 
 @dataclass(slots=True)
@@ -201,6 +148,7 @@ class _Request:
     request: pb.AppendRequest
     messages: list[_Message]  # in the order of the answer (batches concatenated)
     weight: int
+    part: BatchPart | None = None  # a send_batch's share instead of messages
     sent_at: float = 0.0
     attempts: int = 0  # times written to a stream under its current sequence
     rebases: int = 0
@@ -445,6 +393,86 @@ class Producer:
                 self._cond.notify_all()
         return message.future
 
+    def send_batch(
+        self,
+        topic: str,
+        bodies: Sequence[bytes],
+        *,
+        keys: Sequence[str] | None = None,
+        tags: str = "",
+        properties: Mapping[str, str] | None = None,
+        queue_id: int | None = None,
+    ) -> BatchFuture:
+        """Queue many messages of one topic as columns (batch.py): no object per message.
+        `keys`: one key per body (or None); `tags` and `properties` apply to all; `queue_id`:
+        all to one queue, else by key hash, else contiguous runs over the topic's queues.
+        Each message gets its own UNIQ_KEY. Sent in order after everything sent before;
+        split into requests of at most batch_messages / batch_bytes, each idempotent as send's.
+        Bad input raises InvalidArgument here, before anything is queued."""
+        self._check_topic(topic)
+        n = len(bodies)
+        if n == 0:
+            raise InvalidArgument("a batch needs at least one body", field="bodies")
+        prepared = prepare_batch(
+            topic,
+            bodies,
+            keys=keys,
+            tags=tags,
+            properties=properties,
+            queue_id=queue_id,
+            uniq_keys=self._ids.next_ids(n),
+            first_queue=next(self._round_robin),
+            queues_per_topic=self.queues_per_topic,
+            compression=self.compression,
+            compress_over_bytes=self.compress_over_bytes,
+            limits=self.limits,
+            part_messages=min(self.batch_messages, self.limits.batch_messages_max),
+            part_bytes=self.batch_bytes,
+        )
+        result = BatchResult(
+            topic,
+            prepared.queue_ids,
+            prepared.uniq_keys,
+            queue_offsets=[-1] * n,
+            commit_log_offsets=[-1] * n,
+            sizes=[0] * n,
+            store_timestamps_ms=[0] * n,
+        )
+        future = BatchFuture(result, len(prepared.cuts))
+        deadline = time.monotonic() + self.block_timeout_s
+        for first, end, weight in prepared.cuts:
+            self._queue_part(prepared, BatchPart(future, first, end - first), weight, deadline)
+        return future
+
+    def _queue_part(
+        self, prepared: PreparedBatch, part: BatchPart, weight: int, deadline: float
+    ) -> None:
+        with self._cond:
+            while self._buffered + weight > self.buffer_bytes and self._buffered > 0:
+                if self._closing:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ResourceExhausted(
+                        f"the producer's buffer ({self.buffer_bytes} bytes) stayed full for "
+                        f"{self.block_timeout_s} s: the store is not keeping up or unreachable"
+                    )
+                self._cond.wait(left)
+            if self._closing:
+                raise InvalidArgument("the producer is closed")
+            if self._open:
+                self._seal()  # what was sent before goes first
+            sequence = next(self._sequences)
+            end = part.first + part.count
+            request = pb.AppendRequest(
+                batches=[prepared.message_batch(part.first, end, time.time_ns() // 1_000_000)],
+                producer_id=self.producer_id,
+                sequence=sequence,
+            )
+            self._sealed.append(_Request(sequence, request, [], weight, part))
+            self._buffered += weight
+            self._cond.notify_all()
+
     def send_sync(self, topic: str, body: bytes, **options: Any) -> SendResult:
         """Send one message and wait for its result (lingers no longer than needed: flushes)."""
         future = self.send(topic, body, **options)
@@ -494,6 +522,15 @@ class Producer:
 
     # -- message preparation (the caller's thread) ---------------------------------------------
 
+    def _check_topic(self, topic: str) -> None:
+        if topic not in self._topics_checked:  # a few topics, sent to again and again
+            try:
+                validate_topic(topic, self.limits)
+            except domain.InvalidArgument as exc:
+                raise InvalidArgument(str(exc), field="topic") from None
+            if len(self._topics_checked) < TOPICS_CHECKED_MAX:
+                self._topics_checked.add(topic)
+
     def _prepare(
         self,
         topic: str,
@@ -505,13 +542,7 @@ class Producer:
         queue_id: int | None,
         uniq_key: str | None,
     ) -> _Message:
-        if topic not in self._topics_checked:  # a few topics, sent to again and again
-            try:
-                validate_topic(topic, self.limits)
-            except domain.InvalidArgument as exc:
-                raise InvalidArgument(str(exc), field="topic") from None
-            if len(self._topics_checked) < TOPICS_CHECKED_MAX:
-                self._topics_checked.add(topic)
+        self._check_topic(topic)
         if not isinstance(body, bytes | bytearray | memoryview):
             raise InvalidArgument("a body is bytes", field="body")
         body = bytes(body)
@@ -607,7 +638,7 @@ class Producer:
                 if not (open_stream or to_fail):
                     self._cond.wait(self._next_wake(now))
             for r, failure in to_fail:
-                self._finish(r, [failure] * len(r.messages))
+                self._finish(r, failure)
             if open_stream:
                 self._open_stream()
         with self._cond:
@@ -634,7 +665,7 @@ class Producer:
                 self._inflight.clear()
                 self._sealed.clear()
             for r in failed:
-                self._finish(r, [err] * len(r.messages))
+                self._finish(r, err)
             return
         with self._cond:
             if self._streams_opened:
@@ -676,7 +707,7 @@ class Producer:
                     self.stats.requests += 1
                     if response.duplicate:
                         self.stats.duplicates += 1
-                self._finish(head, results_of(head, response))
+                self._finish(head, response)
         except grpc.RpcError as err:
             error = from_rpc_error(err, "CommitLog/AppendStream")
         self._stream_ended(stream, error)
@@ -713,7 +744,7 @@ class Producer:
                 failed = self._sealed.popleft()
             self._cond.notify_all()
         if failed is not None and error is not None:
-            self._finish(failed, [error] * len(failed.messages))
+            self._finish(failed, error)
 
     def _rebase(self) -> list[tuple[_Request, ClientError]]:
         """Under the lock, with nothing in flight: move the sequences far ahead and give the
@@ -772,17 +803,29 @@ class Producer:
         self._retry_at = now + self._backoff_s
         self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
 
-    def _finish(self, request: _Request, outcomes: list[SendResult | ClientError]) -> None:
+    def _finish(self, request: _Request, outcome: pb.AppendResponse | ClientError) -> None:
+        """Resolve the futures of an answered request (or fail them with `outcome`)."""
+        n = request.part.count if request.part is not None else len(request.messages)
         ok = 0
-        for m, outcome in zip(request.messages, outcomes, strict=True):
-            if isinstance(outcome, SendResult):
-                m.future._resolve(outcome, None)
-                ok += 1
-            else:
-                m.future._resolve(None, outcome)
+        if request.part is not None:
+            request.part.future._part_done(request.part, outcome)
+            if isinstance(outcome, pb.AppendResponse):
+                ok = sum(1 for status in outcome.statuses if status == _PUT_OK)
+        else:
+            outcomes = (
+                results_of(request, outcome)
+                if isinstance(outcome, pb.AppendResponse)
+                else [outcome] * n
+            )
+            for m, result in zip(request.messages, outcomes, strict=True):
+                if isinstance(result, SendResult):
+                    m.future._resolve(result, None)
+                    ok += 1
+                else:
+                    m.future._resolve(None, result)
         with self._cond:
             self.stats.sent += ok
-            self.stats.failed += len(outcomes) - ok
+            self.stats.failed += n - ok
             self._buffered -= request.weight
             self._cond.notify_all()
 
@@ -818,6 +861,15 @@ class AsyncProducer:
             return await _bridge(future)
         return await _bridge(p.send(topic, body, **options))
 
+    async def send_batch(self, topic: str, bodies: Sequence[bytes], **options: Any) -> BatchResult:
+        """Producer.send_batch, awaited (queued off the event loop: it may block on a full
+        buffer)."""
+        loop = asyncio.get_running_loop()
+        future = await loop.run_in_executor(
+            None, lambda: self.producer.send_batch(topic, bodies, **options)
+        )
+        return await _bridge(future)
+
     async def flush(self, timeout_s: float | None = None) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.producer.flush, timeout_s)
 
@@ -831,12 +883,12 @@ class AsyncProducer:
         await self.close()
 
 
-def _bridge(future: SendFuture) -> asyncio.Future[SendResult]:
-    """An asyncio future of the running loop that follows a SendFuture."""
+def _bridge(future: ResultFuture[T]) -> asyncio.Future[T]:
+    """An asyncio future of the running loop that follows a producer's future."""
     loop = asyncio.get_running_loop()
-    out: asyncio.Future[SendResult] = loop.create_future()
+    out: asyncio.Future[T] = loop.create_future()
 
-    def settle(done: SendFuture) -> None:
+    def settle(done: ResultFuture[T]) -> None:
         if out.cancelled():
             return
         error = done.exception()

@@ -97,6 +97,17 @@ class UniqIdGenerator:
         counter = next(self._counter) & 0xFFFF
         return (self._prefix + _UNIQ_TAIL.pack(diff & 0xFFFFFFFF, counter)).hex().upper()
 
+    def next_ids(self, n: int) -> list[str]:
+        """`n` ids at once (one clock read; the same as n calls to next_id within one ms)."""
+        now_ms = self._clock_ms()
+        with self._lock:
+            if not self._month_start_ms <= now_ms < self._next_month_ms:
+                self._roll_month(now_ms)
+            diff = now_ms - self._month_start_ms
+            counters = [next(self._counter) & 0xFFFF for _ in range(n)]
+        head = (self._prefix + struct.pack(">I", diff & 0xFFFFFFFF)).hex().upper()
+        return [f"{head}{c:04X}" for c in counters]
+
     def _roll_month(self, now_ms: int) -> None:
         start = _month_start_ms(now_ms)
         start_dt = dt.datetime.fromtimestamp(start / 1000, tz=dt.UTC)

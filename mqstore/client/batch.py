@@ -1,0 +1,347 @@
+"""Columnar sends: many messages of one topic as columns, no object per message.
+
+`Producer.send` makes a message object, a future and a properties dict per message: about
+10 us of Python each, which bounded the SDK at ~50 k messages/s while the store took twice
+that (docs/bench-peers.md). `Producer.send_batch` takes the bodies as a list and builds the
+AppendRequest's columns directly:
+
+    bodies ─┬─> queue ids (contiguous runs per queue), properties (one shared prefix, a
+            │   UNIQ_KEY each, KEYS when given), compressed bodies where over the threshold
+            └─> parts of at most batch_messages / batch_bytes ──> one request each
+                                                   (sequence, window and retries as send)
+
+One BatchFuture answers for all parts; BatchResult holds the answer as columns. A part the
+store did not take (a failed request, a refused message) is listed in `BatchResult.errors`
+by message index, and `BatchFuture.result()` raises BatchNotStored carrying the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Generic, TypeVar
+
+from mqstore.client.compression import Compression, compress
+from mqstore.client.errors import ClientError, InvalidArgument, refusal
+from mqstore.formats.javahash import java_string_hash
+from mqstore.formats.msgid import offset_msg_id
+from mqstore.formats.properties import KEY_SEPARATOR, KEYS, TAGS, UNIQ_KEY, encode_properties
+from mqstore.limits import MessageLimits
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+
+# Fixed per-message overhead counted towards batch_bytes besides body and properties.
+MESSAGE_OVERHEAD_BYTES = 16
+_PUT_OK = pb.PUT_OK
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+_FUTURE_LOCK = threading.Lock()  # guards every future's waiter and callbacks
+
+
+class ResultFuture(Generic[T]):
+    """A future resolved by the producer's threads: result(), exception(), done(),
+    add_done_callback(), as concurrent.futures has them. A concurrent.futures.Future costs a
+    Condition each (~60% of a send's Python time measured with cProfile); this one makes a
+    waiter only for a caller that actually waits."""
+
+    __slots__ = ("_callbacks", "_done", "_error", "_event", "_result")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._result: T | None = None
+        self._error: BaseException | None = None
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[ResultFuture[T]], object]] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._done:
+            return
+        with _FUTURE_LOCK:
+            if not self._done and self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if event is not None and not event.wait(timeout):
+            raise TimeoutError(f"no result within {timeout} s")
+
+    def result(self, timeout: float | None = None) -> T:
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[ResultFuture[T]], object]) -> None:
+        """Call `fn(self)` once resolved (at once, in this thread, when already resolved;
+        else in the producer's thread)."""
+        with _FUTURE_LOCK:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _resolve(self, result: T | None, error: BaseException | None) -> None:
+        with _FUTURE_LOCK:
+            self._result, self._error, self._done = result, error, True
+            event, callbacks = self._event, self._callbacks
+        if event is not None:
+            event.set()
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:
+                log.exception("a send callback failed")
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """Where the messages of one send_batch went, as columns in the order of the bodies.
+    A message not stored has offsets -1 and its error in `errors`."""
+
+    topic: str
+    queue_ids: list[int]
+    uniq_keys: list[str]
+    queue_offsets: list[int]
+    commit_log_offsets: list[int]
+    sizes: list[int]
+    store_timestamps_ms: list[int]
+    store_host: bytes = b""
+    duplicate: bool = False  # some part was answered from a retry the store had stored
+    errors: dict[int, ClientError] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.queue_ids)
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """Offset message ids ("" for a message not stored), made on demand."""
+        host = self.store_host
+        return [offset_msg_id(host, o) if o >= 0 and host else "" for o in self.commit_log_offsets]
+
+
+class BatchNotStored(ClientError):
+    """Some messages of a send_batch were not stored; `result` says which (its `errors`) and
+    where the others went. The code is that of the first error."""
+
+    def __init__(self, result: BatchResult) -> None:
+        first_index = min(result.errors)
+        first = result.errors[first_index]
+        super().__init__(
+            f"{len(result.errors)} of {len(result)} messages not stored; the first "
+            f"(index {first_index}): {first}",
+            code=first.code,
+            field=first.field,
+            method=first.method,
+        )
+        self.result = result
+
+
+class BatchFuture(ResultFuture[BatchResult]):
+    """The result of one send_batch: resolved once every part has its answer."""
+
+    __slots__ = ("_batch", "_pending")
+
+    def __init__(self, batch: BatchResult, parts: int) -> None:
+        super().__init__()
+        self._batch = batch
+        self._pending = parts
+
+    def _part_done(self, part: BatchPart, outcome: pb.AppendResponse | ClientError) -> None:
+        b = self._batch
+        lo = part.first
+        n = part.count
+        if isinstance(outcome, ClientError):
+            for i in range(lo, lo + n):
+                b.errors[i] = outcome
+        elif len(outcome.statuses) != n or len(outcome.commit_log_offsets) != n:
+            bad = ClientError(f"the store answered {len(outcome.statuses)} results for {n}")
+            for i in range(lo, lo + n):
+                b.errors[i] = bad
+        else:
+            b.queue_offsets[lo : lo + n] = outcome.queue_offsets
+            b.commit_log_offsets[lo : lo + n] = outcome.commit_log_offsets
+            b.sizes[lo : lo + n] = outcome.sizes
+            b.store_timestamps_ms[lo : lo + n] = [outcome.store_timestamp_ms] * n
+            b.store_host = outcome.store_host or b.store_host
+            b.duplicate = b.duplicate or outcome.duplicate
+            if outcome.refusals or any(s != _PUT_OK for s in outcome.statuses):
+                reasons = {r.index: r for r in outcome.refusals}
+                for i, status in enumerate(outcome.statuses):
+                    if status == _PUT_OK:
+                        continue
+                    r = reasons.get(i)
+                    b.errors[lo + i] = refusal(
+                        pb.PutStatus.Name(status),
+                        r.reason if r else "",
+                        field=r.field if r else "",
+                        index=lo + i,
+                    )
+                    b.queue_offsets[lo + i] = b.commit_log_offsets[lo + i] = -1
+        with _FUTURE_LOCK:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            if b.errors:
+                self._resolve(None, BatchNotStored(b))
+            else:
+                self._resolve(b, None)
+
+
+@dataclass(slots=True)
+class BatchPart:
+    """One request's share of a send_batch: messages [first, first + count)."""
+
+    future: BatchFuture
+    first: int
+    count: int
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    """The columns of a send_batch, checked and encoded, split into parts."""
+
+    topic: str
+    queue_ids: list[int]
+    bodies: list[bytes]
+    properties: list[bytes]
+    sys_flags: list[int]
+    uniq_keys: list[str]
+    cuts: list[tuple[int, int, int]]  # (first, end, weight) per part
+
+    def message_batch(self, first: int, end: int, born_ms: int) -> pb.MessageBatch:
+        flags = self.sys_flags[first:end] if self.sys_flags else []
+        return pb.MessageBatch(
+            topic=self.topic,
+            queue_ids=self.queue_ids[first:end],
+            bodies=self.bodies[first:end],
+            properties=self.properties[first:end],
+            sys_flags=flags if any(flags) else [],
+            born_timestamp_ms=born_ms,
+        )
+
+
+def prepare_batch(
+    topic: str,
+    bodies: Sequence[bytes],
+    *,
+    keys: Sequence[str] | None,
+    tags: str,
+    properties: Mapping[str, str] | None,
+    queue_id: int | None,
+    uniq_keys: list[str],
+    first_queue: int,
+    queues_per_topic: int,
+    compression: Compression,
+    compress_over_bytes: int,
+    limits: MessageLimits,
+    part_messages: int,
+    part_bytes: int,
+) -> PreparedBatch:
+    """Check and encode a send_batch's columns (the caller checked the topic). Bad input
+    raises InvalidArgument before anything is queued."""
+    n = len(bodies)
+    body_list = list(bodies)
+    try:
+        longest = max(map(len, body_list)) if n else 0
+    except TypeError:
+        raise InvalidArgument("bodies are bytes", field="bodies") from None
+    if any(type(b) is not bytes for b in body_list):
+        try:
+            body_list = [bytes(b) for b in body_list]
+        except TypeError:
+            raise InvalidArgument("bodies are bytes", field="bodies") from None
+    if longest > limits.body_bytes_max:
+        raise InvalidArgument(
+            f"a body is {longest} bytes, over the {limits.body_bytes_max}-byte limit",
+            field="bodies",
+        )
+    # Properties: everything shared encoded once, then KEYS and UNIQ_KEY per message.
+    common: dict[str, str] = dict(properties or {})
+    for reserved in (KEYS, UNIQ_KEY):
+        if reserved in common:
+            raise InvalidArgument(
+                f"{reserved} is set per message (keys=, uniq keys are made)", field="properties"
+            )
+    if tags:
+        common[TAGS] = tags
+    try:
+        prefix = encode_properties(common) + UNIQ_KEY.encode() + b"\x01"
+    except ValueError as exc:
+        raise InvalidArgument(str(exc), field="properties") from None
+    if keys is not None:
+        if len(keys) != n:
+            raise InvalidArgument(f"{len(keys)} keys for {n} bodies", field="keys")
+        if any(not k or KEY_SEPARATOR in k or "\x01" in k or "\x02" in k for k in keys):
+            raise InvalidArgument("keys must be non-empty and hold no space", field="keys")
+        props = [
+            b"%s%s\x02KEYS\x01%s\x02" % (prefix, u.encode(), k.encode())
+            for u, k in zip(uniq_keys, keys, strict=True)
+        ]
+    else:
+        props = [b"%s%s\x02" % (prefix, u.encode()) for u in uniq_keys]
+    widest = max(map(len, props)) if props else 0
+    if widest > limits.properties_bytes_max:
+        raise InvalidArgument(
+            f"properties are {widest} bytes encoded, over the "
+            f"{limits.properties_bytes_max}-byte limit",
+            field="properties",
+        )
+    # Queues: given; by key hash; else contiguous runs, one per queue, so that a queue's
+    # messages of one batch sit next to each other in the log.
+    if queue_id is not None:
+        if not 0 <= queue_id <= limits.queue_id_max:
+            raise InvalidArgument(f"queue_id must be 0..{limits.queue_id_max}", field="queue_id")
+        queue_ids = [queue_id] * n
+    elif keys is not None:
+        queue_ids = [abs(java_string_hash(k)) % queues_per_topic for k in keys]
+    else:
+        queue_ids = [(first_queue + i * queues_per_topic // max(n, 1)) % queues_per_topic
+                     for i in range(n)]  # fmt: skip
+    sys_flags: list[int] = []
+    if longest > compress_over_bytes:
+        sys_flags = [0] * n
+        for i, body in enumerate(body_list):
+            if len(body) > compress_over_bytes:
+                body_list[i], sys_flags[i] = compress(body, compression)
+    weights = [
+        len(b) + len(p) + MESSAGE_OVERHEAD_BYTES for b, p in zip(body_list, props, strict=True)
+    ]
+    return PreparedBatch(
+        topic, queue_ids, body_list, props, sys_flags, uniq_keys,
+        _cuts(weights, part_messages, part_bytes),
+    )  # fmt: skip
+
+
+def _cuts(weights: list[int], part_messages: int, part_bytes: int) -> list[tuple[int, int, int]]:
+    """Split messages into parts of at most part_messages and about part_bytes (a message
+    heavier than part_bytes makes a part of its own)."""
+    cuts: list[tuple[int, int, int]] = []
+    totals = [0, *accumulate(weights)]
+    first = 0
+    n = len(weights)
+    while first < n:
+        end = min(n, first + part_messages)
+        if totals[end] - totals[first] > part_bytes:
+            # The longest run from `first` within part_bytes (at least one message).
+            lo, hi = first + 1, end
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if totals[mid] - totals[first] <= part_bytes:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            end = lo
+        cuts.append((first, end, totals[end] - totals[first]))
+        first = end
+    return cuts

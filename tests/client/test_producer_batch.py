@@ -1,0 +1,208 @@
+"""Producer.send_batch against real services: columns in, columns out, split into parts,
+in order with send(), bad input refused before anything is queued, failures reported per
+message, and retries across a kill -9 of the commit log that store nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from mqstore.client import (
+    Admin,
+    AsyncProducer,
+    BatchNotStored,
+    BatchResult,
+    ClientSettings,
+    Producer,
+)
+from mqstore.client.errors import InvalidArgument, Unavailable
+from mqstore.formats import sysflag
+from mqstore.formats.javahash import java_string_hash
+from mqstore.formats.msgid import UniqIdGenerator
+from tests.e2e.cluster import Cluster
+
+from .conftest import settings_for
+from .test_producer import pull_queue, read_back, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_a_batch_is_stored_with_its_tags_keys_properties_and_a_unique_id_each(
+    cluster: Cluster, settings: ClientSettings, topic: str
+) -> None:
+    bodies = [b"order-%d" % i for i in range(300)]
+    keys = [f"k{i}" for i in range(300)]
+    with Producer(settings, queues_per_topic=4) as p:
+        result = p.send_batch(
+            topic, bodies, keys=keys, tags="paid", properties={"region": "eu"}
+        ).result(timeout=30)
+    assert isinstance(result, BatchResult) and len(result) == 300 and not result.errors
+    assert result.queue_ids == [abs(java_string_hash(k)) % 4 for k in keys]
+    assert len(set(result.uniq_keys)) == 300
+    assert min(result.commit_log_offsets) >= 0
+    stored = read_back(cluster, _as_send_results(result))
+    assert [m.body for m in stored] == bodies
+    for m, key, uniq, queue_id in zip(
+        stored, keys, result.uniq_keys, result.queue_ids, strict=True
+    ):
+        assert (m.tags, m.keys, m.uniq_key, m.queue_id) == ("paid", [key], uniq, queue_id)
+        assert m.properties["region"] == "eu"
+    # Queue offsets are dense per queue, in the order of the bodies.
+    for q in set(result.queue_ids):
+        mine = [
+            o for o, qid in zip(result.queue_offsets, result.queue_ids, strict=True) if qid == q
+        ]
+        assert mine == list(range(mine[0], mine[0] + len(mine)))
+    with Admin(settings) as admin:
+        found = wait_for(lambda: admin.query_by_key(topic, "k7") or None)
+        assert [m.body for m in found] == [b"order-7"]
+        assert admin.get_message(result.msg_ids[9]).body == b"order-9"
+
+
+def _as_send_results(result: BatchResult) -> list:  # type: ignore[type-arg]
+    """Just what read_back needs of each message: its offset and size."""
+
+    class At:
+        def __init__(self, offset: int, size: int) -> None:
+            self.commit_log_offset, self.size = offset, size
+
+    return [At(o, s) for o, s in zip(result.commit_log_offsets, result.sizes, strict=True)]
+
+
+def test_a_large_batch_is_split_into_parts_and_queues_get_contiguous_runs(
+    cluster: Cluster, settings: ClientSettings, topic: str
+) -> None:
+    bodies = [b"m%04d" % i for i in range(1_050)]
+    with Producer(settings, batch_messages=200, queues_per_topic=3) as p:
+        result = p.send_batch(topic, bodies).result(timeout=30)
+        assert p.stats.requests >= 6  # 1,050 / 200 -> 6 parts
+        assert p.stats.sent == 1_050
+    # Without keys or a queue id, each queue takes one contiguous run of the bodies.
+    runs = [q for i, q in enumerate(result.queue_ids) if i == 0 or q != result.queue_ids[i - 1]]
+    assert len(runs) == 3 and sorted(runs) == sorted(set(runs))
+    got = wait_for(
+        lambda: (
+            queues
+            if sum(map(len, queues := [pull_queue(cluster, topic, q) for q in range(3)])) == 1_050
+            else None
+        )
+    )
+    assert [m.body for queue in got for m in queue] == bodies
+
+
+def test_send_batch_keeps_order_with_send_and_compresses_large_bodies(
+    cluster: Cluster, settings: ClientSettings, topic: str
+) -> None:
+    big = b"x" * 10_000
+    with Producer(settings, linger_ms=500, compress_over_bytes=4_096) as p:
+        first = p.send(topic, b"before", queue_id=0)
+        batch = p.send_batch(topic, [b"a", big, b"c"], queue_id=0)
+        last = p.send(topic, b"after", queue_id=0)
+        p.flush()
+        offsets = [first.result().queue_offset, *batch.result().queue_offsets]
+        offsets.append(last.result().queue_offset)
+    assert offsets == list(range(offsets[0], offsets[0] + 5))
+    stored = wait_for(lambda: got if len(got := pull_queue(cluster, topic, 0)) >= 5 else None)
+    assert [m.body for m in stored] == [b"before", b"a", big, b"c", b"after"]
+    assert stored[2].sys_flag & sysflag.COMPRESSED
+    assert not stored[1].sys_flag & sysflag.COMPRESSED
+
+
+@pytest.mark.parametrize(
+    ("bodies", "options", "field"),
+    [
+        ([], {}, "bodies"),
+        (["text"], {}, "bodies"),
+        ([b"x" * (4 << 20 + 1)], {}, "bodies"),
+        ([b"a", b"b"], {"keys": ["only-one"]}, "keys"),
+        ([b"a"], {"keys": ["has space"]}, "keys"),
+        ([b"a"], {"properties": {"UNIQ_KEY": "mine"}}, "properties"),
+        ([b"a"], {"properties": {"bad": "\x01"}}, "properties"),
+        ([b"a"], {"queue_id": -1}, "queue_id"),
+    ],
+)
+def test_bad_batches_are_refused_before_anything_is_queued(
+    settings: ClientSettings, topic: str, bodies: list, options: dict, field: str
+) -> None:
+    with Producer(settings) as p:
+        with pytest.raises(InvalidArgument) as err:
+            p.send_batch(topic, bodies, **options)
+        assert err.value.field == field
+        with pytest.raises(InvalidArgument):
+            p.send_batch("bad topic!", [b"a"])
+        assert p._buffered == 0 and not p._sealed
+    with Admin(settings) as admin:
+        assert [q.max_offset for q in admin.queues(topic)] in ([], [0] * 4)
+
+
+def test_a_batch_the_store_never_takes_fails_with_every_message_listed() -> None:
+    settings = ClientSettings(commitlog="127.0.0.1:1", cq=("127.0.0.1:1",), index=())
+    with Producer(settings, retry_timeout_s=0.5, batch_messages=2) as p:
+        future = p.send_batch("orders", [b"a", b"b", b"c"])
+        with pytest.raises(BatchNotStored) as err:
+            future.result(timeout=30)
+        assert isinstance(err.value.result.errors[0], Unavailable)
+        assert sorted(err.value.result.errors) == [0, 1, 2]
+        assert err.value.result.commit_log_offsets == [-1, -1, -1]
+        assert p.stats.failed == 3
+
+
+def test_the_asyncio_producer_sends_batches(settings: ClientSettings, topic: str) -> None:
+    async def main() -> list[BatchResult]:
+        async with AsyncProducer(settings) as p:
+            return await asyncio.gather(
+                *(p.send_batch(topic, [b"%d-%d" % (b, i) for i in range(50)]) for b in range(4))
+            )
+
+    results = asyncio.run(main())
+    assert [len(r) for r in results] == [50] * 4
+    assert len({o for r in results for o in r.commit_log_offsets}) == 200
+
+
+def test_unique_ids_made_in_bulk_are_those_made_one_by_one() -> None:
+    one = UniqIdGenerator(instance_hash=7, clock_ms=lambda: 1_700_000_000_000)
+    bulk = UniqIdGenerator(instance_hash=7, clock_ms=lambda: 1_700_000_000_000)
+    singles = [one.next_id() for _ in range(70_000)]
+    assert bulk.next_ids(70_000) == singles  # the counter wraps at 65,536 the same way
+
+
+def test_a_kill_9_of_the_commit_log_mid_batches_stores_every_message_once(
+    fresh_cluster: Cluster, topic: str
+) -> None:
+    cluster = fresh_cluster
+    batches, per_batch = 30, 200
+    results: list[BatchResult] = []
+    half = threading.Event()
+    with Producer(settings_for(cluster), batch_messages=100) as p:
+
+        def produce() -> None:
+            futures = []
+            for b in range(batches):
+                bodies = [b"%d/%d" % (b, i) for i in range(per_batch)]
+                futures.append(p.send_batch(topic, bodies, queue_id=b % 2))
+                if b == batches // 3:
+                    half.set()
+                time.sleep(0.02)
+            results.extend(f.result(timeout=90) for f in futures)
+
+        worker = threading.Thread(target=produce)
+        worker.start()
+        assert half.wait(30)
+        cluster.commitlog.kill()
+        cluster.restart_commitlog()
+        worker.join(120)
+        assert not worker.is_alive()
+        assert p.stats.reconnects >= 1 and p.stats.failed == 0
+    total = batches * per_batch
+    assert sum(map(len, results)) == total
+
+    def stored() -> list[bytes] | None:
+        bodies = [m.body for q in (0, 1) for m in pull_queue(cluster, topic, q)]
+        return bodies if len(bodies) >= total else None
+
+    counts = Counter(wait_for(stored, timeout_s=60))
+    assert len(counts) == total and set(counts.values()) == {1}, "each message exactly once"
