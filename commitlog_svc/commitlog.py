@@ -48,6 +48,7 @@ from mqstore.errors import (
     DiskFull,
     FailedPrecondition,
     InvalidArgument,
+    MqstoreError,
     OutOfRange,
     PropertiesTooLarge,
     Unavailable,
@@ -775,17 +776,59 @@ class CommitLog:
         return self.read(offset, record.total_size)
 
     def read_records(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        """Raw bytes of whole records, each (offset, size) checked to be one intact record."""
+        """Raw bytes of whole records, each (offset, size) checked to be one intact record;
+        the first range that is not raises (read_many's errors)."""
         out = []
-        for offset, size in ranges:
-            raw = self.read(offset, size)
-            # The checks without building a Record (scan_run defers to read_record on doubt).
-            end, count, _ = scan_run(raw, 0, size, offset, check_crc=True)
-            if count != 1 or end != size:
-                found = read_record(raw, 0, size, check_crc=True, expected_offset=offset)
-                reason = found.reason if isinstance(found, Bad) else "not one whole record"
-                raise CorruptRecord(offset, reason)
-            out.append(raw)
+        for got in self.read_many(ranges):
+            if isinstance(got, MqstoreError):
+                raise got
+            out.append(got)
+        return out
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | MqstoreError]:
+        """read_records for many ranges at once, each answered on its own: the raw record, or
+        OutOfRange (expired, not written yet, past readable data), DataLoss (its segment was
+        deleted under the read) or CorruptRecord. A run of ranges in one segment holds it
+        once (a hold, bounds and lookup per record were 40% of a Read's time)."""
+        out: list[bytes | MqstoreError] = []
+        low, high = self.min_offset, self.max_offset
+        held: MappedFile | None = None
+        try:
+            for offset, size in ranges:
+                if size <= 0:
+                    out.append(InvalidArgument(f"size must be positive, got {size}"))
+                    continue
+                if not low <= offset < high:
+                    out.append(OutOfRange(f"offset {offset} is outside the log [{low}, {high})"))
+                    continue
+                if held is None or not held.file_from_offset <= offset < held.file_end_offset:
+                    if held is not None:
+                        held.release()
+                        held = None
+                    mf = self.queue.find_mapped_file_by_offset(offset)
+                    if mf is None:
+                        out.append(OutOfRange(f"no segment holds offset {offset}"))
+                        continue
+                    if not mf.hold():
+                        out.append(DataLoss(f"the segment holding {offset} was deleted"))
+                        continue
+                    held = mf
+                pos = offset - held.file_from_offset
+                if pos + size > held.read_position:
+                    out.append(OutOfRange(f"[{offset}, {offset + size}) runs past readable data"))
+                    continue
+                raw = bytes(held.read_buf[pos : pos + size])
+                # The checks without building a Record (scan_run defers to read_record on doubt).
+                end, count, _ = scan_run(raw, 0, size, offset, check_crc=True)
+                if count != 1 or end != size:
+                    found = read_record(raw, 0, size, check_crc=True, expected_offset=offset)
+                    reason = found.reason if isinstance(found, Bad) else "not one whole record"
+                    out.append(CorruptRecord(offset, reason))
+                    continue
+                out.append(raw)
+        finally:
+            if held is not None:
+                held.release()
         return out
 
     def scan(

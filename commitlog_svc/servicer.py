@@ -388,32 +388,37 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         response = pb.ReadResponse()
         records = response.records
         statuses = response.statuses
+        sized = self.engine.read_many([(o, z) for o, z in zip(offsets, sizes, strict=True) if z])
+        taken = iter(sized)
         for offset, size in zip(offsets, sizes, strict=True):
-            try:
-                if size:
-                    [raw] = self.engine.read_records(((offset, size),))
+            got: bytes | MqstoreError
+            if size:
+                got = next(taken)
+            else:
+                try:
+                    got = self.engine.read_whole_record(offset)
+                except (CorruptRecord, InvalidArgument, OutOfRange, DataLoss) as err:
+                    got = err
                 else:
-                    raw = self.engine.read_whole_record(offset)
-                    needed += len(raw)
+                    needed += len(got)
                     if needed > limit:
                         raise ResourceExhausted(
                             f"the records asked for pass the {limit}-byte answer limit; split "
                             "the Read"
                         )
-            except (CorruptRecord, InvalidArgument) as err:
+            if isinstance(got, bytes):
+                records.append(got)
+                statuses.append(pb.READ_OK)
+            elif isinstance(got, CorruptRecord | InvalidArgument):
                 # A damaged record, or no record starting there: never served.
-                if isinstance(err, CorruptRecord):
+                if isinstance(got, CorruptRecord):
                     metrics.CRC_MISMATCHES.labels("read").inc()
-                log.error("Read at %d: %s", offset, err)
+                log.error("Read at %d: %s", offset, got)
                 records.append(b"")
                 statuses.append(pb.READ_CORRUPT)
-                continue
-            except (OutOfRange, DataLoss):
+            else:
                 records.append(b"")
                 statuses.append(pb.READ_OUT_OF_RANGE)
-                continue
-            records.append(raw)
-            statuses.append(pb.READ_OK)
         return response
 
     def GetMessage(
