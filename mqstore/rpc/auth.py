@@ -58,7 +58,7 @@ import structlog
 
 from mqstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from mqstore.rpc.channel import AUTHORIZATION_KEY
-from mqstore.rpc.errors import wrap_handler
+from mqstore.rpc.errors import WrappingInterceptor, wrap_handler
 
 log = logging.getLogger(__name__)
 
@@ -320,24 +320,19 @@ def presented_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
 # -- the interceptor ----------------------------------------------------------------------------
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
+class AuthInterceptor(WrappingInterceptor):
     """Authenticates every call and checks its method's requirement against the request.
 
     The work runs in the handler's thread (wrapped behaviours), not in intercept_service,
     which gRPC runs on its serving thread."""
 
     def __init__(self, table: TokenTable) -> None:
+        super().__init__()
         self.table = table
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         requirement = requirement_for(method)
         streaming = handler.request_streaming
         table = self.table

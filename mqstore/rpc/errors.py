@@ -85,7 +85,22 @@ def _guard_stream(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Itera
     return wrapper
 
 
-class ErrorInterceptor(grpc.ServerInterceptor):
+class WrappingInterceptor(grpc.ServerInterceptor):
+    """An interceptor that wraps each method's handler once, not once per call.
+
+    grpc asks every interceptor for a handler on every call; building the wrapped handler
+    each time (closures, a new RpcMethodHandler, metric children) cost tens of microseconds
+    a call, a sizeable share of a 0.5 ms lookup. Wrappers depend only on the method and the
+    handler below, so one per method is kept while the handler below stays the same."""
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], Any]] = {}
+
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        raise NotImplementedError
+
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
@@ -94,6 +109,20 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
+        method = handler_call_details.method
+        known = self._wrapped.get(method)
+        if known is not None and known[0] is handler:
+            wrapped: grpc.RpcMethodHandler[Any, Any] = known[1]
+            return wrapped
+        wrapped = self.wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+
+class ErrorInterceptor(WrappingInterceptor):
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         return wrap_handler(handler, _guard_unary, _guard_stream)
 
 

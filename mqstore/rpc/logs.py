@@ -19,7 +19,7 @@ import grpc
 import orjson
 import structlog
 
-from mqstore.rpc.errors import wrap_handler
+from mqstore.rpc.errors import WrappingInterceptor, wrap_handler
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
@@ -71,18 +71,12 @@ def configure(level: str = "info", fmt: str = "json", *, service: str = "") -> N
     root.setLevel(numeric)
 
 
-class LoggingInterceptor(grpc.ServerInterceptor):
+class LoggingInterceptor(WrappingInterceptor):
     """Binds `rpc` (the method) and `peer` for the duration of each call."""
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
 
         def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
             def call(request: Any, context: grpc.ServicerContext) -> Any:

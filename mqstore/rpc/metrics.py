@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram, MetricsHandler
 
-from mqstore.rpc.errors import wrap_handler
+from mqstore.rpc.errors import WrappingInterceptor, wrap_handler
 
 # Buckets in seconds, from 100 us (a cached read) to 10 s (a long poll).
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -77,17 +77,20 @@ def _code_of(context: grpc.ServicerContext, failed: bool) -> str:
     return str(code.name)
 
 
-class MetricsInterceptor(grpc.ServerInterceptor):
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        service, name = _split(handler_call_details.method)
+class MetricsInterceptor(WrappingInterceptor):
+    def wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        service, name = _split(method)
         timer = HANDLING.labels(service, name)
+        counters: dict[str, Any] = {}  # status code -> HANDLED child (a lookup takes a lock)
+
+        def count(context: grpc.ServicerContext, failed: bool) -> None:
+            code = _code_of(context, failed)
+            counter = counters.get(code)
+            if counter is None:
+                counter = counters[code] = HANDLED.labels(service, name, code)
+            counter.inc()
 
         def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
             def call(request: Any, context: grpc.ServicerContext) -> Any:
@@ -99,7 +102,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
                     return result
                 finally:
                     timer.observe(time.perf_counter() - began)
-                    HANDLED.labels(service, name, _code_of(context, failed)).inc()
+                    count(context, failed)
 
             return call
 
@@ -112,7 +115,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
                     failed = False
                 finally:
                     timer.observe(time.perf_counter() - began)
-                    HANDLED.labels(service, name, _code_of(context, failed)).inc()
+                    count(context, failed)
 
             return call
 
