@@ -369,18 +369,7 @@ class Producer:
         weight = message.weight()
         deadline = time.monotonic() + self.block_timeout_s
         with self._cond:
-            while self._buffered + weight > self.buffer_bytes and self._buffered > 0:
-                if self._closing:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ResourceExhausted(
-                        f"the producer's buffer ({self.buffer_bytes} bytes) stayed full for "
-                        f"{self.block_timeout_s} s: the store is not keeping up or unreachable"
-                    )
-                self._cond.wait(left)
-            if self._closing:
-                raise InvalidArgument("the producer is closed")
+            self._wait_for_room(weight, deadline)
             if not self._open:
                 self._open_since = time.monotonic()
             self._open.append(message)
@@ -448,18 +437,7 @@ class Producer:
         self, prepared: PreparedBatch, part: BatchPart, weight: int, deadline: float
     ) -> None:
         with self._cond:
-            while self._buffered + weight > self.buffer_bytes and self._buffered > 0:
-                if self._closing:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ResourceExhausted(
-                        f"the producer's buffer ({self.buffer_bytes} bytes) stayed full for "
-                        f"{self.block_timeout_s} s: the store is not keeping up or unreachable"
-                    )
-                self._cond.wait(left)
-            if self._closing:
-                raise InvalidArgument("the producer is closed")
+            self._wait_for_room(weight, deadline)
             if self._open:
                 self._seal()  # what was sent before goes first
             sequence = next(self._sequences)
@@ -472,6 +450,22 @@ class Producer:
             self._sealed.append(_Request(sequence, request, [], weight, part))
             self._buffered += weight
             self._cond.notify_all()
+
+    def _wait_for_room(self, weight: int, deadline: float) -> None:
+        """Under the lock: block until `weight` more bytes fit the buffer (Kafka's
+        buffer.memory); ResourceExhausted past the deadline, InvalidArgument once closed."""
+        while self._buffered + weight > self.buffer_bytes and self._buffered > 0:
+            if self._closing:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ResourceExhausted(
+                    f"the producer's buffer ({self.buffer_bytes} bytes) stayed full for "
+                    f"{self.block_timeout_s} s: the store is not keeping up or unreachable"
+                )
+            self._cond.wait(left)
+        if self._closing:
+            raise InvalidArgument("the producer is closed")
 
     def send_sync(self, topic: str, body: bytes, **options: Any) -> SendResult:
         """Send one message and wait for its result (lingers no longer than needed: flushes)."""
