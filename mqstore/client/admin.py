@@ -19,6 +19,8 @@ next replica of that shard on UNAVAILABLE (down, or still catching up). The cach
 when a shard has no replica left to try, or when a replica says the key is not its shard (its
 configuration changed since the cache was built). Replicas that disagree on shard_count are a
 deployment error: every query fails with FailedPrecondition until the replicas agree.
+A `dns-all:HOST:PORT` entry (ClientSettings) is resolved at each discovery, so replicas added
+or moved behind a headless Service are found at the next refresh.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from mqstore.client.errors import (
     Unavailable,
 )
 from mqstore.client.message import Message
-from mqstore.client.settings import ClientSettings
+from mqstore.client.settings import ClientSettings, resolve_addresses
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq_pb
@@ -309,7 +311,7 @@ class Admin:
         )
         jobs: list[Callable[[], CqReplicaStatus | IndexReplicaStatus]] = [
             *(partial(self._cq_status, a) for a in settings.cq),
-            *(partial(self._index_status, a) for a in settings.index),
+            *(partial(self._index_status, a) for a in resolve_addresses(settings.index)),
         ]
         answers = _fan_out(jobs)
         cq = tuple(a for a in answers if isinstance(a, CqReplicaStatus))
@@ -656,7 +658,14 @@ class Admin:
         with self._shards_lock:
             if self._shards is not None and not refresh:
                 return self._shards
-            addresses = self._conn.settings.index
+            configured = self._conn.settings.index
+            # dns-all: entries are resolved here, on every discovery: scaling shows up.
+            addresses = resolve_addresses(configured)
+            if configured and not addresses:
+                raise Unavailable(
+                    f"the index addresses {', '.join(configured)} resolve to no address "
+                    "(no ready replica)"
+                )
             statuses = _fan_out([partial(self._index_status, a) for a in addresses])
             self._shards = _shards_of(statuses)
             return self._shards

@@ -8,18 +8,27 @@
 Index replicas are listed flat: the SDK asks each which shard it holds (GetStatus) and sends a
 query to a caught-up replica of the key's shard. Consume-queue replicas are equivalent: calls
 go to the first that answers, and move on when one is unavailable.
+
+An index entry may also be `dns-all:HOST:PORT`: every address HOST resolves to, looked up again
+whenever the SDK rediscovers the shards. In Kubernetes, HOST is the index tier's headless client
+Service (`index.mqstore.svc.cluster.local`), whose DNS name lists one address per ready pod, so a
+replica added by scaling is found without a change to the client (deploy/, docs/operations.md).
+With TLS, the certificates are then checked against `server_name` (MQSTORE_TLS_SERVER_NAME).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import socket
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mqstore.errors import InvalidArgument
 from mqstore.launcher import DEFAULT_PORTS
 
 CALL_TIMEOUT_S_DEFAULT = 10.0
+# An address list entry meaning "every address this host:port resolves to" (resolve_addresses).
+DNS_ALL_PREFIX = "dns-all:"
 # A long poll waits on the server up to this long; the call's deadline adds the timeout to it.
 LONG_POLL_MS_DEFAULT = 20_000
 
@@ -76,6 +85,9 @@ class ClientSettings:
             raise InvalidArgument("timeout_s must be positive", field="timeout_s")
         if self.token is not None and self.token_file is not None:
             raise InvalidArgument("give a token or a token file, not both", field="token")
+        for address in self.index:
+            if address.startswith(DNS_ALL_PREFIX):
+                _host_port(address[len(DNS_ALL_PREFIX) :], address)
 
     def bearer_token(self) -> str | None:
         if self.token_file is not None:
@@ -109,6 +121,7 @@ class ClientSettings:
                 ("ca_file", "MQSTORE_TLS_CA"),
                 ("cert_file", "MQSTORE_TLS_CERT"),
                 ("key_file", "MQSTORE_TLS_KEY"),
+                ("server_name", "MQSTORE_TLS_SERVER_NAME"),
             )
             if env.get(var)
         }
@@ -120,3 +133,34 @@ class ClientSettings:
 
 def split_addresses(text: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in text.split(",") if a.strip())
+
+
+def resolve_addresses(addresses: Iterable[str]) -> tuple[str, ...]:
+    """The addresses, with each `dns-all:HOST:PORT` replaced by `IP:PORT` for every address HOST
+    resolves to now (IPv6 as `[IP]:PORT`), in the order given, each once. A name that resolves
+    to nothing (a headless Service with no ready pod) contributes nothing; callers decide
+    whether an empty answer is an error. Other entries are kept as they are."""
+    out: dict[str, None] = {}
+    for address in addresses:
+        if not address.startswith(DNS_ALL_PREFIX):
+            out[address] = None
+            continue
+        host, port = _host_port(address[len(DNS_ALL_PREFIX) :], address)
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror:
+            continue
+        for family, _, _, _, sockaddr in sorted(infos, key=lambda i: (i[0], str(i[4][0]))):
+            ip = str(sockaddr[0])
+            out[f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"] = None
+    return tuple(out)
+
+
+def _host_port(text: str, address: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise InvalidArgument(
+            f"{address!r}: expected {DNS_ALL_PREFIX}HOST:PORT with a port in 1..65535",
+            field="index",
+        )
+    return host.strip("[]"), int(port)
