@@ -72,6 +72,7 @@ bench: $(STAMP)
 	$(PY) -m bench.index_bench $(BENCH_ARGS)
 	$(PY) -m bench.e2e_bench $(BENCH_ARGS)
 	$(PY) -m bench.index_scale_bench $(BENCH_ARGS)
+	$(PY) -m bench.spark_bench $(BENCH_ARGS)
 
 # Kill -9 the services at seeded moments under load and check every acknowledged append
 # (docs/chaos.md). CYCLES=1000 is the long run; SEED=n replays a run.

@@ -18,50 +18,35 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
-from dataclasses import dataclass
 
 from mqstore.errors import CorruptFile
-from mqstore.formats.framing import frame, unframe
+from mqstore.formats.cq_checkpoint import (
+    FILE_NAME,
+    MAGIC,
+    NO_STORE_ID,
+    VERSION,
+    CqCheckpoint,
+    decode,
+    encode,
+)
 from mqstore.storage import failpoints
 from mqstore.storage.disk import Disk, write_atomic
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"CQCK"
-VERSION = 1
-FILE_NAME = "cq_checkpoint"
-_BODY = struct.Struct(">16sqqq")
-NO_STORE_ID = bytes(16)
-
-
-@dataclass(frozen=True, slots=True)
-class CqCheckpoint:
-    store_id: bytes = NO_STORE_ID
-    confirmed_offset: int = 0
-    min_commit_log_offset: int = 0
-    written_at_ms: int = 0
-
-
-def encode(ckpt: CqCheckpoint) -> bytes:
-    return frame(
-        MAGIC,
-        VERSION,
-        _BODY.pack(
-            ckpt.store_id.ljust(16, b"\0")[:16],
-            ckpt.confirmed_offset,
-            ckpt.min_commit_log_offset,
-            ckpt.written_at_ms,
-        ),
-    )
-
-
-def decode(data: bytes, *, path: str = "<buffer>") -> CqCheckpoint:
-    version, payload = unframe(MAGIC, data, path=path)
-    if version != VERSION or len(payload) != _BODY.size:
-        raise CorruptFile(path, f"version {version} with {len(payload)} payload bytes")
-    store_id, confirmed, min_off, written = _BODY.unpack(payload)
-    return CqCheckpoint(store_id, confirmed, min_off, written)
+# The layout (CqCheckpoint, encode, decode) lives in mqstore.formats.cq_checkpoint, shared with
+# the Spark rebuild job; re-exported here so that the service's imports stay as they were.
+__all__ = [
+    "FILE_NAME",
+    "MAGIC",
+    "NO_STORE_ID",
+    "VERSION",
+    "CqCheckpoint",
+    "decode",
+    "encode",
+    "load",
+    "save",
+]
 
 
 def load(disk: Disk, data_dir: str) -> CqCheckpoint:

@@ -5,11 +5,8 @@ through the Disk seam, and keeps the header's in-memory copy and the file's chec
 (`rec`) current. It is not thread-safe: the engine serialises every call.
 
 Batch put. A dispatch batch's keys are written with a few numpy operations, not a Python step
-per key. For the keys in order (entry numbers c, c+1, ...), an entry's `prev` is the newest
-earlier key of the batch in the same slot, or, for the first of its slot, what the slot held.
-A stable sort by slot gives both: within a run of equal slots the predecessor is the previous
-element, and the run's last element is the slot's new value. The bytes are exactly those of
-RocketMQ's putKey called once per key in the same order.
+per key (mqstore.formats.index_file.put_keys, shared with the Spark rebuild job). The bytes are
+exactly those of RocketMQ's putKey called once per key in the same order.
 
 Cut. `cut(k)` keeps entries 1 .. k-1 and makes the file what a writer that stopped there would
 have left: later entries zeroed, every slot rebuilt as the highest surviving number that hashes
@@ -221,54 +218,12 @@ class IndexFile:
         c = self.header.index_count
         check(0 < m <= self.entry_num - c, f"{m} keys do not fit in {self.name} at {c}")
         check(not self.sealed, f"put into sealed index file {self.name}")
-        numbers = np.arange(c, c + m, dtype=np.int64)
-        slot_of = key_hashes % self.slot_num
-        slots = self._slots_view()
-        old = slots[slot_of].astype(np.int64)
-        # RocketMQ treats a slot value <= 0 or beyond the count as empty.
-        old[(old <= 0) | (old >= c)] = 0
-        order = np.argsort(slot_of, kind="stable")
-        slot_sorted = slot_of[order]
-        number_sorted = numbers[order]
-        first = np.ones(m, dtype=bool)
-        first[1:] = slot_sorted[1:] != slot_sorted[:-1]
-        last = np.ones(m, dtype=bool)
-        last[:-1] = first[1:]
-        previous_in_run = np.zeros(m, dtype=np.int64)
-        previous_in_run[1:] = number_sorted[:-1]
-        prev = np.empty(m, dtype=np.int64)
-        prev[order] = np.where(first, old[order], previous_in_run)
-        slots[slot_sorted[last]] = number_sorted[last]
-        newly_used = int(np.count_nonzero(old[order][first] == 0))
-        del slots
-
-        h = self.header
-        if c == 1:
-            # This fixes RocketMQ's first-entry offset: begin is set before the time diff.
-            h.begin_ts_ms = int(store_ts_ms[0])
-            h.begin_phy = int(phys[0])
-            h.end_ts_ms = int(store_ts_ms.max())
-        else:
-            h.end_ts_ms = max(h.end_ts_ms, int(store_ts_ms.max()))
-        if h.begin_ts_ms <= 0:
-            tdiff = np.zeros(m, dtype=np.int64)
-        else:
-            tdiff = np.clip((store_ts_ms - h.begin_ts_ms) // 1000, 0, fmt.INT32_MAX)
-        entries = np.empty(m, dtype=fmt.ENTRY_DTYPE)
-        entries["hash"] = key_hashes
-        entries["phy"] = phys
-        entries["tdiff"] = tdiff
-        entries["prev"] = prev
-        start = fmt.entry_pos(self.slot_num, c)
-        self._region.buf[start : start + m * fmt.ENTRY_BYTES] = entries.tobytes()
+        fmt.put_keys(self._region.buf, self.slot_num, self.header, key_hashes, phys, store_ts_ms)
         if self._companion is not None and hashes64 is not None:
             a = h64fmt.hash_pos(c)
             self._companion.buf[a : a + m * h64fmt.HASH_BYTES] = hashes64.astype(
                 h64fmt.HASH_DTYPE
             ).tobytes()
-        h.end_phy = int(phys[-1])
-        h.slots_used += newly_used
-        h.index_count = c + m
         self._write_header()
 
     def flush(self) -> None:

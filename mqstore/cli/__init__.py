@@ -27,6 +27,7 @@ from mqstore.cli.options import ClientGroup, CliState, connection_options
 from mqstore.cli.produce import produce
 from mqstore.cli.query import query_group
 from mqstore.cli.security import token_group
+from mqstore.cli.spark import spark_group
 from mqstore.cli.status import offsets_group, queues, status, subscribers_group, topics
 from mqstore.cli.up import up
 
@@ -91,6 +92,7 @@ for command in (
     cli.add_command(command)
 cli.add_command(log_group)
 cli.add_command(token_group)
+cli.add_command(spark_group)
 
 
 def main() -> None:

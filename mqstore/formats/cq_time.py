@@ -1,0 +1,111 @@
+"""Timestamp companion file: the store time of every unit, so that time lookups read only
+cq_svc's own files (RocketMQ's units carry no time; it reads the commit log per probe).
+
+    consumequeue_time/{topic}/{queueId}/00000000000000000000   entries of units [0, N)
+    consumequeue_time/{topic}/{queueId}/00000000000002400000   entries of units [N, 2N)
+
+One 8-byte entry per unit, at byte n*8 for queue offset n (files named by that byte offset, so
+a unit file at byte U*20 pairs with the time file at byte U*8; same number of entries a file):
+
+    0                       6        8
+    +-----------------------+--------+
+    | indexed_time_ms (u48) | check  |   big-endian
+    +-----------------------+--------+
+      check = low 16 bits of CRC32C(the unit's 20 bytes + the 6 time bytes)
+
+The tree sits beside `consumequeue/` (as RocketMQ's `consumequeue_ext/` does) rather than inside
+each queue directory, so RocketMQ's own loader, which parses every file name in a queue
+directory as an offset, still reads our `consumequeue/` unchanged.
+
+Clock skew rule (Kafka's time index does the same): the indexed time of unit n is the running
+maximum of the store times of units 0..n, so the series never goes down and a binary search is
+exact. What a lookup then guarantees, even when store times go backwards:
+- LOWER(T): no message before the answer has an indexed time >= T, so none stored at or after
+  T is skipped (a message stored "late" with an old time may come after the answer).
+- UPPER(T): every message up to the answer has a store time <= T.
+
+The check binds a time entry to its unit: a torn, zeroed or stale entry fails it. A failed entry
+is replaced by the next good entry's time (a later message's time is >= the true one, and raising
+an indexed time only moves LOWER and UPPER answers earlier, which keeps both guarantees).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import struct
+from collections.abc import Callable
+
+import crc32c
+
+TIME_BYTES = 8
+TIME_MAX_MS = (1 << 48) - 1  # year 10889
+_CHECK = struct.Struct(">H")
+
+
+class Boundary(enum.StrEnum):
+    """RocketMQ's BoundaryType."""
+
+    LOWER = "lower"  # smallest offset stored at or after T
+    UPPER = "upper"  # largest offset stored at or before T
+
+
+def clamp_time(ts_ms: int) -> int:
+    return min(max(ts_ms, 0), TIME_MAX_MS)
+
+
+def encode_time(unit_bytes: bytes | memoryview, indexed_time_ms: int) -> bytes:
+    t = clamp_time(indexed_time_ms).to_bytes(6, "big")
+    check = crc32c.crc32c(bytes(unit_bytes) + t) & 0xFFFF
+    return t + _CHECK.pack(check)
+
+
+def decode_time(unit_bytes: bytes | memoryview, entry: bytes | memoryview) -> int | None:
+    """The indexed time, or None when the entry fails its check against its unit."""
+    t = bytes(entry[:6])
+    (check,) = _CHECK.unpack_from(entry, 6)
+    if crc32c.crc32c(bytes(unit_bytes) + t) & 0xFFFF != check:
+        return None
+    return int.from_bytes(t, "big")
+
+
+class _Series:
+    """Indexable view for bisect: series[i] is the indexed time of offset i."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self, at: Callable[[int], int]) -> None:
+        self._at = at
+
+    def __getitem__(self, i: int) -> int:
+        return self._at(i)
+
+
+def search_offset_by_time(
+    time_at: Callable[[int], int], lo: int, hi: int, target_ms: int, boundary: Boundary
+) -> int:
+    """RocketMQ's binarySearchInQueueByTime over offsets [lo, hi) whose indexed times are
+    non-decreasing (§3.9), before the store's clamp to [min, max]:
+
+        empty range                  -> 0
+        last time < T                -> LOWER hi       UPPER hi - 1
+        first time > T               -> LOWER lo       UPPER 0
+        otherwise                    -> LOWER first offset with time >= T
+                                        UPPER last offset with time <= T
+    """
+    if hi <= lo:
+        return 0
+    series = _Series(time_at)
+    last = time_at(hi - 1)
+    first = time_at(lo)
+    if boundary is Boundary.LOWER:
+        if last < target_ms:
+            return hi
+        if first >= target_ms:
+            return lo
+        return bisect.bisect_left(series, target_ms, lo, hi)
+    if last <= target_ms:
+        return hi - 1
+    if first > target_ms:
+        return 0
+    return bisect.bisect_right(series, target_ms, lo, hi) - 1

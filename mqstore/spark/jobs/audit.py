@@ -1,0 +1,384 @@
+"""Audit job: the live consume queues and index compared with the commit log, on Spark.
+
+    python -m mqstore.spark.jobs.audit LOG_DIR [--cq CQ_DATA_DIR] [--index INDEX_DATA_DIR]
+        [--units-per-file 300000] [--end-offset N] [--findings-max 1000] [--master URL]
+
+Exit status: 0 when nothing differs, 1 when any entry is missing, extra or mismatched, 2 on
+bad arguments. One line per finding (up to --findings-max), then a summary.
+
+What the log says each file should hold is built as the rebuild job builds it (derived.py),
+in memory, one consume queue or one index file per task, and compared with the files the
+services wrote (read-only; a running service may be writing beside the audit):
+
+    structure  finding     meaning
+    cq         missing     a unit the log implies is not in the queue's files (or is invalid,
+                           which ends the queue for cq_svc's recovery)
+    cq         extra       a valid unit at a queue offset the log does not fill
+    cq         mismatched  the unit at that queue offset differs (offset, size, tags code), or
+                           its time entry fails its check or holds another time
+    index      missing     keys the log implies beyond what the file holds
+    index      extra       entries beyond what the log implies, or a file too many
+    index      mismatched  an entry (hash, offset, time, chain link), a slot, or the header
+                           differs from the engine's bytes for the same keys
+
+Scope: records below the end offset E (default: the end of the log when the audit starts); units
+and entries pointing at or beyond E are ignored, since a running service may have applied them
+after the log was read. The index geometry, exact mode and shard come from the live index's
+checkpoint; the index is compared file by file, which assumes it was built from the log as it
+is (a retention that deleted segments and index files makes the oldest differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+from pyspark.sql import functions as sf
+
+from mqstore.errors import InvalidArgument
+from mqstore.formats import index_file as ifmt
+from mqstore.formats.cq_unit import BLANK_SIZE
+from mqstore.spark.jobs import derived
+from mqstore.spark.jobs.common import add_common_args, read_log, session_for_main, stop_session
+from mqstore.spark.jobs.rebuild import (
+    build_file_of,
+    index_keys_df,
+    log_bounds,
+    numbered_keys_df,
+    queue_entries_df,
+    queue_entries_of,
+)
+
+FINDINGS_SCHEMA: Final = "structure STRING, kind STRING, location STRING, detail STRING"
+# Findings kept per queue or index file: a queue whose file was lost would otherwise list every
+# unit; the count of the rest is still reported in one more finding.
+FINDINGS_PER_GROUP_MAX: Final = 1_000
+FINDINGS_PRINTED_DEFAULT: Final = 1_000
+KINDS: Final = ("missing", "extra", "mismatched")
+
+EXIT_OK: Final = 0
+EXIT_FOUND: Final = 1
+EXIT_USAGE: Final = 2
+
+# pandas ships no type information; imported this way it is Any whatever mypy's settings.
+pd: Any = importlib.import_module("pandas")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    structure: str
+    kind: str
+    location: str
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.structure} {self.kind} {self.location}: {self.detail}"
+
+
+@dataclass(slots=True)
+class AuditReport:
+    end_offset: int = 0
+    records: int = 0
+    queues: int = 0
+    index_files: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for f in self.findings if f.kind == kind)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+class _Capped:
+    def __init__(self, structure: str, location: str) -> None:
+        self.structure = structure
+        self.location = location
+        self.rows: list[list[str]] = []
+        self.dropped = 0
+
+    def add(self, kind: str, where: str, detail: str) -> None:
+        if len(self.rows) < FINDINGS_PER_GROUP_MAX:
+            self.rows.append([self.structure, kind, f"{self.location}{where}", detail])
+        else:
+            self.dropped += 1
+
+    def frame(self) -> Any:
+        rows = list(self.rows)
+        if self.dropped:
+            rows.append([self.structure, "mismatched", self.location,
+                         f"{self.dropped} more findings not listed"])  # fmt: skip
+        return pd.DataFrame(rows, columns=["structure", "kind", "location", "detail"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Consume queues
+
+
+def audit_queue(
+    cq_dir: str,
+    topic: str,
+    queue_id: int,
+    expected: derived.QueueImage | None,
+    units_per_file: int,
+    end_offset: int,
+    out: _Capped,
+) -> None:
+    live = derived.read_queue_units(cq_dir, topic, queue_id, units_per_file)
+    want: dict[int, tuple[int, int, int, int]] = {}
+    if expected is not None:
+        for i, row in enumerate(expected.rows):
+            want[expected.first_file_offset + i] = row
+    for off in sorted(want):
+        phy, size, tags, t = want[off]
+        got = live.get(off)
+        if got is None:
+            out.add("missing", f"@{off}", f"unit ({phy}, {size}, {tags}) not in the files")
+            continue
+        if got[:3] != (phy, size, tags):
+            out.add("mismatched", f"@{off}", f"unit {got[:3]}, the log says {(phy, size, tags)}")
+        elif got[3] != t:
+            what = "fails its check" if got[3] is None else f"holds {got[3]}"
+            out.add("mismatched", f"@{off}", f"time entry {what}, the log says {t}")
+    for off in sorted(set(live) - set(want)):
+        phy, size, tags, _ = live[off]
+        blank = phy == 0 and size == BLANK_SIZE
+        if phy < end_offset or blank:
+            out.add("extra", f"@{off}", f"unit ({phy}, {size}, {tags}) the log does not imply")
+
+
+# ---------------------------------------------------------------------------------------------
+# Index
+
+
+def audit_index_file(
+    path: str | None,
+    expected: derived.IndexImage | None,
+    geometry: derived.IndexGeometry,
+    end_offset: int,
+    out: _Capped,
+) -> None:
+    s, n = geometry.slot_num, geometry.entry_num
+    if path is None or not os.path.exists(path):
+        if expected is not None:
+            out.add("missing", "", f"file absent; the log implies {expected.header.entries} keys")
+        return
+    with open(path, "rb") as f:
+        live = f.read()
+    if len(live) != ifmt.file_bytes(s, n):
+        out.add("mismatched", "", f"{len(live)} bytes, expected {ifmt.file_bytes(s, n)}")
+        return
+    header = ifmt.decode_header(live)
+    count = min(max(header.index_count, 1), n)
+    live_entries = np.frombuffer(live, dtype=ifmt.ENTRY_DTYPE, count=n, offset=ifmt.entries_pos(s))
+    in_scope = 1 + int(np.count_nonzero(live_entries["phy"][1:count] < end_offset))
+    if expected is None:
+        if in_scope > 1:
+            out.add("extra", "", f"{in_scope - 1} entries the log does not imply")
+        return
+    exp_entries = np.frombuffer(
+        bytes(expected.data), dtype=ifmt.ENTRY_DTYPE, count=n, offset=ifmt.entries_pos(s)
+    )
+    exp_count = expected.header.index_count
+    common = min(in_scope, exp_count)
+    differs = np.flatnonzero(live_entries[1:common] != exp_entries[1:common]) + 1
+    for number in differs.tolist():
+        out.add(
+            "mismatched",
+            f"#{number}",
+            f"entry {tuple(live_entries[number].tolist())}, "
+            f"the log says {tuple(exp_entries[number].tolist())}",
+        )
+    if exp_count > in_scope:
+        first = exp_entries[in_scope]
+        out.add(
+            "missing",
+            f"#{in_scope}",
+            f"{exp_count - in_scope} entries from offset {int(first['phy'])} not in the file",
+        )
+    elif in_scope > exp_count:
+        out.add("extra", f"#{exp_count}", f"{in_scope - exp_count} entries beyond the log's")
+    if in_scope == count and exp_count == count:
+        # The whole file is in scope: its slots and header must be the engine's too.
+        slots_live = np.frombuffer(live, dtype=ifmt.SLOT_DTYPE, count=s, offset=ifmt.HEADER_BYTES)
+        slots_exp = np.frombuffer(
+            bytes(expected.data), dtype=ifmt.SLOT_DTYPE, count=s, offset=ifmt.HEADER_BYTES
+        )
+        for slot in np.flatnonzero(slots_live != slots_exp).tolist():
+            out.add(
+                "mismatched",
+                f" slot {slot}",
+                f"holds {int(slots_live[slot])}, the log says {int(slots_exp[slot])}",
+            )
+        if live[: ifmt.HEADER_BYTES] != bytes(expected.data[: ifmt.HEADER_BYTES]):
+            out.add("mismatched", " header", f"{header}, the log says {expected.header}")
+
+
+def live_index_files(index_data_dir: str) -> tuple[derived.IndexGeometry, list[str]]:
+    """Geometry and file paths (oldest first) of a live index, from its checkpoint."""
+    ckpt = derived.read_index_checkpoint(index_data_dir)
+    if ckpt is None:
+        raise InvalidArgument(f"{index_data_dir} holds no index checkpoint (index/checkpoint)")
+    index_dir = os.path.join(index_data_dir, derived.INDEX_SUBDIR)
+    paths = [os.path.join(index_dir, ifmt.name_of(rec.name_ms)) for rec in ckpt.files]
+    first = ckpt.files[0] if ckpt.files else None
+    geometry = derived.IndexGeometry(
+        slot_num=first.slot_num if first else ifmt.DEFAULT_SLOT_NUM,
+        entry_num=first.entry_num if first else ifmt.DEFAULT_ENTRY_NUM,
+        exact=ckpt.exact,
+        shard_count=ckpt.shard_count,
+        shard_index=ckpt.shard_index,
+    )
+    return geometry, paths
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+
+
+def audit(
+    spark: Any,
+    log_dir: str,
+    *,
+    cq_dir: str | None,
+    index_dir: str | None,
+    units_per_file: int = derived.UNITS_PER_FILE_DEFAULT,
+    end_offset: int | None = None,
+    split_bytes: int | None = None,
+) -> AuditReport:
+    log_df = read_log(spark, log_dir, include_body=False, split_bytes=split_bytes)
+    report = AuditReport()
+    records, _, log_end = log_bounds(log_df, log_dir)
+    end = log_end if end_offset is None else min(end_offset, log_end)
+    report.end_offset = end
+    scoped = log_df.filter(sf.col("commitLogOffset") < end).cache()
+    try:
+        report.records = records if end == log_end else scoped.count()
+        if cq_dir is not None:
+            _audit_cqs(scoped, os.path.abspath(cq_dir), units_per_file, end, report)
+        if index_dir is not None:
+            _audit_index(spark, scoped, os.path.abspath(index_dir), end, report)
+    finally:
+        scoped.unpersist()
+    return report
+
+
+def _audit_cqs(log_df: Any, cq_dir: str, upf: int, end: int, report: AuditReport) -> None:
+    def check_group(pdf: Any) -> Any:
+        topic, qid = str(pdf["topic"].iloc[0]), int(pdf["queueId"].iloc[0])
+        where = f"{topic}/{qid}"
+        out = _Capped("cq", where)
+        expected = derived.build_queue(queue_entries_of(pdf), upf, where)
+        audit_queue(cq_dir, topic, qid, expected, upf, end, out)
+        return out.frame()
+
+    entries = queue_entries_df(log_df)
+    rows = entries.groupBy("topic", "queueId").applyInPandas(check_group, FINDINGS_SCHEMA)
+    found = [Finding(*r) for r in rows.collect()]
+    in_log = {(r["topic"], int(r["queueId"])) for r in entries.select("topic", "queueId")
+              .distinct().collect()}  # fmt: skip
+    report.queues = len(in_log)
+    for topic, qid in derived.list_queues(cq_dir):
+        if (topic, qid) not in in_log:
+            out = _Capped("cq", f"{topic}/{qid}")
+            audit_queue(cq_dir, topic, qid, None, upf, end, out)
+            found.extend(Finding(*r) for r in out.rows)
+    report.findings.extend(sorted(found, key=lambda f: (f.location, f.kind)))
+
+
+def _audit_index(
+    spark: Any, log_df: Any, index_data_dir: str, end: int, report: AuditReport
+) -> None:
+    geometry, paths = live_index_files(index_data_dir)
+
+    def check_file(pdf: Any) -> Any:
+        file_no = int(pdf["fileNo"].iloc[0])
+        path = paths[file_no] if file_no < len(paths) else None
+        out = _Capped("index", os.path.basename(path) if path else f"file {file_no} (absent)")
+        audit_index_file(path, build_file_of(pdf, geometry), geometry, end, out)
+        return out.frame()
+
+    numbered = numbered_keys_df(spark, index_keys_df(log_df, geometry), geometry)
+    rows = numbered.groupBy("fileNo").applyInPandas(check_file, FINDINGS_SCHEMA).collect()
+    found = [Finding(*r) for r in rows]
+    implied = numbered.select("fileNo").distinct().count()
+    report.index_files = len(paths)
+    for file_no in range(implied, len(paths)):
+        out = _Capped("index", os.path.basename(paths[file_no]))
+        audit_index_file(paths[file_no], None, geometry, end, out)
+        found.extend(Finding(*r) for r in out.rows)
+    report.findings.extend(sorted(found, key=lambda f: (f.location, f.kind)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m mqstore.spark.jobs.audit",
+        description="Compare live consume queues and index files with the commit log.",
+    )
+    p.add_argument("log_dir", help="the commit-log directory (or a store's data dir)")
+    p.add_argument("--cq", default=None, help="cq_svc data dir to audit (FILE store)")
+    p.add_argument("--index", default=None, help="index_svc data dir to audit")
+    p.add_argument(
+        "--units-per-file",
+        type=int,
+        default=derived.UNITS_PER_FILE_DEFAULT,
+        help="cq_svc's units_per_file (default 300000)",
+    )
+    p.add_argument("--end-offset", type=int, default=None, help="audit records below this")
+    p.add_argument("--findings-max", type=int, default=FINDINGS_PRINTED_DEFAULT)
+    add_common_args(p)
+    return p
+
+
+def summary(report: AuditReport) -> str:
+    counts = ", ".join(f"{report.count(k)} {k}" for k in KINDS)
+    verdict = "ok" if report.ok else "DIFFERENCES"
+    return (
+        f"{verdict}: {report.records} records below offset {report.end_offset}, "
+        f"{report.queues} queues, {report.index_files} index files: {counts}"
+    )
+
+
+def print_report(report: AuditReport, findings_max: int) -> None:
+    for finding in report.findings[:findings_max]:
+        print(finding.line())
+    if len(report.findings) > findings_max:
+        print(f"... {len(report.findings) - findings_max} more findings")
+    print(summary(report))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.cq is None and args.index is None:
+        print("audit: give --cq, --index or both", file=sys.stderr)
+        return EXIT_USAGE
+    spark, owned = session_for_main("mqstore-audit", args.master)
+    try:
+        report = audit(
+            spark,
+            args.log_dir,
+            cq_dir=args.cq,
+            index_dir=args.index,
+            units_per_file=args.units_per_file,
+            end_offset=args.end_offset,
+            split_bytes=args.split_bytes,
+        )
+    finally:
+        stop_session(spark, owned)
+    print_report(report, args.findings_max)
+    return EXIT_OK if report.ok else EXIT_FOUND
+
+
+if __name__ == "__main__":
+    sys.exit(main())

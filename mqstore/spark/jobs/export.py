@@ -1,0 +1,166 @@
+"""Export job: a topic, or a raw commit log, to Parquet partitioned by topic and date.
+
+    python -m mqstore.spark.jobs.export OUT --log LOG_DIR [--topics a,b] [--mode FAILFAST]
+    python -m mqstore.spark.jobs.export OUT --topic orders [--option cq=host:7200 ...]
+        [--write-mode error|append|overwrite] [--master URL]
+
+    OUT/topic=orders/date=2026-11-21/part-....parquet
+
+From a log (`--log`, no service running): every record of the segment files, through
+`format("mqstore-log")`, with the log's columns (commitLogOffset, queueId, queueOffset,
+storeTimestampMs, tags, keys, properties, body, msgId, ...). From the services (`--topic`):
+the topic's queues through `format("mqstore")`, whose options (`--option name=value`, e.g.
+`startingOffsets`, `cq`, `tokenFile`) pass through unchanged; its columns are that source's.
+`date` is the UTC date of the store time. `--write-mode error` (the default) refuses an
+existing OUT; `overwrite` with partitions replaces only the partitions written
+(spark.sql.sources.partitionOverwriteMode=dynamic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pyspark.sql import functions as sf
+
+from mqstore.spark.jobs.common import add_common_args, read_log, session_for_main, stop_session
+
+SERVICE_SOURCE: Final = "mqstore"
+WRITE_MODES: Final = ("error", "append", "overwrite")
+PARTITION_COLUMNS: Final = ("topic", "date")
+
+
+@dataclass(frozen=True, slots=True)
+class ExportReport:
+    rows: int
+    partitions: int
+
+
+def log_frame(
+    spark: Any, log_dir: str, *, topics: str | None, mode: str, split_bytes: int | None
+) -> Any:
+    """The rows of a raw log, with `date`, bad entries left out (their check is `mode`'s)."""
+    df = read_log(spark, log_dir, mode=mode, split_bytes=split_bytes, topics=topics)
+    df = df.filter(sf.col("badReason").isNull()).drop("badReason")
+    return df.withColumn("date", sf.to_date(sf.timestamp_millis(sf.col("storeTimestampMs"))))
+
+
+def service_frame(spark: Any, topic: str, options: dict[str, str]) -> Any:
+    """A topic through format("mqstore"), with `date` from its store timestamp."""
+    reader = spark.read.format(SERVICE_SOURCE).option("topic", topic)
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    df = reader.load()
+    return df.withColumn("date", sf.to_date(sf.col("storeTimestamp")))
+
+
+def write_parquet(df: Any, out: str, write_mode: str) -> ExportReport:
+    df = df.cache()
+    try:
+        rows = df.count()
+        partitions = df.select(*PARTITION_COLUMNS).distinct().count()
+        # One file per (topic, date) from a task, rows in the order they sit in their queue.
+        order = [c for c in ("queueId", "queueOffset", "commitLogOffset") if c in df.columns]
+        laid_out = df.repartition(*PARTITION_COLUMNS).sortWithinPartitions(*order)
+        (
+            laid_out.write.mode("errorifexists" if write_mode == "error" else write_mode)
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy(*PARTITION_COLUMNS)
+            .parquet(out)
+        )
+    finally:
+        df.unpersist()
+    return ExportReport(rows, partitions)
+
+
+def export(
+    spark: Any,
+    out: str,
+    *,
+    log_dir: str | None = None,
+    topic: str | None = None,
+    topics: str | None = None,
+    mode: str = "FAILFAST",
+    options: dict[str, str] | None = None,
+    write_mode: str = "error",
+    split_bytes: int | None = None,
+) -> ExportReport:
+    if (log_dir is None) == (topic is None):
+        raise ValueError("export reads either a log (log_dir) or a topic through the services")
+    if log_dir is not None:
+        df = log_frame(spark, log_dir, topics=topics, mode=mode, split_bytes=split_bytes)
+    else:
+        assert topic is not None
+        df = service_frame(spark, topic, options or {})
+    return write_parquet(df, out, write_mode)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m mqstore.spark.jobs.export",
+        description="Write a topic or a raw commit log as Parquet, partitioned by topic and date.",
+    )
+    p.add_argument("out", help="output directory (any path Spark writes: local, hdfs://, s3a://)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--log", dest="log_dir", help="commit-log directory to read directly")
+    src.add_argument("--topic", help="topic to read through the services (format 'mqstore')")
+    p.add_argument("--topics", default=None, help="with --log: only these topics (a,b,c)")
+    p.add_argument(
+        "--mode",
+        default="FAILFAST",
+        choices=("FAILFAST", "DROPMALFORMED"),
+        help="with --log: fail on a bad record (default) or leave bad records out",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --topic: an option of format('mqstore'), repeatable",
+    )
+    p.add_argument("--write-mode", default="error", choices=WRITE_MODES)
+    add_common_args(p)
+    return p
+
+
+def parse_options(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--option wants NAME=VALUE, not {pair!r}")
+        out[name] = value
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        options = parse_options(args.option)
+    except ValueError as exc:
+        p.error(str(exc))
+    spark, owned = session_for_main("mqstore-export", args.master)
+    try:
+        report = export(
+            spark,
+            args.out,
+            log_dir=args.log_dir,
+            topic=args.topic,
+            topics=args.topics,
+            mode=args.mode,
+            options=options,
+            write_mode=args.write_mode,
+            split_bytes=args.split_bytes,
+        )
+    finally:
+        stop_session(spark, owned)
+    print(f"exported {report.rows} rows into {report.partitions} (topic, date) partitions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,398 @@
+"""Rebuild job: consume-queue and index files built from the commit log on Spark, byte for byte
+what cq_svc (FILE store) and index_svc write for the same log.
+
+    python -m mqstore.spark.jobs.rebuild LOG_DIR --cq-out CQ_DATA_DIR --index-out INDEX_DATA_DIR
+        [--units-per-file 300000] [--slot-num 5000000 --entry-num 20000000] [--exact]
+        [--shard-count 1 --shard-index 0] [--master URL] [--split-bytes N]
+
+The output directories are data dirs a stopped cq_svc / index_svc can start on (their
+checkpoints say the whole log is applied, and carry the log's store id from store.meta), e.g. to
+replace files lost with a disk, or to seed a new replica without replaying the log through
+gRPC. Geometry flags must match the service's settings (the defaults are its defaults).
+
+How it runs (the byte rules are in derived.py):
+- the log is read by `mqstore-log` (parallel by file and byte range, CRC-checked; FAILFAST by
+  default: a bad record fails the job rather than leave a hole in a queue);
+- consume queues: the entries that get a queue offset are grouped by (topic, queueId); each
+  group (one task per queue) writes its unit and time files;
+- index: every key of every indexed message gets its number in commit-log order (a sort and
+  zipWithIndex), which fixes the file it lands in (entry_num - 1 keys a file); each file is
+  built by one task under a temporary name; the driver names them, and writes the checkpoints.
+
+The cq output holds only the derived trees and `cq_checkpoint`: consumer-group offsets and
+receive/ack state are not in the log and are not rebuilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pyspark.sql import functions as sf
+
+from mqstore.formats import index_checkpoint as ck
+from mqstore.formats import index_file as ifmt
+from mqstore.formats import index_hash64, sysflag
+from mqstore.formats.index_checkpoint import FileRecord
+from mqstore.formats.javahash import tags_code
+from mqstore.spark.jobs import derived
+from mqstore.spark.jobs.common import (
+    add_common_args,
+    now_ms,
+    read_log,
+    session_for_main,
+    stop_session,
+)
+from mqstore.storage.logreader import LogDir
+
+CQ_RESULT_SCHEMA = "topic STRING, queueId INT, minOffset BIGINT, maxOffset BIGINT, files INT"
+INDEX_RESULT_SCHEMA = (
+    "fileNo BIGINT, keys BIGINT, startOffset BIGINT, firstStoreTs BIGINT, beginTs BIGINT, "
+    "endTs BIGINT, beginPhy BIGINT, endPhy BIGINT, indexCount INT, entriesCrc BIGINT, "
+    "headCrc BIGINT, hash64Crc BIGINT"
+)
+_TMP_PREFIX = "rebuild-"
+
+# pandas ships no type information; imported this way it is Any whatever mypy's settings.
+pd: Any = importlib.import_module("pandas")
+
+
+@dataclass(slots=True)
+class RebuildReport:
+    records: int = 0
+    log_min_offset: int = 0
+    log_end_offset: int = 0
+    queues: int = 0
+    units: int = 0
+    cq_files: int = 0
+    index_files: list[str] = field(default_factory=list)
+    index_keys: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Log scope
+
+
+def log_bounds(spark_df: Any, log_dir: str) -> tuple[int, int, int]:
+    """(records, the log's minimum offset, the end of its last valid record)."""
+    row = (
+        spark_df.filter(sf.col("badReason").isNull())
+        .agg(
+            sf.count(sf.lit(1)).alias("n"),
+            sf.max(sf.col("commitLogOffset") + sf.col("totalSize")).alias("end"),
+        )
+        .collect()[0]
+    )
+    low = LogDir(log_dir).min_offset
+    return int(row["n"]), low, int(row["end"]) if row["end"] is not None else low
+
+
+def queue_entries_df(log_df: Any) -> Any:
+    """Dispatch entries that get a consume-queue unit (NOT and COMMIT transactions)."""
+    txn = sf.col("sysFlag").bitwiseAND(sysflag.TRANSACTION_MASK)
+    return log_df.filter(
+        sf.col("badReason").isNull()
+        & txn.isin(sysflag.TRANSACTION_NOT_TYPE, sysflag.TRANSACTION_COMMIT_TYPE)
+    ).select("topic", "queueId", "queueOffset", "commitLogOffset", "totalSize", "tags",
+             "storeTimestampMs")  # fmt: skip
+
+
+def queue_entries_of(pdf: Any) -> list[derived.QueueEntry]:
+    return [
+        derived.QueueEntry(int(qo), int(phy), int(size), tags_code(tags), int(ts))
+        for qo, phy, size, tags, ts in zip(
+            pdf["queueOffset"],
+            pdf["commitLogOffset"],
+            pdf["totalSize"],
+            pdf["tags"],
+            pdf["storeTimestampMs"],
+            strict=True,
+        )
+    ]
+
+
+def index_keys_df(log_df: Any, geometry: derived.IndexGeometry) -> Any:
+    """Every index key in commit-log order: (commitLogOffset, pos, key, storeTimestampMs)."""
+    txn = sf.col("sysFlag").bitwiseAND(sysflag.TRANSACTION_MASK)
+    uniq = sf.when(
+        sf.col("uniqKey").isNotNull() & (sf.length("uniqKey") > 0), sf.array(sf.col("uniqKey"))
+    ).otherwise(sf.array().cast("array<string>"))
+    tokens = sf.filter(sf.split(sf.coalesce(sf.col("keys"), sf.lit("")), " "), lambda t: t != "")
+    keyed = log_df.filter(
+        sf.col("badReason").isNull() & (txn != sysflag.TRANSACTION_ROLLBACK_TYPE)
+    ).select(
+        "commitLogOffset",
+        "topic",
+        "storeTimestampMs",
+        sf.posexplode(sf.concat(uniq, tokens)).alias("pos", "token"),
+    )
+    out = keyed.select(
+        "commitLogOffset",
+        "pos",
+        sf.concat(sf.col("topic"), sf.lit("#"), sf.col("token")).alias("key"),
+        "storeTimestampMs",
+    )
+    if geometry.shard_count > 1:
+
+        def mine(batches: Iterator[Any]) -> Iterator[Any]:
+            for batch in batches:
+                keys = batch.column("key").to_pylist()
+                if keys:
+                    yield batch.filter(derived.shard_mask(keys, geometry))
+
+        out = out.mapInArrow(mine, out.schema)
+    return out
+
+
+def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) -> Any:
+    """Keys with their file number and entry number (1 .. entry_num - 1) in that file."""
+    per_file = geometry.keys_per_file
+    ordered = keys_df.orderBy("commitLogOffset", "pos")
+
+    def number(pair: tuple[Any, int]) -> tuple[int, int, int, str, int]:
+        row, seq = pair
+        return (
+            seq // per_file,
+            seq % per_file + 1,
+            int(row["commitLogOffset"]),
+            row["key"],
+            int(row["storeTimestampMs"]),
+        )
+
+    rdd = ordered.rdd.zipWithIndex().map(number)
+    schema = (
+        "fileNo BIGINT, number INT, commitLogOffset BIGINT, key STRING, storeTimestampMs BIGINT"
+    )
+    return spark.createDataFrame(rdd, schema)
+
+
+def build_file_of(pdf: Any, geometry: derived.IndexGeometry) -> derived.IndexImage:
+    pdf = pdf.sort_values("number")
+    return derived.build_index_file(
+        geometry,
+        list(pdf["key"]),
+        np.asarray(pdf["commitLogOffset"], dtype=np.int64),
+        np.asarray(pdf["storeTimestampMs"], dtype=np.int64),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+
+
+def rebuild(
+    spark: Any,
+    log_dir: str,
+    *,
+    cq_out: str | None,
+    index_out: str | None,
+    units_per_file: int = derived.UNITS_PER_FILE_DEFAULT,
+    geometry: derived.IndexGeometry | None = None,
+    split_bytes: int | None = None,
+) -> RebuildReport:
+    geometry = geometry or derived.IndexGeometry()
+    log_df = read_log(spark, log_dir, include_body=False, split_bytes=split_bytes).cache()
+    report = RebuildReport()
+    try:
+        report.records, report.log_min_offset, report.log_end_offset = log_bounds(log_df, log_dir)
+        store_id = derived.store_id_of(log_dir)
+        if cq_out is not None:
+            out = os.path.abspath(cq_out)
+            upf = units_per_file
+
+            def write_group(pdf: Any) -> Any:
+                topic, qid = str(pdf["topic"].iloc[0]), int(pdf["queueId"].iloc[0])
+                image = derived.build_queue(queue_entries_of(pdf), upf, f"{topic}/{qid}")
+                files = derived.write_queue(out, topic, qid, image)
+                return pd.DataFrame(
+                    [[topic, qid, image.min_offset, image.max_offset, files]],
+                    columns=["topic", "queueId", "minOffset", "maxOffset", "files"],
+                )
+
+            rows = (
+                queue_entries_df(log_df)
+                .groupBy("topic", "queueId")
+                .applyInPandas(write_group, CQ_RESULT_SCHEMA)
+                .collect()
+            )
+            report.queues = len(rows)
+            report.units = sum(int(r["maxOffset"]) - int(r["minOffset"]) for r in rows)
+            report.cq_files = sum(int(r["files"]) for r in rows)
+            derived.write_cq_checkpoint(
+                out, store_id, report.log_end_offset, report.log_min_offset, now_ms()
+            )
+        if index_out is not None:
+            report.index_files, report.index_keys = _rebuild_index(
+                spark, log_df, os.path.abspath(index_out), geometry, store_id, report
+            )
+    finally:
+        log_df.unpersist()
+    return report
+
+
+def _rebuild_index(
+    spark: Any,
+    log_df: Any,
+    out: str,
+    geometry: derived.IndexGeometry,
+    store_id: bytes,
+    report: RebuildReport,
+) -> tuple[list[str], int]:
+    index_dir = os.path.join(out, derived.INDEX_SUBDIR)
+    os.makedirs(index_dir, exist_ok=True)
+
+    def write_file(pdf: Any) -> Any:
+        file_no = int(pdf["fileNo"].iloc[0])
+        image = build_file_of(pdf, geometry)
+        tmp = os.path.join(index_dir, f"{_TMP_PREFIX}{file_no}")
+        derived._write(tmp, image.data)
+        if image.companion is not None:
+            derived._write(tmp + index_hash64.SUFFIX, image.companion)
+        rec = derived.file_record(geometry, image, 0, 0, sealed=False)
+        h = image.header
+        return pd.DataFrame(
+            [[file_no, len(pdf), image.start_offset, image.first_store_ts_ms, h.begin_ts_ms,
+              h.end_ts_ms, h.begin_phy, h.end_phy, h.index_count, rec.entries_crc,
+              rec.head_crc, rec.hash64_crc]],
+            columns=["fileNo", "keys", "startOffset", "firstStoreTs", "beginTs", "endTs",
+                     "beginPhy", "endPhy", "indexCount", "entriesCrc", "headCrc", "hash64Crc"],
+        )  # fmt: skip
+
+    keys_df = index_keys_df(log_df, geometry)
+    numbered = numbered_keys_df(spark, keys_df, geometry)
+    rows = sorted(
+        numbered.groupBy("fileNo").applyInPandas(write_file, INDEX_RESULT_SCHEMA).collect(),
+        key=lambda r: int(r["fileNo"]),
+    )
+    names_ms = derived.file_names_ms([int(r["firstStoreTs"]) for r in rows])
+    records: list[FileRecord] = []
+    names: list[str] = []
+    for i, (row, name_ms) in enumerate(zip(rows, names_ms, strict=True)):
+        last = i == len(rows) - 1
+        end = report.log_end_offset if last else int(rows[i + 1]["startOffset"])
+        rec = _record_of(row, geometry, name_ms, end, sealed=not last)
+        name = ifmt.name_of(name_ms)
+        tmp = os.path.join(index_dir, f"{_TMP_PREFIX}{int(row['fileNo'])}")
+        os.replace(tmp, os.path.join(index_dir, name))
+        if geometry.exact:
+            os.replace(
+                tmp + index_hash64.SUFFIX, os.path.join(index_dir, name) + index_hash64.SUFFIX
+            )
+        records.append(rec)
+        names.append(name)
+    derived.write_index_checkpoint(
+        out,
+        geometry,
+        records,
+        store_id,
+        report.log_end_offset,
+        report.log_min_offset,
+        now_ms(),
+    )
+    return names, sum(int(r["keys"]) for r in rows)
+
+
+def _record_of(
+    row: Any, geometry: derived.IndexGeometry, name_ms: int, end_offset: int, *, sealed: bool
+) -> FileRecord:
+    flags = ck.FILE_HEAD_CRC | (ck.FILE_SEALED if sealed else 0)
+    if geometry.exact:
+        flags |= ck.FILE_HAS_COMPANION
+    return FileRecord(
+        name_ms=name_ms,
+        slot_num=geometry.slot_num,
+        entry_num=geometry.entry_num,
+        start_offset=int(row["startOffset"]),
+        end_offset=end_offset,
+        begin_ts_ms=int(row["beginTs"]),
+        end_ts_ms=int(row["endTs"]),
+        begin_phy=int(row["beginPhy"]),
+        end_phy=int(row["endPhy"]),
+        index_count=int(row["indexCount"]),
+        flags=flags,
+        entries_crc=int(row["entriesCrc"]),
+        head_crc=int(row["headCrc"]),
+        hash64_crc=int(row["hash64Crc"]),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def add_geometry_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--units-per-file",
+        type=int,
+        default=derived.UNITS_PER_FILE_DEFAULT,
+        help="cq_svc's units_per_file (default 300000)",
+    )
+    parser.add_argument("--slot-num", type=int, default=ifmt.DEFAULT_SLOT_NUM)
+    parser.add_argument("--entry-num", type=int, default=ifmt.DEFAULT_ENTRY_NUM)
+    parser.add_argument("--exact", action="store_true", help="index_svc's exact mode")
+    parser.add_argument("--shard-count", type=int, default=1)
+    parser.add_argument("--shard-index", type=int, default=0)
+
+
+def geometry_of(args: argparse.Namespace) -> derived.IndexGeometry:
+    return derived.IndexGeometry(
+        slot_num=args.slot_num,
+        entry_num=args.entry_num,
+        exact=args.exact,
+        shard_count=args.shard_count,
+        shard_index=args.shard_index,
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m mqstore.spark.jobs.rebuild",
+        description="Build cq_svc's and index_svc's files from a commit log.",
+    )
+    p.add_argument("log_dir", help="the commit-log directory (or a store's data dir)")
+    p.add_argument("--cq-out", default=None, help="cq_svc data dir to write")
+    p.add_argument("--index-out", default=None, help="index_svc data dir to write")
+    add_geometry_args(p)
+    add_common_args(p)
+    return p
+
+
+def summary(report: RebuildReport) -> str:
+    return (
+        f"rebuilt from {report.records} records, offsets [{report.log_min_offset}, "
+        f"{report.log_end_offset}): {report.queues} queues, {report.units} units in "
+        f"{report.cq_files} files; {report.index_keys} index keys in "
+        f"{len(report.index_files)} files"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.cq_out is None and args.index_out is None:
+        print("rebuild: give --cq-out, --index-out or both", file=sys.stderr)
+        return 2
+    spark, owned = session_for_main("mqstore-rebuild", args.master)
+    try:
+        report = rebuild(
+            spark,
+            args.log_dir,
+            cq_out=args.cq_out,
+            index_out=args.index_out,
+            units_per_file=args.units_per_file,
+            geometry=geometry_of(args),
+            split_bytes=args.split_bytes,
+        )
+    finally:
+        stop_session(spark, owned)
+    print(summary(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,746 @@
+"""`format("mqstore")`: a topic's queues through the services, as a Spark data source.
+
+    spark.read.format("mqstore").option("topic", "orders").load()            batch read
+    spark.readStream.format("mqstore").option("topic", "orders").load()      micro-batches
+    df.write.format("mqstore").option("topic", "orders").mode("append").save()
+    df.writeStream.format("mqstore").option("topic", "orders").start()      per micro-batch
+
+Options: mqstore/spark/options.py (modelled on the Kafka connector). Rows:
+
+    topic string, queueId int, queueOffset long, commitLogOffset long,
+    storeTimestamp timestamp, bornTimestamp timestamp, tags string, keys array<string>,
+    properties map<string,string>, body binary, msgId string
+
+Where the code runs (reference/spark.md §1.4-1.6). `partitions()`, the stream's offsets and
+`writer()` run in Python processes on the driver and ask the consume queues (Admin) for the
+queues' bounds and time lookups; `read()` and `write()` run in executor workers: a read pulls
+one queue's offset range [start, end) through the SDK's Consumer and yields Arrow batches; a
+write appends its rows through the commit log.
+
+Reads are replayable: a range of (queue, offset) always yields the same messages while
+retention has not removed them, which is what Spark's exactly-once file sink needs of a
+streaming source. Stream offsets are JSON {"<queueId>": next offset}.
+
+Writes are idempotent per task. Each task appends under producer id
+"spark:<writeId>:<partition>" with sequences 0, 1, 2, ... one per batch of
+`writeBatchMessages` rows, each batch sent only after the previous one was answered. A retried
+task (same writeId, same partition, the same rows in the same order) sends the same batches
+under the same sequences: the store answers one it still remembers as a duplicate, and refuses
+an older one with FAILED_PRECONDITION ("not after its last stored sequence"), which can only
+happen when an earlier attempt stored it (sequences are sent in order), so both count as
+already written and nothing is stored twice. Limits: the store remembers 10,000 producers
+(LRU); a retry after that many other producers wrote since is stored again. Rows must come in
+the same order on a retry (a deterministic upstream, as Spark's own retries assume).
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from mqstore.client.admin import Admin, QueueInfo
+from mqstore.client.compression import COMPRESS_OVER_BYTES_DEFAULT, Compression, compress
+from mqstore.client.connection import Connection
+from mqstore.client.consumer import Consumer
+from mqstore.client.errors import (
+    ClientError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Unavailable,
+    refusal,
+)
+from mqstore.client.message import Message
+from mqstore.client.settings import ClientSettings
+from mqstore.formats.javahash import java_string_hash
+from mqstore.formats.msgid import UniqIdGenerator
+from mqstore.formats.properties import (
+    KEY_SEPARATOR,
+    KEYS,
+    PRODUCER_SEQ,
+    TAGS,
+    UNIQ_KEY,
+    encode_properties,
+)
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
+from mqstore.spark.options import (
+    EARLIEST,
+    LATEST,
+    BadOption,
+    OffsetSpec,
+    OffsetsRemoved,
+    ReadOptions,
+    WriteOptions,
+    read_options,
+    write_options,
+)
+
+# ruff: noqa: N802, N803 (Spark's names: initialOffset, latestOffset, batchId, ...)
+
+log = logging.getLogger(__name__)
+# pyarrow ships no type information; imported this way it is Any whatever mypy's settings.
+pa: Any = importlib.import_module("pyarrow")
+
+SOURCE_NAME = "mqstore"
+
+SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("queueId", IntegerType(), False),
+        StructField("queueOffset", LongType(), False),
+        StructField("commitLogOffset", LongType(), False),
+        StructField("storeTimestamp", TimestampType(), False),
+        StructField("bornTimestamp", TimestampType(), False),
+        StructField("tags", StringType(), True),
+        StructField("keys", ArrayType(StringType(), False), False),
+        StructField("properties", MapType(StringType(), StringType(), False), False),
+        StructField("body", BinaryType(), False),
+        StructField("msgId", StringType(), False),
+    ]
+)
+
+# Statuses of a Pull after which the offsets stepped over are gone (retention).
+_LOST = frozenset({"OFFSET_TOO_SMALL", "MESSAGE_WAS_REMOVING", "OFFSET_FOUND_NULL"})
+# Statuses that say the queue ends before the offset asked for (a replica behind the one that
+# gave the bounds, or the queue shrank).
+_SHORT = frozenset({"OFFSET_OVERFLOW_ONE", "OFFSET_OVERFLOW_BADLY", "NO_MESSAGE_IN_QUEUE"})
+# A consume-queue replica behind the one that answered the planner gets this long, in long
+# polls, to reach a range's end before the read fails.
+REPLICA_CATCH_UP_MS = 10_000
+# Appends retried on UNAVAILABLE / DEADLINE_EXCEEDED (same sequence: idempotent) for this long.
+APPEND_RETRY_S = 30.0
+APPEND_BACKOFF_FIRST_S = 0.05
+APPEND_BACKOFF_MAX_S = 1.0
+# Properties a writer never copies from a row: the store's idempotence tag belongs to the
+# request that carries it.
+_RESERVED_PROPERTIES = frozenset({PRODUCER_SEQ})
+
+
+# -- planning (driver side) ------------------------------------------------------------------
+
+
+@dataclass
+class QueueRange(InputPartition):
+    """One Spark partition: offsets [start, end) of one queue. `fail_on_data_loss` False also
+    for a queue a stream saw appear (it starts at the queue's beginning, whatever that is)."""
+
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+    fail_on_data_loss: bool
+
+
+def _queue_infos(admin: Admin, opts: ReadOptions) -> dict[int, QueueInfo]:
+    if opts.queues is None:
+        return {q.queue_id: q for q in admin.queues(opts.topic)}
+    return {q: admin.queue(opts.topic, q) for q in opts.queues}
+
+
+def _resolve(
+    admin: Admin, opts: ReadOptions, spec: OffsetSpec, info: QueueInfo, option: str
+) -> int:
+    """One queue's offset under `spec`: a store time looked up (GetOffsetByTime), else the
+    offset given, else the spec's default; EARLIEST / LATEST become the queue's bounds."""
+    q = info.queue_id
+    ts = spec.all_timestamp if spec.all_timestamp is not None else spec.timestamps.get(q)
+    if ts is not None:
+        return admin.offset_for_time(opts.topic, q, ts, "lower")
+    n = spec.offsets.get(q)
+    if n is None:
+        n = EARLIEST if spec.default == "earliest" else LATEST
+    if n == EARLIEST:
+        return info.min_offset
+    if n == LATEST:
+        return info.max_offset
+    if n > info.max_offset:
+        raise BadOption(option, f"queue {q}: offset {n} is past the queue's end {info.max_offset}")
+    return n
+
+
+def _check_named_queues(opts: ReadOptions, infos: Mapping[int, QueueInfo]) -> None:
+    """Offsets or times given for a queue that is not read: a typo, not something to ignore."""
+    for option, spec in (
+        ("startingOffsets", opts.starting.offsets),
+        ("startingOffsetsByTimestamp", opts.starting.timestamps),
+        ("endingOffsets", opts.ending.offsets),
+        ("endingOffsetsByTimestamp", opts.ending.timestamps),
+    ):
+        extra = sorted(set(spec) - set(infos))
+        if extra:
+            raise BadOption(option, f"names queues {extra} that the read does not cover")
+
+
+def _clamp_start(opts: ReadOptions, info: QueueInfo, start: int) -> int:
+    if start < info.min_offset:
+        if opts.fail_on_data_loss:
+            raise OffsetsRemoved(opts.topic, info.queue_id, start, info.min_offset)
+        log.warning(
+            "topic %s queue %d: offsets %d..%d were removed by retention; skipped",
+            opts.topic,
+            info.queue_id,
+            start,
+            info.min_offset - 1,
+        )
+        return info.min_offset
+    return start
+
+
+def split_ranges(
+    ranges: Sequence[QueueRange], min_partitions: int | None, max_records: int | None
+) -> list[QueueRange]:
+    """Split ranges so there are at least `min_partitions` (each range's share proportional to
+    its size, as Kafka's KafkaOffsetRangeCalculator, rounded up so that the minimum holds
+    whenever there are that many offsets) and none holds more than `max_records` offsets."""
+    ranges = [r for r in ranges if r.end > r.start]
+    total = sum(r.end - r.start for r in ranges)
+    out: list[QueueRange] = []
+    for r in ranges:
+        size = r.end - r.start
+        parts = 1
+        if min_partitions is not None and min_partitions > len(ranges):
+            parts = max(parts, -(-size * min_partitions // total))  # ceil: never fewer
+        if max_records is not None:
+            parts = max(parts, -(-size // max_records))
+        parts = min(parts, size)
+        step, extra = divmod(size, parts)
+        at = r.start
+        for i in range(parts):
+            end = at + step + (1 if i < extra else 0)
+            out.append(QueueRange(r.topic, r.queue_id, at, end, r.fail_on_data_loss))
+            at = end
+    return out
+
+
+# -- reading (executor side) -----------------------------------------------------------------
+
+
+def arrow_schema(schema: StructType) -> Any:
+    """The Arrow schema Spark checks a read's batches against (UTC timestamps)."""
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def to_batch(messages: Sequence[Message], schema: Any) -> Any:
+    """Messages as one RecordBatch with exactly `schema` (SCHEMA's Arrow form)."""
+    columns = [
+        [m.topic for m in messages],
+        [m.queue_id for m in messages],
+        [m.queue_offset for m in messages],
+        [m.commit_log_offset for m in messages],
+        [m.store_timestamp_ms * 1000 for m in messages],
+        [m.born_timestamp_ms * 1000 for m in messages],
+        [m.tags for m in messages],
+        [m.keys for m in messages],
+        [list(m.properties.items()) for m in messages],
+        [m.body for m in messages],
+        [m.msg_id for m in messages],
+    ]
+    arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def read_range(
+    settings: ClientSettings, r: QueueRange, pull_messages: int, schema: Any
+) -> Iterator[Any]:
+    """Offsets [r.start, r.end) of one queue as RecordBatches (one per Pull)."""
+    with Consumer(settings, r.topic, queues=[r.queue_id], long_poll_ms=0) as consumer:
+        offset = r.start
+        waited_ms = 0
+        while offset < r.end:
+            want = min(pull_messages, r.end - offset)
+            long_poll = min(1_000, REPLICA_CATCH_UP_MS - waited_ms) if waited_ms else 0
+            res = consumer.pull(r.queue_id, offset, max_messages=want, long_poll_ms=long_poll)
+            if res.status == "FOUND":
+                waited_ms = 0
+                got = [m for m in res.messages if offset <= m.queue_offset < r.end]
+                if got:
+                    yield to_batch(got, schema)
+                if res.next_offset <= offset:
+                    raise ClientError(
+                        f"queue {r.queue_id}: a pull at {offset} did not move forward",
+                        code=grpc.StatusCode.INTERNAL,
+                    )
+                offset = res.next_offset
+            elif res.status in _LOST:
+                start = max(res.next_offset, res.min_offset, offset + 1)
+                if r.fail_on_data_loss:
+                    raise OffsetsRemoved(r.topic, r.queue_id, offset, start)
+                log.warning(
+                    "topic %s queue %d: offsets %d..%d were removed; skipped",
+                    r.topic,
+                    r.queue_id,
+                    offset,
+                    start - 1,
+                )
+                offset = start
+            elif res.status in _SHORT and waited_ms < REPLICA_CATCH_UP_MS:
+                waited_ms += max(long_poll, 100)
+                if not long_poll:
+                    time.sleep(0.1)
+            else:
+                raise ClientError(
+                    f"topic {r.topic!r} queue {r.queue_id}: offset {offset} should hold a "
+                    f"message but the pull answered {res.status} (queue {res.min_offset}.."
+                    f"{res.max_offset})",
+                    code=grpc.StatusCode.OUT_OF_RANGE,
+                )
+
+
+def _read_partition(
+    settings: ClientSettings, partition: InputPartition, pull_messages: int, schema: StructType
+) -> Iterator[Any]:
+    # Spark replaces an empty partition list with [InputPartition(None)] (spark.md §1.4).
+    if not isinstance(partition, QueueRange):
+        return iter(())
+    return read_range(settings, partition, pull_messages, arrow_schema(schema))
+
+
+def _check_read_schema(schema: StructType) -> None:
+    if schema != SCHEMA:
+        raise BadOption(
+            "schema",
+            f"format('mqstore') reads its own schema ({SCHEMA.simpleString()}); select "
+            "columns after load() instead of passing a schema",
+        )
+
+
+class MqstoreBatchReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        opts = self.opts
+        with Admin(opts.settings) as admin:
+            infos = _queue_infos(admin, opts)
+            _check_named_queues(opts, infos)
+            ranges = []
+            for q, info in sorted(infos.items()):
+                start = _clamp_start(
+                    opts, info, _resolve(admin, opts, opts.starting, info, "startingOffsets")
+                )
+                end = _resolve(admin, opts, opts.ending, info, "endingOffsets")
+                if end < start:
+                    raise BadOption(
+                        "endingOffsets",
+                        f"queue {q}: the read would end at {end}, before its start {start}",
+                    )
+                ranges.append(QueueRange(opts.topic, q, start, end, opts.fail_on_data_loss))
+        # A list, never a tuple (spark.md §1.4).
+        return list(split_ranges(ranges, opts.min_partitions, opts.max_records_per_partition))
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read_partition(self.opts.settings, partition, self.opts.pull_messages, self.schema)
+
+
+# -- streaming -------------------------------------------------------------------------------
+
+
+def _offsets_json(offsets: Mapping[int, int]) -> dict[str, int]:
+    return {str(q): n for q, n in sorted(offsets.items())}
+
+
+def _offsets_of(doc: Mapping[str, Any] | None) -> dict[int, int]:
+    return {int(q): int(n) for q, n in (doc or {}).items()}
+
+
+def cap_offsets(start: Mapping[int, int], latest: Mapping[int, int], limit: int) -> dict[int, int]:
+    """At most `limit` offsets past `start` in all, shared in proportion to what each queue
+    has available (as Kafka's maxOffsetsPerTrigger), the rounding remainder to the first
+    queues with room, so that every trigger makes progress."""
+    available = {q: max(0, n - start.get(q, 0)) for q, n in latest.items()}
+    total = sum(available.values())
+    if total <= limit:
+        return dict(latest)
+    share = {q: a * limit // total for q, a in available.items()}
+    left = limit - sum(share.values())
+    for q in sorted(available):
+        if left <= 0:
+            break
+        if share[q] < available[q]:
+            share[q] += 1
+            left -= 1
+    return {q: start.get(q, 0) + share[q] for q in latest}
+
+
+class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets {"<queueId>": next offset}. A queue that appears while the query runs is read
+    from its beginning (as Kafka's new partitions). Under Trigger.AvailableNow the target is
+    the queues' ends when the query started, reached in maxOffsetsPerTrigger steps."""
+
+    def __init__(self, opts: ReadOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self._target: dict[int, int] | None = None
+
+    def _latest(self) -> dict[int, int]:
+        with Admin(self.opts.settings) as admin:
+            return {q: info.max_offset for q, info in _queue_infos(admin, self.opts).items()}
+
+    def initialOffset(self) -> dict[str, int]:
+        opts = self.opts
+        with Admin(opts.settings) as admin:
+            infos = _queue_infos(admin, opts)
+            _check_named_queues(opts, infos)
+            return _offsets_json(
+                {
+                    q: _clamp_start(
+                        opts, info, _resolve(admin, opts, opts.starting, info, "startingOffsets")
+                    )
+                    for q, info in infos.items()
+                }
+            )
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_offsets_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._latest()
+
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, int]:
+        begin = _offsets_of(start)
+        latest = self._target if self._target is not None else self._latest()
+        # Never behind where the query is (a queue the listing no longer shows stays put).
+        merged = {q: max(n, begin.get(q, 0)) for q, n in latest.items()}
+        for q, n in begin.items():
+            merged.setdefault(q, n)
+        if isinstance(limit, ReadMaxRows):
+            merged = cap_offsets(begin, merged, limit.max_rows)
+        return _offsets_json(merged)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        begin, finish = _offsets_of(start), _offsets_of(end)
+        ranges = [
+            QueueRange(
+                self.opts.topic,
+                q,
+                begin.get(q, 0),
+                n,
+                # A queue new to the query starts at 0, whatever retention left of it.
+                self.opts.fail_on_data_loss and q in begin,
+            )
+            for q, n in sorted(finish.items())
+        ]
+        return list(split_ranges(ranges, None, self.opts.max_records_per_partition))
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read_partition(self.opts.settings, partition, self.opts.pull_messages, self.schema)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to acknowledge: the checkpoint holds the offsets (spark.md §1.5)."""
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+# Column -> the Spark types a write accepts for it.
+_WRITE_COLUMNS: dict[str, tuple[type, ...]] = {
+    "body": (BinaryType, StringType),
+    "topic": (StringType,),
+    "queueId": (IntegerType, LongType),
+    "tags": (StringType,),
+    "keys": (ArrayType, StringType),
+    "properties": (MapType,),
+}
+
+
+def _check_write_schema(schema: StructType, opts: WriteOptions) -> None:
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "body" not in fields:
+        raise BadOption("schema", "a write needs a 'body' column (binary or string)")
+    if "topic" not in fields and opts.topic is None:
+        raise BadOption("topic", "is required when the rows have no 'topic' column")
+    for name, accepted in _WRITE_COLUMNS.items():
+        t = fields.get(name)
+        if t is None:
+            continue
+        ok = isinstance(t, accepted)
+        if isinstance(t, ArrayType):
+            ok = ok and isinstance(t.elementType, StringType)
+        if isinstance(t, MapType):
+            ok = isinstance(t.keyType, StringType) and isinstance(t.valueType, StringType)
+        if not ok:
+            raise BadOption("schema", f"column {name!r} has type {t.simpleString()}")
+
+
+@dataclass
+class WriteSummary(WriterCommitMessage):
+    """What one task wrote: `stored` messages appended now, `duplicates` answered as already
+    stored (a retried task), in `requests` appends."""
+
+    partition: int
+    stored: int
+    duplicates: int
+    requests: int
+
+
+@dataclass(frozen=True)
+class _Row:
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: bytes
+    sys_flag: int
+
+
+class MqstoreWriter(DataSourceArrowWriter):
+    def __init__(self, opts: WriteOptions, schema: StructType) -> None:
+        _check_write_schema(schema, opts)
+        self.opts = opts
+        self.schema = schema
+        # Made on the driver, pickled with the writer into every task (and every retry).
+        self.write_id = opts.write_id or uuid.uuid4().hex
+        self.summaries: list[WriteSummary] = []
+
+    def producer_id(self, partition: int) -> str:
+        return f"spark:{self.write_id}:{partition}"
+
+    def write(self, iterator: Iterator[Any]) -> WriteSummary:
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx is not None else 0
+        return write_partition(self.opts, self.producer_id(partition), partition, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.summaries = [m for m in messages if isinstance(m, WriteSummary)]
+        log.info(
+            "write %s: %d stored, %d already stored",
+            self.write_id,
+            sum(s.stored for s in self.summaries),
+            sum(s.duplicates for s in self.summaries),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        # Appends cannot be taken back; re-running the write with the same writeId adds
+        # only what is missing.
+        log.warning("write %s failed; re-run it with writeId=%s", self.write_id, self.write_id)
+
+
+# Local properties Spark's micro-batch execution sets for the tasks of a batch
+# (StreamExecution.QUERY_ID_KEY, MicroBatchExecution.BATCH_ID_KEY): the query id is kept in
+# the checkpoint, so a replayed batch has the same (query id, batch id) as its first run.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+class MqstoreStreamWriter(DataSourceStreamArrowWriter):
+    """writeStream.format("mqstore"): each micro-batch's rows appended as a batch write is,
+    under producer id "spark:<writeId or query id>:<batch id>:<partition>". A batch Spark
+    replays after a failure (same checkpoint, same offsets, a replayable source) sends the
+    same requests and is answered as already stored: exactly once into the topic."""
+
+    def __init__(self, opts: WriteOptions, schema: StructType) -> None:
+        _check_write_schema(schema, opts)
+        self.opts = opts
+        self.schema = schema
+
+    def write(self, iterator: Iterator[Any]) -> WriteSummary:
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise ClientError(
+                "a stream write runs in a Spark task", code=grpc.StatusCode.FAILED_PRECONDITION
+            )
+        query = self.opts.write_id or ctx.getLocalProperty(QUERY_ID_PROPERTY)
+        batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+        if not query or batch is None:
+            raise ClientError(
+                "the task carries no streaming query or batch id",
+                code=grpc.StatusCode.FAILED_PRECONDITION,
+            )
+        partition = ctx.partitionId()
+        producer_id = f"spark:{query}:{batch}:{partition}"
+        return write_partition(self.opts, producer_id, partition, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        done = [m for m in messages if isinstance(m, WriteSummary)]
+        log.info(
+            "stream batch %d: %d stored, %d already stored",
+            batchId,
+            sum(s.stored for s in done),
+            sum(s.duplicates for s in done),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("stream batch %d failed; its replay stores only what is missing", batchId)
+
+
+def _rows(opts: WriteOptions, partition: int, batches: Iterator[Any]) -> Iterator[_Row]:
+    ids = UniqIdGenerator()
+    index = itertools.count()
+    for batch in batches:
+        cols = {
+            name: batch.column(name).to_pylist()
+            for name in batch.schema.names
+            if name in _WRITE_COLUMNS  # other columns (a read's msgId, ...) are not written
+        }
+        for i in range(batch.num_rows):
+            n = next(index)
+            body = cols["body"][i]
+            if body is None:
+                raise BadOption("schema", f"row {n} of partition {partition} has a null body")
+            if isinstance(body, str):
+                body = body.encode("utf-8")
+            # As Kafka's sink: the option, when given, overrides the rows' topic column.
+            topic = opts.topic or (cols["topic"][i] if "topic" in cols else None)
+            if topic is None:
+                raise BadOption("topic", f"row {n} of partition {partition} has no topic")
+            props: dict[str, str] = {}
+            for k, v in (cols["properties"][i] if "properties" in cols else None) or ():
+                if k not in _RESERVED_PROPERTIES and v is not None:
+                    props[k] = v
+            tags = cols["tags"][i] if "tags" in cols else None
+            if tags:
+                props[TAGS] = tags
+            raw_keys = cols["keys"][i] if "keys" in cols else None
+            keys = raw_keys.split() if isinstance(raw_keys, str) else list(raw_keys or ())
+            if keys:
+                props[KEYS] = KEY_SEPARATOR.join(keys)
+            props.setdefault(UNIQ_KEY, ids.next_id())
+            queue_id = cols["queueId"][i] if "queueId" in cols else None
+            if queue_id is None:
+                # Deterministic, so that a retried task sends the very same requests.
+                spread = abs(java_string_hash(keys[0])) if keys else partition + n
+                queue_id = spread % opts.queues_per_topic
+            sys_flag = 0
+            if len(body) > COMPRESS_OVER_BYTES_DEFAULT:
+                body, sys_flag = compress(body, Compression.ZLIB)
+            yield _Row(topic, int(queue_id), body, encode_properties(props), sys_flag)
+
+
+def _request(producer_id: str, sequence: int, rows: Sequence[_Row]) -> Any:
+    by_topic: dict[str, list[_Row]] = {}
+    for r in rows:
+        by_topic.setdefault(r.topic, []).append(r)
+    born_ms = time.time_ns() // 1_000_000
+    batches = []
+    for topic, group in by_topic.items():
+        flags = [r.sys_flag for r in group]
+        batches.append(
+            cl_pb.MessageBatch(
+                topic=topic,
+                queue_ids=[r.queue_id for r in group],
+                bodies=[r.body for r in group],
+                properties=[r.properties for r in group],
+                sys_flags=flags if any(flags) else [],
+                born_timestamp_ms=born_ms,
+            )
+        )
+    return cl_pb.AppendRequest(batches=batches, producer_id=producer_id, sequence=sequence)
+
+
+def _append(conn: Connection, request: Any) -> Any | None:
+    """One Append, retried with the same sequence while the commit log is unreachable. None:
+    an earlier attempt stored this sequence (FAILED_PRECONDITION, see the module docstring)."""
+    deadline = time.monotonic() + APPEND_RETRY_S
+    pause = APPEND_BACKOFF_FIRST_S
+    while True:
+        try:
+            return conn.call(conn.commitlog().Append, request, name="CommitLog/Append")
+        except FailedPrecondition as err:
+            # The store's two answers for an old sequence ("not after its last stored
+            # sequence", "the records of sequence N expired") both mean it was stored.
+            if "sequence" not in err.details:
+                raise
+            return None
+        except (Unavailable, DeadlineExceeded):
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, APPEND_BACKOFF_MAX_S)
+
+
+def write_partition(
+    opts: WriteOptions, producer_id: str, partition: int, batches: Iterator[Any]
+) -> WriteSummary:
+    """Append one task's rows, `opts.batch_messages` per request, sequences 0, 1, 2, ..."""
+    summary = WriteSummary(partition, 0, 0, 0)
+    rows = _rows(opts, partition, batches)
+    with Connection(opts.settings) as conn:
+        for sequence in itertools.count():
+            chunk = list(itertools.islice(rows, opts.batch_messages))
+            if not chunk:
+                break
+            response = _append(conn, _request(producer_id, sequence, chunk))
+            summary.requests += 1
+            if response is None or response.duplicate:
+                summary.duplicates += len(chunk)
+                continue
+            for i, status in enumerate(response.statuses):
+                if status != cl_pb.PUT_OK:
+                    why = {r.index: r for r in response.refusals}.get(i)
+                    raise refusal(
+                        cl_pb.PutStatus.Name(status),
+                        why.reason if why else "",
+                        field=why.field if why else "",
+                        index=i,
+                    )
+            summary.stored += len(chunk)
+    return summary
+
+
+# -- the source ------------------------------------------------------------------------------
+
+
+class MqstoreDataSource(DataSource):
+    """format("mqstore"): batch and streaming reads of a topic, batch and streaming writes."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> MqstoreBatchReader:
+        _check_read_schema(schema)
+        return MqstoreBatchReader(read_options(self.options, streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> MqstoreStreamReader:
+        _check_read_schema(schema)
+        return MqstoreStreamReader(read_options(self.options, streaming=True), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> MqstoreStreamWriter:
+        if overwrite:
+            raise BadOption("outputMode", "a topic is append-only: use outputMode('append')")
+        return MqstoreStreamWriter(write_options(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> MqstoreWriter:
+        if overwrite:
+            raise BadOption("mode", "a topic is append-only: use mode('append')")
+        return MqstoreWriter(write_options(self.options), schema)
