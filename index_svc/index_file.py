@@ -21,7 +21,6 @@ import logging
 import os
 from collections.abc import Iterator
 
-import crc32c
 import numpy as np
 
 from index_svc.formats import hash64_file as h64fmt
@@ -33,16 +32,10 @@ from index_svc.formats.checkpoint import (
     FileRecord,
 )
 from mqstore.errors import CorruptFile, check
+from mqstore.formats.index_checkpoint import region_crc
 from mqstore.storage.disk import Disk, Region
 
 log = logging.getLogger(__name__)
-
-
-def _crc(buf: fmt.Buffer, start: int, end: int, seed: int = 0) -> int:
-    if end <= start:
-        return seed
-    with memoryview(buf) as view:
-        return int(crc32c.crc32c(view[start:end], seed))
 
 
 class IndexFile:
@@ -238,11 +231,11 @@ class IndexFile:
         if c > done:
             a, b = fmt.entry_pos(s, done), fmt.entry_pos(s, c)
             self._region.flush(a, b)
-            self.rec.entries_crc = _crc(self._region.buf, a, b, self.rec.entries_crc)
+            self.rec.entries_crc = region_crc(self._region.buf, a, b, self.rec.entries_crc)
             if self._companion is not None:
                 ha, hb = h64fmt.hash_pos(done), h64fmt.hash_pos(c)
                 self._companion.flush(ha, hb)
-                self.rec.hash64_crc = _crc(self._companion.buf, ha, hb, self.rec.hash64_crc)
+                self.rec.hash64_crc = region_crc(self._companion.buf, ha, hb, self.rec.hash64_crc)
         self._head_dirty = False
         self.flushed_count = c
         self.rec.index_count = c
@@ -252,7 +245,7 @@ class IndexFile:
         """Flush and record the CRC of header and slots. `full` marks the file as never to be
         written again; a clean close seals the active file with full=False."""
         self.flush()
-        self.rec.head_crc = _crc(self._region.buf, 0, fmt.entries_pos(self.slot_num))
+        self.rec.head_crc = region_crc(self._region.buf, 0, fmt.entries_pos(self.slot_num))
         self.rec.flags |= FILE_HEAD_CRC | (FILE_SEALED if full else 0)
 
     def unseal(self) -> None:
@@ -289,10 +282,14 @@ class IndexFile:
         h.index_count = k
         self._write_header()
         self._region.flush(0, fmt.file_bytes(s, self.entry_num))
-        self.rec.entries_crc = _crc(self._region.buf, fmt.entry_pos(s, 1), fmt.entry_pos(s, k))
+        self.rec.entries_crc = region_crc(
+            self._region.buf, fmt.entry_pos(s, 1), fmt.entry_pos(s, k)
+        )
         if self._companion is not None:
             self._companion.flush(0, h64fmt.file_bytes(self.entry_num))
-            self.rec.hash64_crc = _crc(self._companion.buf, h64fmt.hash_pos(1), h64fmt.hash_pos(k))
+            self.rec.hash64_crc = region_crc(
+                self._companion.buf, h64fmt.hash_pos(1), h64fmt.hash_pos(k)
+            )
         self._head_dirty = False
         self.flushed_count = k
         self.rec.index_count = k
@@ -303,15 +300,17 @@ class IndexFile:
 
     def entries_crc_matches(self, count: int, expected: int) -> bool:
         s = self.slot_num
-        return _crc(self._region.buf, fmt.entry_pos(s, 1), fmt.entry_pos(s, count)) == expected
+        return (
+            region_crc(self._region.buf, fmt.entry_pos(s, 1), fmt.entry_pos(s, count)) == expected
+        )
 
     def head_crc_matches(self, expected: int) -> bool:
-        return _crc(self._region.buf, 0, fmt.entries_pos(self.slot_num)) == expected
+        return region_crc(self._region.buf, 0, fmt.entries_pos(self.slot_num)) == expected
 
     def hash64_crc_matches(self, count: int, expected: int) -> bool:
         if self._companion is None:
             return False
-        got = _crc(self._companion.buf, h64fmt.hash_pos(1), h64fmt.hash_pos(count))
+        got = region_crc(self._companion.buf, h64fmt.hash_pos(1), h64fmt.hash_pos(count))
         return got == expected
 
     def drop_companion(self) -> None:

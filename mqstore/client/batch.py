@@ -157,10 +157,12 @@ class BatchFuture(ResultFuture[BatchResult]):
         self._batch = batch
         self._pending = parts
 
-    def _part_done(self, part: BatchPart, outcome: pb.AppendResponse | ClientError) -> None:
+    def _part_done(self, part: BatchPart, outcome: pb.AppendResponse | ClientError) -> int:
+        """Take one part's answer; the number of its messages stored."""
         b = self._batch
         lo = part.first
         n = part.count
+        stored = 0
         if isinstance(outcome, ClientError):
             for i in range(lo, lo + n):
                 b.errors[i] = outcome
@@ -175,6 +177,7 @@ class BatchFuture(ResultFuture[BatchResult]):
             b.store_timestamps_ms[lo : lo + n] = [outcome.store_timestamp_ms] * n
             b.store_host = outcome.store_host or b.store_host
             b.duplicate = b.duplicate or outcome.duplicate
+            stored = n
             if outcome.refusals or any(s != _PUT_OK for s in outcome.statuses):
                 reasons = {r.index: r for r in outcome.refusals}
                 for i, status in enumerate(outcome.statuses):
@@ -188,6 +191,7 @@ class BatchFuture(ResultFuture[BatchResult]):
                         index=lo + i,
                     )
                     b.queue_offsets[lo + i] = b.commit_log_offsets[lo + i] = -1
+                    stored -= 1
         with _FUTURE_LOCK:
             self._pending -= 1
             last = self._pending == 0
@@ -196,6 +200,7 @@ class BatchFuture(ResultFuture[BatchResult]):
                 self._resolve(None, BatchNotStored(b))
             else:
                 self._resolve(b, None)
+        return stored
 
 
 @dataclass(slots=True)

@@ -42,7 +42,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -170,13 +170,33 @@ def _sequence_base() -> int:
     return time.time_ns() // 1_000
 
 
-def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> _Request:
-    """One AppendRequest: a MessageBatch per topic, topics in order of first appearance; the
-    answer lists the messages batch after batch, so `messages` is reordered to match."""
-    by_topic: dict[str, list[_Message]] = {}
+class Appendable(Protocol):
+    """What an AppendRequest needs of one message (the Producer's, the Spark writer's rows)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def queue_id(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def properties(self) -> bytes: ...
+    @property
+    def sys_flag(self) -> int: ...
+
+
+M = TypeVar("M", bound=Appendable)
+
+
+def append_request(
+    producer_id: str, sequence: int, messages: Sequence[M]
+) -> tuple[pb.AppendRequest, list[M]]:
+    """One AppendRequest: a MessageBatch per topic, topics in order of first appearance. The
+    answer lists the messages batch after batch: the messages come back in that order."""
+    by_topic: dict[str, list[M]] = {}
     for m in messages:
         by_topic.setdefault(m.topic, []).append(m)
-    ordered: list[_Message] = []
+    ordered: list[M] = []
     batches = []
     born_ms = time.time_ns() // 1_000_000
     for topic, group in by_topic.items():
@@ -193,6 +213,12 @@ def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> 
             )
         )
     request = pb.AppendRequest(batches=batches, producer_id=producer_id, sequence=sequence)
+    return request, ordered
+
+
+def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> _Request:
+    """The producer's request for an open batch, its messages in the order of the answer."""
+    request, ordered = append_request(producer_id, sequence, messages)
     return _Request(sequence, request, ordered, sum(m.weight() for m in messages))
 
 
@@ -802,9 +828,7 @@ class Producer:
         n = request.part.count if request.part is not None else len(request.messages)
         ok = 0
         if request.part is not None:
-            request.part.future._part_done(request.part, outcome)
-            if isinstance(outcome, pb.AppendResponse):
-                ok = sum(1 for status in outcome.statuses if status == _PUT_OK)
+            ok = request.part.future._part_done(request.part, outcome)
         else:
             outcomes = (
                 results_of(request, outcome)

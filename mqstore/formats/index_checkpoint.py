@@ -39,6 +39,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Any
+
+import crc32c
 
 from mqstore.errors import CorruptFile
 from mqstore.formats.framing import frame, unframe
@@ -60,6 +63,15 @@ FLAG_CLEAN_CLOSE = 0x2
 FILE_SEALED = 0x1
 FILE_HAS_COMPANION = 0x2
 FILE_HEAD_CRC = 0x4
+
+
+def region_crc(buf: Any, start: int, end: int, seed: int = 0) -> int:
+    """The CRC32C of buf[start:end] continued from `seed`, as entries_crc, head_crc and
+    hash64_crc are kept (`seed` when the range is empty)."""
+    if end <= start:
+        return seed
+    with memoryview(buf) as view:
+        return int(crc32c.crc32c(view[start:end], seed))
 
 
 @dataclass(slots=True)

@@ -89,24 +89,25 @@ class UniqIdGenerator:
         self._next_month_ms = -1
 
     def next_id(self) -> str:
-        now_ms = self._clock_ms()
-        with self._lock:
-            if not self._month_start_ms <= now_ms < self._next_month_ms:
-                self._roll_month(now_ms)
-            diff = now_ms - self._month_start_ms
+        diff = self._ms_into_month()
         counter = next(self._counter) & 0xFFFF
         return (self._prefix + _UNIQ_TAIL.pack(diff & 0xFFFFFFFF, counter)).hex().upper()
 
     def next_ids(self, n: int) -> list[str]:
         """`n` ids at once (one clock read; the same as n calls to next_id within one ms)."""
+        diff = self._ms_into_month()
+        with self._lock:
+            counters = [next(self._counter) & 0xFFFF for _ in range(n)]
+        head = (self._prefix + struct.pack(">I", diff & 0xFFFFFFFF)).hex().upper()
+        return [f"{head}{c:04X}" for c in counters]
+
+    def _ms_into_month(self) -> int:
+        """Milliseconds since the start of the current month (UTC), the id's time field."""
         now_ms = self._clock_ms()
         with self._lock:
             if not self._month_start_ms <= now_ms < self._next_month_ms:
                 self._roll_month(now_ms)
-            diff = now_ms - self._month_start_ms
-            counters = [next(self._counter) & 0xFFFF for _ in range(n)]
-        head = (self._prefix + struct.pack(">I", diff & 0xFFFFFFFF)).hex().upper()
-        return [f"{head}{c:04X}" for c in counters]
+            return now_ms - self._month_start_ms
 
     def _roll_month(self, now_ms: int) -> None:
         start = _month_start_ms(now_ms)

@@ -86,6 +86,7 @@ from mqstore.client.errors import (
     refusal,
 )
 from mqstore.client.message import Message
+from mqstore.client.producer import append_request
 from mqstore.client.settings import ClientSettings
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import UniqIdGenerator
@@ -643,27 +644,6 @@ def _rows(opts: WriteOptions, partition: int, batches: Iterator[Any]) -> Iterato
             yield _Row(topic, int(queue_id), body, encode_properties(props), sys_flag)
 
 
-def _request(producer_id: str, sequence: int, rows: Sequence[_Row]) -> Any:
-    by_topic: dict[str, list[_Row]] = {}
-    for r in rows:
-        by_topic.setdefault(r.topic, []).append(r)
-    born_ms = time.time_ns() // 1_000_000
-    batches = []
-    for topic, group in by_topic.items():
-        flags = [r.sys_flag for r in group]
-        batches.append(
-            cl_pb.MessageBatch(
-                topic=topic,
-                queue_ids=[r.queue_id for r in group],
-                bodies=[r.body for r in group],
-                properties=[r.properties for r in group],
-                sys_flags=flags if any(flags) else [],
-                born_timestamp_ms=born_ms,
-            )
-        )
-    return cl_pb.AppendRequest(batches=batches, producer_id=producer_id, sequence=sequence)
-
-
 def _append(conn: Connection, request: Any) -> Any | None:
     """One Append, retried with the same sequence while the commit log is unreachable. None:
     an earlier attempt stored this sequence (FAILED_PRECONDITION, see the module docstring)."""
@@ -696,7 +676,7 @@ def write_partition(
             chunk = list(itertools.islice(rows, opts.batch_messages))
             if not chunk:
                 break
-            response = _append(conn, _request(producer_id, sequence, chunk))
+            response = _append(conn, append_request(producer_id, sequence, chunk)[0])
             summary.requests += 1
             if response is None or response.duplicate:
                 summary.duplicates += len(chunk)

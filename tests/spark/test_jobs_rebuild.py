@@ -22,6 +22,7 @@ from mqstore.cli import cli
 from mqstore.formats import cq_checkpoint, index_checkpoint
 from mqstore.formats import index_file as ifmt
 from mqstore.spark.jobs import audit, derived, rebuild
+from mqstore.storage.mapped_file import offset_to_file_name
 from tests.e2e.cluster import data_files
 from tests.spark.test_log_source import ENTRY_NUM, SLOT_NUM, UNITS_PER_FILE, LogStore, log_store
 
@@ -123,9 +124,11 @@ def test_audit_finds_injected_faults_and_exits_non_zero(
     shutil.copytree(log_store.index_dir, index)
     # cq: unit 3 of orders/0 points elsewhere; the first file of refunds/1 is gone.
     _poke(
-        cq / "consumequeue" / "orders" / "0" / derived.file_name(0), 3 * 20, (7).to_bytes(8, "big")
+        cq / "consumequeue" / "orders" / "0" / offset_to_file_name(0),
+        3 * 20,
+        (7).to_bytes(8, "big"),
     )
-    os.remove(cq / "consumequeue" / "refunds" / "1" / derived.file_name(0))
+    os.remove(cq / "consumequeue" / "refunds" / "1" / offset_to_file_name(0))
     # index: entry 5 of the first file gets another commit-log offset.
     first = _index_files(index)[0]
     _poke(first, ifmt.entry_pos(SLOT_NUM, 5) + 4, (1).to_bytes(8, "big"))

@@ -33,7 +33,6 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import crc32c
 import numpy as np
 
 from mqstore.errors import InvalidArgument
@@ -42,7 +41,7 @@ from mqstore.formats import index_file as ifmt
 from mqstore.formats.commitlog_checkpoint import decode_meta
 from mqstore.formats.cq_time import TIME_BYTES, clamp_time, decode_time, encode_time
 from mqstore.formats.cq_unit import BLANK_SIZE, UNIT, UNIT_BYTES
-from mqstore.storage.logreader import SEGMENT_NAME_DIGITS
+from mqstore.storage.mapped_file import file_name_to_offset, offset_to_file_name
 
 CQ_UNITS_TREE = "consumequeue"
 CQ_TIMES_TREE = "consumequeue_time"
@@ -51,10 +50,6 @@ INDEX_CHECKPOINT = "checkpoint"
 STORE_META_FILE = "store.meta"
 # cq_svc's default (RocketMQ's mappedFileSizeConsumeQueue / 20).
 UNITS_PER_FILE_DEFAULT = 300_000
-
-
-def file_name(byte_offset: int) -> str:
-    return f"{byte_offset:0{SEGMENT_NAME_DIGITS}d}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,8 +151,8 @@ def write_queue(cq_dir: str, topic: str, queue_id: int, image: QueueImage) -> in
     os.makedirs(tdir, exist_ok=True)
     n = 0
     for first, units, times in image.files():
-        _write(os.path.join(udir, file_name(first * UNIT_BYTES)), units)
-        _write(os.path.join(tdir, file_name(first * TIME_BYTES)), times)
+        _write(os.path.join(udir, offset_to_file_name(first * UNIT_BYTES)), units)
+        _write(os.path.join(tdir, offset_to_file_name(first * TIME_BYTES)), times)
         n += 1
     return n
 
@@ -174,12 +169,13 @@ def read_queue_units(
     if not os.path.isdir(udir):
         return out
     for name in sorted(os.listdir(udir)):
-        if len(name) != SEGMENT_NAME_DIGITS or not name.isdigit():
+        byte_offset = file_name_to_offset(name)
+        if byte_offset is None:
             continue
-        first = int(name) // UNIT_BYTES
+        first = byte_offset // UNIT_BYTES
         with open(os.path.join(udir, name), "rb") as f:
             units = f.read()
-        tpath = os.path.join(tdir, file_name(first * TIME_BYTES))
+        tpath = os.path.join(tdir, offset_to_file_name(first * TIME_BYTES))
         times = b""
         if os.path.exists(tpath):
             with open(tpath, "rb") as f:
@@ -303,7 +299,9 @@ def file_record(
     hash64_crc = 0
     if image.companion is not None:
         flags |= index_checkpoint.FILE_HAS_COMPANION
-        hash64_crc = _crc(image.companion, index_hash64.hash_pos(1), index_hash64.hash_pos(count))
+        hash64_crc = index_checkpoint.region_crc(
+            image.companion, index_hash64.hash_pos(1), index_hash64.hash_pos(count)
+        )
     return index_checkpoint.FileRecord(
         name_ms=name_ms,
         slot_num=s,
@@ -316,8 +314,10 @@ def file_record(
         end_phy=h.end_phy,
         index_count=count,
         flags=flags,
-        entries_crc=_crc(image.data, ifmt.entry_pos(s, 1), ifmt.entry_pos(s, count)),
-        head_crc=_crc(image.data, 0, ifmt.entries_pos(s)),
+        entries_crc=index_checkpoint.region_crc(
+            image.data, ifmt.entry_pos(s, 1), ifmt.entry_pos(s, count)
+        ),
+        head_crc=index_checkpoint.region_crc(image.data, 0, ifmt.entries_pos(s)),
         hash64_crc=hash64_crc,
     )
 
@@ -378,13 +378,6 @@ def store_id_of(commitlog_dir: str) -> bytes:
             with open(path, "rb") as f:
                 return decode_meta(f.read(), path=path).store_id
     return cq_checkpoint.NO_STORE_ID
-
-
-def _crc(buf: bytes | bytearray, start: int, end: int) -> int:
-    if end <= start:
-        return 0
-    with memoryview(buf) as view:
-        return int(crc32c.crc32c(view[start:end]))
 
 
 def _write(path: str, data: bytes | bytearray) -> None:
