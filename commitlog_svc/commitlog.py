@@ -27,6 +27,12 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from commitlog_svc.append_frames import (
+    AppendedRun,
+    AppendFrames,
+    DispatchProperties,
+    dispatch_properties,
+)
 from commitlog_svc.config import CommitLogConfig, FlushMode
 from commitlog_svc.flush import FlushService
 from commitlog_svc.messages import AppendResult, MessageIn, PendingAppend, PutStatus
@@ -185,12 +191,15 @@ class CommitLog:
         self._progress = threading.Condition()
         self._flush_observers: list[Callable[[float], None]] = []
         self._newest_store_ts = -1  # store time of the newest record; -1 = not known yet
+        # Dispatch columns of the newest appends (append_frames.py), for subscribers in step.
+        self.appended = AppendFrames(config.append_frames_bytes)
 
     # -- life cycle -----------------------------------------------------------------------------
 
     def open(self, *, retention: bool = False) -> RecoveryReport:
         """Take the lock, load and recover the files, and start the flush thread."""
         check(not self._running, "commit log opened twice")
+        self.appended.clear()
         self.disk.makedirs(self.config.data_dir)
         self._lock = self.disk.lock(self._files.lock_path())
         try:
@@ -501,8 +510,9 @@ class CommitLog:
             return self._refused(
                 count, (PutStatus.OS_PAGE_CACHE_BUSY, "the write lock was busy past the bound")
             )
+        props = dispatch_properties(batches) if self.appended.enabled else None
         try:
-            result, end = self._append_locked(batches, count, producer)
+            result, end = self._append_locked(batches, count, producer, props)
         finally:
             self._put_lock.release()
         if end >= 0 and self.config.flush is FlushMode.ASYNC and self.queue.pool is None:
@@ -510,7 +520,11 @@ class CommitLog:
         return PendingAppend(result, end)
 
     def _append_locked(
-        self, batches: Sequence[MessageBatch], count: int, producer: _Producer | None
+        self,
+        batches: Sequence[MessageBatch],
+        count: int,
+        producer: _Producer | None,
+        props: DispatchProperties | None = None,
     ) -> tuple[AppendResult, int]:
         """Under the put lock: encode (assigning queue offsets), place, write, publish.
         Returns the result and the end offset of what was written (-1 if nothing)."""
@@ -558,6 +572,9 @@ class CommitLog:
         mf.advance(nbytes)
         self._newest_store_ts = store_ts
         end = encoded.base_offset + nbytes
+        result = self._result(encoded, store_ts)
+        if props is not None and not encoded.refused:
+            self.appended.add(_run(batches, encoded, result.offsets, end, store_ts, props))
         if producer is not None:
             producer_id, sequence, st = producer
             self._producers.record(
@@ -571,7 +588,7 @@ class CommitLog:
                     tuple((i, _refusal_status(err).value) for i, err in encoded.refused),
                 ),
             )
-        return self._result(encoded, store_ts), end
+        return result, end
 
     def _encode(self, batches: Sequence[MessageBatch], base: int, store_ts: int) -> EncodedBatch:
         return self._encoder.encode(
@@ -1050,6 +1067,39 @@ class CommitLog:
         if self._retention_thread is not None:
             self._retention_thread.join()
             self._retention_thread = None
+
+
+def _run(
+    batches: Sequence[MessageBatch],
+    encoded: EncodedBatch,
+    offsets: list[int],
+    end: int,
+    store_ts: int,
+    props: DispatchProperties,
+) -> AppendedRun:
+    """The dispatch entries of an append that stored every message, as append_frames holds
+    them."""
+    if len(batches) == 1:
+        topics = [batches[0].topic]
+        indexes = None
+    else:
+        table: dict[str, int] = {}
+        indexes = []
+        for b in batches:
+            indexes.extend([table.setdefault(b.topic, len(table))] * len(b))
+        topics = list(table)
+    return AppendedRun(
+        offsets,
+        end,
+        topics,
+        indexes,
+        [q for b in batches for q in b.queue_ids],  # a copy: the caller owns its lists
+        encoded.queue_offsets,
+        encoded.sizes,
+        store_ts,
+        encoded.sys_flags,
+        props,
+    )
 
 
 def _refusal_status(error: InvalidArgument) -> PutStatus:

@@ -50,6 +50,10 @@ class CommitLogConfig:
     # through the map on this kind of VM. 0 turns it off.
     warm_ahead_bytes: int = 64 << 20
 
+    # Dispatch columns of the newest appends held for subscribers in step (append_frames.py):
+    # their frames come from memory instead of a scan of the segment. 0 turns it off.
+    append_frames_bytes: int = 32 << 20
+
     # The checkpoint (flushed offset + queue-offset table) is rewritten at most this often;
     # recovery checks everything written after it, so this bounds the scan after a crash.
     checkpoint_interval_ms: int = 1_000

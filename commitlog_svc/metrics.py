@@ -54,8 +54,9 @@ RECOVERY_TRUNCATED_BYTES = Counter(
 )
 DISPATCH_FRAMES = Counter(
     "mqstore_commitlog_dispatch_frames",
-    "Dispatch frames sent, by where they came from: a scan of the log, or one already scanned "
-    "for another subscriber in step (frame_cache.py).",
+    "Dispatch frames sent, by where they came from: the columns the newest appends left "
+    "(append_frames.py), a scan of the log, or one already scanned for another subscriber in "
+    "step (frame_cache.py).",
     ["source"],
 )
 CRC_MISMATCHES = Counter(

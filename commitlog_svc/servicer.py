@@ -51,7 +51,7 @@ import grpc
 
 from commitlog_svc import metrics
 from commitlog_svc.commitlog import CommitLog
-from commitlog_svc.dispatch_scan import DispatchScan, scan_dispatch
+from commitlog_svc.dispatch_scan import DispatchScan, frame_of_runs, scan_dispatch
 from commitlog_svc.frame_cache import FrameCache
 from commitlog_svc.messages import AppendResult, PendingAppend, PutStatus
 from commitlog_svc.producers import TAG_PREFIX
@@ -521,13 +521,24 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                     f"{engine.min_offset}); subscribe again"
                 )
             seen = engine.confirm_offset
-            response, offset = self._frames.frame(
-                offset,
-                entries_max,
-                bytes_max,
-                include_keys,
-                partial(_scan, engine, offset, entries_max=entries_max, bytes_max=bytes_max),
-            )
+            held = engine.appended.take(offset, seen, entries_max, bytes_max)
+            if held:  # the newest appends' own columns: no scan of the segment
+                found = frame_of_runs(held, include_keys)
+                metrics.DISPATCH_FRAMES.labels("appended").inc()
+                yield found.response
+                offset = found.next_offset
+                self.registry.advance(sid, offset)
+                continue
+            if held is None:  # not held (behind the window, a blank, a gap): scan
+                response, offset = self._frames.frame(
+                    offset,
+                    entries_max,
+                    bytes_max,
+                    include_keys,
+                    partial(_scan, engine, offset, entries_max=entries_max, bytes_max=bytes_max),
+                )
+            else:
+                response = None  # held, not visible yet (under sync flush: not durable yet)
             if response is not None:
                 yield response
                 self.registry.advance(sid, offset)

@@ -70,6 +70,8 @@ class CommitLogSettings(ServiceSettings):
     dispatch_batch_bytes: int = Field(4 << 20, ge=4096)
     # Frames kept for subscribers in step (frame_cache.py); 0: every subscriber scans alone.
     dispatch_share_bytes: int = Field(32 << 20, ge=0)
+    # Dispatch columns of the newest appends (append_frames.py); 0: every frame is scanned.
+    dispatch_append_bytes: int = Field(_ENGINE.append_frames_bytes, ge=0)
     # AppendStream: requests written but not yet answered, per stream (the pipelining window).
     append_stream_window: int = Field(16, ge=1, le=1_024)
 
@@ -106,4 +108,5 @@ class CommitLogSettings(ServiceSettings):
             store_port=store_port,
             producers_max=self.producers_max,
             producer_requests_max=self.producer_requests_max,
+            append_frames_bytes=self.dispatch_append_bytes,
         )

@@ -9,7 +9,9 @@ follows `MessageDecoder.string2messageProperties`: split on 0x02, ignore segment
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
+from functools import cache
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -56,6 +58,34 @@ def decode_properties(raw: bytes | memoryview | str) -> dict[str, str]:
         if 0 < sep < len(segment) - 1:
             out[segment[:sep]] = segment[sep + 1 :]
     return out
+
+
+def property_value(raw: bytes, name: str) -> str:
+    """decode_properties(raw).get(name, "") without parsing the rest: the value of the last
+    segment that starts with `name` 0x01 and has a non-empty value, found by one regex match
+    (C speed). 0x01 and 0x02 never occur inside a multi-byte UTF-8 sequence, so decoding the
+    value alone gives what decoding the whole string would."""
+    found = _value_pattern(name).match(raw)
+    return "" if found is None else found[1].decode("utf-8", "replace")
+
+
+def property_values(raws: Sequence[bytes], name: str) -> list[str]:
+    """property_value for each properties blob of a batch; a batch where the name occurs
+    nowhere (the common case for TAGS and KEYS) costs one search over the joined blobs."""
+    needle = name.encode() + b"\x01"
+    if needle not in b"".join(raws):
+        return [""] * len(raws)
+    return [
+        "" if m is None else m[1].decode("utf-8", "replace")
+        for m in map(_value_pattern(name).match, raws)
+    ]
+
+
+@cache
+def _value_pattern(name: str) -> re.Pattern[bytes]:
+    # Greedy: the longest prefix ending in 0x02 after which the name, 0x01 and a non-empty value
+    # follow, i.e. the last such segment; or the first segment when no later one qualifies.
+    return re.compile(rb"\A(?:.*\x02)?" + re.escape(name.encode()) + rb"\x01([^\x02]+)", re.S)
 
 
 def split_keys(keys: str | None) -> list[str]:

@@ -24,7 +24,7 @@ import itertools
 import operator
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -163,7 +163,8 @@ class _Topic:
 class EncodedBatch:
     """Consecutive records; `blob` goes to `base_offset`. Messages are numbered across the
     input batches in order; `refused` lists those not encoded and why. Per encoded message, in
-    order: its position in `blob`, its size and the queue offset it was given."""
+    order: its position in `blob`, its size, the queue offset it was given and its SYSFLAG as
+    written (V6 host bits set)."""
 
     blob: bytes | bytearray
     base_offset: int
@@ -171,6 +172,7 @@ class EncodedBatch:
     positions: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     queue_offsets: list[int] = field(default_factory=list)
+    sys_flags: list[int] = field(default_factory=list)
     refused: list[tuple[int, InvalidArgument]] = field(default_factory=list)
 
     @property
@@ -296,10 +298,10 @@ class BatchEncoder:
         queues = queue_table.get(batch.topic)
         if queues is None:
             queues = queue_table[batch.topic] = {}
-        flag_col: Iterable[int]
+        flag_col: list[int]
         if flags is None:
             flag = (batch.sys_flag & ~_V6_BITS) | v6_bits
-            flag_col = itertools.repeat(flag, n)
+            flag_col = [flag] * n
             takes = flag & sysflag.TRANSACTION_MASK in _GETS_QUEUE_OFFSET
             queue_offsets = _assign(queues, queue_ids) if takes else [0] * n
         else:
@@ -341,6 +343,7 @@ class BatchEncoder:
         out.positions.extend(positions)
         out.sizes.extend(sizes)
         out.queue_offsets.extend(queue_offsets)
+        out.sys_flags.extend(flag_col)
         return end
 
     def _all_valid(

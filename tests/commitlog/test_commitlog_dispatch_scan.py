@@ -12,11 +12,16 @@ from commitlog_testlib import flip_bit, open_log, write_at
 
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig
-from commitlog_svc.dispatch_scan import _prop, scan_dispatch
+from commitlog_svc.dispatch_scan import scan_dispatch
 from commitlog_svc.messages import MessageIn
 from mqstore.dispatch import entry_from_record
 from mqstore.formats import sysflag
-from mqstore.formats.properties import decode_properties, encode_properties
+from mqstore.formats.properties import (
+    decode_properties,
+    encode_properties,
+    property_value,
+    property_values,
+)
 from mqstore.formats.record import pack_host
 from mqstore.rpc.dispatch_codec import encode_dispatch
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
@@ -168,6 +173,7 @@ def test_the_fast_scan_reports_corruption_exactly_as_the_reference(
     ],
 )
 def test_the_property_lookup_follows_the_parser(raw: bytes) -> None:
-    text = raw.decode()
     for name in ("TAGS", "KEYS"):
-        assert _prop(text, name + "\x01") == decode_properties(raw).get(name, "")
+        expected = decode_properties(raw).get(name, "")
+        assert property_value(raw, name) == expected
+        assert property_values([b"", raw], name) == ["", expected]

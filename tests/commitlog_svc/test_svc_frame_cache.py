@@ -1,6 +1,8 @@
 """Dispatch frames scanned once for subscribers in step (commitlog_svc/frame_cache.py): a
 consume-queue subscriber (no keys) and an index subscriber (keys) following the same log get
-the frames a scan of their own would give them, while each range is scanned once."""
+the frames a scan of their own would give them, while each range is scanned once. Frames of
+the newest appends come from memory instead (test_svc_append_frames.py), so these tests turn
+that off to reach the scans."""
 
 from __future__ import annotations
 
@@ -26,7 +28,10 @@ def _own_scans(svc: Running, batches: list[pb.DispatchBatch], include_keys: bool
         assert fresh.frame == got
 
 
-def test_subscribers_in_step_get_their_own_frames_from_one_scan_per_range(svc: Running) -> None:
+def test_subscribers_in_step_get_their_own_frames_from_one_scan_per_range(
+    start: Callable[..., Running],
+) -> None:
+    svc = start(dispatch_append_bytes=0)
     cache: FrameCache = svc.service.servicer._frames  # type: ignore[union-attr]
     end = 0
     for i in range(0, 200, 20):
@@ -45,7 +50,8 @@ def test_subscribers_in_step_get_their_own_frames_from_one_scan_per_range(svc: R
     index.cancel()
 
 
-def test_frames_are_shared_only_for_the_same_bounds(svc: Running) -> None:
+def test_frames_are_shared_only_for_the_same_bounds(start: Callable[..., Running]) -> None:
+    svc = start(dispatch_append_bytes=0)
     cache: FrameCache = svc.service.servicer._frames  # type: ignore[union-attr]
     end = svc.append_ok(batch(0, 30)).commit_log_offsets[-1] + 1
     small = subscribe(svc, "small", max_batch_entries=10)
@@ -58,7 +64,7 @@ def test_frames_are_shared_only_for_the_same_bounds(svc: Running) -> None:
 
 
 def test_with_sharing_off_each_subscriber_scans_for_itself(start: Callable[..., Running]) -> None:
-    svc = start(dispatch_share_bytes=0)
+    svc = start(dispatch_share_bytes=0, dispatch_append_bytes=0)
     end = svc.append_ok(batch(0, 30)).commit_log_offsets[-1] + 1
     cq = subscribe(svc, "cq")
     index = subscribe(svc, "index", include_keys=True)

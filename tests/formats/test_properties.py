@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.formats.properties import decode_properties, encode_properties, split_keys
+from mqstore.formats.properties import (
+    decode_properties,
+    encode_properties,
+    property_value,
+    property_values,
+    split_keys,
+)
 
 text = st.text(
     alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]),
@@ -124,3 +130,24 @@ def test_split_keys_returns_the_non_empty_space_separated_tokens(
     keys: str | None, expected: list[str]
 ) -> None:
     assert split_keys(keys) == expected
+
+
+# Fragments that make every shape the parser treats specially: separators in every position,
+# names that are prefixes or suffixes of others, bytes that are not UTF-8 or cut a sequence.
+_FRAGMENTS = st.sampled_from(
+    [
+        *(b"KEYS", b"TAGS", b"UNIQ_KEY", b"K", b"S", b"\x01", b"\x02", b"a", b" "),
+        *(b"\xe2", b"\xe2\x82", b"\xff", "ü".encode(), "日".encode()),
+    ]
+)
+
+
+@settings(max_examples=600)
+@given(
+    raws=st.lists(st.lists(_FRAGMENTS, max_size=16).map(b"".join), max_size=5),
+    name=st.sampled_from(["KEYS", "TAGS", "UNIQ_KEY", "K"]),
+)
+def test_one_property_is_found_as_the_full_parser_finds_it(raws: list[bytes], name: str) -> None:
+    expected = [decode_properties(raw).get(name, "") for raw in raws]
+    assert [property_value(raw, name) for raw in raws] == expected
+    assert property_values(raws, name) == expected

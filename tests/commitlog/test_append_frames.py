@@ -1,0 +1,104 @@
+"""The window of appended runs (commitlog_svc/append_frames.py) on its own: which entries a
+subscriber at a given offset gets, and what the window forgets."""
+
+from __future__ import annotations
+
+from commitlog_svc.append_frames import (
+    FRAME_ENTRY_BYTES,
+    AppendedRun,
+    AppendFrames,
+    DispatchProperties,
+    RunSlice,
+    dispatch_properties,
+)
+from mqstore.formats.javahash import tags_code
+from mqstore.formats.properties import encode_properties
+from mqstore.formats.record_batch import MessageBatch
+
+SIZE = 100
+
+
+def run(start: int, count: int) -> AppendedRun:
+    offsets = [start + i * SIZE for i in range(count)]
+    return AppendedRun(
+        offsets=offsets,
+        end=start + count * SIZE,
+        topics=["t"],
+        topic_indexes=None,
+        queue_ids=[0] * count,
+        queue_offsets=list(range(count)),
+        sizes=[SIZE] * count,
+        store_timestamp_ms=1,
+        sys_flags=[0] * count,
+        props=DispatchProperties([0] * count, [""] * count, [""] * count),
+    )
+
+
+def spans(slices: list[RunSlice] | None) -> list[tuple[int, int, int]] | None:
+    if slices is None:
+        return None
+    return [(s.run.start, s.lo, s.hi) for s in slices]
+
+
+def test_take_follows_runs_that_continue_each_other_up_to_the_bounds() -> None:
+    frames = AppendFrames()
+    for start in (0, 1000, 2000):
+        frames.add(run(start, 10))
+    everything = 1 << 40
+    assert spans(frames.take(0, everything, 100, everything)) == [
+        (0, 0, 10),
+        (1000, 0, 10),
+        (2000, 0, 10),
+    ]
+    assert spans(frames.take(300, everything, 12, everything)) == [(0, 3, 10), (1000, 0, 5)]
+    # Bytes: entries that start less than bytes_max past the offset; at least one.
+    assert spans(frames.take(0, everything, 100, 250)) == [(0, 0, 3)]
+    assert spans(frames.take(0, everything, 100, 1)) == [(0, 0, 1)]
+
+
+def test_only_entries_ending_below_the_visible_end_are_taken() -> None:
+    frames = AppendFrames()
+    frames.add(run(0, 10))
+    frames.add(run(1000, 10))
+    assert spans(frames.take(0, 1450, 100, 1 << 40)) == [(0, 0, 10), (1000, 0, 4)]
+    assert spans(frames.take(0, 550, 100, 1 << 40)) == [(0, 0, 5)]
+    assert frames.take(500, 550, 100, 1 << 40) == []  # held, not visible yet
+
+
+def test_offsets_that_start_no_held_entry_are_not_held() -> None:
+    frames = AppendFrames()
+    frames.add(run(1000, 10))
+    frames.add(run(3000, 10))  # a gap before it
+    assert frames.take(0, 1 << 40, 100, 1 << 40) is None
+    assert frames.take(1050, 1 << 40, 100, 1 << 40) is None  # inside a record
+    assert frames.take(2000, 1 << 40, 100, 1 << 40) is None  # the end of a run, in the gap
+    assert spans(frames.take(1000, 1 << 40, 100, 1 << 40)) == [(1000, 0, 10)]  # stops at the gap
+
+
+def test_the_oldest_runs_are_forgotten_beyond_the_bound() -> None:
+    one = run(0, 10).nbytes()
+    assert one == 10 * FRAME_ENTRY_BYTES
+    frames = AppendFrames(bytes_max=4 * one)
+    for i in range(5):
+        frames.add(run(i * 1000, 10))
+    assert frames.take(0, 1 << 40, 100, 1 << 40) is None
+    assert spans(frames.take(4000, 1 << 40, 100, 1 << 40)) == [(4000, 0, 10)]
+    frames.clear()
+    assert frames.take(4000, 1 << 40, 100, 1 << 40) is None
+    assert not AppendFrames(bytes_max=0).enabled
+
+
+def test_dispatch_properties_are_the_parsers_values_per_message() -> None:
+    props = [
+        encode_properties({"TAGS": "a", "KEYS": "k1 k2", "UNIQ_KEY": "U1"}),
+        b"",
+        encode_properties({"UNIQ_KEY": "U3"}),
+    ]
+    batches = [
+        MessageBatch(topic="t", queue_ids=[0, 0, 0], bodies=[b"1", b"2", b"3"], properties=props),
+        MessageBatch(topic="u", queue_ids=[1], bodies=[b"4"]),
+    ]
+    found = dispatch_properties(batches)
+    assert found.tags_codes == [tags_code("a"), 0, 0, 0]
+    assert found.keys == ["k1 k2", "", "", ""]
+    assert found.uniq_keys == ["U1", "", "U3", ""]
