@@ -24,6 +24,7 @@ from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 # Codes after which another replica (or a later attempt) may answer.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
@@ -51,6 +52,9 @@ class Connection:
         self.metadata = self._security.metadata()
         self._credentials = self._security.credentials()
         self._channels: dict[str, grpc.Channel] = {}
+        # Stubs per (kind, target): building one makes a callable per method (~50 us for the
+        # consume-queue service, a sixth of a time lookup's round trip), so it is done once.
+        self._stubs: dict[tuple[object, str], Any] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._cq_preferred = 0  # the consume-queue replica that answered last
@@ -69,14 +73,22 @@ class Connection:
                 self._channels[target] = channel
             return channel
 
+    def _stub(self, kind: Callable[[grpc.Channel], S], target: str) -> S:
+        stub: S | None = self._stubs.get((kind, target))
+        if stub is None:
+            stub = kind(self.channel(target))
+            with self._lock:
+                self._stubs[(kind, target)] = stub
+        return stub
+
     def commitlog(self) -> commitlog_pb2_grpc.CommitLogStub:
-        return commitlog_pb2_grpc.CommitLogStub(self.channel(self.settings.commitlog))
+        return self._stub(commitlog_pb2_grpc.CommitLogStub, self.settings.commitlog)
 
     def cq(self, target: str) -> consumequeue_pb2_grpc.ConsumeQueueStub:
-        return consumequeue_pb2_grpc.ConsumeQueueStub(self.channel(target))
+        return self._stub(consumequeue_pb2_grpc.ConsumeQueueStub, target)
 
     def index(self, target: str) -> index_pb2_grpc.IndexStub:
-        return index_pb2_grpc.IndexStub(self.channel(target))
+        return self._stub(index_pb2_grpc.IndexStub, target)
 
     def call(
         self,
@@ -130,6 +142,7 @@ class Connection:
             self._closed = True
             channels = list(self._channels.values())
             self._channels.clear()
+            self._stubs.clear()
         for channel in channels:
             channel.close()
 
