@@ -4,6 +4,7 @@
     engine.open()                        # recover the store, load group offsets
     engine.handshake(store_id, min, max) # the start-up handshake (DESIGN.md)
     engine.apply(entries, batch_end)     # dispatch batches, in order
+    engine.apply_columns(columns, end)   # the same for a frame as columns (the sink's way)
     engine.close()                       # flush, checkpoint, fold journals
 
 The flush thread, every `flush_interval_ms`:
@@ -44,7 +45,7 @@ from cq_svc.group_offsets import GroupOffsets
 from cq_svc.store import CqStore, PullResult, RecoveryReport
 from cq_svc.time_file import Boundary
 from cq_svc.unit_file import Unit
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import Unavailable
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
@@ -227,6 +228,11 @@ class CqEngine:
         if self.failure is not None:
             raise Unavailable(f"a flush failed ({self.failure!r}); restart to recover")
         return self.store.put_batch(entries, batch_end_offset)
+
+    def apply_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
+        if self.failure is not None:
+            raise Unavailable(f"a flush failed ({self.failure!r}); restart to recover")
+        return self.store.put_columns(columns, batch_end_offset)
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -28,13 +28,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from cq_svc import checkpoint
 from cq_svc.config import CqConfig
 from cq_svc.queue_files import FileQueue, QueueState
-from cq_svc.store import PullResult, RecoveryReport, decide_pull
-from cq_svc.time_file import Boundary, clamp_time, search_offset_by_time
+from cq_svc.store import PullResult, RecoveryReport, decide_pull, plain_run_start
+from cq_svc.time_file import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
 from cq_svc.unit_file import UNIT_BYTES, Unit
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument, check
 from mqstore.limits import TOPIC_PATTERN
 from mqstore.storage import failpoints
@@ -219,6 +221,43 @@ class FileCqStore:
             self._applied = max(self._applied, end)
         failpoints.hit("cq.after_put")
         return written
+
+    def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
+        """put_batch of a frame as columns: each queue's run packed and appended at once (one
+        write per file it touches); a run that is not plain (a gap, a replay that overlaps
+        the queue's end) goes entry by entry through put_batch's own code."""
+        end = columns.end_offset(batch_end_offset)
+        runs = columns.queue_runs()
+        written = 0
+        with self._lock:
+            for run in runs:
+                key = (run.topic, run.queue_id)
+                fq = self._queue(key, create=True)
+                assert fq is not None
+                before = fq.map_count
+                written += self._apply_run(fq, columns, run.rows)
+                self._recount(fq, before)
+                self._evict(keep=key)
+            self._applied = max(self._applied, end)
+        failpoints.hit("cq.after_put")
+        return written
+
+    def _apply_run(self, fq: FileQueue, columns: DispatchColumns, rows: Column) -> int:
+        st = fq.state
+        phys = columns.commit_log_offsets[rows]
+        sizes = columns.sizes[rows]
+        start = plain_run_start(
+            columns.queue_offsets[rows], phys + sizes, st.max_offset, st.last_phy_end
+        )
+        if start is None:
+            return self._apply(fq, [columns[i] for i in rows.tolist()])
+        if start == len(rows):
+            return 0
+        taken = rows[start:]
+        stamps = np.clip(columns.store_timestamps_ms[taken], 0, TIME_MAX_MS)
+        times = np.maximum.accumulate(np.maximum(stamps, st.last_time_ms))
+        fq.append_columns(phys[start:], sizes[start:], columns.tags_codes[taken], times)
+        return len(taken)
 
     def _apply(self, fq: FileQueue, group: list[DispatchEntry]) -> int:
         st = fq.state

@@ -45,7 +45,10 @@ from cq_svc.unit_file import (
     Unit,
     count_valid,
 )
+from mqstore.dispatch import Column
 from mqstore.errors import check
+from mqstore.formats.cq_time import encode_times
+from mqstore.formats.cq_unit import encode_unit_columns
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
@@ -351,6 +354,40 @@ class FileQueue:
             if not _is_blank(last[0], last[1]):
                 st.last_phy_end = last[0] + last[1]
             st.last_time_ms = last[3]
+        self.dirty = True
+
+    def append_columns(
+        self, phys: Column, sizes: Column, tags_codes: Column, indexed_times_ms: Column
+    ) -> None:
+        """append() of columns: the run's units and time entries are packed at once, then
+        written a file at a time. The same bytes and state as append() of the same rows."""
+        n = len(phys)
+        if n == 0:
+            return
+        units = encode_unit_columns(phys, sizes, tags_codes)
+        stamps = memoryview(encode_times(units, indexed_times_ms))
+        unit_view = memoryview(units)
+        st = self.state
+        i = 0
+        while i < n:
+            umf = self.units.get_last_mapped_file(st.max_offset * UNIT_BYTES)
+            tmf = self.times.get_last_mapped_file(st.max_offset * TIME_BYTES)
+            check(umf is not None and tmf is not None, "file creation")
+            assert umf is not None and tmf is not None
+            upos = st.max_offset * UNIT_BYTES - umf.file_from_offset
+            tpos = st.max_offset * TIME_BYTES - tmf.file_from_offset
+            check(upos == umf.wrote_position, f"unit write at {upos}, file at {umf.wrote_position}")
+            check(tpos == tmf.wrote_position, f"time write at {tpos}, file at {tmf.wrote_position}")
+            count = min((umf.file_size - upos) // UNIT_BYTES, n - i)
+            # Time entries land before the units that they describe become visible.
+            tmf.append_bytes(stamps[i * TIME_BYTES : (i + count) * TIME_BYTES])
+            umf.append_bytes(unit_view[i * UNIT_BYTES : (i + count) * UNIT_BYTES])
+            i += count
+            st.max_offset += count
+            last_phy, last_size = int(phys[i - 1]), int(sizes[i - 1])
+            if not _is_blank(last_phy, last_size):
+                st.last_phy_end = last_phy + last_size
+            st.last_time_ms = int(indexed_times_ms[i - 1])
         self.dirty = True
 
     def fill_blanks_to(self, offset: int) -> None:

@@ -28,15 +28,16 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import rocksdict
 
 from cq_svc import checkpoint
 from cq_svc import rocks_layout as L  # noqa: N812 (the layout module, read as a prefix)
 from cq_svc.config import CqConfig
-from cq_svc.store import PullResult, RecoveryReport, decide_pull
-from cq_svc.time_file import Boundary, clamp_time, search_offset_by_time
+from cq_svc.store import PullResult, RecoveryReport, decide_pull, plain_run_start
+from cq_svc.time_file import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
 from cq_svc.unit_file import BLANK_SIZE, Unit
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument, check
 from mqstore.limits import TOPIC_PATTERN
 from mqstore.storage import failpoints
@@ -49,6 +50,10 @@ Key = tuple[str, int]
 OFFSET_CF = "offset"
 # Units read per multi-get when iterating: one round trip into RocksDB for a pull.
 _RANGE_CHUNK = 1024
+# rocks_layout.UNIT_VALUE as a numpy record, and the queue offset of a unit key.
+_UNIT_VALUE_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8"), ("time", ">i8")])
+assert _UNIT_VALUE_DTYPE.itemsize == L.UNIT_VALUE.size
+_OFFSET_BYTES = 8
 
 
 class _QState:
@@ -323,6 +328,88 @@ class RocksCqStore:
             self._applied = end
         failpoints.hit("cq.after_put")
         return written
+
+    def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
+        """put_batch of a frame as columns: each queue's run packed at once into the one
+        WriteBatch; a run that is not plain (a gap, a fresh queue starting above 0, a replay
+        that overlaps the queue's end) goes entry by entry through put_batch's own code."""
+        end = columns.end_offset(batch_end_offset)
+        runs = columns.queue_runs()
+        written = 0
+        with self._lock:
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            handle = self._offset_handle
+            pending: list[tuple[_QState, int, int, int, int]] = []
+            for run in runs:
+                key = (run.topic, run.queue_id)
+                st = self._state(key, create=True)
+                assert st is not None
+                n, new = self._apply_run(key, st, columns, run.rows, wb)
+                if n:
+                    written += n
+                    pending.append((st, *new))
+            end = max(end, self._applied)
+            wb.put(L.CHECKPOINT_KEY, L.CHECKPOINT_VALUE.pack(end), handle)  # type: ignore[arg-type]
+            self._db_().write(wb)
+            for st, new_min, new_max, last_end, last_time in pending:
+                st.min_offset, st.max_offset = new_min, new_max
+                st.last_phy_end, st.last_time_ms = last_end, last_time
+            self._applied = end
+        failpoints.hit("cq.after_put")
+        return written
+
+    def _apply_run(
+        self,
+        key: Key,
+        st: _QState,
+        columns: DispatchColumns,
+        rows: Column,
+        wb: rocksdict.WriteBatch,
+    ) -> tuple[int, tuple[int, int, int, int]]:
+        phys = columns.commit_log_offsets[rows]
+        ends = phys + columns.sizes[rows]
+        start = plain_run_start(columns.queue_offsets[rows], ends, st.max_offset, st.last_phy_end)
+        if start is None:
+            return self._apply(key, st, [columns[i] for i in rows.tolist()], wb)
+        unchanged = (st.min_offset, st.max_offset, st.last_phy_end, st.last_time_ms)
+        if start == len(rows):
+            return 0, unchanged
+        topic, qid = key
+        handle = self._offset_handle
+        taken = rows[start:]
+        m = len(taken)
+        first = st.max_offset
+        if st.max_offset == 0 and st.min_offset == 0:
+            # A fresh queue's min row (put_batch writes it with the queue's first unit).
+            wb.put(
+                L.offset_key(topic, L.MIN, qid),
+                L.OFFSET_VALUE.pack(int(phys[start]), first),
+                handle,  # type: ignore[arg-type]
+            )
+        stamps = np.clip(columns.store_timestamps_ms[taken], 0, TIME_MAX_MS)
+        values = np.empty(m, dtype=_UNIT_VALUE_DTYPE)
+        values["phy"] = phys[start:]
+        values["size"] = columns.sizes[taken]
+        values["tags"] = columns.tags_codes[taken]
+        values["time"] = np.maximum.accumulate(np.maximum(stamps, st.last_time_ms))
+        value_bytes = values.tobytes()
+        offset_bytes = np.arange(first, first + m, dtype=">i8").tobytes()
+        prefix = st.prefix
+        put = wb.put
+        width = L.UNIT_VALUE.size
+        for i in range(m):
+            put(
+                prefix + offset_bytes[i * _OFFSET_BYTES : (i + 1) * _OFFSET_BYTES],
+                value_bytes[i * width : (i + 1) * width],
+            )
+        last_phy = int(phys[-1])
+        wb.put(
+            L.offset_key(topic, L.MAX, qid),
+            L.OFFSET_VALUE.pack(last_phy, first + m - 1),
+            handle,  # type: ignore[arg-type]
+        )
+        last_time = int(values["time"][-1])
+        return m, (st.min_offset, first + m, int(ends[-1]), last_time)
 
     def _apply(
         self, key: Key, st: _QState, group: list[DispatchEntry], wb: rocksdict.WriteBatch

@@ -2,8 +2,9 @@
 commit log's end as cq_svc last saw it (for the dispatch-lag gauge).
 
     Subscriber ──on_handshake──▶ EngineSink ──▶ CqEngine.handshake, wake every long poll
-               ──on_batch─────▶            ──▶ CqEngine.apply, wake the long polls of the
-                                               queues the batch touched
+               ──on_batch─────▶            ──▶ CqEngine.apply_columns (a frame as columns;
+                                               CqEngine.apply for an entry list), wake the
+                                               long polls of the queues the batch touched
 
 The sink runs on the subscriber's thread; pulls run on server threads against the same store
 (its lock orders them). A long poll registered before its last look is woken by the batch
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 
 import grpc
 
@@ -26,7 +28,7 @@ from cq_svc import metrics
 from cq_svc.checkpoint import NO_STORE_ID
 from cq_svc.engine import CqEngine
 from cq_svc.watch import QueueWatch
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import MqstoreError
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
@@ -79,12 +81,20 @@ class EngineSink:
         # Truncation or a rebuild moved queue ends under waiting polls: let them look again.
         self.watch.notify_all()
 
-    def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None:
-        written = self.engine.apply(entries, next_offset)
+    def on_batch(self, entries: Sequence[DispatchEntry], next_offset: int) -> None:
+        if isinstance(entries, DispatchColumns):
+            written = self.engine.apply_columns(entries, next_offset)
+        else:
+            written = self.engine.apply(entries, next_offset)
         if written:
             metrics.APPLIED_ENTRIES.inc(written)
         self._log_end = max(self._log_end, next_offset)
-        self.watch.notify_entries(entries)
+        if not self.watch.waiting:
+            return  # nobody to wake: nothing to compute
+        if isinstance(entries, DispatchColumns):
+            self.watch.notify(entries.queue_keys())
+        else:
+            self.watch.notify_entries(entries)
 
     # -- lag ---------------------------------------------------------------------------------------
 

@@ -4,9 +4,11 @@
     ├── FileCqStore     file_store.py   RocketMQ's unit files + time companions (default)
     └── RocksCqStore    rocks_store.py  RocketMQ's RocksDB layout (§8) on rocksdict
 
-A store applies dispatch entries and answers a consumer's questions about positions; it never
-reads message bytes. A pull answers with the (commit-log offset, size) pairs to fetch, and the
-service fetches them from commitlog_svc in one batched Read.
+A store applies dispatch entries (`put_batch`, one DispatchEntry each) or whole frames as
+columns (`put_columns`, what the service's sink uses; the same writes, byte for byte) and
+answers a consumer's questions about positions; it never reads message bytes. A pull answers
+with the (commit-log offset, size) pairs to fetch, and the service fetches them from
+commitlog_svc in one batched Read.
 
 The confirmed offset (DESIGN.md, start-up handshake) is the commit-log offset below which every
 entry the store was given is applied and durable. It only advances in `flush()`, after the data
@@ -20,9 +22,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from cq_svc.time_file import Boundary
 from cq_svc.unit_file import UNIT_BYTES, Unit
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 
 
 class PullStatus(enum.StrEnum):
@@ -99,6 +103,10 @@ class CqStore(Protocol):
         `batch_end_offset` is where the batch ends in the log (default: the last entry's end).
         Returns the number of units written."""
 
+    def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
+        """put_batch for a frame as columns: the same outcome (files, rows, checkpoints, errors)
+        as put_batch(columns.entries(), batch_end_offset)."""
+
     def truncate_dirty(self, phy_offset: int) -> int:
         """Drop every unit pointing at or beyond `phy_offset`; returns units dropped."""
 
@@ -139,6 +147,33 @@ class CqStore(Protocol):
     def list_queues(self, topic: str) -> list[int]: ...
 
     def list_topics(self) -> list[str]: ...
+
+
+def plain_run_start(
+    queue_offsets: Column, end_offsets: Column, expect: int, last_end: int
+) -> int | None:
+    """Where a queue's run of a frame starts to be written, when the run is plain; None when
+    it is not (then the stores apply it entry by entry, as put_batch does).
+
+    put_batch skips an entry that ends at or below the queue's newest end or whose queue
+    offset is below the queue's next one (applied before), fills a gap before an offset above
+    it, and writes the others. A run is plain when, after a prefix of skipped entries, every
+    entry is written with neither a gap nor a skip: queue offsets counting up by one from
+    `expect` and ends strictly increasing. Returns the first written row (len: none is)."""
+    n = len(queue_offsets)
+    written = (end_offsets > last_end) & (queue_offsets >= expect)
+    if not written.any():
+        return n
+    k = int(np.argmax(written))  # the state does not move while entries are skipped
+    if int(queue_offsets[k]) != expect:
+        return None  # a gap (blanks, or a queue that starts at its first offset)
+    tail_offsets = queue_offsets[k:]
+    tail_ends = end_offsets[k:]
+    if n - k > 1 and not (
+        bool((np.diff(tail_offsets) == 1).all()) and bool((np.diff(tail_ends) > 0).all())
+    ):
+        return None
+    return k
 
 
 class PullSource(Protocol):

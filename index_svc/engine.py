@@ -4,6 +4,7 @@
     report = engine.open()                   # lock, recover; report.replay_from_offset
     start = engine.handshake(store_id, min_offset, max_offset)   # agree with the commit log
     engine.apply(batch)                      # each dispatch batch, in order; idempotent
+    engine.apply_columns(columns)            # the same for a frame as columns (the sink's way)
     engine.confirmed_offset                  # what to send in Confirm after a flush
     engine.query(topic, key, begin, end, n)  # candidate commit-log offsets, newest first
     engine.lookup(topic, key, begin, end, n, fetch)   # candidates confirmed against records
@@ -48,7 +49,7 @@ from index_svc.formats.checkpoint import (
 )
 from index_svc.index_file import IndexFile
 from index_svc.recovery import RecoveryReport, cut_at_offset, recover
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 from mqstore.errors import (
     CorruptFile,
     FailedPrecondition,
@@ -59,6 +60,7 @@ from mqstore.errors import (
 )
 from mqstore.formats import sysflag
 from mqstore.formats.javahash import index_key_hash
+from mqstore.formats.keyhash import index_hashes_prefixed
 from mqstore.sharding import index_key, key_hash64, shard_of_hash
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock, SystemClock
@@ -80,6 +82,26 @@ class _Keys:
     keys: list[str]
     phys: list[int]
     store_ts_ms: list[int]
+
+
+def _taken_rows(phys: Column, ends: Column, applied: int) -> tuple[Column, int]:
+    """The rows apply() takes, and the applied offset after them. apply() skips an entry that
+    starts below the applied offset, which each entry taken moves to its end: after the
+    skipped prefix, a frame in commit-log order (each entry starting at or after the previous
+    one's end) is taken whole; any other frame is walked row by row."""
+    n = len(phys)
+    fresh = phys >= applied
+    if not fresh.any():
+        return np.zeros(0, dtype=np.int64), applied
+    k = int(np.argmax(fresh))
+    if n - k == 1 or bool((phys[k + 1 :] >= ends[k:-1]).all()):
+        return np.arange(k, n, dtype=np.int64), int(ends[-1])
+    taken = []
+    for i, (offset, end) in enumerate(zip(phys.tolist(), ends.tolist(), strict=True)):
+        if offset >= applied:
+            taken.append(i)
+            applied = end
+    return np.array(taken, dtype=np.int64), applied
 
 
 class IndexEngine:
@@ -280,15 +302,97 @@ class IndexEngine:
                 self._flush_locked()
             return written
 
+    def apply_columns(self, columns: DispatchColumns) -> int:
+        """apply() of a frame as columns: the same keys in the same order, so the same files
+        and checkpoints. Which rows are taken is decided on the columns; the keys of a frame
+        without KEYS tokens (unique ids only, the usual case) are hashed per topic in bulk;
+        a frame with tokens builds its key list row by row, as apply() does."""
+        with self._mutex:
+            self._check_writable()
+            rows, applied = _taken_rows(
+                columns.commit_log_offsets, columns.end_offsets, self._applied
+            )
+            if len(rows):
+                rows = rows[columns.goes_to_index[rows]]
+            written = self._put_columns(columns, rows) if len(rows) else 0
+            if applied != self._applied:
+                self._applied = applied
+                self._ckpt_stale = True
+            failpoints.hit("index.after_apply")
+            if self.clock.monotonic_ms() >= self._next_flush_ms:
+                self._flush_locked()
+            return written
+
+    def _put_columns(self, columns: DispatchColumns, rows: Column) -> int:
+        uniq, tokens = columns.uniq_keys, columns.keys
+        if tokens and any(tokens):
+            return self._put_rows(columns, rows)
+        if not uniq:
+            return 0
+        if not all(uniq):
+            present = np.fromiter(map(len, uniq), dtype=np.int64, count=len(uniq)) > 0
+            rows = rows[present[rows]]
+            if not len(rows):
+                return 0
+        topic_indexes = columns.topic_indexes[rows]
+        first_topic = int(topic_indexes[0])
+        if not (topic_indexes == first_topic).all():
+            return self._put_rows(columns, rows)
+        prefix = columns.topics[first_topic] + "#"
+        suffixes = uniq if len(rows) == len(uniq) else [uniq[i] for i in rows.tolist()]
+        hashes = index_hashes_prefixed(prefix, suffixes)
+        return self._put_hashed(
+            hashes,
+            columns.commit_log_offsets[rows],
+            columns.store_timestamps_ms[rows],
+            lambda: [prefix + s for s in suffixes],
+        )
+
+    def _put_rows(self, columns: DispatchColumns, rows: Column) -> int:
+        """The keys of `rows` (taken, not rolled back) built row by row, as apply() does."""
+        batch = _Keys([], [], [])
+        topics = columns.topics
+        uniq_keys = columns.uniq_keys
+        token_lists = columns.keys
+        phys = columns.commit_log_offsets
+        times = columns.store_timestamps_ms
+        topic_indexes = columns.topic_indexes
+        for i in rows.tolist():
+            uniq = uniq_keys[i] if uniq_keys else ""
+            tokens = token_lists[i] if token_lists else ""
+            if not uniq and not tokens:
+                continue
+            prefix = topics[int(topic_indexes[i])] + "#"
+            keys = [prefix + uniq] if uniq else []
+            if tokens:
+                keys.extend(prefix + token for token in tokens.split(" ") if token)
+            batch.keys.extend(keys)
+            batch.phys.extend([int(phys[i])] * len(keys))
+            batch.store_ts_ms.extend([int(times[i])] * len(keys))
+        return self._put(batch) if batch.keys else 0
+
     def _put(self, batch: _Keys) -> int:
         """Write the batch's keys (those of this shard), rolling over to new files as needed.
         Every file the batch needs is created first, so a full disk refuses the whole batch."""
-        hashes = keyhash.index_hashes(batch.keys)
-        phys = np.array(batch.phys, dtype=np.int64)
-        times = np.array(batch.store_ts_ms, dtype=np.int64)
+        return self._put_hashed(
+            keyhash.index_hashes(batch.keys),
+            np.array(batch.phys, dtype=np.int64),
+            np.array(batch.store_ts_ms, dtype=np.int64),
+            lambda: batch.keys,
+        )
+
+    def _put_hashed(
+        self,
+        hashes: np.ndarray,
+        phys: np.ndarray,
+        times: np.ndarray,
+        keys: Callable[[], Sequence[str]],
+    ) -> int:
+        """_put of keys already hashed; `keys()` gives the key strings when the 64-bit hashes
+        are needed (exact or sharded mode)."""
         h64: np.ndarray | None = None
         if self.config.exact or self._sharded:
-            h64 = keyhash.hashes64(batch.keys)
+            h64 = keyhash.hashes64(keys())
             if self._sharded:
                 mine = keyhash.jump_shards(h64, self.config.shard_count)
                 keep = mine == self.config.shard_index

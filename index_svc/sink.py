@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 from index_svc import metrics
 from index_svc.engine import IndexEngine
 from index_svc.formats.checkpoint import NO_STORE_ID
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import FlushFailed
 
 log = logging.getLogger(__name__)
@@ -70,17 +71,25 @@ class IndexSink:
         )
         self._gauges()
 
-    def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None:
+    def on_batch(self, entries: Sequence[DispatchEntry], next_offset: int) -> None:
+        """Apply a batch: a frame as columns (from the subscriber loop) or an entry list."""
         try:
-            written = self.engine.apply(entries)
+            if isinstance(entries, DispatchColumns):
+                written = self.engine.apply_columns(entries)
+            else:
+                written = self.engine.apply(entries)
         except FlushFailed:
             metrics.FLUSH_FAILURES.inc()
             raise
         metrics.KEYS_INDEXED.inc(written)
         metrics.ENTRIES_APPLIED.inc(len(entries))
         self._known_end = max(self._known_end, next_offset)
-        if entries:
-            lag_ms = time.time() * 1000 - entries[-1].store_timestamp_ms
+        if len(entries):
+            if isinstance(entries, DispatchColumns):
+                last_ms = int(entries.store_timestamps_ms[-1])
+            else:
+                last_ms = entries[-1].store_timestamp_ms
+            lag_ms = time.time() * 1000 - last_ms
             metrics.DISPATCH_LAG_SECONDS.set(max(lag_ms, 0.0) / 1000)
         self._gauges()
 

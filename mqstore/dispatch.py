@@ -1,13 +1,24 @@
 """Dispatch entries: what the commit log tells its subscribers about each stored message.
 
 One entry per message, built from the record by `entry_from_record`; consume queues use the
-position fields, the index uses keys and the unique id. The gRPC dispatch batch (a later issue)
-carries these columns packed; engines take them as `DispatchEntry` objects or as columns.
+position fields, the index uses keys and the unique id. The gRPC dispatch batch carries these
+columns packed; engines take them as `DispatchEntry` objects or as `DispatchColumns`.
+
+`DispatchColumns` is a whole frame as numpy columns (what mqstore.rpc.dispatch_codec's
+`decode_columns` makes of a validated frame, with no Python object per message). The followers
+apply it run by run: `queue_runs()` groups the rows that take a queue offset by (topic, queue)
+with a few numpy operations. It is also a `Sequence[DispatchEntry]` (entries built on access),
+so that code written for entry lists keeps working with it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
 
 from mqstore.formats import sysflag
 from mqstore.formats.javahash import tags_code
@@ -60,3 +71,214 @@ def entry_from_record(record: Record) -> DispatchEntry:
         keys=props.get(KEYS, ""),
         uniq_key=props.get(UNIQ_KEY, ""),
     )
+
+
+Column = npt.NDArray[np.int64]
+
+# (topic index, queue id) as one int64 sort key: queue ids are int32, shifted to be non-negative.
+_QUEUE_ID_BIAS = 1 << 31
+_QUEUE_ID_BITS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRun:
+    """The rows of a frame that go to one consume queue, in frame (commit-log) order."""
+
+    topic: str
+    queue_id: int
+    rows: Column
+
+
+class DispatchColumns(Sequence[DispatchEntry]):
+    """A dispatch frame as columns: one int64 array per numeric field, all of one length;
+    `keys` and `uniq_keys` hold one string per entry or none at all (then every entry has "").
+    The caller guarantees the shape (decode_columns checks a frame before it builds one)."""
+
+    __slots__ = (
+        "commit_log_offsets",
+        "keys",
+        "next_offset",
+        "queue_ids",
+        "queue_offsets",
+        "sizes",
+        "start_offset",
+        "store_timestamps_ms",
+        "sys_flags",
+        "tags_codes",
+        "topic_indexes",
+        "topics",
+        "uniq_keys",
+    )
+
+    def __init__(
+        self,
+        *,
+        topics: Sequence[str],
+        topic_indexes: Column,
+        queue_ids: Column,
+        queue_offsets: Column,
+        commit_log_offsets: Column,
+        sizes: Column,
+        tags_codes: Column,
+        store_timestamps_ms: Column,
+        sys_flags: Column,
+        keys: Sequence[str] = (),
+        uniq_keys: Sequence[str] = (),
+        start_offset: int = 0,
+        next_offset: int = 0,
+    ) -> None:
+        self.topics = list(topics)
+        self.topic_indexes = topic_indexes
+        self.queue_ids = queue_ids
+        self.queue_offsets = queue_offsets
+        self.commit_log_offsets = commit_log_offsets
+        self.sizes = sizes
+        self.tags_codes = tags_codes
+        self.store_timestamps_ms = store_timestamps_ms
+        self.sys_flags = sys_flags
+        self.keys = keys
+        self.uniq_keys = uniq_keys
+        self.start_offset = start_offset
+        self.next_offset = next_offset
+
+    @classmethod
+    def from_entries(
+        cls, entries: Sequence[DispatchEntry], *, start_offset: int = 0, next_offset: int = 0
+    ) -> DispatchColumns:
+        """The columns of an entry list (tests, and callers that hold entries)."""
+        topics: dict[str, int] = {}
+        for e in entries:
+            topics.setdefault(e.topic, len(topics))
+
+        def col(values: Iterator[int]) -> Column:
+            return np.fromiter(values, dtype=np.int64, count=len(entries))
+
+        return cls(
+            topics=list(topics),
+            topic_indexes=col(topics[e.topic] for e in entries),
+            queue_ids=col(e.queue_id for e in entries),
+            queue_offsets=col(e.queue_offset for e in entries),
+            commit_log_offsets=col(e.commit_log_offset for e in entries),
+            sizes=col(e.size for e in entries),
+            tags_codes=col(e.tags_code for e in entries),
+            store_timestamps_ms=col(e.store_timestamp_ms for e in entries),
+            sys_flags=col(e.sys_flag for e in entries),
+            keys=[e.keys for e in entries],
+            uniq_keys=[e.uniq_key for e in entries],
+            start_offset=start_offset,
+            next_offset=next_offset,
+        )
+
+    # -- Sequence[DispatchEntry] ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.commit_log_offsets)
+
+    def _entry(self, i: int) -> DispatchEntry:
+        return DispatchEntry(
+            topic=self.topics[int(self.topic_indexes[i])],
+            queue_id=int(self.queue_ids[i]),
+            queue_offset=int(self.queue_offsets[i]),
+            commit_log_offset=int(self.commit_log_offsets[i]),
+            size=int(self.sizes[i]),
+            tags_code=int(self.tags_codes[i]),
+            store_timestamp_ms=int(self.store_timestamps_ms[i]),
+            sys_flag=int(self.sys_flags[i]),
+            keys=self.keys[i] if self.keys else "",
+            uniq_key=self.uniq_keys[i] if self.uniq_keys else "",
+        )
+
+    @overload
+    def __getitem__(self, index: int) -> DispatchEntry: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[DispatchEntry]: ...
+
+    def __getitem__(self, index: int | slice) -> DispatchEntry | list[DispatchEntry]:
+        if isinstance(index, slice):
+            return [self._entry(i) for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"entry {index} of {n}")
+        return self._entry(index % n)
+
+    def __iter__(self) -> Iterator[DispatchEntry]:
+        return iter(self.entries())
+
+    def entries(self) -> list[DispatchEntry]:
+        """Every row as a DispatchEntry (the per-entry form, for callers that want objects)."""
+        n = len(self)
+        topics = self.topics
+        keys = self.keys if self.keys else [""] * n
+        uniq = self.uniq_keys if self.uniq_keys else [""] * n
+        return [
+            DispatchEntry(topics[t], q, qo, o, sz, tc, ts, sf, k, u)
+            for t, q, qo, o, sz, tc, ts, sf, k, u in zip(
+                self.topic_indexes.tolist(),
+                self.queue_ids.tolist(),
+                self.queue_offsets.tolist(),
+                self.commit_log_offsets.tolist(),
+                self.sizes.tolist(),
+                self.tags_codes.tolist(),
+                self.store_timestamps_ms.tolist(),
+                self.sys_flags.tolist(),
+                keys,
+                uniq,
+                strict=True,
+            )
+        ]
+
+    # -- column views ---------------------------------------------------------------------------
+
+    @property
+    def end_offsets(self) -> Column:
+        return self.commit_log_offsets + self.sizes
+
+    def end_offset(self, default: int) -> int:
+        """The largest entry end, or `default` if larger (or the frame is empty)."""
+        if not len(self):
+            return default
+        return max(default, int(self.end_offsets.max()))
+
+    @property
+    def goes_to_consume_queue(self) -> npt.NDArray[np.bool_]:
+        """DispatchEntry.goes_to_consume_queue for every row."""
+        kind = self.sys_flags & sysflag.TRANSACTION_MASK
+        mask: npt.NDArray[np.bool_] = (kind == sysflag.TRANSACTION_NOT_TYPE) | (
+            kind == sysflag.TRANSACTION_COMMIT_TYPE
+        )
+        return mask
+
+    @property
+    def goes_to_index(self) -> npt.NDArray[np.bool_]:
+        """DispatchEntry.goes_to_index for every row."""
+        kind = self.sys_flags & sysflag.TRANSACTION_MASK
+        mask: npt.NDArray[np.bool_] = kind != sysflag.TRANSACTION_ROLLBACK_TYPE
+        return mask
+
+    def queue_keys(self) -> set[tuple[str, int]]:
+        """Every (topic, queue id) a row names."""
+        pairs = set(zip(self.topic_indexes.tolist(), self.queue_ids.tolist(), strict=True))
+        return {(self.topics[t], q) for t, q in pairs}
+
+    def queue_runs(self) -> list[QueueRun]:
+        """The rows that go to a consume queue, grouped by (topic, queue) in the order each
+        queue first appears, each group in frame order (what a dict of lists filled entry by
+        entry gives, without a Python step per entry)."""
+        rows = np.flatnonzero(self.goes_to_consume_queue)
+        if not len(rows):
+            return []
+        key = (self.topic_indexes[rows] << _QUEUE_ID_BITS) + (self.queue_ids[rows] + _QUEUE_ID_BIAS)
+        first_key = int(key[0])
+        if int(key.min()) == first_key == int(key.max()):
+            return [self._run(first_key, rows)]
+        distinct, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.cumsum(np.bincount(inverse))[:-1]
+        groups = np.split(rows[order], bounds)
+        return [self._run(int(distinct[g]), groups[g]) for g in np.argsort(first).tolist()]
+
+    def _run(self, key: int, rows: Column) -> QueueRun:
+        topic_index = key >> _QUEUE_ID_BITS
+        queue_id = (key & ((1 << _QUEUE_ID_BITS) - 1)) - _QUEUE_ID_BIAS
+        return QueueRun(self.topics[topic_index], queue_id, rows.astype(np.int64, copy=False))

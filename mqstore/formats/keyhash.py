@@ -58,10 +58,23 @@ def java_hashes(keys: Sequence[str]) -> np.ndarray:
         parts = [k.encode("utf-16-be", "surrogatepass") for k in keys]
         codes = np.frombuffer(b"".join(parts), dtype=">u2")
         lengths = np.fromiter((len(p) // 2 for p in parts), dtype=np.int64, count=m)
+    return _hash_codes(codes, lengths)
+
+
+def _hash_codes(codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """java_hashes of the keys whose UTF-16 code units are `codes`, back to back, `lengths`
+    units each."""
+    m = len(lengths)
+    longest = int(lengths.max())
+    powers = _powers_of_31(longest + 1)
+    if longest > 0 and int(lengths.min()) == longest:
+        # Keys of one length (unique ids of one topic): the characters are the matrix already.
+        chars = codes.reshape(m, longest).astype(np.uint32)
+        hashes: np.ndarray = chars @ powers[longest - 1 :: -1]
+        return hashes.view(np.int32).astype(np.int64)
     ends = np.cumsum(lengths)
     starts = ends - lengths
     result = np.zeros(m, dtype=np.uint32)
-    powers = _powers_of_31(int(lengths.max()) + 1)
     distinct = np.unique(lengths)
     if len(distinct) <= _LENGTH_GROUPS_MAX:
         for length in distinct.tolist():
@@ -81,7 +94,24 @@ def java_hashes(keys: Sequence[str]) -> np.ndarray:
 
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
     """RocketMQ's indexKeyHashMethod for every key: abs(hashCode), Integer.MIN_VALUE -> 0."""
-    h = java_hashes(keys)
+    return _index_of_java(java_hashes(keys))
+
+
+def index_hashes_prefixed(prefix: str, suffixes: Sequence[str]) -> np.ndarray:
+    """index_hashes([prefix + s for s in suffixes]) without making those strings: the index
+    hashes "topic#key" for every key of one topic. One join gives every key's characters."""
+    m = len(suffixes)
+    if m == 0:
+        return np.zeros(0, dtype=np.int64)
+    joined = prefix + prefix.join(suffixes)
+    if not joined.isascii():
+        return index_hashes([prefix + s for s in suffixes])
+    codes = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    lengths = np.fromiter(map(len, suffixes), dtype=np.int64, count=m) + len(prefix)
+    return _index_of_java(_hash_codes(codes, lengths))
+
+
+def _index_of_java(h: np.ndarray) -> np.ndarray:
     return np.where(h == _INT32_MIN, 0, np.abs(h))
 
 

@@ -3,7 +3,7 @@
     Subscriber(target, subscriber_id, sink)
       connect -> Subscribe(subscriber_id, sink.store_id, sink.confirmed_offset)
       handshake frame -> sink.on_handshake(store_id, min, max)   (agreement before anything)
-      batches         -> sink.on_batch(entries, next_offset)      (replays are expected)
+      batches         -> sink.on_batch(columns, next_offset)      (replays are expected)
       every CONFIRM_INTERVAL_S, if sink.confirmed_offset moved -> Confirm
       stream ends or fails -> reconnect after a backoff (gRPC never retries a stream for us)
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import grpc
@@ -29,7 +29,7 @@ import grpc
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import MalformedFrame
 from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity, make_channel
-from mqstore.rpc.dispatch_codec import decode_dispatch
+from mqstore.rpc.dispatch_codec import decode_columns
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 
@@ -57,7 +57,8 @@ class DispatchSink(Protocol):
 
     def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None: ...
 
-    def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None: ...
+    def on_batch(self, entries: Sequence[DispatchEntry], next_offset: int) -> None:
+        """Apply a batch: a DispatchColumns from the loop (entry lists from other callers)."""
 
 
 class Subscriber:
@@ -216,8 +217,8 @@ class Subscriber:
                 if self.sink.applied_offset >= self._catch_up_to:
                     self._set_caught_up(True)
             elif which == "batch":
-                entries = decode_dispatch(frame.batch)
-                self.sink.on_batch(entries, frame.batch.next_offset)
+                columns = decode_columns(frame.batch)
+                self.sink.on_batch(columns, frame.batch.next_offset)
                 self.batches += 1
                 if not self._caught_up.is_set() and frame.batch.next_offset >= self._catch_up_to:
                     self._set_caught_up(True)

@@ -1,0 +1,246 @@
+"""put_columns (a frame applied as columns, what cq_svc's sink does) writes exactly what
+put_batch (entry by entry) writes for the same frames: the same unit and time files byte for
+byte, the same RocksDB rows, the same checkpoints, the same counts and queue bounds. The frames
+(tests/rpc/test_dispatch_columns.py) carry transactions, several topics and queues, corrupt
+ranges, gaps, queues starting above 0, times out of order or out of range, and replays."""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rocksdict
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cq_svc.config import CqConfig, StoreKind
+from cq_svc.engine import make_store
+from cq_svc.rocks_store import OFFSET_CF
+from cq_svc.store import CqStore, plain_run_start
+from mqstore.dispatch import DispatchColumns, DispatchEntry
+from mqstore.errors import InvalidArgument
+from mqstore.formats.cq_time import TIME_MAX_MS, encode_time, encode_times
+from mqstore.formats.cq_unit import encode_unit_columns, encode_units
+from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch
+from mqstore.storage.clock import ManualClock
+from tests.rpc.test_dispatch_columns import Stream, dispatch_streams, make_stream
+
+KINDS = [StoreKind.FILE, StoreKind.ROCKSDB]
+
+
+def _open(kind: StoreKind, data_dir: str, clock: ManualClock, **overrides: object) -> CqStore:
+    store = make_store(CqConfig.for_tests(data_dir, cq_store=kind, **overrides), clock=clock)
+    store.open()
+    return store
+
+
+def _files(root: str) -> dict[str, bytes]:
+    out = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+def _rows(data_dir: str) -> dict[str, list[tuple[bytes, bytes]]]:
+    db = rocksdict.Rdict(
+        os.path.join(data_dir, "cq_rocksdb"),
+        options=rocksdict.Options(raw_mode=True),
+        column_families={OFFSET_CF: rocksdict.Options(raw_mode=True)},
+    )
+    try:
+        out = {}
+        for name, cf in (("default", db), (OFFSET_CF, db.get_column_family(OFFSET_CF))):
+            it = cf.iter()
+            it.seek_to_first()
+            rows = []
+            while it.valid():
+                rows.append((it.key(), it.value()))
+                it.next()
+            del it
+            out[name] = rows
+        return out
+    finally:
+        db.close()
+
+
+def _on_disk(kind: StoreKind, data_dir: str) -> object:
+    if kind is StoreKind.FILE:
+        return _files(data_dir)
+    return (_rows(data_dir), _files(data_dir).get("cq_checkpoint"))
+
+
+def _bounds(store: CqStore) -> list[tuple[str, int, int, int, int]]:
+    return [
+        (t, q, store.min_offset(t, q), store.max_offset(t, q), store.get_last_offset(t, q))
+        for t in store.list_topics()
+        for q in store.list_queues(t)
+    ]
+
+
+def apply_both_ways(kind: StoreKind, root: str, stream: Stream, **overrides: object) -> None:
+    """Apply the stream to two stores, entry lists to one and columns to the other; assert
+    they agree after every frame and on disk at the end."""
+    clock = ManualClock()
+    by_entries = _open(kind, os.path.join(root, "entries"), clock, **overrides)
+    by_columns = _open(kind, os.path.join(root, "columns"), clock, **overrides)
+    stores = (by_entries, by_columns)
+    try:
+        for i, frame in enumerate(stream.frames):
+            results: list[tuple[str, object]] = []
+            for store, as_columns in ((by_entries, False), (by_columns, True)):
+                try:
+                    if as_columns:
+                        n = store.put_columns(decode_columns(frame), frame.next_offset)
+                    else:
+                        n = store.put_batch(decode_dispatch(frame), frame.next_offset)
+                    results.append(("ok", n))
+                except InvalidArgument as exc:  # refused alike (a gap wider than a file)
+                    results.append(("refused", str(exc)))
+            assert results[0] == results[1], f"frame {i}"
+            assert by_entries.applied_offset == by_columns.applied_offset
+            assert _bounds(by_entries) == _bounds(by_columns), f"frame {i}"
+            if i % 7 == 3:
+                clock.advance(5)
+                assert by_entries.flush(0) == by_columns.flush(0)
+        for t, q, lo, hi, _ in _bounds(by_entries):
+            assert by_entries.read_units(t, q, lo, hi - lo) == by_columns.read_units(
+                t, q, lo, hi - lo
+            )
+    finally:
+        for store in stores:
+            store.close()
+    assert _on_disk(kind, os.path.join(root, "entries")) == _on_disk(
+        kind, os.path.join(root, "columns")
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=["file", "rocksdb"])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(stream=dispatch_streams(include_keys=False))
+def test_columns_write_what_entries_write(kind: StoreKind, tmp_path: Path, stream: Stream) -> None:
+    with tempfile.TemporaryDirectory(dir=tmp_path) as root:
+        apply_both_ways(kind, root, stream)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=["file", "rocksdb"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_many_files_and_few_open_maps_write_alike(
+    kind: StoreKind, tmp_path: Path, seed: int
+) -> None:
+    """Longer streams: runs cross file ends, the LRU of maps evicts queues between frames."""
+    stream = make_stream(random.Random(seed), include_keys=True, max_entries=600)
+    apply_both_ways(kind, str(tmp_path), stream, units_per_file=7, open_maps_max=4)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=["file", "rocksdb"])
+def test_a_frame_resent_whole_writes_nothing_twice(kind: StoreKind, tmp_path: Path) -> None:
+    stream = make_stream(random.Random(11), include_keys=False, max_entries=80)
+    store = _open(kind, str(tmp_path / "cq"), ManualClock())
+    try:
+        frame = stream.frames[0]
+        first = store.put_columns(decode_columns(frame), frame.next_offset)
+        assert first == sum(e.goes_to_consume_queue for e in decode_dispatch(frame))
+        assert store.put_columns(decode_columns(frame), frame.next_offset) == 0
+    finally:
+        store.close()
+
+
+def test_prepared_and_rolled_back_messages_take_no_unit_but_move_the_applied_offset(
+    tmp_path: Path,
+) -> None:
+    entries = [
+        DispatchEntry("T", 0, 0, 0, 100, 0, 1_000),
+        DispatchEntry("T", 0, 0, 100, 100, 0, 1_001, sys_flag=0x4),  # PREPARED
+        DispatchEntry("T", 0, 1, 200, 100, 0, 1_002, sys_flag=0x8),  # COMMIT
+        DispatchEntry("T", 0, 0, 300, 100, 0, 1_003, sys_flag=0xC),  # ROLLBACK
+    ]
+    store = _open(StoreKind.FILE, str(tmp_path / "cq"), ManualClock())
+    try:
+        assert store.put_columns(DispatchColumns.from_entries(entries)) == 2
+        assert store.applied_offset == 400
+        assert [u.commit_log_offset for u in store.read_units("T", 0, 0, 10)] == [0, 200]
+    finally:
+        store.close()
+
+
+# -- the pure pieces ---------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(-(2**63), 2**63 - 1),
+            st.integers(-(2**31), 2**31 - 1),
+            st.integers(-(2**63), 2**63 - 1),
+            st.integers(-(2**40), 2**50),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_units_and_times_packed_as_columns_are_the_bytes_of_one_at_a_time(
+    rows: list[tuple[int, int, int, int]],
+) -> None:
+    def column(j: int) -> np.ndarray:
+        return np.array([r[j] for r in rows], dtype=np.int64)
+
+    units = encode_unit_columns(column(0), column(1), column(2))
+    assert units == encode_units(r[:3] for r in rows)
+    expected = b"".join(encode_time(units[i * 20 : i * 20 + 20], r[3]) for i, r in enumerate(rows))
+    assert encode_times(units, column(3)) == expected
+
+
+def test_times_past_the_48_bit_range_are_clamped_as_encode_time_clamps() -> None:
+    units = encode_unit_columns(*(np.array([1, 2], dtype=np.int64) for _ in range(3)))
+    times = np.array([TIME_MAX_MS + 1, -1], dtype=np.int64)
+    assert encode_times(units, times) == encode_time(units[:20], TIME_MAX_MS) + encode_time(
+        units[20:], 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("offsets", "ends", "expect", "last_end", "start"),
+    [
+        ([5, 6, 7], [10, 20, 30], 5, 0, 0),  # plain from the first row
+        ([3, 4, 5, 6], [5, 10, 20, 30], 5, 10, 2),  # a replayed prefix is skipped
+        ([3, 4], [5, 10], 5, 10, 2),  # everything applied before
+        ([6, 7], [10, 20], 5, 0, None),  # a gap before the first row
+        ([5, 7], [10, 20], 5, 0, None),  # a gap inside
+        ([5, 6], [20, 10], 5, 0, None),  # an end going back: put_batch would skip it
+        ([5, 5], [10, 20], 5, 0, None),  # a queue offset repeated
+    ],
+)
+def test_a_run_is_plain_only_without_gaps_or_skips_after_its_start(
+    offsets: list[int], ends: list[int], expect: int, last_end: int, start: int | None
+) -> None:
+    got = plain_run_start(
+        np.array(offsets, dtype=np.int64), np.array(ends, dtype=np.int64), expect, last_end
+    )
+    assert got == start
+
+
+def test_a_unit_is_a_hashable_value_read_alike_from_both_stores(tmp_path: Path) -> None:
+    entries = [DispatchEntry("T", 0, i, 100 * i, 100, 5, 1_000 + i) for i in range(10)]
+    units = []
+    for kind in KINDS:
+        store = _open(kind, str(tmp_path / kind.value), ManualClock())
+        try:
+            store.put_columns(DispatchColumns.from_entries(entries))
+            units.append(store.read_units("T", 0, 0, 10))
+        finally:
+            store.close()
+    assert units[0] == units[1]
+    assert len(set(units[0])) == 10
+    assert units[0][3] in set(units[1])
