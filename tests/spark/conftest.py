@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ import pytest
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 STREAM_STOP_TIMEOUT = "10s"
+# Launches of the Spark JVM before the session fixture gives up (see _start).
+GATEWAY_ATTEMPTS = 2
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +40,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("mqstore-tests")
         .config("spark.ui.enabled", "false")
@@ -51,14 +54,31 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
         .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("spark-warehouse")))
         .config("spark.sql.streaming.stopTimeout", STREAM_STOP_TIMEOUT)
-        .getOrCreate()
     )
+    session = _start(builder)
     session.sparkContext.setLogLevel("ERROR")
     _register_sources(session)
     try:
         yield session
     finally:
         session.stop()
+
+
+def _start(builder: Any) -> Any:
+    """getOrCreate, once more if the JVM died before it answered. Seen once in a full run
+    under load (JAVA_GATEWAY_EXITED after gRPC logged an epoll error in this process: the
+    gateway is launched by fork + exec from a process full of gRPC threads); the same tests
+    passed alone and on the next run."""
+    from pyspark.errors import PySparkRuntimeError  # noqa: PLC0415 (needs pyspark)
+
+    for attempt in range(GATEWAY_ATTEMPTS):
+        try:
+            return builder.getOrCreate()
+        except PySparkRuntimeError as err:
+            if err.getCondition() != "JAVA_GATEWAY_EXITED" or attempt + 1 == GATEWAY_ATTEMPTS:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
 
 
 def _register_sources(session: Any) -> None:
