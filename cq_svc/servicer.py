@@ -39,10 +39,12 @@ acks are served throughout.
 from __future__ import annotations
 
 import logging
+import operator
 import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TypeVar
 
 import grpc
@@ -84,6 +86,12 @@ RECEIVE_ROUNDS_MAX = 8
 
 # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET: the fixed head.
 _HEAD = struct.Struct(">iiiiiqq")
+# The same head, MAGIC, BODYCRC and FLAG skipped: what a unit says of its record.
+_UNIT_HEAD = struct.Struct(">i8xi4xqq")
+assert _UNIT_HEAD.size == _HEAD.size
+_QUEUE_OFFSET = operator.attrgetter("queue_offset")
+_COMMIT_LOG_OFFSET = operator.attrgetter("commit_log_offset")
+_SIZE = operator.attrgetter("size")
 
 _STATUS = {s: pb.GetMessageStatus.Value(s.value) for s in PullStatus}
 
@@ -155,8 +163,12 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         tags = TagFilter.parse(request.tags, s.tags_max)
         self._require_caught_up()
 
+        as_blob = request.records_as_blob
+
         def look(offset: int) -> pb.PullResponse:
-            return self._pull_once(topic, queue_id, offset, max_messages, max_bytes, tags, context)
+            return self._pull_once(
+                topic, queue_id, offset, max_messages, max_bytes, tags, as_blob, context
+            )
 
         def look_again(last: pb.PullResponse) -> pb.PullResponse:
             offset = _retry_offset(request.offset, last)
@@ -178,7 +190,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 next_due_s=lambda: None,
             )
         metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
-        metrics.PULLED_MESSAGES.inc(len(response.records))
+        metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))  # one per record, either form
         return response
 
     def _pull_once(
@@ -189,6 +201,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         max_messages: int,
         max_bytes: int,
         tags: TagFilter | None,
+        as_blob: bool,
         context: grpc.ServicerContext,
     ) -> pb.PullResponse:
         began = time.perf_counter()
@@ -208,7 +221,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         )
         if result.status is PullStatus.FOUND:
             got = self._gather(topic, queue_id, result, tags, context)
-            response.records.extend(got.records)
+            _put_records(response, got.records, as_blob)
             response.queue_offsets.extend(got.offsets)
             response.next_begin_offset = got.next_begin
             if not got.records:
@@ -226,9 +239,25 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     ) -> _Gathered:
         """The engine's units through one Read, in queue order (module docstring)."""
         units = result.units
-        records, statuses = self._read(units, context)
+        offsets = list(map(_COMMIT_LOG_OFFSET, units))
+        sizes = list(map(_SIZE, units))
+        records, statuses = self._read(offsets, sizes, context)
+        read_ok = statuses.count(cl_pb.READ_OK)
         # One metric update per Pull, not per record (it was a quarter of a Pull's time).
-        metrics.READ_RECORDS.labels("ok").inc(sum(1 for s in statuses if s == cl_pb.READ_OK))
+        metrics.READ_RECORDS.labels("ok").inc(read_ok)
+        if read_ok == len(units):
+            queue_offsets = list(map(_QUEUE_OFFSET, units))
+            if _all_unit_records(records, queue_id, sizes, queue_offsets, offsets):
+                # The usual answer: every record read and the one its unit names; the checks
+                # of _gather_read, a column at a time.
+                if tags is None:
+                    return _Gathered(records, queue_offsets, result.next_begin_offset)
+                kept = [i for i, record in enumerate(records) if tags.matches(record)]
+                return _Gathered(
+                    [records[i] for i in kept],
+                    [queue_offsets[i] for i in kept],
+                    result.next_begin_offset,
+                )
         return self._gather_read(topic, queue_id, result, tags, units, records, statuses)
 
     def _gather_read(
@@ -292,15 +321,14 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     # -- the commit log's Read ---------------------------------------------------------------------
 
     def _read(
-        self, units: Sequence[Unit], context: grpc.ServicerContext
+        self, offsets: list[int], sizes: list[int], context: grpc.ServicerContext
     ) -> tuple[list[bytes], list[int]]:
+        """The records at (offsets[i], sizes[i]) and their read statuses, in one Read."""
         timeout_s = self.settings.read_timeout_ms / 1000.0
         remaining = context.time_remaining()
         if remaining is not None:
             timeout_s = max(0.001, min(timeout_s, remaining))
-        request = cl_pb.ReadRequest(
-            offsets=[u.commit_log_offset for u in units], sizes=[u.size for u in units]
-        )
+        request = cl_pb.ReadRequest(offsets=offsets, sizes=sizes)
         try:
             response = self._log.Read(request, timeout=timeout_s)
         except grpc.RpcError as err:
@@ -310,8 +338,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 raise DataLoss(f"the commit log's Read failed: {details}") from err
             raise Unavailable(f"the commit log's Read failed: {code.name}: {details}") from err
         check(
-            len(response.records) == len(units) and len(response.statuses) == len(units),
-            f"Read answered {len(response.records)} records for {len(units)} ranges",
+            len(response.records) == len(offsets) and len(response.statuses) == len(offsets),
+            f"Read answered {len(response.records)} records for {len(offsets)} ranges",
         )
         return list(response.records), list(response.statuses)
 
@@ -466,8 +494,10 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         wait_s = self._long_poll_s(request.long_poll_ms, context)
         self._require_caught_up()
 
+        as_blob = request.records_as_blob
+
         def look(_: pb.ReceiveResponse) -> pb.ReceiveResponse:
-            return self._receive_once(group, topic, queue_id, count, invisible_ms, context)
+            return self._receive_once(group, topic, queue_id, count, invisible_ms, as_blob, context)
 
         def next_due_s() -> float | None:
             due_ms = self.engine.next_redelivery_ms(group, topic, queue_id)
@@ -475,18 +505,19 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 return None
             return (due_ms - self.engine.clock.now_ms()) / 1000.0
 
+        # queue_offsets has one entry per record served, whichever form the records take.
         response = look(pb.ReceiveResponse())
-        if wait_s > 0 and not response.records:
+        if wait_s > 0 and not response.queue_offsets:
             response = self._long_poll(
                 (topic, queue_id),
                 wait_s,
                 context,
                 look=look,
-                found=lambda r: bool(r.records),
+                found=lambda r: bool(r.queue_offsets),
                 first=response,
                 next_due_s=next_due_s,
             )
-        metrics.RECEIVED_MESSAGES.inc(len(response.records))
+        metrics.RECEIVED_MESSAGES.inc(len(response.queue_offsets))
         return response
 
     def _receive_once(
@@ -496,6 +527,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         queue_id: int,
         count: int,
         invisible_ms: int,
+        as_blob: bool,
         context: grpc.ServicerContext,
     ) -> pb.ReceiveResponse:
         response = pb.ReceiveResponse()
@@ -503,8 +535,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             got = self.engine.receive(group, topic, queue_id, count, invisible_ms)
             if not got:
                 return response
-            removed = self._serve_received(group, topic, queue_id, got, response, context)
-            if response.records or not removed:
+            removed = self._serve_received(group, topic, queue_id, got, response, as_blob, context)
+            if response.queue_offsets or not removed:
                 return response
             # Everything handed out was gone from the log (and is settled now): look again.
         return response
@@ -516,23 +548,28 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         queue_id: int,
         got: list[Received],
         response: pb.ReceiveResponse,
+        as_blob: bool,
         context: grpc.ServicerContext,
     ) -> int:
         """Fetch the deliveries' records into `response`; returns how many the log no longer
         held (settled: nobody can ever consume them)."""
+        units = [r.unit for r in got]
         try:
-            records, statuses = self._read([r.unit for r in got], context)
+            records, statuses = self._read(
+                list(map(_COMMIT_LOG_OFFSET, units)), list(map(_SIZE, units)), context
+            )
         except Exception:
             self._release(group, topic, queue_id, got)
             raise
         removed: list[tuple[int, int]] = []
         corrupt: Received | None = None
         read_ok = 0
+        served: list[bytes] = []
         for r, record, status in zip(got, records, statuses, strict=True):
             d = r.delivery
             if status == cl_pb.READ_OK and _is_unit_record(record, r.unit, queue_id):
                 read_ok += 1
-                response.records.append(record)
+                served.append(record)
                 response.queue_offsets.append(d.queue_offset)
                 response.receipt_handles.append(
                     receipts.encode(group, topic, queue_id, d.queue_offset, d.delivery_count)
@@ -550,9 +587,10 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 metrics.READ_RECORDS.labels("corrupt").inc()
                 corrupt = corrupt or r
         metrics.READ_RECORDS.labels("ok").inc(read_ok)
+        _put_records(response, served, as_blob)
         if removed:
             self.engine.ack_receipts(group, topic, queue_id, removed)
-        if corrupt is not None and not response.records:
+        if corrupt is not None and not response.queue_offsets:
             raise CorruptRecord(
                 corrupt.unit.commit_log_offset,
                 f"the record of {topic}/{queue_id} queue offset "
@@ -692,6 +730,38 @@ def _retry_offset(asked: int, last: pb.PullResponse) -> int:
     if last.status == pb.NO_MATCHED_MESSAGE:
         return last.next_begin_offset
     return asked
+
+
+def _put_records(
+    response: pb.PullResponse | pb.ReceiveResponse, records: list[bytes], as_blob: bool
+) -> None:
+    """Records into an answer: laid end to end with their sizes (records_as_blob), or one
+    bytes field each (what clients that predate the blob ask for)."""
+    if not as_blob:
+        response.records.extend(records)
+    elif records:
+        blob = b"".join(records)
+        # Assigned, not appended, when it is the first: `+=` would copy the blob twice more.
+        response.records_blob = response.records_blob + blob if response.records_blob else blob
+        response.record_sizes.extend(map(len, records))
+
+
+def _all_unit_records(
+    records: list[bytes],
+    queue_id: int,
+    sizes: list[int],
+    queue_offsets: list[int],
+    commit_log_offsets: list[int],
+) -> bool:
+    """_is_unit_record of every record at once (C-speed maps and one list comparison); False
+    when any one is not, and then each is looked at on its own."""
+    if list(map(len, records)) != sizes or min(sizes, default=_HEAD.size) < _HEAD.size:
+        return False
+    heads = list(map(_UNIT_HEAD.unpack_from, records))
+    expected = zip(
+        sizes, repeat(queue_id, len(records)), queue_offsets, commit_log_offsets, strict=True
+    )
+    return heads == list(expected)
 
 
 def _is_unit_record(record: bytes, unit: Unit, queue_id: int) -> bool:

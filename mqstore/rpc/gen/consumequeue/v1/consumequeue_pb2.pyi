@@ -78,6 +78,7 @@ class PullRequest(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
     LONG_POLL_MS_FIELD_NUMBER: _builtins.int
+    RECORDS_AS_BLOB_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     queue_id: _builtins.int
     offset: _builtins.int
@@ -89,6 +90,11 @@ class PullRequest(_message.Message):
     long_poll_ms: _builtins.int
     """When nothing matches yet, wait up to this long for a matching message to be dispatched
     (0 = answer at once).
+    """
+    records_as_blob: _builtins.bool
+    """Answer the records in records_blob and record_sizes instead of records: one bytes field for
+    the whole batch (a field per record costs a Python client and server about a microsecond
+    each to build and to read). A server that predates the field answers in records.
     """
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -104,10 +110,11 @@ class PullRequest(_message.Message):
         max_bytes: _builtins.int = ...,
         tags: _abc.Iterable[_builtins.str] | None = ...,
         long_poll_ms: _builtins.int = ...,
+        records_as_blob: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["long_poll_ms", b"long_poll_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "tags", b"tags", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["long_poll_ms", b"long_poll_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "records_as_blob", b"records_as_blob", "tags", b"tags", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -123,16 +130,22 @@ class PullResponse(_message.Message):
     MAX_OFFSET_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
     QUEUE_OFFSETS_FIELD_NUMBER: _builtins.int
+    RECORDS_BLOB_FIELD_NUMBER: _builtins.int
+    RECORD_SIZES_FIELD_NUMBER: _builtins.int
     status: Global___GetMessageStatus.ValueType
     next_begin_offset: _builtins.int
     min_offset: _builtins.int
     max_offset: _builtins.int
+    records_blob: _builtins.bytes
+    """With records_as_blob: the same records laid end to end, and each one's size in bytes."""
     @_builtins.property
     def records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Raw commit-log records (format in common.proto) and their queue offsets."""
 
     @_builtins.property
     def queue_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def record_sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -142,10 +155,12 @@ class PullResponse(_message.Message):
         max_offset: _builtins.int = ...,
         records: _abc.Iterable[_builtins.bytes] | None = ...,
         queue_offsets: _abc.Iterable[_builtins.int] | None = ...,
+        records_blob: _builtins.bytes = ...,
+        record_sizes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "queue_offsets", b"queue_offsets", "records", b"records", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "queue_offsets", b"queue_offsets", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -421,6 +436,7 @@ class ReceiveRequest(_message.Message):
     MAX_MESSAGES_FIELD_NUMBER: _builtins.int
     INVISIBLE_DURATION_MS_FIELD_NUMBER: _builtins.int
     LONG_POLL_MS_FIELD_NUMBER: _builtins.int
+    RECORDS_AS_BLOB_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -428,6 +444,8 @@ class ReceiveRequest(_message.Message):
     invisible_duration_ms: _builtins.int
     """How long a received message stays invisible to the group before it is delivered again."""
     long_poll_ms: _builtins.int
+    records_as_blob: _builtins.bool
+    """As PullRequest.records_as_blob: records_blob and record_sizes instead of records."""
     def __init__(
         self,
         *,
@@ -437,10 +455,11 @@ class ReceiveRequest(_message.Message):
         max_messages: _builtins.int = ...,
         invisible_duration_ms: _builtins.int = ...,
         long_poll_ms: _builtins.int = ...,
+        records_as_blob: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "long_poll_ms", b"long_poll_ms", "max_messages", b"max_messages", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "long_poll_ms", b"long_poll_ms", "max_messages", b"max_messages", "queue_id", b"queue_id", "records_as_blob", b"records_as_blob", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -454,6 +473,10 @@ class ReceiveResponse(_message.Message):
     QUEUE_OFFSETS_FIELD_NUMBER: _builtins.int
     RECEIPT_HANDLES_FIELD_NUMBER: _builtins.int
     DELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
+    RECORDS_BLOB_FIELD_NUMBER: _builtins.int
+    RECORD_SIZES_FIELD_NUMBER: _builtins.int
+    records_blob: _builtins.bytes
+    """With records_as_blob: the records laid end to end, and each one's size in bytes."""
     @_builtins.property
     def records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """raw commit-log records"""
@@ -468,6 +491,8 @@ class ReceiveResponse(_message.Message):
     def delivery_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """1 on the first delivery"""
 
+    @_builtins.property
+    def record_sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -475,10 +500,12 @@ class ReceiveResponse(_message.Message):
         queue_offsets: _abc.Iterable[_builtins.int] | None = ...,
         receipt_handles: _abc.Iterable[_builtins.str] | None = ...,
         delivery_counts: _abc.Iterable[_builtins.int] | None = ...,
+        records_blob: _builtins.bytes = ...,
+        record_sizes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_counts", b"delivery_counts", "queue_offsets", b"queue_offsets", "receipt_handles", b"receipt_handles", "records", b"records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_counts", b"delivery_counts", "queue_offsets", b"queue_offsets", "receipt_handles", b"receipt_handles", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,266 @@
+"""Messages decoded a batch at a time (message.decode_records) and lazily (fields on first
+read): the verdict on every record is read_record's, and a lazily built Message is the value
+the record-by-record decode (read_record, then Message._of) builds.
+
+No service runs here: the records are encoded with the store's own codec."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Callable
+
+import pytest
+
+from mqstore.client.compression import Compression, compress
+from mqstore.client.errors import DataLoss
+from mqstore.client.message import (
+    FIELDS,
+    Message,
+    decode_batch,
+    decode_record_list,
+    decode_records,
+)
+from mqstore.formats.properties import encode_properties
+from mqstore.formats.record import Record, encode_record, pack_host, read_record
+from mqstore.limits import MessageLimits
+
+V6_HOST = pack_host("2001:db8::7", 10911)
+LONG_TOPICS = MessageLimits(topic_bytes_max=255)  # a V2 record: a topic over 127 characters
+
+
+def record(
+    i: int,
+    *,
+    topic: str = "orders",
+    body: bytes | None = None,
+    props: dict[str, str] | None = None,
+    compression: Compression = Compression.NONE,
+    born_host: bytes = b"\x0a\x00\x00\x05\x00\x00\x30\x39",
+    store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x2a\x9f",
+) -> bytes:
+    body = f"body-{i}".encode() * (i % 5) if body is None else body
+    sys_flag = 0
+    if compression is not Compression.NONE:
+        body, sys_flag = compress(body, compression)
+        assert sys_flag, "the test body must shrink"
+    return encode_record(
+        topic=topic,
+        queue_id=3,
+        body=body,
+        properties=encode_properties(
+            {"UNIQ_KEY": f"U{i}", "TAGS": f"t{i % 3}", "KEYS": "a b"} if props is None else props
+        ),
+        flag=i,
+        queue_offset=100 + i,
+        physical_offset=5_000 + 300 * i,
+        sys_flag=sys_flag,
+        born_timestamp_ms=1_700_000_000_000 + i,
+        born_host=born_host,
+        store_timestamp_ms=1_700_000_000_500 + i,
+        store_host=store_host,
+        reconsume_times=i % 2,
+        limits=LONG_TOPICS,
+    )
+
+
+def eager(raw: bytes) -> Message:
+    """What the SDK built before: read_record, then every field at once."""
+    decoded = read_record(raw, 0, len(raw))
+    assert isinstance(decoded, Record), decoded
+    return Message._of(decoded)
+
+
+def accepted(raw: bytes) -> bool:
+    return isinstance(read_record(raw, 0, len(raw)), Record)
+
+
+def assorted() -> list[bytes]:
+    """Every shape a record takes: hosts of both sizes, a V2 topic, each compression, empty
+    body, empty properties, a second topic."""
+    repetitive = b"0123456789abcdef" * 64
+    return [
+        record(0),
+        record(1, body=b""),
+        record(2, props={}),
+        record(3, born_host=V6_HOST),
+        record(4, store_host=V6_HOST),
+        record(5, born_host=V6_HOST, store_host=V6_HOST),
+        record(6, topic="T" * 200),  # over 127 characters: MAGIC V2, a 2-byte topic length
+        record(7, body=repetitive, compression=Compression.ZLIB),
+        record(8, body=repetitive, compression=Compression.LZ4),
+        record(9, body=repetitive, compression=Compression.ZSTD),
+        record(10, topic="other"),
+        record(11, body=bytes(range(256))),
+    ]
+
+
+# -- the value ------------------------------------------------------------------------------------
+
+
+def test_a_batch_decodes_to_the_messages_the_record_by_record_decode_builds() -> None:
+    raws = assorted() + [record(i) for i in range(12, 40)]
+    got = decode_records(b"".join(raws), [len(r) for r in raws])
+    assert got == [eager(r) for r in raws]
+    for message, raw in zip(got, raws, strict=True):
+        want = eager(raw)
+        for name in FIELDS:  # field by field, each read first on its own message
+            fresh = decode_records(raw, [len(raw)])[0]
+            assert getattr(fresh, name) == getattr(want, name), name
+        assert (message.tags, message.keys, message.uniq_key) == (
+            want.tags,
+            want.keys,
+            want.uniq_key,
+        )
+        assert message.to_json() == want.to_json()
+
+
+def test_decode_batch_gives_each_records_queue_offset_and_the_list_form_agrees() -> None:
+    raws = assorted()
+    messages, offsets = decode_batch(b"".join(raws), [len(r) for r in raws])
+    assert offsets == [m.queue_offset for m in messages] == [100 + i for i in range(len(raws))]
+    assert decode_record_list(raws) == messages
+    assert decode_record_list([]) == []
+    assert decode_records(b"", []) == []
+
+
+def test_lazy_and_hand_built_messages_are_equal_hashable_values_with_one_repr() -> None:
+    raw = record(1)
+    lazy = decode_records(raw, [len(raw)])[0]
+    built = eager(raw)
+    assert lazy == built and hash(lazy) == hash(built)
+    assert repr(decode_records(raw, [len(raw)])[0]) == repr(built)
+    assert repr(built).startswith("Message(topic='orders', queue_id=3, queue_offset=101,")
+    assert len({lazy, built, decode_records(raw, [len(raw)])[0]}) == 1
+    other = eager(record(2))
+    assert lazy != other
+    assert lazy != "not a message"
+
+
+def test_a_hand_built_message_has_the_defaults_and_positional_order_of_before() -> None:
+    m = Message("t", 1, 2, 3, b"x")
+    assert (m.topic, m.queue_id, m.queue_offset, m.commit_log_offset, m.body) == (
+        "t",
+        1,
+        2,
+        3,
+        b"x",
+    )
+    assert (m.properties, m.store_host, m.msg_id, m.size, m.sys_flag) == ({}, "", "", 0, 0)
+    assert m.properties is not Message("t", 1, 2, 3, b"x").properties  # one dict each
+    assert Message(topic="t", queue_id=1, queue_offset=2, commit_log_offset=3, body=b"x") == m
+    with pytest.raises(AttributeError):
+        _ = m.no_such_field  # type: ignore[attr-defined]
+    match m:
+        case Message("t", 1, 2):
+            pass
+        case _:
+            pytest.fail("positional match on the fields")
+
+
+def test_a_message_pickles_as_its_decoded_value() -> None:
+    raw = record(4, store_host=V6_HOST)
+    lazy = decode_records(raw, [len(raw)])[0]
+    copy = pickle.loads(pickle.dumps(lazy))
+    assert copy == eager(raw)
+    assert copy.msg_id == eager(raw).msg_id and copy.store_host.startswith("[2001:db8::7]")
+
+
+def test_from_record_accepts_what_read_record_accepts_trailing_bytes_included() -> None:
+    raw = record(3)
+    assert Message.from_record(raw) == eager(raw)
+    # read_record(raw, 0, len(raw)) reads TOTALSIZE bytes and ignores what follows.
+    assert Message.from_record(raw + b"\x00" * 7) == eager(raw)
+    with pytest.raises(DataLoss):
+        Message.from_record(raw[:-1])
+
+
+# -- the verdict ----------------------------------------------------------------------------------
+
+Damage = Callable[[bytes], bytes]
+
+
+def _set(at: int, value: int) -> Damage:
+    return lambda raw: raw[:at] + bytes([value]) + raw[at + 1 :]
+
+
+def _xor(at: int, mask: int) -> Damage:
+    return lambda raw: raw[:at] + bytes([raw[at] ^ mask]) + raw[at + 1 :]
+
+
+def _cut(n: int) -> Damage:
+    return lambda raw: raw[:n]
+
+
+def damages(raw: bytes) -> list[tuple[str, Damage]]:
+    """Every byte zeroed, set to 0xFF and its low bit flipped; every truncation; garbage after."""
+    out: list[tuple[str, Damage]] = []
+    for at in range(len(raw)):
+        out += [(f"zero@{at}", _set(at, 0)), (f"ff@{at}", _set(at, 0xFF))]
+        out.append((f"flip@{at}", _xor(at, 1)))
+    out += [(f"cut@{n}", _cut(n)) for n in range(len(raw))]
+    out.append(("garbage after", lambda r: r + b"\x02junk"))
+    return out
+
+
+@pytest.mark.parametrize("index", [0, 3, 6, 7])  # IPv4, IPv6 born host, V2 topic, zlib
+def test_a_damaged_record_gets_read_records_verdict_wherever_the_damage_is(index: int) -> None:
+    """The damaged record sits between good ones. Where read_record refuses it the batch is
+    DataLoss; where it accepts it (a field changed, not a check broken), the batch decodes to
+    the record-by-record messages, the damaged record's changed fields included."""
+    good = assorted()
+    before, target, after = good[:index], good[index], good[index + 1 :]
+    refused = kept = 0
+    for name, damage in damages(target):
+        bad = damage(target)
+        raws = [*before, bad, *after]
+        blob = b"".join(raws)
+        sizes = [len(r) for r in raws]
+        if accepted(bad):
+            try:
+                want = [eager(r) for r in raws]
+            except DataLoss:  # the record is sound but its compressed body is not
+                with pytest.raises(DataLoss):
+                    decode_records(blob, sizes)
+                continue
+            assert decode_records(blob, sizes) == want, name
+            kept += 1
+        else:
+            with pytest.raises(DataLoss):
+                decode_records(blob, sizes)
+            refused += 1
+    assert refused > len(target) and kept > 0  # both verdicts were exercised
+
+
+def test_sizes_that_do_not_add_up_to_the_blob_are_data_loss() -> None:
+    raws = [record(1), record(2)]
+    blob = b"".join(raws)
+    for sizes in ([len(raws[0])], [len(raws[0]), len(raws[1]) + 1], [len(blob) + 5, -5]):
+        with pytest.raises(DataLoss):
+            decode_records(blob, sizes)
+    with pytest.raises(DataLoss):
+        decode_records(b"x", [])
+
+
+def test_records_split_at_the_wrong_places_are_data_loss() -> None:
+    raws = [record(1), record(2), record(3)]
+    blob = b"".join(raws)
+    a, b, _ = (len(r) for r in raws)
+    with pytest.raises(DataLoss):
+        decode_records(blob, [a + 4, b - 4, len(blob) - a - b])
+    # Two records given as one: read_record reads the first TOTALSIZE bytes and ignores the
+    # rest, and its verdict stands (cq_svc never frames records so: it checks each size).
+    assert decode_records(blob, [a, len(blob) - a]) == [eager(raws[0]), eager(raws[1])]
+
+
+def test_a_body_crc_mismatch_is_data_loss_and_an_empty_bodys_crc_is_not_checked() -> None:
+    raw = record(7)
+    body_crc_at = 8
+    (crc,) = struct.unpack_from(">i", raw, body_crc_at)
+    wrong = raw[:body_crc_at] + struct.pack(">i", crc ^ 4) + raw[body_crc_at + 4 :]
+    with pytest.raises(DataLoss, match="CRC"):
+        decode_records(wrong, [len(wrong)])
+    empty = record(1, body=b"")
+    any_crc = empty[:body_crc_at] + struct.pack(">i", 12345) + empty[body_crc_at + 4 :]
+    assert accepted(any_crc)
+    assert decode_records(any_crc, [len(any_crc)]) == [eager(any_crc)]

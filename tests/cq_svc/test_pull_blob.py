@@ -1,0 +1,230 @@
+"""Pull and Receive answering with records_as_blob: the records laid end to end in
+records_blob with record_sizes, exactly the records the `repeated bytes records` form holds
+(which clients that predate the blob still get), through every path of a pull: all read,
+filtered by tag, removed, corrupt, and a unit naming another record.
+
+Real commit log process; the consume queue is fed directly (real sink and engine) with the
+dispatch entries of real appends, as in test_read_failures.py."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cq_svc.servicer import _all_unit_records, _is_unit_record
+from cq_svc.unit_file import Unit
+from mqstore.formats.record import encode_record
+from mqstore.launcher import ServiceProcess
+from mqstore.rpc.channel import make_channel
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
+from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from tests.cq_svc.logs import Stored, append, decode, segment_path, start_commitlog
+from tests.cq_svc.support import ApiHarness, rpc_error
+
+# Far beyond anything a test log holds: the log answers READ_OUT_OF_RANGE there.
+NOWHERE = 1 << 40
+LOG_FILE_BYTES = 1 << 20  # start_commitlog's segment size
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Iterator[ServiceProcess]:
+    process = start_commitlog(tmp_path / "log")
+    yield process
+    process.stop(timeout_s=15)
+
+
+@pytest.fixture
+def log_stub(log: ServiceProcess) -> Iterator[cl_grpc.CommitLogStub]:
+    with make_channel(log.target) as channel:
+        yield cl_grpc.CommitLogStub(channel)
+
+
+@pytest.fixture
+def api(tmp_path: Path, log: ServiceProcess) -> Iterator[ApiHarness]:
+    harness = ApiHarness(tmp_path / "cq", commitlog_target=log.target)
+    harness.handshake()
+    yield harness
+    harness.stop()
+
+
+def fill(api: ApiHarness, stored: list[Stored], removed: frozenset[int] = frozenset()) -> None:
+    """Queue 0 of "T" gets the appended messages; those at the offsets in `removed` point
+    where the log holds nothing."""
+    api.dispatch(
+        [
+            s.entry("T", commit_log_offset=NOWHERE + 1_000 * s.queue_offset)
+            if s.queue_offset in removed
+            else s.entry("T")
+            for s in stored
+        ]
+    )
+
+
+def pull(api: ApiHarness, offset: int, *, blob: bool, **fields: object) -> pb.PullResponse:
+    request = pb.PullRequest(
+        topic="T",
+        offset=offset,
+        records_as_blob=blob,
+        **fields,  # type: ignore[arg-type]
+    )
+    response: pb.PullResponse = api.stub.Pull(request, timeout=30)
+    return response
+
+
+def records_of(response: pb.PullResponse | pb.ReceiveResponse) -> list[bytes]:
+    """The records of an answer in blob form, split by their sizes (and checked to be whole)."""
+    assert not response.records, "a blob answer has nothing in records"
+    out = []
+    at = 0
+    for size in response.record_sizes:
+        out.append(response.records_blob[at : at + size])
+        at += size
+    assert at == len(response.records_blob)
+    return out
+
+
+def assert_same_answer(as_list: pb.PullResponse, as_blob: pb.PullResponse) -> None:
+    assert records_of(as_blob) == list(as_list.records)
+    assert list(as_blob.queue_offsets) == list(as_list.queue_offsets)
+    head = ("status", "next_begin_offset", "min_offset", "max_offset")
+    assert [getattr(as_blob, f) for f in head] == [getattr(as_list, f) for f in head]
+    assert not as_list.records_blob and not as_list.record_sizes  # old clients: old fields only
+
+
+def test_a_blob_answer_holds_the_records_the_list_answer_holds(
+    api: ApiHarness, log_stub: cl_grpc.CommitLogStub
+) -> None:
+    tags = ["a", "b", "", "a", "c", "a", "b", "a", "c", "c"]
+    stored = append(log_stub, "T", [b"m%d" % i * (i + 1) for i in range(len(tags))], tags=tags)
+    fill(api, stored)
+    cases: list[tuple[int, dict[str, object]]] = [
+        (0, {}),
+        (3, {"max_messages": 4}),
+        (0, {"max_bytes": 3 * stored[0].size}),
+        (0, {"tags": ["a"]}),
+        (1, {"tags": ["b", "c"], "max_messages": 2}),
+        (9, {}),
+        (10, {}),  # at the end: OFFSET_OVERFLOW_ONE, no records in either form
+        (0, {"tags": ["nothing"]}),
+    ]
+    for offset, fields in cases:
+        as_list = pull(api, offset, blob=False, **fields)
+        as_blob = pull(api, offset, blob=True, **fields)
+        assert_same_answer(as_list, as_blob)
+    everything = pull(api, 0, blob=True)
+    assert [decode(r).body for r in records_of(everything)] == [s.body for s in stored]
+
+
+def test_a_removed_message_ends_a_blob_answer_where_it_ends_a_list_answer(
+    api: ApiHarness, log_stub: cl_grpc.CommitLogStub
+) -> None:
+    # The last unit points where the log holds nothing (a tail it lost).
+    stored = append(log_stub, "T", [b"m0", b"m1", b"m2"])
+    fill(api, stored, removed=frozenset({2}))
+    for offset in (0, 1, 2):
+        assert_same_answer(pull(api, offset, blob=False), pull(api, offset, blob=True))
+    r = pull(api, 0, blob=True)
+    assert ([decode(x).body for x in records_of(r)], r.next_begin_offset) == ([b"m0", b"m1"], 2)
+    r = pull(api, 2, blob=True)
+    assert (r.status, r.next_begin_offset, r.records_blob) == (pb.MESSAGE_WAS_REMOVING, 3, b"")
+
+
+def test_a_corrupt_record_is_never_in_a_blob_answer(
+    api: ApiHarness, log: ServiceProcess, log_stub: cl_grpc.CommitLogStub
+) -> None:
+    stored = append(log_stub, "T", [b"body-0", b"body-1", b"body-2", b"body-3"])
+    fill(api, stored)
+    victim = stored[2]
+    path = segment_path(log, victim.commit_log_offset, LOG_FILE_BYTES)
+    with open(path, "r+b") as f:
+        f.seek(victim.commit_log_offset % LOG_FILE_BYTES)
+        raw = f.read(victim.size)
+        at = victim.commit_log_offset % LOG_FILE_BYTES + raw.index(b"body-2") + 5
+        os.pwrite(f.fileno(), b"X", at)  # the record's CRC no longer matches
+    r = pull(api, 0, blob=True)
+    assert [decode(x).body for x in records_of(r)] == [b"body-0", b"body-1"]
+    assert_same_answer(pull(api, 0, blob=False), r)
+    code, message, _ = rpc_error(lambda: pull(api, 2, blob=True))
+    assert code == grpc.StatusCode.DATA_LOSS and str(victim.commit_log_offset) in message
+    got = api.stub.Receive(
+        pb.ReceiveRequest(
+            group="g", topic="T", max_messages=4, invisible_duration_ms=60_000, records_as_blob=True
+        )
+    )
+    assert [decode(x).body for x in records_of(got)] == [b"body-0", b"body-1", b"body-3"]
+    assert list(got.queue_offsets) == [0, 1, 3] and len(got.receipt_handles) == 3
+
+
+def test_a_unit_naming_another_record_is_not_served_in_blob_form(
+    api: ApiHarness, log_stub: cl_grpc.CommitLogStub
+) -> None:
+    stored = append(log_stub, "T", [b"m0", b"m1"])
+    api.dispatch([s.entry("T", queue_id=1) for s in stored])  # queue 1's units, queue 0's records
+    code, message, _ = rpc_error(lambda: pull(api, 0, blob=True, queue_id=1))
+    assert code == grpc.StatusCode.UNAVAILABLE and "disagree" in message
+
+
+def test_receive_answers_the_same_records_in_either_form(
+    api: ApiHarness, log_stub: cl_grpc.CommitLogStub
+) -> None:
+    stored = append(log_stub, "T", [b"r%d" % i for i in range(5)])
+    fill(api, stored)
+
+    def receive(group: str, blob: bool) -> pb.ReceiveResponse:
+        request = pb.ReceiveRequest(
+            group=group,
+            topic="T",
+            max_messages=4,
+            invisible_duration_ms=60_000,
+            records_as_blob=blob,
+        )
+        response: pb.ReceiveResponse = api.stub.Receive(request, timeout=30)
+        return response
+
+    as_list = receive("old", False)
+    as_blob = receive("new", True)
+    assert records_of(as_blob) == list(as_list.records)
+    assert list(as_blob.queue_offsets) == list(as_list.queue_offsets) == [0, 1, 2, 3]
+    assert not as_list.records_blob
+    assert list(receive("new", True).queue_offsets) == [4]
+    assert not receive("new", True).record_sizes  # nothing left: an empty answer
+
+
+# -- the column check against the record-by-record one --------------------------------------------
+
+
+def test_the_column_check_of_unit_records_agrees_with_the_check_of_each() -> None:
+    raws = [
+        encode_record(topic="T", queue_id=2, body=b"b%d" % i, queue_offset=i, physical_offset=p)
+        for i, p in enumerate([0, 200, 400, 600])
+    ]
+    units = [Unit(i, 200 * i, len(r), 0) for i, r in enumerate(raws)]
+
+    def both(records: list[bytes], units: list[Unit], queue_id: int = 2) -> tuple[bool, bool]:
+        columns = _all_unit_records(
+            records,
+            queue_id,
+            [u.size for u in units],
+            [u.queue_offset for u in units],
+            [u.commit_log_offset for u in units],
+        )
+        each = all(_is_unit_record(r, u, queue_id) for r, u in zip(records, units, strict=True))
+        return columns, each
+
+    assert both(raws, units) == (True, True)
+    assert both(raws, units, queue_id=1) == (False, False)
+    moved = [
+        Unit(u.queue_offset, u.commit_log_offset + (u.queue_offset == 2), u.size, 0) for u in units
+    ]
+    assert both(raws, moved) == (False, False)
+    shifted = [
+        Unit(u.queue_offset + (u.queue_offset == 3), u.commit_log_offset, u.size, 0) for u in units
+    ]
+    assert both(raws, shifted) == (False, False)
+    assert both([*raws[:3], raws[3][:-1]], units) == (False, False)
+    assert both([*raws[:3], raws[3][:20]], [*units[:3], Unit(3, 600, 20, 0)]) == (False, False)
+    assert both([], []) == (True, True)
