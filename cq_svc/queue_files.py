@@ -37,6 +37,8 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
+
 from cq_svc.time_file import TIME_BYTES, decode_time, encode_time
 from cq_svc.unit_file import (
     BLANK_SIZE,
@@ -303,19 +305,18 @@ class FileQueue:
         if mf is None:
             return None
         out: list[Unit] = []
-        unpack = UNIT.unpack_from
         while mf is not None and len(out) < max_units and offset < end:
             pos = offset * UNIT_BYTES - mf.file_from_offset
             stop_units = min(end - offset, max_units - len(out), (mf.file_size - pos) // UNIT_BYTES)
             tmf, tpos = self._locate(self.times, offset, TIME_BYTES)
-            ubuf = mf.read_buf
-            tbuf = tmf.read_buf
-            for k in range(stop_units):
-                p = pos + k * UNIT_BYTES
-                phy, size, tags = unpack(ubuf, p)
-                tp = tpos + k * TIME_BYTES
-                t = int.from_bytes(tbuf[tp : tp + 6], "big")
-                out.append(Unit(offset + k, phy, size, tags, t))
+            if stop_units > 0:
+                # A run at C speed: the units unpacked by one iter_unpack, the times (the top
+                # 48 bits of each 8-byte entry) by numpy; only the Unit objects are per unit.
+                units = mf.read_buf[pos : pos + stop_units * UNIT_BYTES]
+                times = tmf.read_buf[tpos : tpos + stop_units * TIME_BYTES]
+                phys, sizes, tags = zip(*UNIT.iter_unpack(units), strict=True)
+                stamps = (np.frombuffer(times, dtype=">u8") >> 16).tolist()
+                out.extend(map(Unit, range(offset, offset + stop_units), phys, sizes, tags, stamps))
             offset += stop_units
             if one_file or offset >= end:
                 break

@@ -7,6 +7,7 @@ whole answer into Messages at once:
     1. the record checks of `read_record` (magic, TOTALSIZE, header, body, topic and properties
        lengths adding up, topic and properties shape), over numpy columns of every record
     2. the body CRC of every record: zlib.crc32 mapped over the bodies, against the CRC column
+       (1 and 2 are mqstore.formats.record_columns, shared with the commit log's Read)
     3. bodies decompressed where SYSFLAG says so
     4. one small Message per record: its body and its raw record; every other field is decoded
        from the raw record the first time one is read (most consumers read the body alone)
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import struct
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -34,11 +34,8 @@ from mqstore.formats import sysflag
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
 from mqstore.formats.record import (
-    HEADER_V4_V4,
     HEADERS,
-    MAGIC_V1,
     MAGIC_V2,
-    PROPERTIES_END_BYTE,
     SYSFLAG_POS,
     Record,
     host_bytes_for_flag,
@@ -46,10 +43,6 @@ from mqstore.formats.record import (
 )
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.messages import host_text
-
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
 
 # Every field, in the order of the constructor and of repr (the dataclass this class was).
 FIELDS: Final = (
@@ -75,11 +68,6 @@ _HEAD_FIELDS: Final = frozenset(FIELDS) - {"body", "properties"}
 _I32 = struct.Struct(">i")
 _TOPIC_LEN_V2 = struct.Struct(">h")
 _PROPS_LEN = struct.Struct(">h")
-# The smallest whole record: the IPv4/IPv4 header, a topic length byte, a properties length.
-_RECORD_BYTES_MIN: Final = HEADER_V4_V4.size + 3
-# Bytes that every host size adds to the 88-byte IPv4/IPv4 header.
-_V6_EXTRA_BYTES: Final = 12
-_PREFIX_BYTES: Final = 40  # TOTALSIZE .. SYSFLAG: where every record's fixed fields sit
 
 
 class Message:
@@ -374,51 +362,28 @@ def decode_batch(blob: bytes, sizes: Iterable[int]) -> tuple[list[Message], list
     checked, so that a consumer's bookkeeping decodes nothing more)."""
     import numpy as np  # noqa: PLC0415 - see the module docstring
 
-    size = np.fromiter(sizes, dtype=np.int64)
-    n = len(size)
-    end = np.cumsum(size)
-    if (int(end[-1]) if n else 0) != len(blob) or (n and int(size.min()) < 0):
-        raise DataLoss(f"an answer's {n} record sizes do not add up to its {len(blob)} bytes")
+    from mqstore.formats.record_columns import check_records  # noqa: PLC0415 - numpy
+
+    size_list = list(sizes)
+    try:
+        checked = check_records(blob, size_list)
+    except ValueError as err:
+        raise DataLoss(f"an answer's records do not match their sizes: {err}") from None
+    n = len(size_list)
     if not n:
         return [], []
-    start = end - size
-    raws = list(map(blob.__getitem__, map(slice, start.tolist(), end.tolist())))
-    if int(size.min()) < _RECORD_BYTES_MIN:
+    raws = list(map(blob.__getitem__, map(slice, checked.starts.tolist(), checked.ends.tolist())))
+    if checked.head is None:
         # Too short to gather from: read_record decides, record by record.
-        checked = [_checked(raw) for raw in raws]
-        return checked, [m.queue_offset for m in checked]
-
-    buf = np.frombuffer(blob, dtype=np.uint8)
-    head = buf[start[:, None] + np.arange(_PREFIX_BYTES)].view(_prefix_dtype())[:, 0]
-    total = head["total"].astype(np.int64)
-    flags = head["sys_flag"].astype(np.int64)
-    header = (
-        HEADER_V4_V4.size
-        + _V6_EXTRA_BYTES * ((flags & sysflag.BORNHOST_V6) != 0)
-        + _V6_EXTRA_BYTES * ((flags & sysflag.STOREHOST_V6) != 0)
-    )
-    # V2 records (topics over 127 characters) are left to read_record.
-    ok = (total == size) & (head["magic"] == MAGIC_V1) & (total >= header + 3)
-    body_len = _gather(buf, np.where(ok, start + header - 4, 0), ">i4")
-    ok &= (body_len >= 0) & (header + body_len + 3 <= total)
-    topic_at = np.where(ok, start + header + body_len, 0)
-    topic_len = buf[topic_at].astype(np.int64)
-    ok &= (topic_len > 0) & (header + body_len + 3 + topic_len <= total)
-    props_len = _gather(buf, np.where(ok, topic_at + 1 + topic_len, 0), ">i2")
-    ok &= header + body_len + 3 + topic_len + props_len == total
-    ok &= (props_len == 0) | (buf[np.where(ok, end - 1, 0)] == PROPERTIES_END_BYTE)
-    ok &= _topics_ok(blob, topic_at + 1, topic_len, ok)
-
-    body_at = np.where(ok, start + header, 0)
-    body_end = body_at + np.where(ok, body_len, 0)
-    bodies = list(map(blob.__getitem__, map(slice, body_at.tolist(), body_end.tolist())))
-    crc = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
-    ok &= (crc == head["body_crc"]) | (body_len == 0)
-
+        out = [_checked(raw) for raw in raws]
+        return out, [m.queue_offset for m in out]
+    ok = checked.ok
+    bodies = checked.bodies
+    flags = checked.head["sys_flag"]
     for i in np.flatnonzero(ok & ((flags & sysflag.COMPRESSED) != 0)).tolist():
         bodies[i] = decompress(bodies[i], int(flags[i]))
     out = _lazy_messages(bodies, raws)
-    queue_offsets = head["queue_offset"].tolist()
+    queue_offsets = checked.head["queue_offset"].tolist()
     for i in np.flatnonzero(~ok).tolist():
         out[i] = _checked(raws[i])
         queue_offsets[i] = out[i].queue_offset
@@ -445,63 +410,3 @@ def _checked(raw: bytes) -> Message:
         reason = getattr(decoded, "reason", "not a record")
         raise DataLoss(f"a record from the store fails its checks: {reason}")
     return Message._of(decoded)
-
-
-def _gather(buf: npt.NDArray[np.uint8], at: npt.NDArray[np.int64], dtype: str) -> Any:
-    """The big-endian integers of type `dtype` at positions `at` of `buf`, as int64."""
-    import numpy as np  # noqa: PLC0415
-
-    width = np.dtype(dtype).itemsize
-    return buf[at[:, None] + np.arange(width)].view(dtype)[:, 0].astype(np.int64)
-
-
-def _topics_ok(
-    blob: bytes, at: npt.NDArray[np.int64], length: npt.NDArray[np.int64], ok: Any
-) -> Any:
-    """Per record: its topic is UTF-8 without a NUL (read_record's torn-write check). A batch
-    holds one topic or a few, so each distinct one is checked once."""
-    import numpy as np  # noqa: PLC0415
-
-    lengths = length[ok]
-    if len(lengths) and int(lengths.min()) == int(lengths.max()):
-        # The usual batch: one topic name. Compare every record's to the first, byte-wise.
-        first = int(np.flatnonzero(ok)[0])
-        names_matrix = np.frombuffer(blob, dtype=np.uint8)[at[ok][:, None] + np.arange(lengths[0])]
-        if bool((names_matrix == names_matrix[0]).all()):
-            first_name = blob[int(at[first]) : int(at[first] + length[first])]
-            return True if _topic_ok(first_name) else np.zeros(len(ok), dtype=bool)
-    names = list(
-        map(
-            blob.__getitem__,
-            map(slice, np.where(ok, at, 0).tolist(), np.where(ok, at + length, 0).tolist()),
-        )
-    )
-    bad = {name for name in set(names) if not _topic_ok(name)}
-    if not bad:
-        return True
-    return np.fromiter((name not in bad for name in names), dtype=bool, count=len(names))
-
-
-def _topic_ok(raw: bytes) -> bool:
-    try:
-        topic = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return bool(topic) and "\x00" not in topic
-
-
-def _prefix_dtype() -> Any:
-    import numpy as np  # noqa: PLC0415
-
-    return np.dtype(
-        [
-            ("total", ">i4"),
-            ("magic", ">i4"),
-            ("body_crc", ">i4"),
-            ("queue_id", ">i4"),
-            ("flag", ">i4"),
-            ("queue_offset", ">i8"),
-            ("physical_offset", ">i8"),
-            ("sys_flag", ">i4"),
-        ]
-    )
