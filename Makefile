@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 PYTEST_ARGS ?=
 
-.PHONY: help setup run demo test check fmt bench bench-peers proto clean chaos fuzz
+.PHONY: help setup run demo test check fmt bench bench-peers bench-memory proto clean chaos fuzz
 
 help:
 	@echo "make run    - set up, then run the store (all three services) on $(DATA_DIR); Ctrl-C stops it"
@@ -15,6 +15,7 @@ help:
 	@echo "make proto  - regenerate mqstore/rpc/gen from protos/"
 	@echo "make bench  - engine benchmarks against raw limits measured in the same run"
 	@echo "make bench-peers - mqstore next to NATS JetStream, Redis Streams and the gRPC ceiling"
+	@echo "make bench-memory - each service's resident memory with 10k, 50k and 100k queues"
 	@echo "make fuzz   - coverage-guided fuzzing of every decoder and API (FUZZ_SECONDS per target)"
 	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=)"
 
@@ -73,6 +74,11 @@ bench: $(STAMP)
 	$(PY) -m bench.e2e_bench $(BENCH_ARGS)
 	$(PY) -m bench.index_scale_bench $(BENCH_ARGS)
 	$(PY) -m bench.spark_bench $(BENCH_ARGS)
+	$(PY) -m bench.recovery_bench $(BENCH_ARGS)
+
+# Resident memory of each service with 10k, 50k and 100k queues (~7 minutes).
+bench-memory: $(STAMP)
+	$(PY) -m bench.memory_bench $(BENCH_ARGS)
 
 # Kill -9 the services at seeded moments under load and check every acknowledged append
 # (docs/chaos.md). CYCLES=1000 is the long run; SEED=n replays a run.

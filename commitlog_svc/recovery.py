@@ -27,22 +27,33 @@ record there is corruption, never a reason to throw away the records after it (C
 
 The queue-offset table is the checkpoint's snapshot (exact at F) with every record at or after F
 applied on top; without a checkpoint it is rebuilt from every record scanned.
+
+The walk is record_walk.scan_run_fast: record.scan_run's verdicts (pinned by tests), vectorised
+per window, ~4x faster on fixed-size messages. A thread reads the segments ahead of it
+(_ReadAhead), so that a cold start reads the disk while the walk checks what is already in.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 
 from mqstore.formats import sysflag
 from mqstore.formats.commitlog_checkpoint import Checkpoint
-from mqstore.formats.record import Bad, Blank, Record, find_next_record, read_record, scan_run
+from mqstore.formats.record import Bad, Blank, Record, find_next_record, read_record
 from mqstore.formats.record_batch import QueueTable, table_from_pairs
+from mqstore.formats.record_walk import scan_run_fast
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
+
+# The read-ahead thread queues this much at a time (a few ms of disk reads).
+READ_AHEAD_STEP_BYTES = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +160,8 @@ def recover(
     index = start_index
     cut_at = -1
     cut_durable = False
+    # Not in a try: if the walk raises (a bug), the process goes down with its hint thread.
+    read_ahead = _ReadAhead(files[start_index:])
     while index < len(files):
         mf = files[index]
         base = mf.file_from_offset
@@ -156,9 +169,16 @@ def recover(
         size = mf.file_size
         pos = 0
         next_file = False
+        read_ahead.walking(index - start_index)
         while pos < size:
-            pos, walked, result = scan_run(
-                buf, pos, size, base, check_crc=True, queue_table=table, apply_from=apply_from
+            pos, walked, result = scan_run_fast(
+                buf,
+                pos,
+                size,
+                base,
+                check_crc=True,
+                queue_table=table,
+                apply_from=apply_from,
             )
             report.records_scanned += walked
             end = base + pos
@@ -214,6 +234,7 @@ def recover(
         if not next_file and pos >= size:
             end = mf.file_end_offset
         index += 1
+    read_ahead.stop()
     report.bytes_scanned = end - report.start_offset
 
     if cut_at >= 0:
@@ -252,7 +273,7 @@ def _rebuild_table(files: list[MappedFile], end: int, snapshot: QueueTable) -> Q
         limit = min(mf.file_size, end - mf.file_from_offset)
         pos = 0
         while pos < limit:
-            pos, _, stop = scan_run(
+            pos, _, stop = scan_run_fast(
                 mf.read_buf, pos, limit, mf.file_from_offset, check_crc=False, queue_table=table
             )
             if stop is None or isinstance(stop, Blank):
@@ -268,6 +289,67 @@ def _rebuild_table(files: list[MappedFile], end: int, snapshot: QueueTable) -> Q
         for queue_id, next_offset in queues.items():
             seen.setdefault(queue_id, next_offset)
     return table
+
+
+class _ReadAhead:
+    """Has the kernel read the segments the walk checks, ahead of it, from a thread (started
+    on construction).
+
+    After a cold start the walk would otherwise wait on each page fault of the map (measured:
+    ~1.8 s of a 1 GiB walk, against ~0.6 s for a plain sequential read). posix_fadvise
+    (WILLNEED) queues the reads and releases the GIL. It stays within the segment being walked
+    and the next (`walking`), so a long log does not push the walk's own pages out of the cache,
+    and goes READ_AHEAD_STEP_BYTES at a time so that `stop` (the walk is over, perhaps at a
+    torn tail) ends it soon. A hint only: the walk reads the same bytes whether or not it ran."""
+
+    def __init__(self, files: list[MappedFile]) -> None:
+        # Real files only: a simulated disk's segment is a bytearray, already in memory.
+        self._paths = [
+            (mf.path, mf.file_size) if isinstance(mf.read_buf, mmap.mmap) else None for mf in files
+        ]
+        self._walking = 0
+        self._stopped = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="recovery-read-ahead", daemon=True)
+        if any(self._paths):
+            self._thread.start()
+
+    def walking(self, index: int) -> None:
+        """The walk is at files[index] (of the list given)."""
+        with self._cond:
+            self._walking = index
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        for index, entry in enumerate(self._paths):
+            with self._cond:
+                while not self._stopped and index > self._walking + 1:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+            if entry is None:
+                continue
+            path, size = entry
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                for start in range(0, size, READ_AHEAD_STEP_BYTES):
+                    if self._stopped:
+                        return
+                    os.posix_fadvise(fd, start, READ_AHEAD_STEP_BYTES, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass  # a hint only
+            finally:
+                os.close(fd)
 
 
 def _has_data(mf: MappedFile) -> bool:
