@@ -325,20 +325,27 @@ class FileQueue:
 
     # -- writing --------------------------------------------------------------------------------
 
+    def _write_at(self) -> tuple[MappedFile, MappedFile, int]:
+        """The unit and time files holding max_offset (created when needed) and the write
+        unit position in its file; both positions must be where each file's writes ended."""
+        at = self.state.max_offset
+        umf = self.units.get_last_mapped_file(at * UNIT_BYTES)
+        tmf = self.times.get_last_mapped_file(at * TIME_BYTES)
+        check(umf is not None and tmf is not None, "file creation")
+        assert umf is not None and tmf is not None
+        upos = at * UNIT_BYTES - umf.file_from_offset
+        tpos = at * TIME_BYTES - tmf.file_from_offset
+        check(upos == umf.wrote_position, f"unit write at {upos}, file at {umf.wrote_position}")
+        check(tpos == tmf.wrote_position, f"time write at {tpos}, file at {tmf.wrote_position}")
+        return umf, tmf, upos
+
     def append(self, rows: list[tuple[int, int, int, int]]) -> None:
         """Append units (phy, size, tags, indexed time) at max_offset, a file at a time."""
         st = self.state
         i = 0
         n = len(rows)
         while i < n:
-            umf = self.units.get_last_mapped_file(st.max_offset * UNIT_BYTES)
-            tmf = self.times.get_last_mapped_file(st.max_offset * TIME_BYTES)
-            check(umf is not None and tmf is not None, "file creation")
-            assert umf is not None and tmf is not None
-            upos = st.max_offset * UNIT_BYTES - umf.file_from_offset
-            tpos = st.max_offset * TIME_BYTES - tmf.file_from_offset
-            check(upos == umf.wrote_position, f"unit write at {upos}, file at {umf.wrote_position}")
-            check(tpos == tmf.wrote_position, f"time write at {tpos}, file at {tmf.wrote_position}")
+            umf, tmf, upos = self._write_at()
             room = (umf.file_size - upos) // UNIT_BYTES
             chunk = rows[i : i + room]
             pack = UNIT.pack
@@ -371,14 +378,7 @@ class FileQueue:
         st = self.state
         i = 0
         while i < n:
-            umf = self.units.get_last_mapped_file(st.max_offset * UNIT_BYTES)
-            tmf = self.times.get_last_mapped_file(st.max_offset * TIME_BYTES)
-            check(umf is not None and tmf is not None, "file creation")
-            assert umf is not None and tmf is not None
-            upos = st.max_offset * UNIT_BYTES - umf.file_from_offset
-            tpos = st.max_offset * TIME_BYTES - tmf.file_from_offset
-            check(upos == umf.wrote_position, f"unit write at {upos}, file at {umf.wrote_position}")
-            check(tpos == tmf.wrote_position, f"time write at {tpos}, file at {tmf.wrote_position}")
+            umf, tmf, upos = self._write_at()
             count = min((umf.file_size - upos) // UNIT_BYTES, n - i)
             # Time entries land before the units that they describe become visible.
             tmf.append_bytes(stamps[i * TIME_BYTES : (i + count) * TIME_BYTES])

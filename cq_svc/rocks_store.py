@@ -310,7 +310,6 @@ class RocksCqStore:
         written = 0
         with self._lock:
             wb = rocksdict.WriteBatch(raw_mode=True)
-            handle = self._offset_handle
             pending: list[tuple[_QState, int, int, int, int]] = []
             for key, group in by_queue.items():
                 st = self._state(key, create=True)
@@ -319,15 +318,26 @@ class RocksCqStore:
                 if n:
                     written += n
                     pending.append((st, *new))
-            end = max(end, self._applied)
-            wb.put(L.CHECKPOINT_KEY, L.CHECKPOINT_VALUE.pack(end), handle)  # type: ignore[arg-type]
-            self._db_().write(wb)
-            for st, new_min, new_max, last_end, last_time in pending:
-                st.min_offset, st.max_offset = new_min, new_max
-                st.last_phy_end, st.last_time_ms = last_end, last_time
-            self._applied = end
+            self._commit(wb, pending, end)
         failpoints.hit("cq.after_put")
         return written
+
+    def _commit(
+        self,
+        wb: rocksdict.WriteBatch,
+        pending: list[tuple[_QState, int, int, int, int]],
+        end: int,
+    ) -> None:
+        """Under the lock: write the batch with the new applied offset, then move the states
+        of the queues it touched (only once the write went through)."""
+        end = max(end, self._applied)
+        handle = self._offset_handle
+        wb.put(L.CHECKPOINT_KEY, L.CHECKPOINT_VALUE.pack(end), handle)  # type: ignore[arg-type]
+        self._db_().write(wb)
+        for st, new_min, new_max, last_end, last_time in pending:
+            st.min_offset, st.max_offset = new_min, new_max
+            st.last_phy_end, st.last_time_ms = last_end, last_time
+        self._applied = end
 
     def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
         """put_batch of a frame as columns: each queue's run packed at once into the one
@@ -338,7 +348,6 @@ class RocksCqStore:
         written = 0
         with self._lock:
             wb = rocksdict.WriteBatch(raw_mode=True)
-            handle = self._offset_handle
             pending: list[tuple[_QState, int, int, int, int]] = []
             for run in runs:
                 key = (run.topic, run.queue_id)
@@ -348,13 +357,7 @@ class RocksCqStore:
                 if n:
                     written += n
                     pending.append((st, *new))
-            end = max(end, self._applied)
-            wb.put(L.CHECKPOINT_KEY, L.CHECKPOINT_VALUE.pack(end), handle)  # type: ignore[arg-type]
-            self._db_().write(wb)
-            for st, new_min, new_max, last_end, last_time in pending:
-                st.min_offset, st.max_offset = new_min, new_max
-                st.last_phy_end, st.last_time_ms = last_end, last_time
-            self._applied = end
+            self._commit(wb, pending, end)
         failpoints.hit("cq.after_put")
         return written
 

@@ -294,13 +294,17 @@ class IndexEngine:
                             add_time(ts)
             keys = batch.keys
             written = self._put(batch) if keys else 0
-            if applied != self._applied:
-                self._applied = applied
-                self._ckpt_stale = True
-            failpoints.hit("index.after_apply")
-            if self.clock.monotonic_ms() >= self._next_flush_ms:
-                self._flush_locked()
+            self._applied_to(applied)
             return written
+
+    def _applied_to(self, applied: int) -> None:
+        """Under the mutex, after a batch: the new applied offset, and a flush when due."""
+        if applied != self._applied:
+            self._applied = applied
+            self._ckpt_stale = True
+        failpoints.hit("index.after_apply")
+        if self.clock.monotonic_ms() >= self._next_flush_ms:
+            self._flush_locked()
 
     def apply_columns(self, columns: DispatchColumns) -> int:
         """apply() of a frame as columns: the same keys in the same order, so the same files
@@ -315,12 +319,7 @@ class IndexEngine:
             if len(rows):
                 rows = rows[columns.goes_to_index[rows]]
             written = self._put_columns(columns, rows) if len(rows) else 0
-            if applied != self._applied:
-                self._applied = applied
-                self._ckpt_stale = True
-            failpoints.hit("index.after_apply")
-            if self.clock.monotonic_ms() >= self._next_flush_ms:
-                self._flush_locked()
+            self._applied_to(applied)
             return written
 
     def _put_columns(self, columns: DispatchColumns, rows: Column) -> int:
