@@ -50,7 +50,7 @@ from cq_svc.unit_file import (
 from mqstore.dispatch import Column
 from mqstore.errors import check
 from mqstore.formats.cq_time import encode_times
-from mqstore.formats.cq_unit import encode_unit_columns
+from mqstore.formats.cq_unit import UNIT_DTYPE, encode_unit_columns
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
@@ -310,13 +310,23 @@ class FileQueue:
             stop_units = min(end - offset, max_units - len(out), (mf.file_size - pos) // UNIT_BYTES)
             tmf, tpos = self._locate(self.times, offset, TIME_BYTES)
             if stop_units > 0:
-                # A run at C speed: the units unpacked by one iter_unpack, the times (the top
-                # 48 bits of each 8-byte entry) by numpy; only the Unit objects are per unit.
-                units = mf.read_buf[pos : pos + stop_units * UNIT_BYTES]
+                # A run at C speed: the units' and times' columns by numpy (a time is the top
+                # 48 bits of its 8-byte entry); only the Unit objects are per unit.
+                units = np.frombuffer(
+                    mf.read_buf[pos : pos + stop_units * UNIT_BYTES], dtype=UNIT_DTYPE
+                )
                 times = tmf.read_buf[tpos : tpos + stop_units * TIME_BYTES]
-                phys, sizes, tags = zip(*UNIT.iter_unpack(units), strict=True)
                 stamps = (np.frombuffer(times, dtype=">u8") >> 16).tolist()
-                out.extend(map(Unit, range(offset, offset + stop_units), phys, sizes, tags, stamps))
+                out.extend(
+                    map(
+                        Unit,
+                        range(offset, offset + stop_units),
+                        units["phy"].tolist(),
+                        units["size"].tolist(),
+                        units["tags"].tolist(),
+                        stamps,
+                    )
+                )
             offset += stop_units
             if one_file or offset >= end:
                 break
