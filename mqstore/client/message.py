@@ -32,13 +32,9 @@ from mqstore.client.compression import decompress
 from mqstore.client.errors import DataLoss
 from mqstore.formats import sysflag
 from mqstore.formats.msgid import offset_msg_id
-from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
+from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, split_keys
 from mqstore.formats.record import (
-    HEADERS,
-    MAGIC_V2,
-    SYSFLAG_POS,
     Record,
-    host_bytes_for_flag,
     read_record,
 )
 from mqstore.rpc.gen.common.v1 import common_pb2
@@ -62,8 +58,8 @@ FIELDS: Final = (
     "size",
     "msg_id",
 )
-# What a lazily built message decodes from its record's header and topic on first use.
-_HEAD_FIELDS: Final = frozenset(FIELDS) - {"body", "properties"}
+# What a lazily built message decodes from its record on first use.
+_LAZY_FIELDS: Final = frozenset(FIELDS) - {"body"}
 
 _I32 = struct.Struct(">i")
 _TOPIC_LEN_V2 = struct.Struct(">h")
@@ -135,77 +131,20 @@ class Message:
 
         def __getattr__(self, name: str) -> Any:
             # Called only for a slot not set yet: a field of a lazily built message.
-            if name == "properties":
-                self._decode_properties()
-            elif name in _HEAD_FIELDS:
-                self._decode_head()
+            if name in _LAZY_FIELDS:
+                self._decode_rest()
             else:
                 raise AttributeError(f"'Message' object has no attribute {name!r}")
             return object.__getattribute__(self, name)
 
-    def _decode_head(self) -> None:
+    def _decode_rest(self) -> None:
+        """Every field but the body, from the record (checked when its batch was decoded)."""
         raw = self._raw
         if raw is None:  # every field of a hand-built message is set in __init__
             raise AssertionError("a Message without its record lacks a field")
-        (flags,) = _I32.unpack_from(raw, SYSFLAG_POS)
-        header = HEADERS[host_bytes_for_flag(flags)]
-        (
-            total,
-            magic,
-            _,
-            queue_id,
-            flag,
-            queue_offset,
-            physical_offset,
-            _,
-            born_ts,
-            born_host,
-            store_ts,
-            store_host,
-            reconsume,
-            _,
-            body_len,
-        ) = header.unpack_from(raw)
-        p = header.size + body_len
-        if magic == MAGIC_V2:
-            (topic_len,) = _TOPIC_LEN_V2.unpack_from(raw, p)
-            p += 2
-        else:
-            topic_len = raw[p]
-            p += 1
-        self._set_missing(
-            topic=raw[p : p + topic_len].decode("utf-8"),
-            queue_id=queue_id,
-            queue_offset=queue_offset,
-            commit_log_offset=physical_offset,
-            store_timestamp_ms=store_ts,
-            born_timestamp_ms=born_ts,
-            store_host=host_text(store_host),
-            born_host=host_text(born_host),
-            sys_flag=flags,
-            flag=flag,
-            reconsume_times=reconsume,
-            size=total,
-            msg_id=offset_msg_id(store_host, physical_offset),
-        )
-
-    def _decode_properties(self) -> None:
-        raw = self._raw
-        if raw is None:
-            raise AssertionError("a Message without its record lacks a field")
-        # The properties end the record, their 2-byte length just before them.
-        (flags,) = _I32.unpack_from(raw, SYSFLAG_POS)
-        header = HEADERS[host_bytes_for_flag(flags)]
-        (body_len,) = _I32.unpack_from(raw, header.size - 4)
-        p = header.size + body_len
-        (magic,) = _I32.unpack_from(raw, 4)
-        if magic == MAGIC_V2:
-            (topic_len,) = _TOPIC_LEN_V2.unpack_from(raw, p)
-            p += 2 + topic_len
-        else:
-            p += 1 + raw[p]
-        (props_len,) = _PROPS_LEN.unpack_from(raw, p)
-        self._set_missing(properties=decode_properties(raw[p + 2 : p + 2 + props_len]))
+        record = read_record(raw, 0, len(raw), check_crc=False)
+        assert isinstance(record, Record), record
+        self._set_missing(**_fields_of(record))
 
     def _set_missing(self, **values: object) -> None:
         for name, value in values.items():
@@ -267,23 +206,7 @@ class Message:
 
     @classmethod
     def _of(cls, r: Record) -> Message:
-        return cls(
-            topic=r.topic,
-            queue_id=r.queue_id,
-            queue_offset=r.queue_offset,
-            commit_log_offset=r.physical_offset,
-            body=decompress(r.body, r.sys_flag),
-            properties=r.properties_dict(),
-            store_timestamp_ms=r.store_timestamp_ms,
-            born_timestamp_ms=r.born_timestamp_ms,
-            store_host=host_text(r.store_host),
-            born_host=host_text(r.born_host),
-            sys_flag=r.sys_flag,
-            flag=r.flag,
-            reconsume_times=r.reconsume_times,
-            size=r.total_size,
-            msg_id=offset_msg_id(r.store_host, r.physical_offset),
-        )
+        return cls(body=decompress(r.body, r.sys_flag), **_fields_of(r))
 
     @classmethod
     def from_proto(cls, m: common_pb2.Message) -> Message:
@@ -388,6 +311,26 @@ def decode_batch(blob: bytes, sizes: Iterable[int]) -> tuple[list[Message], list
         out[i] = _checked(raws[i])
         queue_offsets[i] = out[i].queue_offset
     return out, queue_offsets
+
+
+def _fields_of(r: Record) -> dict[str, Any]:
+    """A Message's fields but the body, from a decoded record."""
+    return {
+        "topic": r.topic,
+        "queue_id": r.queue_id,
+        "queue_offset": r.queue_offset,
+        "commit_log_offset": r.physical_offset,
+        "properties": r.properties_dict(),
+        "store_timestamp_ms": r.store_timestamp_ms,
+        "born_timestamp_ms": r.born_timestamp_ms,
+        "store_host": host_text(r.store_host),
+        "born_host": host_text(r.born_host),
+        "sys_flag": r.sys_flag,
+        "flag": r.flag,
+        "reconsume_times": r.reconsume_times,
+        "size": r.total_size,
+        "msg_id": offset_msg_id(r.store_host, r.physical_offset),
+    }
 
 
 def _lazy_messages(bodies: list[bytes], raws: list[bytes]) -> list[Message]:
