@@ -23,7 +23,6 @@ numpy is imported on the first decode, not with the package: it costs 0.3 s to i
 from __future__ import annotations
 
 import base64
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -60,10 +59,6 @@ FIELDS: Final = (
 )
 # What a lazily built message decodes from its record on first use.
 _LAZY_FIELDS: Final = frozenset(FIELDS) - {"body"}
-
-_I32 = struct.Struct(">i")
-_TOPIC_LEN_V2 = struct.Struct(">h")
-_PROPS_LEN = struct.Struct(">h")
 
 
 class Message:
