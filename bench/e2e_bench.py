@@ -1194,33 +1194,39 @@ class Bench:
 # -- versions, the doc, main -------------------------------------------------------------------
 
 
-def _versions() -> list[tuple[str, str]]:
+def _git_commit() -> str:
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).resolve().parent,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return done.stdout.strip() or "?"
+
+
+def versions() -> list[tuple[str, str]]:
+    """What a benchmark's figures depend on: the machine, Python, gRPC, protobuf, the commit."""
     cpu = "?"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    try:
-        commit = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-    except OSError:
-        commit = ""
     return [
         (
             "machine",
-            f"{os.cpu_count()} cores shared with other developers' work ({cpu}), "
+            f"{os.cpu_count()} cores shared with other work ({cpu}), "
             f"{platform.system()} {platform.release()}",
         ),
         ("Python", platform.python_version()),
         ("grpcio", grpc.__version__),
         ("protobuf", f"{protobuf_version} ({api_implementation.Type()})"),
-        ("mqstore commit", commit or "?"),
+        ("mqstore commit", _git_commit()),
     ]
 
 
@@ -1296,8 +1302,8 @@ def main(argv: list[str] | None = None) -> int:
     for note in bench.notes:
         print(f"note: {note}")
     if doc is not None:
-        versions = "\n".join(f"| {k} | {v} |" for k, v in _versions())
-        header = f"{title}.\n\n| | |\n| --- | --- |\n{versions}"
+        table = "\n".join(f"| {k} | {v} |" for k, v in versions())
+        header = f"{title}.\n\n| | |\n| --- | --- |\n{table}"
         write_doc(doc, header, render_markdown(bench.rows), bench.notes)
         print(f"table written to {doc}")
     return 0

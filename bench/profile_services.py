@@ -33,13 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.peers.mqstore_bench import INDEX_DEFAULT_ARGS, settings_of
-from mqstore.client import Admin, ClientSettings, Consumer, Producer
+from bench.peers.mqstore_bench import INDEX_DEFAULT_ARGS, settings_of, wait_caught_up
+from mqstore.client import ClientSettings, Consumer, Producer
 from tests.e2e.cluster import Cluster, start_store
 
 BATCH = 1_000
 PROFILE_RATE_HZ = 250
-CATCH_UP_TIMEOUT_S = 120.0
 PY_SPY_START_S = 0.5  # py-spy attaches before the clock starts
 WARM_UP_MESSAGES = 20_000
 
@@ -75,22 +74,6 @@ def _consume(settings: ClientSettings, topic: str, n: int) -> None:
             count += len(message.body) > -1
     if count != n:
         raise RuntimeError(f"consumed {count} of {n}")
-
-
-def _caught_up(settings: ClientSettings) -> None:
-    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
-    with Admin(settings) as admin:
-        while True:
-            status = admin.status()
-            end = status.commitlog.max_offset
-            applied = [r.applied_offset for r in status.cq] + [
-                r.applied_offset for r in status.index
-            ]
-            if all(a >= end for a in applied):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError("the followers did not catch up")
-            time.sleep(0.05)
 
 
 def summarize(path: Path, top: int) -> str:
@@ -140,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         _produce(settings, f"{topic}-warm-up", args.size, WARM_UP_MESSAGES)
         if args.workload == "consume":
             _produce(settings, topic, args.size, args.messages)
-        _caught_up(settings)
+        wait_caught_up(settings)
         pids = _pids(cluster)
         spy = Path(sys.executable).with_name("py-spy")
         for name in filter(None, args.profile.split(",")):
@@ -163,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             _consume(settings, topic, args.messages)
         took = time.perf_counter() - began
         if args.workload == "produce":
-            _caught_up(settings)  # the followers' share of the work counts too
+            wait_caught_up(settings)  # the followers' share of the work counts too
         used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     finally:
         for proc, _ in profilers:

@@ -19,22 +19,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from importlib.metadata import version
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from bench.e2e_bench import versions
 from bench.peers import grpc_ceiling, mqstore_bench, nats_bench, redis_bench, table
 from bench.peers.common import FULL, QUICK, SIZES, SYSTEMS, Results, Scale
 from bench.peers.context import SETTLE_BUDGET_S, Context
@@ -97,43 +94,6 @@ def _visible_rates(ctx: Context, systems: tuple[str, ...], given: float | None) 
         else:
             ctx.visible_rates = dict.fromkeys(SIZES, VISIBLE_RATE_FALLBACK)
             ctx.visible_rate_source = "a fixed fallback (mqstore did not run)"
-
-
-def _git_commit() -> str:
-    try:
-        done = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=REPO,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-    return done.stdout.strip() or "?"
-
-
-def versions() -> list[tuple[str, str]]:
-    from google.protobuf.internal import api_implementation  # noqa: PLC0415 (internal)
-
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return [
-        (
-            "machine",
-            f"{os.cpu_count()} cores shared with other work ({cpu}), "
-            f"{platform.system()} {platform.release()}",
-        ),
-        ("Python", platform.python_version()),
-        ("grpcio", version("grpcio")),
-        ("protobuf", f"{version('protobuf')} ({api_implementation.Type()})"),
-        ("mqstore commit", _git_commit()),
-    ]
 
 
 def run_bench(
