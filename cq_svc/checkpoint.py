@@ -1,13 +1,7 @@
 """cq_svc's checkpoint: which commit log it follows and how far it is durably applied.
 
-    {data_dir}/cq_checkpoint   CRC32C frame (mqstore.formats.framing), magic b"CQCK", version 1:
-
-    0    16   store_id                the commit log followed (commitlog_svc's store.meta id);
-                                      all zero before the first handshake
-    16   8    confirmed_offset        every dispatch entry below it is applied and flushed
-    24   8    min_commit_log_offset   the log's minimum when last told (correct_min_offset at
-                                      start-up uses it before the handshake brings a fresh one)
-    32   8    written_at_ms           informational
+    {data_dir}/cq_checkpoint   layout in mqstore.formats.cq_checkpoint (shared with the Spark
+                               rebuild job); this module reads and writes the file.
 
 Written with write_atomic (tmp + fsync + rename + fsync dir), so a crash leaves the old one or
 the new one. A missing or corrupt checkpoint reads as confirmed offset 0: recovery then trusts
