@@ -18,7 +18,7 @@ from mqstore.client.message import Message
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
 from tests.client.conftest import INDEX_ARGS, settings_for
-from tests.e2e.cluster import Cluster
+from tests.e2e.cluster import Cluster, expiring_args
 from tests.e2e.support import CALL_TIMEOUT_S, append, eventually
 
 pytestmark = pytest.mark.timeout(120)
@@ -149,7 +149,6 @@ def test_a_commitlog_svc_killed_mid_consume_loses_and_duplicates_nothing(
 # -- retention ------------------------------------------------------------------------------------
 
 SEGMENT_BYTES = 64 * 1024
-ALL_HOURS = "[" + ", ".join(str(h) for h in range(24)) + "]"
 
 
 @pytest.fixture
@@ -158,18 +157,8 @@ def expiring_cluster(tmp_path: Path) -> Iterator[Cluster]:
     delete) within a fraction of a second."""
     c = Cluster(
         tmp_path / "store",
-        extra={
-            "commitlog_svc": [
-                "--file-bytes", str(SEGMENT_BYTES),
-                "--warm-ahead-bytes", "0",
-                "--file-reserved-hours", "0",
-                "--delete-when-hours", ALL_HOURS,
-                "--clean-interval-ms", "100",
-            ],
-            "cq_svc": ["--flush-thorough-interval-ms", "100", "--log-probe-interval-ms", "100"],
-            "index_svc": ["--flush-interval-ms", "100"],
-        },
-    )  # fmt: skip
+        extra=expiring_args(SEGMENT_BYTES),
+    )
     try:
         c.start_commitlog()
         c.add("cq_svc", "cq")

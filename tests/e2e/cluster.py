@@ -143,6 +143,26 @@ class Cluster:
 SMALL_INDEX_ARGS = ("--slot-num", "4096", "--entry-num", "16384")
 
 
+# Every hour of the day: retention may delete whenever a segment is due.
+ALL_HOURS = "[" + ", ".join(str(h) for h in range(24)) + "]"
+
+
+def expiring_args(segment_bytes: int) -> dict[str, list[str]]:
+    """Per-service flags of a store whose small segments retention deletes as soon as the
+    followers confirm them (within a fraction of a second)."""
+    return {
+        "commitlog_svc": [
+            "--file-bytes", str(segment_bytes),
+            "--warm-ahead-bytes", "0",
+            "--file-reserved-hours", "0",
+            "--delete-when-hours", ALL_HOURS,
+            "--clean-interval-ms", "100",
+        ],
+        "cq_svc": ["--flush-thorough-interval-ms", "100", "--log-probe-interval-ms", "100"],
+        "index_svc": ["--flush-interval-ms", "100"],
+    }  # fmt: skip
+
+
 def start_store(
     root: Path, *, flush: str = "sync", extra: dict[str, list[str]] | None = None
 ) -> Cluster:

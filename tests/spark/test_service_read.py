@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from mqstore.client import Admin, ClientSettings, Producer, SendResult
-from tests.e2e.cluster import Cluster, start_all
+from tests.e2e.cluster import Cluster, expiring_args, start_all
 from tests.spark.conftest import connection_options
 
 pytest.importorskip("pyspark")
@@ -237,7 +237,6 @@ def test_empty_range_reads_nothing(spark: Any, mqstore_cluster: Cluster, stored:
 # -- data loss (retention) -----------------------------------------------------------------------
 
 SEGMENT_BYTES = 64 * 1024
-ALL_HOURS = "[" + ", ".join(str(h) for h in range(24)) + "]"
 
 
 @pytest.fixture(scope="module")
@@ -245,18 +244,8 @@ def expiring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Small segments that retention deletes as soon as the followers confirm them."""
     c = Cluster(
         tmp_path_factory.mktemp("expiring"),
-        extra={
-            "commitlog_svc": [
-                "--file-bytes", str(SEGMENT_BYTES),
-                "--warm-ahead-bytes", "0",
-                "--file-reserved-hours", "0",
-                "--delete-when-hours", ALL_HOURS,
-                "--clean-interval-ms", "100",
-            ],
-            "cq_svc": ["--flush-thorough-interval-ms", "100", "--log-probe-interval-ms", "100"],
-            "index_svc": ["--flush-interval-ms", "100"],
-        },
-    )  # fmt: skip
+        extra=expiring_args(SEGMENT_BYTES),
+    )
     start_all(c)
     try:
         yield c
