@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from cq_svc.config import StoreKind
+from mqstore.launcher import ServiceProcess
+from mqstore.rpc.channel import make_channel
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from tests.cq_svc.support import ApiHarness
 
 
@@ -25,3 +28,10 @@ def any_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ApiHarne
     harness.handshake()
     yield harness
     harness.stop()
+
+
+@pytest.fixture
+def log_stub(log: ServiceProcess) -> Iterator[cl_grpc.CommitLogStub]:
+    """A stub of the commit log a module's `log` fixture started."""
+    with make_channel(log.target) as channel:
+        yield cl_grpc.CommitLogStub(channel)

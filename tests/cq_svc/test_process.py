@@ -16,7 +16,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cq_svc import checkpoint
 from mqstore.launcher import ServiceProcess
-from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
@@ -32,12 +31,6 @@ def log(tmp_path: Path) -> Iterator[ServiceProcess]:
     process = start_commitlog(tmp_path)
     yield process
     process.stop(timeout_s=15)
-
-
-@pytest.fixture
-def log_stub(log: ServiceProcess) -> Iterator[cl_grpc.CommitLogStub]:
-    with make_channel(log.target) as channel:
-        yield cl_grpc.CommitLogStub(channel)
 
 
 def start_cq(root: Path, log: ServiceProcess) -> ServiceProcess:

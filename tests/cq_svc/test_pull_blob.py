@@ -19,7 +19,6 @@ from cq_svc.servicer import _all_unit_records, _is_unit_record
 from cq_svc.unit_file import Unit
 from mqstore.formats.record import encode_record
 from mqstore.launcher import ServiceProcess
-from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 from tests.cq_svc.logs import Stored, append, decode, segment_path, start_commitlog
@@ -35,12 +34,6 @@ def log(tmp_path: Path) -> Iterator[ServiceProcess]:
     process = start_commitlog(tmp_path / "log")
     yield process
     process.stop(timeout_s=15)
-
-
-@pytest.fixture
-def log_stub(log: ServiceProcess) -> Iterator[cl_grpc.CommitLogStub]:
-    with make_channel(log.target) as channel:
-        yield cl_grpc.CommitLogStub(channel)
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import grpc
 import pytest
 
 from mqstore.launcher import ServiceProcess
-from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
@@ -44,12 +43,6 @@ def log(tmp_path: Path) -> Iterator[ServiceProcess]:
     )
     yield process
     process.stop(timeout_s=15)
-
-
-@pytest.fixture
-def log_stub(log: ServiceProcess) -> Iterator[cl_grpc.CommitLogStub]:
-    with make_channel(log.target) as channel:
-        yield cl_grpc.CommitLogStub(channel)
 
 
 @pytest.fixture
