@@ -56,9 +56,10 @@ def dispatch_properties(batches: Sequence[MessageBatch]) -> DispatchProperties:
             out.keys.extend([""] * n)
             out.uniq_keys.extend([""] * n)
             continue
-        out.tags_codes.extend(map(tags_code, property_values(props, TAGS)))
-        out.keys.extend(property_values(props, KEYS))
-        out.uniq_keys.extend(property_values(props, UNIQ_KEY))
+        joined = b"".join(props)
+        out.tags_codes.extend(map(tags_code, property_values(props, TAGS, joined=joined)))
+        out.keys.extend(property_values(props, KEYS, joined=joined))
+        out.uniq_keys.extend(property_values(props, UNIQ_KEY, joined=joined))
     return out
 
 
@@ -84,6 +85,7 @@ class AppendedRun:
         return self.offsets[0]
 
     def nbytes(self) -> int:
+        """About what the run takes in memory: its entries and the characters of its keys."""
         keys = sum(map(len, self.props.keys)) + sum(map(len, self.props.uniq_keys))
         return len(self.offsets) * FRAME_ENTRY_BYTES + keys
 
@@ -102,6 +104,7 @@ class AppendFrames:
         self._lock = threading.Lock()
         self._runs: list[AppendedRun] = []
         self._starts: list[int] = []
+        self._sizes: list[int] = []  # each run's nbytes(), counted once when it is added
         self._bytes_max = bytes_max
         self._bytes = 0
 
@@ -117,6 +120,7 @@ class AppendFrames:
                 self._clear()  # the log went back (cannot happen while appends only grow)
             self._runs.append(run)
             self._starts.append(run.start)
+            self._sizes.append(size)
             self._bytes += size
             if self._bytes > self._bytes_max:
                 self._evict()
@@ -128,6 +132,7 @@ class AppendFrames:
     def _clear(self) -> None:
         self._runs.clear()
         self._starts.clear()
+        self._sizes.clear()
         self._bytes = 0
 
     def _evict(self) -> None:
@@ -135,10 +140,11 @@ class AppendFrames:
         goal = self._bytes_max * 3 // 4
         drop = 0
         while drop < len(self._runs) - 1 and self._bytes > goal:
-            self._bytes -= self._runs[drop].nbytes()
+            self._bytes -= self._sizes[drop]
             drop += 1
         del self._runs[:drop]
         del self._starts[:drop]
+        del self._sizes[:drop]
 
     def take(
         self, offset: int, visible_end: int, entries_max: int, bytes_max: int

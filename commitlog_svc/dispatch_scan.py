@@ -152,22 +152,22 @@ class DispatchScan:
         return self.response.batch
 
 
-def frame_of_runs(slices: Sequence[RunSlice], include_keys: bool) -> DispatchScan:
+def frame_of_runs(slices: Sequence[RunSlice], include_keys: bool) -> pb.SubscribeResponse:
     """The frame of entries held from the appends (append_frames.py): the same columns a scan
-    of their records gives, copied slice by slice at C speed."""
+    of their records gives, copied slice by slice at C speed. Its batch's next_offset is where
+    the subscriber goes on."""
     response = pb.SubscribeResponse()
     batch = response.batch
     first, last = slices[0], slices[-1]
     batch.start_offset = first.run.offsets[first.lo]
-    next_offset = last.run.end if last.hi == len(last.run.offsets) else last.run.offsets[last.hi]
-    batch.next_offset = next_offset
+    if last.hi == len(last.run.offsets):
+        batch.next_offset = last.run.end
+    else:
+        batch.next_offset = last.run.offsets[last.hi]
     topics: dict[str, int] = {}
-    entries = 0
-    key_bytes = 0
     for piece in slices:
         run, lo, hi = piece.run, piece.lo, piece.hi
         n = hi - lo
-        entries += n
         mapping = [topics.setdefault(t, len(topics)) for t in run.topics]
         if run.topic_indexes is None:
             batch.topic_indexes.extend(itertools.repeat(mapping[0], n))
@@ -183,13 +183,10 @@ def frame_of_runs(slices: Sequence[RunSlice], include_keys: bool) -> DispatchSca
         batch.store_timestamps_ms.extend(itertools.repeat(run.store_timestamp_ms, n))
         batch.sys_flags.extend(run.sys_flags[lo:hi])
         if include_keys:
-            keys = run.props.keys[lo:hi]
-            uniq = run.props.uniq_keys[lo:hi]
-            batch.keys.extend(keys)
-            batch.uniq_keys.extend(uniq)
-            key_bytes += sum(map(len, keys)) + sum(map(len, uniq))
+            batch.keys.extend(run.props.keys[lo:hi])
+            batch.uniq_keys.extend(run.props.uniq_keys[lo:hi])
     batch.topics.extend(topics)
-    return DispatchScan(response, next_offset, entries, [], entries * FRAME_ENTRY_BYTES + key_bytes)
+    return response
 
 
 def scan_dispatch(

@@ -523,10 +523,10 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             seen = engine.confirm_offset
             held = engine.appended.take(offset, seen, entries_max, bytes_max)
             if held:  # the newest appends' own columns: no scan of the segment
-                found = frame_of_runs(held, include_keys)
+                frame = frame_of_runs(held, include_keys)
                 metrics.DISPATCH_FRAMES.labels("appended").inc()
-                yield found.response
-                offset = found.next_offset
+                yield frame
+                offset = frame.batch.next_offset
                 self.registry.advance(sid, offset)
                 continue
             if held is None:  # not held (behind the window, a blank, a gap): scan

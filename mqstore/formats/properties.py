@@ -69,11 +69,12 @@ def property_value(raw: bytes, name: str) -> str:
     return "" if found is None else found[1].decode("utf-8", "replace")
 
 
-def property_values(raws: Sequence[bytes], name: str) -> list[str]:
+def property_values(raws: Sequence[bytes], name: str, *, joined: bytes | None = None) -> list[str]:
     """property_value for each properties blob of a batch; a batch where the name occurs
-    nowhere (the common case for TAGS and KEYS) costs one search over the joined blobs."""
+    nowhere (the common case for TAGS and KEYS) costs one search over the joined blobs
+    (`joined`: b"".join(raws) made once by a caller that looks for several names)."""
     needle = name.encode() + b"\x01"
-    if needle not in b"".join(raws):
+    if needle not in (b"".join(raws) if joined is None else joined):
         return [""] * len(raws)
     return [
         "" if m is None else m[1].decode("utf-8", "replace")
