@@ -60,7 +60,7 @@ from mqstore.errors import (
 )
 from mqstore.formats import sysflag
 from mqstore.formats.javahash import index_key_hash
-from mqstore.formats.keyhash import index_hashes_prefixed
+from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR, index_hashes_prefixed, message_keys
 from mqstore.sharding import index_key, key_hash64, shard_of_hash
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock, SystemClock
@@ -262,11 +262,11 @@ class IndexEngine:
             self._check_writable()
             applied = self._applied
             batch = _Keys([], [], [])
-            # The one per-message loop of the engine (~1 us a message): locals only.
-            add_key, add_phy, add_time = (
-                batch.keys.append,
-                batch.phys.append,
-                batch.store_ts_ms.append,
+            # Entry lists (tests, tools); the service applies frames as columns (apply_columns).
+            add_keys, add_phys, add_times = (
+                batch.keys.extend,
+                batch.phys.extend,
+                batch.store_ts_ms.extend,
             )
             rollback = sysflag.TRANSACTION_ROLLBACK_TYPE
             mask = sysflag.TRANSACTION_MASK
@@ -277,21 +277,12 @@ class IndexEngine:
                 applied = offset + e.size
                 if e.sys_flag & mask == rollback:
                     continue
-                uniq, tokens = e.uniq_key, e.keys
-                if not uniq and not tokens:
+                if not e.uniq_key and not e.keys:
                     continue
-                prefix = e.topic + "#"
-                ts = e.store_timestamp_ms
-                if uniq:
-                    add_key(prefix + uniq)
-                    add_phy(offset)
-                    add_time(ts)
-                if tokens:
-                    for token in tokens.split(" "):
-                        if token:
-                            add_key(prefix + token)
-                            add_phy(offset)
-                            add_time(ts)
+                keys = message_keys(e.topic, e.uniq_key, e.keys)
+                add_keys(keys)
+                add_phys([offset] * len(keys))
+                add_times([e.store_timestamp_ms] * len(keys))
             keys = batch.keys
             written = self._put(batch) if keys else 0
             self._applied_to(applied)
@@ -337,7 +328,7 @@ class IndexEngine:
         first_topic = int(topic_indexes[0])
         if not (topic_indexes == first_topic).all():
             return self._put_rows(columns, rows)
-        prefix = columns.topics[first_topic] + "#"
+        prefix = columns.topics[first_topic] + KEY_TOPIC_SEPARATOR
         suffixes = uniq if len(rows) == len(uniq) else [uniq[i] for i in rows.tolist()]
         hashes = index_hashes_prefixed(prefix, suffixes)
         return self._put_hashed(
@@ -361,10 +352,7 @@ class IndexEngine:
             tokens = token_lists[i] if token_lists else ""
             if not uniq and not tokens:
                 continue
-            prefix = topics[int(topic_indexes[i])] + "#"
-            keys = [prefix + uniq] if uniq else []
-            if tokens:
-                keys.extend(prefix + token for token in tokens.split(" ") if token)
+            keys = message_keys(topics[int(topic_indexes[i])], uniq, tokens)
             batch.keys.extend(keys)
             batch.phys.extend([int(phys[i])] * len(keys))
             batch.store_ts_ms.extend([int(times[i])] * len(keys))

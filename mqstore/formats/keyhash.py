@@ -11,7 +11,8 @@ The jump consistent hash is likewise run for the batch, one numpy step per jump,
 the same double arithmetic as the scalar function. Tests check both against the scalar
 definitions (mqstore.formats.javahash, mqstore.sharding) for many keys.
 
-Used by index_svc's engine and by the Spark rebuild and audit jobs.
+Used by index_svc's engine and by the Spark rebuild and audit jobs, which also share the
+key format (`message_keys`): "topic#UNIQ_KEY", then "topic#token" for each KEYS token.
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ _INT32_MIN = -(1 << 31)
 _LENGTH_GROUPS_MAX = 48
 
 _pow31 = np.ones(1, dtype=np.uint32)
+
+
+# Between a message's topic and each of its keys in an index key (RocketMQ's buildKey).
+KEY_TOPIC_SEPARATOR = "#"
+
+
+def message_keys(topic: str, uniq_key: str, keys: str) -> list[str]:
+    """The index keys of one message, in the order they are written."""
+    prefix = topic + KEY_TOPIC_SEPARATOR
+    out = [prefix + uniq_key] if uniq_key else []
+    if keys:
+        out.extend(prefix + token for token in keys.split(" ") if token)
+    return out
 
 
 def _powers_of_31(n: int) -> np.ndarray:

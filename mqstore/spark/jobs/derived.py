@@ -235,15 +235,6 @@ class IndexGeometry:
         return self.entry_num - 1
 
 
-def message_keys(topic: str, uniq_key: str | None, keys: str | None) -> list[str]:
-    """The index keys of one message, in the order the engine writes them."""
-    prefix = topic + "#"
-    out = [prefix + uniq_key] if uniq_key else []
-    if keys:
-        out.extend(prefix + token for token in keys.split(" ") if token)
-    return out
-
-
 def shard_mask(keys: Sequence[str], geometry: IndexGeometry) -> np.ndarray:
     """Which keys this shard indexes (all when unsharded)."""
     if geometry.shard_count == 1:

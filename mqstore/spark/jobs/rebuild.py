@@ -41,6 +41,7 @@ from mqstore.formats import index_file as ifmt
 from mqstore.formats import index_hash64, sysflag
 from mqstore.formats.index_checkpoint import FileRecord
 from mqstore.formats.javahash import tags_code
+from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR
 from mqstore.spark.jobs import derived
 from mqstore.spark.jobs.common import (
     add_common_args,
@@ -135,7 +136,7 @@ def index_keys_df(log_df: Any, geometry: derived.IndexGeometry) -> Any:
     out = keyed.select(
         "commitLogOffset",
         "pos",
-        sf.concat(sf.col("topic"), sf.lit("#"), sf.col("token")).alias("key"),
+        sf.concat(sf.col("topic"), sf.lit(KEY_TOPIC_SEPARATOR), sf.col("token")).alias("key"),
         "storeTimestampMs",
     )
     if geometry.shard_count > 1:
