@@ -33,7 +33,13 @@ import numpy as np
 from cq_svc import checkpoint
 from cq_svc.config import CqConfig
 from cq_svc.queue_files import FileQueue, QueueState
-from cq_svc.store import PullResult, RecoveryReport, decide_pull, plain_run_start
+from cq_svc.store import (
+    PullResult,
+    RecoveryReport,
+    UnitColumns,
+    decide_pull,
+    plain_run_start,
+)
 from cq_svc.time_file import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
 from cq_svc.unit_file import UNIT_BYTES, Unit
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
@@ -449,9 +455,9 @@ class _FilePullSource:
             return 0, 0
         return self._fq.state.min_offset, self._fq.state.max_offset
 
-    def scan(self, offset: int, max_units: int) -> list[Unit] | None:
+    def scan(self, offset: int, max_units: int) -> UnitColumns | None:
         assert self._fq is not None
-        return self._fq.read_units(offset, max_units, one_file=True)
+        return self._fq.read_unit_columns(offset, max_units, one_file=True)
 
     def roll_next(self, offset: int) -> int:
         assert self._fq is not None

@@ -38,7 +38,9 @@ import logging
 import os
 
 import numpy as np
+import numpy.typing as npt
 
+from cq_svc.store import UnitColumns
 from cq_svc.time_file import TIME_BYTES, decode_time, encode_time
 from cq_svc.unit_file import (
     BLANK_SIZE,
@@ -296,42 +298,73 @@ class FileQueue:
         return self.state.last_time_ms
 
     def read_units(self, offset: int, max_units: int, *, one_file: bool) -> list[Unit] | None:
-        """Units from `offset` (below max), in one file when `one_file`; None when no file
-        holds `offset` (RocketMQ's iterateFrom returning null)."""
+        """Units from `offset` (below max), in one file when `one_file`, with their indexed
+        times; None when no file holds `offset` (RocketMQ's iterateFrom returning null)."""
+        runs = self._unit_runs(offset, max_units, one_file=one_file)
+        if runs is None:
+            return None
+        out: list[Unit] = []
+        for start, units in runs:
+            n = len(units)
+            tmf, tpos = self._locate(self.times, start, TIME_BYTES)
+            # A time is the top 48 bits of its 8-byte entry.
+            times = np.frombuffer(tmf.read_buf[tpos : tpos + n * TIME_BYTES], dtype=">u8")
+            out.extend(
+                map(
+                    Unit,
+                    range(start, start + n),
+                    units["phy"].tolist(),
+                    units["size"].tolist(),
+                    units["tags"].tolist(),
+                    (times >> 16).tolist(),
+                )
+            )
+        return out
+
+    def read_unit_columns(
+        self, offset: int, max_units: int, *, one_file: bool
+    ) -> UnitColumns | None:
+        """read_units as columns, without times (what a pull decides over)."""
+        runs = self._unit_runs(offset, max_units, one_file=one_file)
+        if runs is None:
+            return None
+        parts = [
+            UnitColumns(
+                np.arange(start, start + len(units), dtype=np.int64),
+                units["phy"].astype(np.int64),
+                units["size"].astype(np.int64),
+                units["tags"].astype(np.int64),
+            )
+            for start, units in runs
+        ]
+        return UnitColumns.concat(parts)
+
+    def _unit_runs(
+        self, offset: int, max_units: int, *, one_file: bool
+    ) -> list[tuple[int, npt.NDArray[np.void]]] | None:
+        """(first queue offset, units as UNIT_DTYPE records) for each file read from; None
+        when no file holds `offset`."""
         end = self.state.max_offset
         if offset >= end or max_units <= 0:
             return []
         mf = self.units.find_mapped_file_by_offset(offset * UNIT_BYTES)
         if mf is None:
             return None
-        out: list[Unit] = []
-        while mf is not None and len(out) < max_units and offset < end:
+        runs: list[tuple[int, npt.NDArray[np.void]]] = []
+        left = max_units
+        while mf is not None and left > 0 and offset < end:
             pos = offset * UNIT_BYTES - mf.file_from_offset
-            stop_units = min(end - offset, max_units - len(out), (mf.file_size - pos) // UNIT_BYTES)
-            tmf, tpos = self._locate(self.times, offset, TIME_BYTES)
+            stop_units = min(end - offset, left, (mf.file_size - pos) // UNIT_BYTES)
             if stop_units > 0:
-                # A run at C speed: the units' and times' columns by numpy (a time is the top
-                # 48 bits of its 8-byte entry); only the Unit objects are per unit.
-                units = np.frombuffer(
-                    mf.read_buf[pos : pos + stop_units * UNIT_BYTES], dtype=UNIT_DTYPE
-                )
-                times = tmf.read_buf[tpos : tpos + stop_units * TIME_BYTES]
-                stamps = (np.frombuffer(times, dtype=">u8") >> 16).tolist()
-                out.extend(
-                    map(
-                        Unit,
-                        range(offset, offset + stop_units),
-                        units["phy"].tolist(),
-                        units["size"].tolist(),
-                        units["tags"].tolist(),
-                        stamps,
-                    )
-                )
+                # Copied out of the map: the pull outlives the file's hold.
+                raw = bytes(mf.read_buf[pos : pos + stop_units * UNIT_BYTES])
+                runs.append((offset, np.frombuffer(raw, dtype=UNIT_DTYPE)))
+                left -= stop_units
             offset += stop_units
             if one_file or offset >= end:
                 break
             mf = self.units.find_mapped_file_by_offset(offset * UNIT_BYTES)
-        return out
+        return runs
 
     # -- writing --------------------------------------------------------------------------------
 

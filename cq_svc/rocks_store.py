@@ -34,7 +34,13 @@ import rocksdict
 from cq_svc import checkpoint
 from cq_svc import rocks_layout as L  # noqa: N812 (the layout module, read as a prefix)
 from cq_svc.config import CqConfig
-from cq_svc.store import PullResult, RecoveryReport, decide_pull, plain_run_start
+from cq_svc.store import (
+    PullResult,
+    RecoveryReport,
+    UnitColumns,
+    decide_pull,
+    plain_run_start,
+)
 from cq_svc.time_file import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
 from cq_svc.unit_file import BLANK_SIZE, Unit
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
@@ -669,10 +675,10 @@ class _RocksPullSource:
         st = self._st
         return (st.min_offset, st.max_offset) if st is not None else (0, 0)
 
-    def scan(self, offset: int, max_units: int) -> list[Unit] | None:
+    def scan(self, offset: int, max_units: int) -> UnitColumns | None:
         assert self._st is not None
         units = self._store._units(self._st, offset, max_units)
-        return units if units else None
+        return UnitColumns.of_units(units) if units else None
 
     def roll_next(self, offset: int) -> int:
         # No files to roll over: a missing row is skipped one offset at a time.

@@ -48,12 +48,13 @@ from itertools import repeat
 from typing import TypeVar
 
 import grpc
+import numpy as np
 
 from cq_svc import metrics, receipts
 from cq_svc.engine import CqEngine, Received
 from cq_svc.errors import ReceiptExpired
 from cq_svc.settings import CqSettings
-from cq_svc.store import PullResult, PullStatus
+from cq_svc.store import PullResult, PullStatus, UnitColumns
 from cq_svc.time_file import Boundary
 from cq_svc.unit_file import Unit
 from cq_svc.watch import QueueWatch
@@ -68,6 +69,7 @@ from mqstore.errors import (
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import TAGS
 from mqstore.formats.record import Bad, Blank, read_record, validate_topic
+from mqstore.formats.record_columns import record_heads
 from mqstore.limits import MessageLimits, validate_group
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
@@ -89,7 +91,6 @@ _HEAD = struct.Struct(">iiiiiqq")
 # The same head, MAGIC, BODYCRC and FLAG skipped: what a unit says of its record.
 _UNIT_HEAD = struct.Struct(">i8xi4xqq")
 assert _UNIT_HEAD.size == _HEAD.size
-_QUEUE_OFFSET = operator.attrgetter("queue_offset")
 _COMMIT_LOG_OFFSET = operator.attrgetter("commit_log_offset")
 _SIZE = operator.attrgetter("size")
 
@@ -125,10 +126,38 @@ class TagFilter:
 
 @dataclass(slots=True)
 class _Gathered:
+    """What a pull serves: its records one by one, or (the usual answer) laid end to end in
+    `blob` with their `sizes`, and their queue offsets."""
+
     records: list[bytes] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     next_begin: int = 0
     removed: int = 0
+    blob: bytes = b""
+    sizes: list[int] = field(default_factory=list)
+
+    @property
+    def served(self) -> int:
+        return len(self.offsets)
+
+
+@dataclass(slots=True)
+class _ReadAnswer:
+    """A commit-log Read's answer: per range its status, and its record either in `records`
+    or at its place in `blob` (`sizes`: 0 where not READ_OK), as the server answered."""
+
+    statuses: Sequence[int]
+    records: list[bytes] | None = None
+    blob: bytes = b""
+    sizes: list[int] | None = None
+
+    def as_records(self) -> list[bytes]:
+        if self.records is not None:
+            return self.records
+        assert self.sizes is not None
+        ends = np.cumsum(self.sizes, dtype=np.int64).tolist()
+        starts = [0, *ends[:-1]]
+        return list(map(self.blob.__getitem__, map(slice, starts, ends)))
 
 
 class CqServicer(pb_grpc.ConsumeQueueServicer):
@@ -221,10 +250,13 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         )
         if result.status is PullStatus.FOUND:
             got = self._gather(topic, queue_id, result, tags, context)
-            _put_records(response, got.records, as_blob)
+            if got.blob:
+                _put_blob(response, got.blob, got.sizes, as_blob)
+            else:
+                _put_records(response, got.records, as_blob)
             response.queue_offsets.extend(got.offsets)
             response.next_begin_offset = got.next_begin
-            if not got.records:
+            if not got.served:
                 response.status = pb.MESSAGE_WAS_REMOVING if got.removed else pb.NO_MATCHED_MESSAGE
         metrics.PULL_SECONDS.observe(time.perf_counter() - began)
         return response
@@ -238,27 +270,32 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         context: grpc.ServicerContext,
     ) -> _Gathered:
         """The engine's units through one Read, in queue order (module docstring)."""
-        units = result.units
-        offsets = list(map(_COMMIT_LOG_OFFSET, units))
-        sizes = list(map(_SIZE, units))
-        records, statuses = self._read(offsets, sizes, context)
-        read_ok = statuses.count(cl_pb.READ_OK)
+        taken = result.taken
+        sizes = taken.size.tolist()
+        answer = self._read(taken.phy.tolist(), sizes, context)
+        read_ok = answer.statuses.count(cl_pb.READ_OK)
         # One metric update per Pull, not per record (it was a quarter of a Pull's time).
         metrics.READ_RECORDS.labels("ok").inc(read_ok)
-        if read_ok == len(units):
-            queue_offsets = list(map(_QUEUE_OFFSET, units))
-            if _all_unit_records(records, queue_id, sizes, queue_offsets, offsets):
-                # The usual answer: every record read and the one its unit names; the checks
-                # of _gather_read, a column at a time.
-                if tags is None:
-                    return _Gathered(records, queue_offsets, result.next_begin_offset)
-                kept = [i for i, record in enumerate(records) if tags.matches(record)]
-                return _Gathered(
-                    [records[i] for i in kept],
-                    [queue_offsets[i] for i in kept],
-                    result.next_begin_offset,
-                )
-        return self._gather_read(topic, queue_id, result, tags, units, records, statuses)
+        if read_ok == len(sizes) and _all_unit_records(answer, queue_id, sizes, taken):
+            # The usual answer: every record read and the one its unit names; the checks of
+            # _gather_read, a column at a time.
+            queue_offsets = taken.queue_offset.tolist()
+            if tags is None:
+                if answer.records is None:
+                    return _Gathered(
+                        [], queue_offsets, result.next_begin_offset, blob=answer.blob, sizes=sizes
+                    )
+                return _Gathered(answer.records, queue_offsets, result.next_begin_offset)
+            records = answer.as_records()
+            kept = [i for i, record in enumerate(records) if tags.matches(record)]
+            return _Gathered(
+                [records[i] for i in kept],
+                [queue_offsets[i] for i in kept],
+                result.next_begin_offset,
+            )
+        return self._gather_read(
+            topic, queue_id, result, tags, result.units, answer.as_records(), answer.statuses
+        )
 
     def _gather_read(
         self,
@@ -268,7 +305,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         tags: TagFilter | None,
         units: list[Unit],
         records: list[bytes],
-        statuses: list[int],
+        statuses: Sequence[int],
     ) -> _Gathered:
         got = _Gathered(next_begin=result.next_begin_offset)
         for unit, record, status in zip(units, records, statuses, strict=True):
@@ -322,13 +359,14 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
 
     def _read(
         self, offsets: list[int], sizes: list[int], context: grpc.ServicerContext
-    ) -> tuple[list[bytes], list[int]]:
-        """The records at (offsets[i], sizes[i]) and their read statuses, in one Read."""
+    ) -> _ReadAnswer:
+        """The records at (offsets[i], sizes[i]) and their read statuses, in one Read (asked
+        for as one blob; a commit log that predates the blob answers one field a record)."""
         timeout_s = self.settings.read_timeout_ms / 1000.0
         remaining = context.time_remaining()
         if remaining is not None:
             timeout_s = max(0.001, min(timeout_s, remaining))
-        request = cl_pb.ReadRequest(offsets=offsets, sizes=sizes)
+        request = cl_pb.ReadRequest(offsets=offsets, sizes=sizes, records_as_blob=True)
         try:
             response = self._log.Read(request, timeout=timeout_s)
         except grpc.RpcError as err:
@@ -337,11 +375,21 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             if code is grpc.StatusCode.DATA_LOSS:
                 raise DataLoss(f"the commit log's Read failed: {details}") from err
             raise Unavailable(f"the commit log's Read failed: {code.name}: {details}") from err
+        n = len(offsets)
+        statuses = list(response.statuses)
+        if len(response.record_sizes) == n and n:
+            served = list(response.record_sizes)
+            check(
+                len(statuses) == n and sum(served) == len(response.records_blob),
+                f"Read answered {len(statuses)} statuses and a blob of "
+                f"{len(response.records_blob)} bytes for {n} ranges of {sum(served)}",
+            )
+            return _ReadAnswer(statuses, blob=response.records_blob, sizes=served)
         check(
-            len(response.records) == len(offsets) and len(response.statuses) == len(offsets),
-            f"Read answered {len(response.records)} records for {len(offsets)} ranges",
+            len(response.records) == n and len(statuses) == n,
+            f"Read answered {len(response.records)} records for {n} ranges",
         )
-        return list(response.records), list(response.statuses)
+        return _ReadAnswer(statuses, records=list(response.records))
 
     # -- long polling ------------------------------------------------------------------------------
 
@@ -555,9 +603,10 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         held (settled: nobody can ever consume them)."""
         units = [r.unit for r in got]
         try:
-            records, statuses = self._read(
+            answer = self._read(
                 list(map(_COMMIT_LOG_OFFSET, units)), list(map(_SIZE, units)), context
             )
+            records, statuses = answer.as_records(), answer.statuses
         except Exception:
             self._release(group, topic, queue_id, got)
             raise
@@ -746,22 +795,46 @@ def _put_records(
         response.record_sizes.extend(map(len, records))
 
 
+def _put_blob(response: pb.PullResponse, blob: bytes, sizes: list[int], as_blob: bool) -> None:
+    """_put_records of records laid end to end in `blob`: passed on as they came."""
+    if as_blob:
+        response.records_blob = blob
+        response.record_sizes.extend(sizes)
+    else:
+        _put_records(response, _ReadAnswer([], blob=blob, sizes=sizes).as_records(), False)
+
+
 def _all_unit_records(
-    records: list[bytes],
-    queue_id: int,
-    sizes: list[int],
-    queue_offsets: list[int],
-    commit_log_offsets: list[int],
+    answer: _ReadAnswer, queue_id: int, sizes: list[int], units: UnitColumns
 ) -> bool:
-    """_is_unit_record of every record at once (C-speed maps and one list comparison); False
-    when any one is not, and then each is looked at on its own."""
-    if list(map(len, records)) != sizes or min(sizes, default=_HEAD.size) < _HEAD.size:
+    """_is_unit_record of every record at once (columns); False when any one is not, and then
+    each is looked at on its own."""
+    if answer.records is not None:
+        records = answer.records
+        if list(map(len, records)) != sizes or min(sizes, default=_HEAD.size) < _HEAD.size:
+            return False
+        heads = list(map(_UNIT_HEAD.unpack_from, records))
+        expected = zip(
+            sizes,
+            repeat(queue_id, len(records)),
+            units.queue_offset.tolist(),
+            units.phy.tolist(),
+            strict=True,
+        )
+        return heads == list(expected)
+    if answer.sizes != sizes:
         return False
-    heads = list(map(_UNIT_HEAD.unpack_from, records))
-    expected = zip(
-        sizes, repeat(queue_id, len(records)), queue_offsets, commit_log_offsets, strict=True
+    if not sizes:
+        return True
+    head = record_heads(answer.blob, units.size)
+    if head is None:
+        return False
+    return bool(
+        (head["total"] == units.size).all()
+        and (head["queue_id"] == queue_id).all()
+        and (head["queue_offset"] == units.queue_offset).all()
+        and (head["physical_offset"] == units.phy).all()
     )
-    return heads == list(expected)
 
 
 def _is_unit_record(record: bytes, unit: Unit, queue_id: int) -> bool:

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from cq_svc.time_file import Boundary
-from cq_svc.unit_file import UNIT_BYTES, Unit
+from cq_svc.unit_file import BLANK_SIZE, UNIT_BYTES, Unit
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 
 
@@ -44,20 +45,91 @@ class PullStatus(enum.StrEnum):
     OFFSET_RESET = "OFFSET_RESET"  # set by a broker, never by the store
 
 
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(slots=True)
+class UnitColumns:
+    """A run of units as columns, in queue order: what a pull decides over and fetches (a
+    `Unit` object per unit was most of a Pull's time in cq_svc)."""
+
+    queue_offset: IntArray
+    phy: IntArray
+    size: IntArray
+    tags: IntArray
+
+    def __len__(self) -> int:
+        return len(self.queue_offset)
+
+    @classmethod
+    def empty(cls) -> UnitColumns:
+        none = np.zeros(0, dtype=np.int64)
+        return cls(none, none, none, none)
+
+    @classmethod
+    def of_units(cls, units: Sequence[Unit]) -> UnitColumns:
+        n = len(units)
+        return cls(
+            np.fromiter((u.queue_offset for u in units), dtype=np.int64, count=n),
+            np.fromiter((u.commit_log_offset for u in units), dtype=np.int64, count=n),
+            np.fromiter((u.size for u in units), dtype=np.int64, count=n),
+            np.fromiter((u.tags_code for u in units), dtype=np.int64, count=n),
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[UnitColumns]) -> UnitColumns:
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.empty()
+        return cls(
+            np.concatenate([p.queue_offset for p in parts]),
+            np.concatenate([p.phy for p in parts]),
+            np.concatenate([p.size for p in parts]),
+            np.concatenate([p.tags for p in parts]),
+        )
+
+    def select(self, rows: IntArray | slice) -> UnitColumns:
+        return UnitColumns(
+            self.queue_offset[rows], self.phy[rows], self.size[rows], self.tags[rows]
+        )
+
+    def blank(self) -> npt.NDArray[np.bool_]:
+        """Per unit: a fill-blank unit (points at no message)."""
+        blank: npt.NDArray[np.bool_] = (self.size == BLANK_SIZE) & (self.phy == 0)
+        return blank
+
+    def units(self) -> list[Unit]:
+        """As Unit objects (no store time: a pull does not read it)."""
+        return list(
+            map(
+                Unit,
+                self.queue_offset.tolist(),
+                self.phy.tolist(),
+                self.size.tolist(),
+                self.tags.tolist(),
+            )
+        )
+
+
 @dataclass(slots=True)
 class PullResult:
     status: PullStatus
     next_begin_offset: int
     min_offset: int
     max_offset: int
-    # What to fetch: (queue offset, commit-log offset, size) in queue order.
-    units: list[Unit] = field(default_factory=list)
+    # What to fetch, in queue order: queue offset, commit-log offset, size (and tags code).
+    taken: UnitColumns = field(default_factory=UnitColumns.empty)
     filtered: int = 0  # units skipped by the tag filter
+
+    @property
+    def units(self) -> list[Unit]:
+        return self.taken.units()
 
     @property
     def fetch(self) -> list[tuple[int, int]]:
         """(commit-log offset, size) pairs for one batched Read."""
-        return [(u.commit_log_offset, u.size) for u in self.units]
+        return list(zip(self.taken.phy.tolist(), self.taken.size.tolist(), strict=True))
 
 
 @dataclass(slots=True)
@@ -182,7 +254,7 @@ class PullSource(Protocol):
     def bounds(self) -> tuple[int, int]:
         """(min, max) offsets of the queue; (0, 0) for an unknown queue."""
 
-    def scan(self, offset: int, max_units: int) -> list[Unit] | None:
+    def scan(self, offset: int, max_units: int) -> UnitColumns | None:
         """Units from `offset` within the store's travel bound; None when nothing holds it."""
 
     def roll_next(self, offset: int) -> int:
@@ -208,7 +280,14 @@ def decide_pull(
 ) -> PullResult:
     """DefaultMessageStore.getMessage's range checks and CQ scan (§6.2), without the message
     reads. The in-memory / on-disk transfer caps (32 / 8 messages) are the broker's business
-    and are left to the caller's max_messages / max_bytes."""
+    and are left to the caller's max_messages / max_bytes.
+
+    RocketMQ walks unit by unit: a blank unit is stepped over; before any other unit the batch
+    is full when it holds max_messages, or the unit would take it past the byte cap, or it is
+    at the cap already; a unit the tag filter refuses is counted and skipped; the rest are
+    taken. Here each chunk of units is walked at once over columns: the running count and
+    bytes taken before each unit are cumulative sums, and the first unit where the batch is
+    full ends the pull (tests/cq/test_pull_decision.py pins this to the unit-by-unit walk)."""
     lo, hi = source.bounds()
     if hi == 0:
         return PullResult(PullStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
@@ -218,49 +297,59 @@ def decide_pull(
         return PullResult(PullStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
     if offset > hi:
         return PullResult(PullStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
-    wanted = frozenset(tags_codes)
+    wanted = np.fromiter(frozenset(tags_codes), dtype=np.int64)
     max_pull_bytes = min(max(max_bytes, 100), pull_bytes_cap)
     # Units scanned: max(maxFilterMessageSize, maxMsgNums * 20) bytes of consume queue, read in
     # chunks so that a pull of 32 does not decode the whole window.
     window = min(max(max_filter_bytes, max_messages * UNIT_BYTES) // UNIT_BYTES, hi - offset)
     # Without a filter the batch fills from the first units (one extra shows the batch full).
-    chunk = max(2 * max_messages, _SCAN_CHUNK_MIN) if wanted else max_messages + 1
+    chunk = max(2 * max_messages, _SCAN_CHUNK_MIN) if len(wanted) else max_messages + 1
     result = PullResult(PullStatus.NO_MATCHED_MESSAGE, offset, lo, hi)
-    taken = result.units
-    total = 0
+    parts: list[UnitColumns] = []
+    count = 0  # units taken so far
+    total = 0  # their bytes
     at = offset
     while at < offset + window:
-        units = source.scan(at, min(chunk, offset + window - at))
-        if units is None:
+        cols = source.scan(at, min(chunk, offset + window - at))
+        if cols is None:
             if at == offset:
                 return PullResult(PullStatus.OFFSET_FOUND_NULL, source.roll_next(offset), lo, hi)
             break
-        if not units:
+        n = len(cols)
+        if not n:
             break
-        for u in units:
-            if u.is_blank:  # a fill-blank unit points at nothing: step over it
-                result.next_begin_offset = u.queue_offset + 1
-                continue
-            if taken and (len(taken) + 1 > max_messages or total + u.size > max_pull_bytes):
-                return _found(result)  # isTheBatchFull
-            if total >= max_pull_bytes:
-                return _found(result)
-            result.next_begin_offset = u.queue_offset + 1  # before filtering: misses skipped
-            if wanted and u.tags_code not in wanted:
-                result.filtered += 1
-                continue
-            taken.append(u)
-            total += u.size
-        at = units[-1].queue_offset + 1
+        blank = cols.blank()
+        kept = ~blank
+        if len(wanted):
+            kept &= np.isin(cols.tags, wanted)
+        kept_count = kept.astype(np.int64)
+        kept_size = np.where(kept, cols.size, 0)
+        taken_before = count + np.cumsum(kept_count) - kept_count
+        bytes_before = total + np.cumsum(kept_size) - kept_size
+        full = ~blank & (
+            (
+                (taken_before > 0)
+                & ((taken_before + 1 > max_messages) | (bytes_before + cols.size > max_pull_bytes))
+            )
+            | (bytes_before >= max_pull_bytes)
+        )
+        stop = int(np.argmax(full)) if bool(full.any()) else n
+        if stop:
+            result.next_begin_offset = int(cols.queue_offset[stop - 1]) + 1  # misses included
+            walked = kept[:stop]
+            result.filtered += int(np.count_nonzero(~blank[:stop] & ~walked))
+            parts.append(cols.select(np.flatnonzero(walked)))
+            count += int(np.count_nonzero(walked))
+            total += int(kept_size[:stop].sum())
+        if stop < n:
+            break  # isTheBatchFull
+        at = int(cols.queue_offset[-1]) + 1
         if source.one_file_per_pull and at % source.units_per_file == 0:
             break  # travelCqFileNumWhenGetMessage = 1: one file per pull
-    return _found(result)
+    result.taken = UnitColumns.concat(parts)
+    if count:
+        result.status = PullStatus.FOUND
+    return result
 
 
 _SCAN_CHUNK_MIN = 64
-
-
-def _found(result: PullResult) -> PullResult:
-    if result.units:
-        result.status = PullStatus.FOUND
-    return result

@@ -78,7 +78,7 @@ def check_records(
         # Too short to gather from: every record is left to read_record.
         return CheckedRecords(np.zeros(n, dtype=bool), None, starts, ends, [b""] * n)
     buf = np.frombuffer(blob, dtype=np.uint8)
-    head = buf[starts[:, None] + np.arange(_PREFIX_BYTES)].view(PREFIX_DTYPE)[:, 0]
+    head = _heads(buf, starts)
     total = head["total"].astype(np.int64)
     flags = head["sys_flag"].astype(np.int64)
     header = (
@@ -107,6 +107,22 @@ def check_records(
     crc = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
     ok &= (crc == head["body_crc"]) | (body_len == 0)
     return CheckedRecords(ok, head, starts, ends, bodies)
+
+
+def record_heads(blob: bytes, sizes: IntArray) -> Any:
+    """The fixed fields (PREFIX_DTYPE) of the records laid end to end in `blob`, `sizes[i]`
+    bytes each (adding up to its length); None when one is too short to hold them."""
+    n = len(sizes)
+    if not n:
+        return np.zeros(0, dtype=PREFIX_DTYPE)
+    ends = np.cumsum(sizes, dtype=np.int64)
+    if int(ends[-1]) != len(blob) or int(sizes.min()) < _PREFIX_BYTES:
+        return None
+    return _heads(np.frombuffer(blob, dtype=np.uint8), ends - sizes)
+
+
+def _heads(buf: npt.NDArray[np.uint8], starts: IntArray) -> Any:
+    return buf[starts[:, None] + np.arange(_PREFIX_BYTES)].view(PREFIX_DTYPE)[:, 0]
 
 
 def _gather(buf: npt.NDArray[np.uint8], at: IntArray, dtype: str) -> IntArray:

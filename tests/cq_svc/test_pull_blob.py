@@ -15,10 +15,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cq_svc.servicer import _all_unit_records, _is_unit_record
+from cq_svc.servicer import _all_unit_records, _is_unit_record, _ReadAnswer
+from cq_svc.store import UnitColumns
 from cq_svc.unit_file import Unit
 from mqstore.formats.record import encode_record
 from mqstore.launcher import ServiceProcess
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 from tests.cq_svc.logs import Stored, append, decode, segment_path, start_commitlog
@@ -198,15 +200,23 @@ def test_the_column_check_of_unit_records_agrees_with_the_check_of_each() -> Non
     units = [Unit(i, 200 * i, len(r), 0) for i, r in enumerate(raws)]
 
     def both(records: list[bytes], units: list[Unit], queue_id: int = 2) -> tuple[bool, bool]:
-        columns = _all_unit_records(
-            records,
-            queue_id,
-            [u.size for u in units],
-            [u.queue_offset for u in units],
-            [u.commit_log_offset for u in units],
+        """The column check of a Read answered one field a record, and of one answered in a
+        blob, must agree; their verdict against the check of each record on its own."""
+        sizes = [u.size for u in units]
+        columns = UnitColumns.of_units(units)
+        statuses = [cl_pb.READ_OK] * len(records)
+        as_list = _all_unit_records(
+            _ReadAnswer(statuses, records=records), queue_id, sizes, columns
         )
+        as_blob = _all_unit_records(
+            _ReadAnswer(statuses, blob=b"".join(records), sizes=list(map(len, records))),
+            queue_id,
+            sizes,
+            columns,
+        )
+        assert as_list == as_blob
         each = all(_is_unit_record(r, u, queue_id) for r, u in zip(records, units, strict=True))
-        return columns, each
+        return as_blob, each
 
     assert both(raws, units) == (True, True)
     assert both(raws, units, queue_id=1) == (False, False)

@@ -1,0 +1,182 @@
+"""decide_pull walks chunks of units as columns; here it is pinned to RocketMQ's walk unit by
+unit (the form it had before, kept below as the reference) over random queues: blanks, sizes
+near the byte cap, tag filters, files that end mid-window and units no file holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cq_svc.store import PullResult, PullStatus, UnitColumns, decide_pull
+from cq_svc.unit_file import BLANK_SIZE, Unit
+
+_SCAN_CHUNK_MIN = 64
+
+
+@dataclass
+class ListSource:
+    """A queue held in a list: units[i] is queue offset lo + i; offsets in `missing` are held
+    by no file (scan answers None there)."""
+
+    lo: int
+    units: list[Unit]
+    one_file_per_pull: bool
+    units_per_file: int
+    missing: frozenset[int] = frozenset()
+
+    def bounds(self) -> tuple[int, int]:
+        if not self.units and self.lo == 0:
+            return 0, 0
+        return self.lo, self.lo + len(self.units)
+
+    def _scan(self, offset: int, max_units: int) -> list[Unit] | None:
+        if offset in self.missing:
+            return None
+        out = []
+        for u in self.units[offset - self.lo : offset - self.lo + max_units]:
+            if u.queue_offset in self.missing:
+                break
+            out.append(u)
+            if self.one_file_per_pull and (u.queue_offset + 1) % self.units_per_file == 0:
+                break
+        return out
+
+    def scan(self, offset: int, max_units: int) -> UnitColumns | None:
+        units = self._scan(offset, max_units)
+        return None if units is None else UnitColumns.of_units(units)
+
+    def roll_next(self, offset: int) -> int:
+        return offset + 1
+
+
+def reference_pull(
+    source: ListSource,
+    offset: int,
+    max_messages: int,
+    max_bytes: int,
+    tags_codes: frozenset[int],
+    *,
+    max_filter_bytes: int,
+    pull_bytes_cap: int,
+) -> tuple[PullResult, list[Unit]]:
+    """RocketMQ's getMessage scan, one unit at a time."""
+    lo, hi = source.bounds()
+    if hi == 0:
+        return PullResult(PullStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi), []
+    if offset < lo:
+        return PullResult(PullStatus.OFFSET_TOO_SMALL, lo, lo, hi), []
+    if offset == hi:
+        return PullResult(PullStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi), []
+    if offset > hi:
+        return PullResult(PullStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi), []
+    max_pull_bytes = min(max(max_bytes, 100), pull_bytes_cap)
+    window = min(max(max_filter_bytes, max_messages * 20) // 20, hi - offset)
+    chunk = max(2 * max_messages, _SCAN_CHUNK_MIN) if tags_codes else max_messages + 1
+    result = PullResult(PullStatus.NO_MATCHED_MESSAGE, offset, lo, hi)
+    taken: list[Unit] = []
+    total = 0
+    at = offset
+
+    def found() -> tuple[PullResult, list[Unit]]:
+        if taken:
+            result.status = PullStatus.FOUND
+        return result, taken
+
+    while at < offset + window:
+        units = source._scan(at, min(chunk, offset + window - at))
+        if units is None:
+            if at == offset:
+                return PullResult(PullStatus.OFFSET_FOUND_NULL, offset + 1, lo, hi), []
+            break
+        if not units:
+            break
+        for u in units:
+            if u.is_blank:
+                result.next_begin_offset = u.queue_offset + 1
+                continue
+            if taken and (len(taken) + 1 > max_messages or total + u.size > max_pull_bytes):
+                return found()
+            if total >= max_pull_bytes:
+                return found()
+            result.next_begin_offset = u.queue_offset + 1
+            if tags_codes and u.tags_code not in tags_codes:
+                result.filtered += 1
+                continue
+            taken.append(u)
+            total += u.size
+        at = units[-1].queue_offset + 1
+        if source.one_file_per_pull and at % source.units_per_file == 0:
+            break
+    return found()
+
+
+@st.composite
+def queues(draw: st.DrawFn) -> tuple[ListSource, int]:
+    lo = draw(st.integers(0, 40))
+    n = draw(st.integers(0, 300))
+    units = []
+    phy = 1_000
+    for i in range(n):
+        if draw(st.integers(0, 9)) == 0:
+            units.append(Unit(lo + i, 0, BLANK_SIZE, 0))
+            continue
+        size = draw(st.sampled_from([1, 60, 100, 250, 1_000, 4_000]))
+        units.append(Unit(lo + i, phy, size, draw(st.integers(0, 4))))
+        phy += size
+    missing = frozenset(draw(st.lists(st.integers(lo, lo + max(n, 1)), max_size=2)) if n else [])
+    source = ListSource(
+        lo,
+        units,
+        one_file_per_pull=draw(st.booleans()),
+        units_per_file=draw(st.sampled_from([7, 50, 1_000])),
+        missing=missing,
+    )
+    offset = draw(st.integers(max(0, lo - 2), lo + n + 2))
+    return source, offset
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    queues(),
+    st.integers(1, 80),
+    st.sampled_from([0, 100, 500, 3_000, 20_000, 1 << 20]),
+    st.frozensets(st.integers(0, 4), max_size=3),
+    st.sampled_from([0, 400, 4_000]),
+    st.sampled_from([250, 5_000, 1 << 20]),
+)
+def test_the_column_walk_decides_as_rocketmq_unit_by_unit(
+    queue: tuple[ListSource, int],
+    max_messages: int,
+    max_bytes: int,
+    tags: frozenset[int],
+    max_filter_bytes: int,
+    pull_bytes_cap: int,
+) -> None:
+    source, offset = queue
+    limits = {"max_filter_bytes": max_filter_bytes, "pull_bytes_cap": pull_bytes_cap}
+    got = decide_pull(source, offset, max_messages, max_bytes, tags, **limits)
+    want, want_units = reference_pull(source, offset, max_messages, max_bytes, tags, **limits)
+    assert (got.status, got.next_begin_offset, got.min_offset, got.max_offset) == (
+        want.status,
+        want.next_begin_offset,
+        want.min_offset,
+        want.max_offset,
+    )
+    assert got.filtered == want.filtered
+    assert got.units == [
+        Unit(u.queue_offset, u.commit_log_offset, u.size, u.tags_code) for u in want_units
+    ]
+    assert got.fetch == [(u.commit_log_offset, u.size) for u in want_units]
+
+
+def test_a_full_batch_stops_at_the_count_and_at_the_byte_cap() -> None:
+    units = [Unit(i, 100 * i, 100, 1) for i in range(10)]
+    source = ListSource(0, units, one_file_per_pull=False, units_per_file=1_000)
+    by_count = decide_pull(source, 2, 3, 1 << 20, (), max_filter_bytes=0, pull_bytes_cap=1 << 20)
+    assert [u.queue_offset for u in by_count.units] == [2, 3, 4]
+    assert by_count.next_begin_offset == 5
+    by_bytes = decide_pull(source, 0, 32, 250, (), max_filter_bytes=0, pull_bytes_cap=1 << 20)
+    assert [u.queue_offset for u in by_bytes.units] == [0, 1]
+    assert by_bytes.next_begin_offset == 2
