@@ -1,6 +1,6 @@
 """Where each service spends its time under a workload: CPU per message, and py-spy profiles.
 
-    python -m bench.profile_services produce|consume [--size 100] [--messages 200000]
+    python -m bench.profile_services produce|send|consume [--size 100] [--messages 200000]
                                      [--flush async|sync] [--profile commitlog,cq,index,client]
                                      [--out DIR] [--top 25]
 
@@ -13,6 +13,7 @@ written to DIR/<workload>-<process>.txt (py-spy's raw format) and summarised: th
 the most samples, inclusive and self. Every issue 8 change started from such a profile.
 
 - produce: `Producer.send_batch` of 1,000 messages (4 queues round robin), then flush.
+- send: `Producer.send` of each message (what append-to-visible's producer does), then flush.
 - consume: the topic produced first (off the clock), then read back from offset 0 with
   `Consumer.messages(follow=False)`, every body touched.
 
@@ -67,6 +68,15 @@ def _produce(settings: ClientSettings, topic: str, size: int, n: int) -> None:
         f.result()
 
 
+def _send(settings: ClientSettings, topic: str, size: int, n: int) -> None:
+    body = os.urandom(size)
+    with Producer(settings, batch_messages=BATCH, batch_bytes=4 << 20) as producer:
+        futures = [producer.send(topic, body) for _ in range(n)]
+        producer.flush()
+    for f in futures:
+        f.result()
+
+
 def _consume(settings: ClientSettings, topic: str, n: int) -> None:
     count = 0
     with Consumer(settings, topic, start="earliest", max_messages=BATCH, long_poll_ms=0) as c:
@@ -105,7 +115,7 @@ def summarize(path: Path, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=("produce", "consume"))
+    parser.add_argument("workload", choices=("produce", "send", "consume"))
     parser.add_argument("--size", type=int, default=100, help="body bytes")
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--flush", choices=("async", "sync"), default="async")
@@ -142,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         if args.workload == "produce":
             _produce(settings, topic, args.size, args.messages)
+        elif args.workload == "send":
+            _send(settings, topic, args.size, args.messages)
         else:
             _consume(settings, topic, args.messages)
         took = time.perf_counter() - began
-        if args.workload == "produce":
+        if args.workload != "consume":
             wait_caught_up(settings)  # the followers' share of the work counts too
         used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     finally:

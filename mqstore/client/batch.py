@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from mqstore.client.compression import Compression, compress
 from mqstore.client.errors import ClientError, InvalidArgument, refusal
@@ -94,14 +94,33 @@ class ResultFuture(Generic[T]):
     def _resolve(self, result: T | None, error: BaseException | None) -> None:
         with _FUTURE_LOCK:
             self._result, self._error, self._done = result, error, True
-            event, callbacks = self._event, self._callbacks
-        if event is not None:
-            event.set()
-        for fn in callbacks or ():
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the waiter and run the callbacks of a future just resolved."""
+        if self._event is not None:
+            self._event.set()
+        for fn in self._callbacks or ():
             try:
                 fn(self)
             except Exception:
                 log.exception("a send callback failed")
+
+
+def resolve_stored(futures: Sequence[Any], answer: object) -> None:
+    """Resolve many send futures as stored, each to its place in `answer` (producer.py's
+    SendFuture makes its result from it when asked), under one take of the lock (a take per
+    future was a tenth of a send's Python time)."""
+    watched = []
+    with _FUTURE_LOCK:
+        for index, future in enumerate(futures):
+            future._answer = answer
+            future._index = index
+            future._done = True
+            if future._event is not None or future._callbacks:
+                watched.append(future)
+    for future in watched:
+        future._wake()
 
 
 @dataclass(slots=True)

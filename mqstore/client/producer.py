@@ -55,6 +55,7 @@ from mqstore.client.batch import (
     PreparedBatch,
     ResultFuture,
     prepare_batch,
+    resolve_stored,
 )
 from mqstore.client.compression import COMPRESS_OVER_BYTES_DEFAULT, Compression, compress
 from mqstore.client.connection import Connection
@@ -69,7 +70,15 @@ from mqstore.client.errors import (
 from mqstore.client.settings import ClientSettings
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import UniqIdGenerator, offset_msg_id
-from mqstore.formats.properties import KEY_SEPARATOR, KEYS, TAGS, UNIQ_KEY, encode_properties
+from mqstore.formats.properties import (
+    KEY_SEPARATOR,
+    KEYS,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
+    TAGS,
+    UNIQ_KEY,
+    encode_properties,
+)
 from mqstore.formats.record import validate_topic
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
@@ -94,6 +103,9 @@ REBASE_GAP_FIRST = 1 << 32
 REBASES_MAX = 8
 # Topic names remembered as valid, so that send() checks a topic once, not per message.
 TOPICS_CHECKED_MAX = 1_024
+# A message's properties when it carries only its unique id: these, the id, then the end byte.
+_UNIQ_ONLY_PREFIX = f"{UNIQ_KEY}{NAME_VALUE_SEPARATOR}".encode()
+_PROPERTY_END = PROPERTY_SEPARATOR.encode()
 
 _PUT_OK = pb.PUT_OK
 T = TypeVar("T")
@@ -123,9 +135,68 @@ class SendResult:
 
 
 class SendFuture(ResultFuture[SendResult]):
-    """The result of one send, resolved by the producer's threads (batch.ResultFuture)."""
+    """The result of one send, resolved by the producer's threads (batch.ResultFuture). A
+    stored message's SendResult is made when first asked for, from its request's answer
+    (a frozen dataclass per message was a tenth of a send's Python time, and a producer that
+    checks only errors never asks)."""
 
-    __slots__ = ()
+    __slots__ = ("_answer", "_index")
+
+    _answer: _StoredAnswer
+    _index: int
+
+    def result(self, timeout: float | None = None) -> SendResult:
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            self._result = self._answer.result(self._index)
+        return self._result
+
+
+@dataclass(slots=True)
+class _StoredAnswer:
+    """The store's answer to one request, as columns: every message's SendResult on demand."""
+
+    messages: list[_Message]
+    queue_offsets: list[int]
+    commit_log_offsets: list[int]
+    sizes: list[int]
+    store_host: bytes
+    store_timestamp_ms: int
+    duplicate: bool
+
+    @classmethod
+    def of(cls, messages: list[_Message], response: pb.AppendResponse) -> _StoredAnswer:
+        return cls(
+            messages,
+            list(response.queue_offsets),
+            list(response.commit_log_offsets),
+            list(response.sizes),
+            response.store_host,
+            response.store_timestamp_ms,
+            response.duplicate,
+        )
+
+    def result(self, i: int) -> SendResult:
+        m = self.messages[i]
+        offset = self.commit_log_offsets[i]
+        host = self.store_host
+        return SendResult(
+            topic=m.topic,
+            queue_id=m.queue_id,
+            queue_offset=self.queue_offsets[i],
+            commit_log_offset=offset,
+            msg_id=offset_msg_id(host, offset) if host else "",
+            uniq_key=m.uniq_key,
+            size=self.sizes[i],
+            store_timestamp_ms=self.store_timestamp_ms,
+            duplicate=self.duplicate,
+        )
+
+    def resolve(self) -> None:
+        """Resolve every message's future as stored (one take of the futures' lock)."""
+        resolve_stored([m.future for m in self.messages], self)
 
 
 @dataclass(slots=True)
@@ -222,6 +293,17 @@ def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> 
     return _Request(sequence, request, ordered, sum(m.weight() for m in messages))
 
 
+def _all_stored(response: pb.AppendResponse, n: int) -> bool:
+    """Every one of the `n` messages answered PUT_OK, with every column whole."""
+    return (
+        len(response.statuses) == n
+        and len(response.commit_log_offsets) == n
+        and len(response.queue_offsets) == n
+        and len(response.sizes) == n
+        and list(response.statuses).count(_PUT_OK) == n
+    )
+
+
 def results_of(request: _Request, response: pb.AppendResponse) -> list[SendResult | ClientError]:
     """Each message's outcome, in the order of `request.messages`."""
     n = len(request.messages)
@@ -232,30 +314,17 @@ def results_of(request: _Request, response: pb.AppendResponse) -> list[SendResul
             method="CommitLog/AppendStream",
         )
         return [bad] * n
+    statuses = list(response.statuses)
+    answer = _StoredAnswer.of(request.messages, response)
     refusals = {r.index: r for r in response.refusals}
-    host = response.store_host
     out: list[SendResult | ClientError] = []
-    for i, m in enumerate(request.messages):
-        status = response.statuses[i]
-        if status != _PUT_OK:
-            r = refusals.get(i)
-            name = pb.PutStatus.Name(status)
-            out.append(refusal(name, r.reason if r else "", field=r.field if r else "", index=i))
+    for i, status in enumerate(statuses):
+        if status == _PUT_OK:
+            out.append(answer.result(i))
             continue
-        offset = response.commit_log_offsets[i]
-        out.append(
-            SendResult(
-                topic=m.topic,
-                queue_id=m.queue_id,
-                queue_offset=response.queue_offsets[i],
-                commit_log_offset=offset,
-                msg_id=offset_msg_id(host, offset) if host else "",
-                uniq_key=m.uniq_key,
-                size=response.sizes[i],
-                store_timestamp_ms=response.store_timestamp_ms,
-                duplicate=response.duplicate,
-            )
-        )
+        r = refusals.get(i)
+        name = pb.PutStatus.Name(status)
+        out.append(refusal(name, r.reason if r else "", field=r.field if r else "", index=i))
     return out
 
 
@@ -392,10 +461,10 @@ class Producer:
         """Queue one message; the future resolves once the store answered for it. Bad input
         raises InvalidArgument here, before anything is queued."""
         message = self._prepare(topic, body, key, keys, tags, properties, queue_id, uniq_key)
-        weight = message.weight()
-        deadline = time.monotonic() + self.block_timeout_s
+        weight = len(message.body) + len(message.properties) + MESSAGE_OVERHEAD_BYTES
         with self._cond:
-            self._wait_for_room(weight, deadline)
+            if self._buffered + weight > self.buffer_bytes or self._closing:
+                self._wait_for_room(weight, time.monotonic() + self.block_timeout_s)
             if not self._open:
                 self._open_since = time.monotonic()
             self._open.append(message)
@@ -571,6 +640,16 @@ class Producer:
                 f"body is {len(body)} bytes, over the {self.limits.body_bytes_max}-byte limit",
                 field="body",
             )
+        if not (key or keys or tags or properties or uniq_key or queue_id is not None):
+            # The usual send, a body and nothing else: the bytes encode_properties makes of
+            # {UNIQ_KEY: id} (an id is hex), without the checks that cannot fail here.
+            uniq = self._ids.next_id()
+            encoded = _UNIQ_ONLY_PREFIX + uniq.encode("ascii") + _PROPERTY_END
+            queue_id = next(self._round_robin) % self.queues_per_topic
+            sys_flag = 0
+            if len(body) > self.compress_over_bytes:
+                body, sys_flag = compress(body, self.compression)
+            return _Message(topic, queue_id, body, encoded, sys_flag, uniq, SendFuture())
         all_keys = ([key] if key else []) + list(keys or [])
         if any(not k or KEY_SEPARATOR in k for k in all_keys):
             raise InvalidArgument("keys must be non-empty and hold no space", field="keys")
@@ -829,6 +908,9 @@ class Producer:
         ok = 0
         if request.part is not None:
             ok = request.part.future._part_done(request.part, outcome)
+        elif isinstance(outcome, pb.AppendResponse) and _all_stored(outcome, n):
+            _StoredAnswer.of(request.messages, outcome).resolve()
+            ok = n
         else:
             outcomes = (
                 results_of(request, outcome)

@@ -85,39 +85,45 @@ class UniqIdGenerator:
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._counter = itertools.count()
         self._lock = threading.Lock()
-        self._month_start_ms = -1
-        self._next_month_ms = -1
+        # (start, end) of the current month in ms, replaced as one tuple: read without the lock.
+        self._month: tuple[int, int] = (-1, -1)
+        self._prefix_hex = self._prefix.hex().upper()
 
     def next_id(self) -> str:
+        # The same text as (prefix + pack(">IH", diff, counter)).hex().upper(): on every send.
         diff = self._ms_into_month()
         counter = next(self._counter) & 0xFFFF
-        return (self._prefix + _UNIQ_TAIL.pack(diff & 0xFFFFFFFF, counter)).hex().upper()
+        return f"{self._prefix_hex}{diff & 0xFFFFFFFF:08X}{counter:04X}"
 
     def next_ids(self, n: int) -> list[str]:
         """`n` ids at once (one clock read; the same as n calls to next_id within one ms)."""
         diff = self._ms_into_month()
         with self._lock:
             counters = [next(self._counter) & 0xFFFF for _ in range(n)]
-        head = (self._prefix + struct.pack(">I", diff & 0xFFFFFFFF)).hex().upper()
+        head = f"{self._prefix_hex}{diff & 0xFFFFFFFF:08X}"
         return [f"{head}{c:04X}" for c in counters]
 
     def _ms_into_month(self) -> int:
         """Milliseconds since the start of the current month (UTC), the id's time field."""
         now_ms = self._clock_ms()
-        with self._lock:
-            if not self._month_start_ms <= now_ms < self._next_month_ms:
-                self._roll_month(now_ms)
-            return now_ms - self._month_start_ms
+        start, end = self._month
+        if not start <= now_ms < end:
+            with self._lock:
+                start, end = self._month
+                if not start <= now_ms < end:
+                    start, end = self._month = _month_of(now_ms)
+        return now_ms - start
 
-    def _roll_month(self, now_ms: int) -> None:
-        start = _month_start_ms(now_ms)
-        start_dt = dt.datetime.fromtimestamp(start / 1000, tz=dt.UTC)
-        if start_dt.month == 12:
-            nxt = start_dt.replace(year=start_dt.year + 1, month=1)
-        else:
-            nxt = start_dt.replace(month=start_dt.month + 1)
-        self._month_start_ms = start
-        self._next_month_ms = int(nxt.timestamp() * 1000)
+
+def _month_of(now_ms: int) -> tuple[int, int]:
+    """The start and end (ms, UTC) of the month holding `now_ms`."""
+    start = _month_start_ms(now_ms)
+    start_dt = dt.datetime.fromtimestamp(start / 1000, tz=dt.UTC)
+    if start_dt.month == 12:
+        nxt = start_dt.replace(year=start_dt.year + 1, month=1)
+    else:
+        nxt = start_dt.replace(month=start_dt.month + 1)
+    return start, int(nxt.timestamp() * 1000)
 
 
 def uniq_id_time_ms(uniq_id: str, now_ms: int) -> int:
