@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import mmap
 import struct
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ from commitlog_svc.commitlog import CommitLog, skip_non_record
 from commitlog_svc.recovery import CorruptRange
 from mqstore.errors import OutOfRange
 from mqstore.formats import sysflag
+from mqstore.formats.crc import crc32
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, property_value
 from mqstore.formats.record import (
@@ -330,7 +330,7 @@ def _fast(
             return -1
         topics[raw_topic] = topic
     body_start = pos + header_size
-    if body_len and zlib.crc32(view[body_start:topic_at]) & 0x7FFFFFFF != crc:
+    if body_len and crc32(view[body_start:topic_at]) & 0x7FFFFFFF != crc:
         return -1
     if record_end > limit:
         return 0

@@ -157,7 +157,8 @@ class _ReadAnswer:
         assert self.sizes is not None
         ends = np.cumsum(self.sizes, dtype=np.int64).tolist()
         starts = [0, *ends[:-1]]
-        return list(map(self.blob.__getitem__, map(slice, starts, ends)))
+        blob = self.blob
+        return [blob[a:b] for a, b in zip(starts, ends, strict=True)]
 
 
 class CqServicer(pb_grpc.ConsumeQueueServicer):

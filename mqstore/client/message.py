@@ -6,7 +6,8 @@ whole answer into Messages at once:
 
     1. the record checks of `read_record` (magic, TOTALSIZE, header, body, topic and properties
        lengths adding up, topic and properties shape), over numpy columns of every record
-    2. the body CRC of every record: zlib.crc32 mapped over the bodies, against the CRC column
+    2. the body CRC of every record: crc32 (formats/crc.py) mapped over the bodies, against
+       the CRC column
        (1 and 2 are mqstore.formats.record_columns, shared with the commit log's Read)
     3. bodies decompressed where SYSFLAG says so
     4. one small Message per record: its body and its raw record; every other field is decoded
@@ -290,7 +291,7 @@ def decode_batch(blob: bytes, sizes: Iterable[int]) -> tuple[list[Message], list
     n = len(size_list)
     if not n:
         return [], []
-    raws = list(map(blob.__getitem__, map(slice, checked.starts.tolist(), checked.ends.tolist())))
+    raws = [blob[a:b] for a, b in zip(checked.starts.tolist(), checked.ends.tolist(), strict=True)]
     if checked.head is None:
         # Too short to gather from: read_record decides, record by record.
         out = [_checked(raw) for raw in raws]

@@ -3,7 +3,7 @@
     off  size  field
     0    4     TOTALSIZE             whole record, this field included
     4    4     MAGICCODE             0xDAA320A7 (V1: 1-byte topic length) | 0xDAA320AB (V2: 2-byte)
-    8    4     BODYCRC               zlib.crc32(body) & 0x7FFFFFFF
+    8    4     BODYCRC               crc32(body) & 0x7FFFFFFF  (zlib's CRC-32, formats/crc.py)
     12   4     QUEUEID
     16   4     FLAG                  the producer's flag
     20   8     QUEUEOFFSET           index in the consume queue (0 for PREPARED/ROLLBACK)
@@ -34,12 +34,12 @@ from __future__ import annotations
 import ipaddress
 import mmap
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from mqstore.errors import MessageIllegal, PropertiesTooLarge
 from mqstore.formats import sysflag
+from mqstore.formats.crc import crc32
 from mqstore.formats.properties import decode_properties
 from mqstore.limits import TOPIC_PATTERN, MessageLimits, is_system_topic
 
@@ -95,7 +95,7 @@ def host_bytes_for_flag(sys_flag: int) -> tuple[int, int]:
 
 def body_crc(body: Buffer) -> int:
     """RocketMQ's body CRC: CRC-32/IEEE with the top bit cleared."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 def record_length(
@@ -659,7 +659,7 @@ def scan_run(
                         ok = False
             if ok and check_crc and body_len > 0:
                 body_start = pos + header_size
-                ok = (zlib.crc32(view[body_start : body_start + body_len]) & 0x7FFFFFFF) == crc
+                ok = (crc32(view[body_start : body_start + body_len]) & 0x7FFFFFFF) == crc
             slow: Record | None = None
             if not ok:
                 found = read_record(

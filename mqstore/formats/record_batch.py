@@ -23,13 +23,13 @@ from __future__ import annotations
 import itertools
 import operator
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from mqstore.errors import InvalidArgument, MessageIllegal, PropertiesTooLarge
 from mqstore.formats import sysflag
+from mqstore.formats.crc import crc32
 from mqstore.formats.record import (
     HEADERS,
     IPV4_HOST_BYTES,
@@ -317,7 +317,7 @@ class BatchEncoder:
             header.pack,
             sizes,
             repeat(info.magic, n),
-            map(operator.and_, map(zlib.crc32, bodies), repeat(0x7FFFFFFF, n)),
+            map(operator.and_, map(crc32, bodies), repeat(0x7FFFFFFF, n)),
             queue_ids,
             repeat(batch.flag, n),
             queue_offsets,

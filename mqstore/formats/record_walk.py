@@ -17,9 +17,9 @@ Per window of WINDOW_BYTES (the records that start in it; they may end past it):
 2. Every check of `read_record`, as array comparisons over the fields gathered at all candidates
    at once (unaligned big-endian views of the buffer): sizes, header, body, topic and properties
    lengths adding up to TOTALSIZE, the properties' last byte, the topic (non-empty UTF-8 without
-   NUL, checked once per distinct topic), and the body CRC (one zlib.crc32 call per record, in
-   C through map, no Python frame). Records of one size laid out alike have their lengths
-   checked once and their per-record fields read as strided views, with no gather.
+   NUL, checked once per distinct topic), and the body CRC (one crc32 call per record,
+   formats/crc.py, in C through map, no Python frame). Records of one size laid out alike have
+   their lengths checked once and their per-record fields read as strided views, with no gather.
 3. The chain: from `pos`, follow TOTALSIZE while every check passed and the next position is a
    candidate. Where anything is in doubt (a check failed, the next position is not a candidate,
    fewer than a record's bytes are left), `read_record` decides that one record exactly as
@@ -37,13 +37,13 @@ from __future__ import annotations
 import itertools
 import operator
 import struct
-import zlib
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from mqstore.formats import sysflag
+from mqstore.formats.crc import crc32
 from mqstore.formats.record import (
     HEADER_V4_V4,
     MAGIC_V1,
@@ -459,11 +459,11 @@ def _uniform_checks(
 
 
 def _body_crcs(views: _Views, first: IntArray, length: IntArray) -> IntArray:
-    """zlib.crc32 of buf[first[i] : first[i] + length[i]] for every i.
+    """crc32 (formats/crc.py) of buf[first[i] : first[i] + length[i]] for every i.
 
     Bodies of one length (most of a window, usually) are gathered into one block and cut into
     bytes by struct.iter_unpack in C; the rest are memoryview slices. Either way it is one
-    zlib.crc32 call per body; the block saves the slice objects (~40% of the cost)."""
+    crc32 call per body; the block saves the slice objects (~40% of the cost)."""
     crcs = np.empty(len(first), dtype=np.int64)
     count = len(first)
     size = int(length[0])
@@ -478,11 +478,9 @@ def _body_crcs(views: _Views, first: IntArray, length: IntArray) -> IntArray:
         head = int(first[0])
         cut = struct.Struct(f"{size}s{stride - size}x")
         pieces = cut.iter_unpack(views.view[head : head + (count - 1) * stride])
-        crcs[:-1] = np.fromiter(
-            map(zlib.crc32, map(_FIRST, pieces)), dtype=np.int64, count=count - 1
-        )
+        crcs[:-1] = np.fromiter(map(crc32, map(_FIRST, pieces)), dtype=np.int64, count=count - 1)
         tail = int(first[-1])
-        crcs[-1] = zlib.crc32(views.view[tail : tail + size])
+        crcs[-1] = crc32(views.view[tail : tail + size])
         return crcs
     if length.min() == length.max():
         groups: list[tuple[int, IntArray]] = [(int(length[0]), np.arange(len(first)))]
@@ -505,14 +503,14 @@ def _body_crcs(views: _Views, first: IntArray, length: IntArray) -> IntArray:
         block = views.rows(first[members], size)
         pieces = struct.Struct(f"{size}s").iter_unpack(block.data)
         crcs[members] = np.fromiter(
-            map(zlib.crc32, map(_FIRST, pieces)), dtype=np.int64, count=len(members)
+            map(crc32, map(_FIRST, pieces)), dtype=np.int64, count=len(members)
         )
     if len(rest):
         view = views.view
         starts = first[rest]
         slices = map(slice, starts.tolist(), (starts + length[rest]).tolist())
         crcs[rest] = np.fromiter(
-            map(zlib.crc32, map(view.__getitem__, slices)), dtype=np.int64, count=len(rest)
+            map(crc32, map(view.__getitem__, slices)), dtype=np.int64, count=len(rest)
         )
     return crcs
 
