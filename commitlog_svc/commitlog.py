@@ -91,7 +91,7 @@ from mqstore.formats.record_batch import (
     table_to_pairs,
     undo_queue_offsets,
 )
-from mqstore.formats.record_columns import check_records
+from mqstore.formats.record_columns import IntArray, check_records
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
 from mqstore.storage.mapped_file import MappedFile
@@ -811,57 +811,142 @@ class CommitLog:
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | MqstoreError]:
         """read_records for many ranges at once, each answered on its own: the raw record, or
         OutOfRange (expired, not written yet, past readable data), DataLoss (its segment was
-        deleted under the read) or CorruptRecord. A run of ranges in one segment holds it
-        once (a hold, bounds and lookup per record were 40% of a Read's time), and the records
-        copied out are checked together over numpy columns (record_columns.py), the few any
-        check doubts then one by one as before."""
-        out: list[bytes | MqstoreError] = []
-        read: list[tuple[int, int]] = []  # (index in out, offset) of the records copied out
-        low, high = self.min_offset, self.max_offset
-        held: MappedFile | None = None
-        try:
-            for offset, size in ranges:
-                if size <= 0:
-                    out.append(InvalidArgument(f"size must be positive, got {size}"))
-                    continue
-                if not low <= offset < high:
-                    out.append(OutOfRange(f"offset {offset} is outside the log [{low}, {high})"))
-                    continue
-                if held is None or not held.file_from_offset <= offset < held.file_end_offset:
-                    if held is not None:
-                        held.release()
-                        held = None
-                    mf = self.queue.find_mapped_file_by_offset(offset)
-                    if mf is None:
-                        out.append(OutOfRange(f"no segment holds offset {offset}"))
-                        continue
-                    if not mf.hold():
-                        out.append(DataLoss(f"the segment holding {offset} was deleted"))
-                        continue
-                    held = mf
-                pos = offset - held.file_from_offset
-                if pos + size > held.read_position:
-                    out.append(OutOfRange(f"[{offset}, {offset + size}) runs past readable data"))
-                    continue
-                out.append(bytes(held.read_buf[pos : pos + size]))
-                read.append((len(out) - 1, offset))
-        finally:
-            if held is not None:
-                held.release()
-        if len(read) >= READ_COLUMNS_MIN_RECORDS:
-            raws = [raw for i, _ in read if isinstance(raw := out[i], bytes)]
-            checked = check_records(b"".join(raws), list(map(len, raws)), [o for _, o in read])
-            read = [read[k] for k in np.flatnonzero(~checked.ok).tolist()]
-        for i, offset in read:  # checked one by one: the verdict of read_record stands
-            raw = out[i]
-            assert isinstance(raw, bytes)
-            size = len(raw)
-            end, count, _ = scan_run(raw, 0, size, offset, check_crc=True)
-            if count != 1 or end != size:
-                found = read_record(raw, 0, size, check_crc=True, expected_offset=offset)
-                reason = found.reason if isinstance(found, Bad) else "not one whole record"
-                out[i] = CorruptRecord(offset, reason)
+        deleted under the read) or CorruptRecord. read_blob's answer, cut into records."""
+        blob, served, errors = self.read_blob([o for o, _ in ranges], [z for _, z in ranges])
+        ends = np.cumsum(served)
+        out: list[bytes | MqstoreError] = list(
+            map(blob.__getitem__, map(slice, (ends - served).tolist(), ends.tolist()))
+        )
+        for i, error in errors.items():
+            out[i] = error
         return out
+
+    def read_blob(
+        self, offsets: Sequence[int] | IntArray, sizes: Sequence[int] | IntArray
+    ) -> tuple[bytes, IntArray, dict[int, MqstoreError]]:
+        """read_many's answers to the ranges (offsets[i], sizes[i]) without an object per record:
+        (the records served, laid end to end in request order; each range's size in that blob,
+        0 where it was not served; the error of each range not served, by its index).
+
+        The ranges are checked as columns. A segment is held once; ranges that follow each other
+        in it (offset[i] + size[i] == offset[i+1]) are copied out as one slice, and the copies
+        are checked together over numpy columns (record_columns.py). The few records any check
+        doubts go one by one through read_record's verdict (scan_run), and those it finds
+        damaged are cut out of the blob: nothing damaged is ever served."""
+        off = np.asarray(offsets, dtype=np.int64)
+        size = np.asarray(sizes, dtype=np.int64)
+        check(off.shape == size.shape and off.ndim == 1, "one size for every offset")
+        low, high = self.min_offset, self.max_offset
+        errors: dict[int, MqstoreError] = {}
+        wanted = (size > 0) & (off >= low) & (off < high)
+        for i in np.flatnonzero(~wanted).tolist():
+            offset, nbytes = int(off[i]), int(size[i])
+            errors[i] = (
+                InvalidArgument(f"size must be positive, got {nbytes}")
+                if nbytes <= 0
+                else OutOfRange(f"offset {offset} is outside the log [{low}, {high})")
+            )
+        served = np.zeros(len(off), dtype=np.int64)
+        pieces = self._copy_ranges(off, size, np.flatnonzero(wanted), served, errors)
+        blob = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return self._checked_blob(bytes(blob), off, served, errors), served, errors
+
+    def _copy_ranges(
+        self,
+        off: IntArray,
+        size: IntArray,
+        wanted: IntArray,
+        served: IntArray,
+        errors: dict[int, MqstoreError],
+    ) -> list[bytes | bytearray]:
+        """Copies of the ranges `wanted` (indices, in request order), a slice per run of ranges
+        that follow each other in a segment. Sets `served` to the size of each range copied, and
+        the error of each range that could not be."""
+        pieces: list[bytes | bytearray] = []
+        file_size = self.queue.file_size
+        group_starts = np.flatnonzero(np.diff(off[wanted] // file_size)) + 1
+        held: dict[int, MappedFile] = {}
+        try:
+            for members in np.split(wanted, group_starts.tolist()) if len(wanted) else []:
+                first = int(off[members[0]])
+                mf = self.queue.find_mapped_file_by_offset(first)
+                if mf is None:
+                    for i in members.tolist():
+                        errors[i] = OutOfRange(f"no segment holds offset {int(off[i])}")
+                    continue
+                if mf.file_from_offset not in held:
+                    if not mf.hold():
+                        for i in members.tolist():
+                            errors[i] = DataLoss(f"the segment holding {int(off[i])} was deleted")
+                        continue
+                    held[mf.file_from_offset] = mf
+                group = members
+                begin = off[group] - mf.file_from_offset
+                end = begin + size[group]
+                readable = end <= mf.read_position
+                if not readable.all():
+                    for i in members[~readable].tolist():
+                        at, nbytes = int(off[i]), int(size[i])
+                        errors[i] = OutOfRange(f"[{at}, {at + nbytes}) runs past readable data")
+                    group, begin, end = members[readable], begin[readable], end[readable]
+                    if not len(group):
+                        continue
+                # Runs: where a range does not start at the end of the one before, a new one.
+                run_starts = np.flatnonzero(begin[1:] != end[:-1]) + 1
+                firsts = np.concatenate(([0], run_starts))
+                lasts = np.concatenate((run_starts - 1, [len(group) - 1]))
+                pieces.extend(
+                    map(
+                        mf.read_buf.__getitem__,
+                        map(slice, begin[firsts].tolist(), end[lasts].tolist()),
+                    )
+                )
+                served[group] = size[group]
+        finally:
+            for mf in held.values():
+                mf.release()
+        return pieces
+
+    def _checked_blob(
+        self, blob: bytes, off: IntArray, served: IntArray, errors: dict[int, MqstoreError]
+    ) -> bytes:
+        """`blob` (the ranges with a size in `served`, end to end) without the records that fail
+        read_record's checks: each gets its CorruptRecord in `errors` and size 0 in `served`."""
+        read = np.flatnonzero(served)
+        if len(read) >= READ_COLUMNS_MIN_RECORDS:
+            checked = check_records(blob, served[read].tolist(), off[read].tolist())
+            doubted = np.flatnonzero(~checked.ok)
+        else:
+            doubted = np.arange(len(read))
+        if not len(doubted):
+            return blob
+        ends = np.cumsum(served[read])
+        starts = ends - served[read]
+        keep = np.ones(len(read), dtype=bool)
+        for k in doubted.tolist():  # checked one by one: the verdict of read_record stands
+            i, start, end = int(read[k]), int(starts[k]), int(ends[k])
+            fault = self._fault_of(blob[start:end], int(off[i]))
+            if fault is not None:
+                errors[i] = fault
+                served[i] = 0
+                keep[k] = False
+        if keep.all():
+            return blob
+        return b"".join(
+            map(blob.__getitem__, map(slice, starts[keep].tolist(), ends[keep].tolist()))
+        )
+
+    @staticmethod
+    def _fault_of(raw: bytes, offset: int) -> CorruptRecord | None:
+        """None if `raw` is one whole record that passes read_record's checks as read from
+        `offset`; its CorruptRecord otherwise."""
+        end, count, _ = scan_run(raw, 0, len(raw), offset, check_crc=True)
+        if count == 1 and end == len(raw):
+            return None
+        found = read_record(raw, 0, len(raw), check_crc=True, expected_offset=offset)
+        return CorruptRecord(
+            offset, found.reason if isinstance(found, Bad) else "not one whole record"
+        )
 
     def scan(
         self,

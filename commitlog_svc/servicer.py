@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import grpc
+import numpy as np
 
 from commitlog_svc import metrics
 from commitlog_svc.commitlog import CommitLog
@@ -72,6 +73,7 @@ from mqstore.errors import (
 from mqstore.formats.msgid import decode_offset_msg_id
 from mqstore.formats.record import pack_host
 from mqstore.formats.record_batch import LOCALHOST_V4, MessageBatch
+from mqstore.formats.record_columns import IntArray
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
@@ -368,23 +370,29 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
 
     def Read(self, request: pb.ReadRequest, context: grpc.ServicerContext) -> pb.ReadResponse:
         """Size 0 asks for the whole record at the offset (callers that keep offsets only, as
-        RocketMQ's index does); its size counts against the answer limit as it is read."""
+        RocketMQ's index does); its size counts against the answer limit as it is read. With
+        records_as_blob the answer is one bytes field and two int columns (_read_blob)."""
         offsets = request.offsets
         sizes = request.sizes
         n = len(offsets)
         if len(sizes) != n:
             raise InvalidArgument(f"{len(sizes)} sizes for {n} offsets", field="sizes")
-        if n and min(sizes) < 0:
+        offset_column = np.asarray(offsets, dtype=np.int64)
+        size_column = np.asarray(sizes, dtype=np.int64)
+        if n and int(size_column.min()) < 0:
             raise InvalidArgument("sizes must not be negative", field="sizes")
-        if n and min(offsets) < 0:
+        if n and int(offset_column.min()) < 0:
             raise InvalidArgument("offsets must not be negative", field="offsets")
         limit = self.settings.max_message_bytes
-        needed = sum(sizes) + _READ_OVERHEAD_BYTES * n
+        asked = int(size_column.sum())
+        needed = asked + _READ_OVERHEAD_BYTES * n
         if needed > limit:
             raise ResourceExhausted(
-                f"a Read of {sum(sizes)} bytes in {n} records exceeds the {limit}-byte answer "
+                f"a Read of {asked} bytes in {n} records exceeds the {limit}-byte answer "
                 "limit; split it"
             )
+        if request.records_as_blob:
+            return self._read_blob(offset_column, size_column, needed)
         response = pb.ReadResponse()
         records = response.records
         statuses = response.statuses
@@ -402,23 +410,45 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                 else:
                     needed += len(got)
                     if needed > limit:
-                        raise ResourceExhausted(
-                            f"the records asked for pass the {limit}-byte answer limit; split "
-                            "the Read"
-                        )
+                        raise _past_answer_limit(limit)
             if isinstance(got, bytes):
                 records.append(got)
                 statuses.append(pb.READ_OK)
-            elif isinstance(got, CorruptRecord | InvalidArgument):
-                # A damaged record, or no record starting there: never served.
-                if isinstance(got, CorruptRecord):
-                    metrics.CRC_MISMATCHES.labels("read").inc()
-                log.error("Read at %d: %s", offset, got)
-                records.append(b"")
-                statuses.append(pb.READ_CORRUPT)
             else:
                 records.append(b"")
-                statuses.append(pb.READ_OUT_OF_RANGE)
+                statuses.append(_read_status(offset, got))
+        return response
+
+    def _read_blob(self, offsets: IntArray, sizes: IntArray, needed: int) -> pb.ReadResponse:
+        """Read's answer with records_as_blob: the records served end to end in records_blob,
+        each range's size in it in record_sizes (0 where not served), the statuses of the
+        records form. A column each, filled in one call; per record only what is rare (size 0,
+        a range not served)."""
+        failed: dict[int, MqstoreError] = {}
+        whole = np.flatnonzero(sizes == 0)
+        if len(whole):
+            sizes = sizes.copy()
+            for i in whole.tolist():  # the record's size first, from its header
+                try:
+                    record = self.engine.read_record(int(offsets[i]))
+                except (CorruptRecord, InvalidArgument, OutOfRange, DataLoss) as err:
+                    failed[i] = err
+                    continue
+                sizes[i] = record.total_size
+                needed += record.total_size
+            if needed > self.settings.max_message_bytes:
+                raise _past_answer_limit(self.settings.max_message_bytes)
+        blob, served, errors = self.engine.read_blob(offsets, sizes)
+        errors.update(failed)
+        response = pb.ReadResponse(records_blob=blob)
+        response.record_sizes.extend(served.tolist())
+        if not errors:
+            response.statuses.extend([pb.READ_OK] * len(offsets))
+            return response
+        statuses = [pb.READ_OK] * len(offsets)
+        for i in sorted(errors):
+            statuses[i] = _read_status(int(offsets[i]), errors[i])
+        response.statuses.extend(statuses)
         return response
 
     def GetMessage(
@@ -634,6 +664,24 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             values.dispatch_behind[sub.subscriber_id] = max(0, high - sent)
             values.subscriber_lag[sub.subscriber_id] = max(0, high - sub.confirmed_offset)
         return values
+
+
+def _read_status(offset: int, error: MqstoreError) -> pb.ReadStatus.ValueType:
+    """The ReadStatus of a range a Read does not serve. A damaged record, or no record starting
+    there, is READ_CORRUPT (never served; counted and logged); the others (expired, not written
+    yet, past readable data, its segment deleted under the read) READ_OUT_OF_RANGE."""
+    if not isinstance(error, CorruptRecord | InvalidArgument):
+        return pb.READ_OUT_OF_RANGE
+    if isinstance(error, CorruptRecord):
+        metrics.CRC_MISMATCHES.labels("read").inc()
+    log.error("Read at %d: %s", offset, error)
+    return pb.READ_CORRUPT
+
+
+def _past_answer_limit(limit: int) -> ResourceExhausted:
+    return ResourceExhausted(
+        f"the records asked for pass the {limit}-byte answer limit; split the Read"
+    )
 
 
 def _scan(
