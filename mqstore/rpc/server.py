@@ -39,6 +39,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from mqstore.rpc.auth import AuthInterceptor, TokenTable
+from mqstore.rpc.channel import http2_options
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.logs import LoggingInterceptor
 from mqstore.rpc.metrics import MetricsInterceptor, MetricsServer
@@ -64,6 +65,7 @@ def _loopback(host: str) -> bool:
 
 def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     return [
+        *http2_options(),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_permit_without_calls", 1),
