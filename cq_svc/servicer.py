@@ -41,8 +41,9 @@ from __future__ import annotations
 import logging
 import operator
 import struct
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TypeVar
@@ -95,6 +96,8 @@ _COMMIT_LOG_OFFSET = operator.attrgetter("commit_log_offset")
 _SIZE = operator.attrgetter("size")
 
 _STATUS = {s: pb.GetMessageStatus.Value(s.value) for s in PullStatus}
+# A pull stream answers on after these (a tag filter may skip a whole window and find more).
+_STREAM_GOES_ON = frozenset({pb.FOUND, pb.NO_MATCHED_MESSAGE})
 
 R = TypeVar("R")  # what a long poll's look answers (a pull or a receive response)
 
@@ -176,29 +179,13 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         self.watch = watch
         self._log = cl_grpc.CommitLogStub(commitlog)
         self._caught_up = caught_up
+        self._pull_streams = threading.BoundedSemaphore(settings.pull_streams_max)
 
     # -- Pull --------------------------------------------------------------------------------------
 
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
-        s = self.settings
-        topic = _topic(request.topic)
-        queue_id = _queue_id(request.queue_id)
-        if request.offset < 0:
-            raise InvalidArgument("a queue offset is never negative", field="offset")
-        max_messages = _limit(
-            request.max_messages, s.pull_messages_default, s.pull_messages_max, "max_messages"
-        )
-        max_bytes = _limit(request.max_bytes, s.pull_bytes_default, s.pull_bytes_max, "max_bytes")
         wait_s = self._long_poll_s(request.long_poll_ms, context)
-        tags = TagFilter.parse(request.tags, s.tags_max)
-        self._require_caught_up()
-
-        as_blob = request.records_as_blob
-
-        def look(offset: int) -> pb.PullResponse:
-            return self._pull_once(
-                topic, queue_id, offset, max_messages, max_bytes, tags, as_blob, context
-            )
+        look = self._pull_look(request, context)
 
         def look_again(last: pb.PullResponse) -> pb.PullResponse:
             offset = _retry_offset(request.offset, last)
@@ -211,7 +198,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         response = look(request.offset)
         if wait_s > 0 and _nothing_new(response):
             response = self._long_poll(
-                (topic, queue_id),
+                (request.topic, request.queue_id),  # checked by _pull_look
                 wait_s,
                 context,
                 look=look_again,
@@ -222,6 +209,63 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
         metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))  # one per record, either form
         return response
+
+    def PullStream(
+        self, request: pb.PullStreamRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.PullResponse]:
+        """Consecutive Pulls of one queue, each from the previous answer's next_begin_offset
+        (the proto's contract). The stream holds a server thread while the caller reads, as a
+        long poll does: at most pull_streams_max at once (RESOURCE_EXHAUSTED beyond), each at
+        most pull_stream_batches_max answers long."""
+        s = self.settings
+        if request.max_batches < 0:
+            raise InvalidArgument("max_batches must not be negative", field="max_batches")
+        batches = min(request.max_batches or s.pull_stream_batches_max, s.pull_stream_batches_max)
+        look = self._pull_look(request.pull, context)
+        if not self._pull_streams.acquire(blocking=False):
+            raise ResourceExhausted(
+                f"{s.pull_streams_max} pull streams are open; pull one batch at a time"
+            )
+        try:
+            offset = request.pull.offset
+            for _ in range(batches):
+                response = look(offset)
+                metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
+                metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))
+                yield response
+                if (
+                    response.status not in _STREAM_GOES_ON
+                    or response.next_begin_offset >= response.max_offset
+                    or not context.is_active()
+                ):
+                    return
+                offset = response.next_begin_offset
+        finally:
+            self._pull_streams.release()
+
+    def _pull_look(
+        self, request: pb.PullRequest, context: grpc.ServicerContext
+    ) -> Callable[[int], pb.PullResponse]:
+        """A Pull's arguments checked, as a function of the offset to pull from."""
+        s = self.settings
+        topic = _topic(request.topic)
+        queue_id = _queue_id(request.queue_id)
+        if request.offset < 0:
+            raise InvalidArgument("a queue offset is never negative", field="offset")
+        max_messages = _limit(
+            request.max_messages, s.pull_messages_default, s.pull_messages_max, "max_messages"
+        )
+        max_bytes = _limit(request.max_bytes, s.pull_bytes_default, s.pull_bytes_max, "max_bytes")
+        tags = TagFilter.parse(request.tags, s.tags_max)
+        self._require_caught_up()
+        as_blob = request.records_as_blob
+
+        def look(offset: int) -> pb.PullResponse:
+            return self._pull_once(
+                topic, queue_id, offset, max_messages, max_bytes, tags, as_blob, context
+            )
+
+        return look
 
     def _pull_once(
         self,

@@ -83,6 +83,10 @@ class CqSettings(FollowerSettings):
     long_poll_max_ms: int = Field(30_000, ge=0)
     # Each waiting call holds a server thread: past this many at once, RESOURCE_EXHAUSTED.
     long_polls_max: int = Field(32, ge=1)
+    # A pull stream holds a server thread while its caller reads: at most this many at once,
+    # each at most this many answers long (then the caller opens the next one).
+    pull_streams_max: int = Field(16, ge=1)
+    pull_stream_batches_max: int = Field(64, ge=1)
 
     # -- Receive -----------------------------------------------------------------------------------
     receive_messages_default: int = Field(32, ge=1)
@@ -101,10 +105,11 @@ class CqSettings(FollowerSettings):
 
     @model_validator(mode="after")
     def _check_relations(self) -> Self:
-        if self.long_polls_max >= self.max_workers:
+        if self.long_polls_max + self.pull_streams_max >= self.max_workers:
             raise ValueError(
-                f"long_polls_max ({self.long_polls_max}) must leave server threads free: "
-                f"below max_workers ({self.max_workers})"
+                f"long_polls_max ({self.long_polls_max}) and pull_streams_max "
+                f"({self.pull_streams_max}) must leave server threads free: together below "
+                f"max_workers ({self.max_workers})"
             )
         if self.pull_bytes_max > self.max_message_bytes // 2:
             raise ValueError("pull_bytes_max must be at most half of max_message_bytes")

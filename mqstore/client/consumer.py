@@ -49,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import grpc
 
@@ -84,6 +84,9 @@ PULL_MESSAGES_MAX = 1_024
 # Pulls sent ahead at once (one per queue at most): enough to keep cq_svc and commitlog_svc
 # busy while the client decodes, few enough to leave the server's workers to other consumers.
 PULLS_AHEAD_MAX = 4
+# A PullStream answers at most the server's pull_stream_batches_max (64) batches; past this
+# long the stream is dropped and the next batch pulled on its own.
+PULL_STREAM_TIMEOUT_S = 60.0
 # Receive: RocketMQ 5's simple consumer asks for 16 at a time, invisible for 30 s.
 RECEIVE_MESSAGES_DEFAULT = 16
 INVISIBLE_DURATION_MS_DEFAULT = 30_000
@@ -116,6 +119,7 @@ BUSY_PAUSE_S = 0.2
 
 _LIMITS = MessageLimits()
 _PULL = "ConsumeQueue/Pull"
+_PULL_STREAM = "ConsumeQueue/PullStream"
 
 StartName = Literal["earliest", "latest", "committed"]
 Fallback = Literal["earliest", "latest"]
@@ -226,15 +230,24 @@ class _Queue:
     caught_up: bool = False
     # A Pull sent ahead: the offset it asked for and its answer to come.
     ahead: tuple[int, grpc.Future[pb.PullResponse]] | None = None
+    # Or a PullStream: the offset its next answer was pulled from, and the stream.
+    stream: tuple[int, Any] | None = None
 
     @property
     def buffered(self) -> bool:
         return self.taken < len(self.messages)
 
+    @property
+    def in_flight(self) -> bool:
+        return self.ahead is not None or self.stream is not None
+
     def cancel_ahead(self) -> None:
         if self.ahead is not None:
             self.ahead[1].cancel()  # nothing for a call that is done
             self.ahead = None
+        if self.stream is not None:
+            self.stream[1].cancel()
+            self.stream = None
 
 
 class Consumer:
@@ -270,6 +283,7 @@ class Consumer:
         self.fallback: Fallback = fallback
         self.tags = _check_tags(tags)
         self.max_messages = _check_max_messages(max_messages)
+        self._streams = True  # PullStream until a server says it does not serve it
         if long_poll_ms < 0:
             raise InvalidArgument("long_poll_ms must not be negative", field="long_poll_ms")
         self.long_poll_ms = long_poll_ms
@@ -737,15 +751,27 @@ class Consumer:
         self._rotation += 1
 
     def _send_ahead(self, queue_id: int, state: _Queue, offset: int) -> None:
-        """Send the Pull of `queue_id` from `offset` without waiting for it, when the queue
-        has none in flight and fewer than PULLS_AHEAD_MAX are."""
-        if state.ahead is not None:
-            return
-        if sum(1 for s in self._queues.values() if s.ahead is not None) >= PULLS_AHEAD_MAX:
+        """Have the Pull of `queue_id` from `offset` under way without waiting for it, when
+        the queue has none and fewer than PULLS_AHEAD_MAX queues have: a PullStream (the
+        server pulls on from each answer's next offset; a batch costs both ends a third of a
+        unary call), or a Pull sent ahead where streams are not served."""
+        if state.stream is not None and state.stream[0] == offset:
+            return  # the stream's next answer is this pull
+        state.cancel_ahead()
+        if sum(1 for s in self._queues.values() if s.in_flight) >= PULLS_AHEAD_MAX:
             return
         request = self._pull_request(
             queue_id, offset, max_messages=self.max_messages, long_poll_ms=0, tags=self.tags
         )
+        if self._streams:
+            stream = self._conn.call_cq(
+                lambda s: s.PullStream,
+                pb.PullStreamRequest(pull=request),
+                name=_PULL_STREAM,
+                timeout_s=PULL_STREAM_TIMEOUT_S,
+            )
+            state.stream = (offset, stream)
+            return
         self.stats.pulls += 1
         future: grpc.Future[pb.PullResponse] = self._conn.call_cq(
             lambda s: s.Pull.future, request, name=_PULL, timeout_s=self._pull_timeout_s(0)
@@ -753,9 +779,28 @@ class Consumer:
         state.ahead = (offset, future)
 
     def _collect(self, queue_id: int, state: _Queue) -> pb.PullResponse:
-        """The answer of the Pull of the queue from its fetch_at: the one sent ahead, else a
-        plain call. A Pull sent ahead that failed raises its error as a plain call would,
-        except UNAVAILABLE with other cq replicas configured: a plain call tries them."""
+        """The answer of the Pull of the queue from its fetch_at: the stream's next or the one
+        sent ahead, else a plain call. A stream that ended or failed leaves it to a plain
+        call (which raises the error itself if there is one). A Pull sent ahead that failed
+        raises its error as a plain call would, except UNAVAILABLE with other cq replicas
+        configured: a plain call tries them."""
+        stream, state.stream = state.stream, None
+        if stream is not None:
+            asked, call = stream
+            if asked == state.fetch_at:
+                try:
+                    response: pb.PullResponse = next(call)
+                except StopIteration:
+                    pass
+                except grpc.RpcError as err:
+                    if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        self._streams = False  # a server that predates PullStream
+                else:
+                    self.stats.pulls += 1  # a pull's answer, as a plain Pull's is
+                    state.stream = (response.next_begin_offset, call)
+                    return response
+            else:
+                call.cancel()
         ahead, state.ahead = state.ahead, None
         if ahead is not None:
             asked, future = ahead

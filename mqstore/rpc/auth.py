@@ -108,6 +108,10 @@ def _topic(request: Any) -> Iterable[str]:
     return (request.topic,)
 
 
+def _pull_topic(request: Any) -> Iterable[str]:
+    return (request.pull.topic,)
+
+
 def _batch_topics(request: Any) -> Iterable[str]:
     return {batch.topic for batch in request.batches}
 
@@ -117,6 +121,7 @@ NEEDS_ADMIN = Requirement(ADMIN)
 NEEDS_SUBSCRIBE = Requirement(SUBSCRIBE)
 PRODUCE_BATCHES = Requirement(PRODUCE, _batch_topics)
 CONSUME_TOPIC = Requirement(CONSUME, _topic)
+CONSUME_PULL_TOPIC = Requirement(CONSUME, _pull_topic)
 CONSUME_ANY_TOPIC = Requirement(CONSUME)
 
 _CL = "/mqstore.commitlog.v1.CommitLog/"
@@ -135,6 +140,7 @@ REQUIREMENTS: dict[str, Requirement] = {
     _CL + "GetStatus": AUTHENTICATED,
     _CL + "ForgetSubscriber": NEEDS_ADMIN,
     _CQ + "Pull": CONSUME_TOPIC,
+    _CQ + "PullStream": CONSUME_PULL_TOPIC,
     _CQ + "GetOffsetByTime": CONSUME_TOPIC,
     _CQ + "GetQueueInfo": CONSUME_TOPIC,
     _CQ + "ListQueues": CONSUME_TOPIC,

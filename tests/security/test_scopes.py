@@ -199,6 +199,14 @@ CASES: list[tuple[str, str, Callable[[Stubs], Any], grpc.StatusCode]] = [
      lambda s: s.cq.Pull(cq.PullRequest(topic="orders-scopes", queue_id=0), timeout=T), OK),
     ("produce cannot consume", "orders-producer",
      lambda s: s.cq.Pull(cq.PullRequest(topic="orders-scopes", queue_id=0), timeout=T), DENIED),
+    ("stream another topic", "orders-consumer",
+     lambda s: list(s.cq.PullStream(
+         cq.PullStreamRequest(pull=cq.PullRequest(topic="payments", queue_id=0)), timeout=T
+     )), DENIED),
+    ("stream own topic", "orders-consumer",
+     lambda s: list(s.cq.PullStream(
+         cq.PullStreamRequest(pull=cq.PullRequest(topic="orders-scopes", queue_id=0)), timeout=T
+     )), OK),
     ("commit offsets of another topic", "orders-consumer",
      lambda s: s.cq.CommitOffset(
          cq.CommitOffsetRequest(group="g", topic="payments", queue_id=0, offset=0), timeout=T

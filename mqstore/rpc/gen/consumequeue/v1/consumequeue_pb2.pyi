@@ -121,6 +121,32 @@ class PullRequest(_message.Message):
 Global___PullRequest: _TypeAlias = PullRequest  # noqa: Y015
 
 @_typing.final
+class PullStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PULL_FIELD_NUMBER: _builtins.int
+    MAX_BATCHES_FIELD_NUMBER: _builtins.int
+    max_batches: _builtins.int
+    """answers at most (0 = the server's default; capped by the server)"""
+    @_builtins.property
+    def pull(self) -> Global___PullRequest:
+        """the first Pull; every answer is in the records_as_blob form"""
+
+    def __init__(
+        self,
+        *,
+        pull: Global___PullRequest | None = ...,
+        max_batches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pull", b"pull"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_batches", b"max_batches", "pull", b"pull"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullStreamRequest: _TypeAlias = PullStreamRequest  # noqa: Y015
+
+@_typing.final
 class PullResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

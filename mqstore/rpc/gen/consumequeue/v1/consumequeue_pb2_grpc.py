@@ -39,6 +39,11 @@ class ConsumeQueueStub:
                 request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullRequest.SerializeToString,
                 response_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullResponse.FromString,
                 _registered_method=True)
+        self.PullStream = channel.unary_stream(
+                '/mqstore.consumequeue.v1.ConsumeQueue/PullStream',
+                request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullStreamRequest.SerializeToString,
+                response_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullResponse.FromString,
+                _registered_method=True)
         self.GetOffsetByTime = channel.unary_unary(
                 '/mqstore.consumequeue.v1.ConsumeQueue/GetOffsetByTime',
                 request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.GetOffsetByTimeRequest.SerializeToString,
@@ -96,6 +101,17 @@ class ConsumeQueueServicer:
 
     def Pull(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullStream(self, request, context):
+        """Consecutive Pulls of one queue as a stream: each answer is what a Pull from the previous
+        answer's next_begin_offset would be (the first from the request's offset). The stream ends
+        after an answer that is not FOUND or reaches the queue's end, after max_batches answers,
+        or when the caller cancels it; long_poll_ms is ignored (it never waits for new messages).
+        A server stream costs a batch a third of a unary call's CPU (docs/bench-peers.md).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -167,6 +183,11 @@ def add_ConsumeQueueServicer_to_server(servicer, server):
             'Pull': grpc.unary_unary_rpc_method_handler(
                     servicer.Pull,
                     request_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullRequest.FromString,
+                    response_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullResponse.SerializeToString,
+            ),
+            'PullStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullStream,
+                    request_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullStreamRequest.FromString,
                     response_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullResponse.SerializeToString,
             ),
             'GetOffsetByTime': grpc.unary_unary_rpc_method_handler(
@@ -246,6 +267,33 @@ class ConsumeQueue:
             target,
             '/mqstore.consumequeue.v1.ConsumeQueue/Pull',
             mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullRequest.SerializeToString,
+            mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mqstore.consumequeue.v1.ConsumeQueue/PullStream',
+            mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullStreamRequest.SerializeToString,
             mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullResponse.FromString,
             options,
             channel_credentials,

@@ -35,6 +35,13 @@ class ConsumeQueueStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ConsumeQueueAsyncStub: ...
     Pull: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.PullRequest, _consumequeue_pb2.PullResponse]
+    PullStream: _grpc.UnaryStreamMultiCallable[_consumequeue_pb2.PullStreamRequest, _consumequeue_pb2.PullResponse]
+    """Consecutive Pulls of one queue as a stream: each answer is what a Pull from the previous
+    answer's next_begin_offset would be (the first from the request's offset). The stream ends
+    after an answer that is not FOUND or reaches the queue's end, after max_batches answers,
+    or when the caller cancels it; long_poll_ms is ignored (it never waits for new messages).
+    A server stream costs a batch a third of a unary call's CPU (docs/bench-peers.md).
+    """
     GetOffsetByTime: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.GetOffsetByTimeRequest, _consumequeue_pb2.GetOffsetByTimeResponse]
     GetQueueInfo: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.GetQueueInfoRequest, _consumequeue_pb2.QueueInfo]
     ListQueues: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.ListQueuesRequest, _consumequeue_pb2.ListQueuesResponse]
@@ -51,6 +58,13 @@ class ConsumeQueueStub:
 class ConsumeQueueAsyncStub(ConsumeQueueStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Pull: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.PullRequest, _consumequeue_pb2.PullResponse]  # type: ignore[assignment]
+    PullStream: _aio.UnaryStreamMultiCallable[_consumequeue_pb2.PullStreamRequest, _consumequeue_pb2.PullResponse]  # type: ignore[assignment]
+    """Consecutive Pulls of one queue as a stream: each answer is what a Pull from the previous
+    answer's next_begin_offset would be (the first from the request's offset). The stream ends
+    after an answer that is not FOUND or reaches the queue's end, after max_batches answers,
+    or when the caller cancels it; long_poll_ms is ignored (it never waits for new messages).
+    A server stream costs a batch a third of a unary call's CPU (docs/bench-peers.md).
+    """
     GetOffsetByTime: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.GetOffsetByTimeRequest, _consumequeue_pb2.GetOffsetByTimeResponse]  # type: ignore[assignment]
     GetQueueInfo: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.GetQueueInfoRequest, _consumequeue_pb2.QueueInfo]  # type: ignore[assignment]
     ListQueues: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.ListQueuesRequest, _consumequeue_pb2.ListQueuesResponse]  # type: ignore[assignment]
@@ -70,6 +84,19 @@ class ConsumeQueueServicer(metaclass=_abc_1.ABCMeta):
         request: _consumequeue_pb2.PullRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_consumequeue_pb2.PullResponse, _abc.Awaitable[_consumequeue_pb2.PullResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PullStream(
+        self,
+        request: _consumequeue_pb2.PullStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_consumequeue_pb2.PullResponse], _abc.AsyncIterator[_consumequeue_pb2.PullResponse]]:
+        """Consecutive Pulls of one queue as a stream: each answer is what a Pull from the previous
+        answer's next_begin_offset would be (the first from the request's offset). The stream ends
+        after an answer that is not FOUND or reaches the queue's end, after max_batches answers,
+        or when the caller cancels it; long_poll_ms is ignored (it never waits for new messages).
+        A server stream costs a batch a third of a unary call's CPU (docs/bench-peers.md).
+        """
 
     @_abc_1.abstractmethod
     def GetOffsetByTime(
