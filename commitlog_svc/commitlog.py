@@ -91,7 +91,7 @@ from mqstore.formats.record_batch import (
     table_to_pairs,
     undo_queue_offsets,
 )
-from mqstore.formats.record_columns import IntArray, check_records
+from mqstore.formats.record_columns import IntArray, check_records, split_records
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
 from mqstore.storage.mapped_file import MappedFile
@@ -813,10 +813,7 @@ class CommitLog:
         OutOfRange (expired, not written yet, past readable data), DataLoss (its segment was
         deleted under the read) or CorruptRecord. read_blob's answer, cut into records."""
         blob, served, errors = self.read_blob([o for o, _ in ranges], [z for _, z in ranges])
-        ends = np.cumsum(served)
-        out: list[bytes | MqstoreError] = list(
-            map(blob.__getitem__, map(slice, (ends - served).tolist(), ends.tolist()))
-        )
+        out: list[bytes | MqstoreError] = list(split_records(blob, served))
         for i, error in errors.items():
             out[i] = error
         return out

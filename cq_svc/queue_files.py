@@ -356,8 +356,8 @@ class FileQueue:
             pos = offset * UNIT_BYTES - mf.file_from_offset
             stop_units = min(end - offset, left, (mf.file_size - pos) // UNIT_BYTES)
             if stop_units > 0:
-                # Copied out of the map: the pull outlives the file's hold.
-                raw = bytes(mf.read_buf[pos : pos + stop_units * UNIT_BYTES])
+                # A view: both callers copy the columns out before they return.
+                raw = mf.read_buf[pos : pos + stop_units * UNIT_BYTES]
                 runs.append((offset, np.frombuffer(raw, dtype=UNIT_DTYPE)))
                 left -= stop_units
             offset += stop_units

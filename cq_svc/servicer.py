@@ -45,11 +45,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import TypeVar
 
 import grpc
-import numpy as np
 
 from cq_svc import metrics, receipts
 from cq_svc.engine import CqEngine, Received
@@ -70,7 +68,7 @@ from mqstore.errors import (
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import TAGS
 from mqstore.formats.record import Bad, Blank, read_record, validate_topic
-from mqstore.formats.record_columns import record_heads
+from mqstore.formats.record_columns import record_heads, split_records
 from mqstore.limits import MessageLimits, validate_group
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
@@ -89,9 +87,6 @@ RECEIVE_ROUNDS_MAX = 8
 
 # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET: the fixed head.
 _HEAD = struct.Struct(">iiiiiqq")
-# The same head, MAGIC, BODYCRC and FLAG skipped: what a unit says of its record.
-_UNIT_HEAD = struct.Struct(">i8xi4xqq")
-assert _UNIT_HEAD.size == _HEAD.size
 _COMMIT_LOG_OFFSET = operator.attrgetter("commit_log_offset")
 _SIZE = operator.attrgetter("size")
 
@@ -146,22 +141,21 @@ class _Gathered:
 
 @dataclass(slots=True)
 class _ReadAnswer:
-    """A commit-log Read's answer: per range its status, and its record either in `records`
-    or at its place in `blob` (`sizes`: 0 where not READ_OK), as the server answered."""
+    """A commit-log Read's answer: per range its status, and the records served laid end to
+    end in `blob` (`sizes`: each range's size there, 0 where not READ_OK)."""
 
     statuses: Sequence[int]
-    records: list[bytes] | None = None
-    blob: bytes = b""
-    sizes: list[int] | None = None
+    blob: bytes
+    sizes: list[int]
+
+    @classmethod
+    def of_records(cls, statuses: Sequence[int], records: Sequence[bytes]) -> _ReadAnswer:
+        """The answer of a commit log that predates the blob (one field a record; b"" where
+        not served), in the same form."""
+        return cls(statuses, b"".join(records), list(map(len, records)))
 
     def as_records(self) -> list[bytes]:
-        if self.records is not None:
-            return self.records
-        assert self.sizes is not None
-        ends = np.cumsum(self.sizes, dtype=np.int64).tolist()
-        starts = [0, *ends[:-1]]
-        blob = self.blob
-        return [blob[a:b] for a, b in zip(starts, ends, strict=True)]
+        return split_records(self.blob, self.sizes)
 
 
 class CqServicer(pb_grpc.ConsumeQueueServicer):
@@ -326,11 +320,9 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             # _gather_read, a column at a time.
             queue_offsets = taken.queue_offset.tolist()
             if tags is None:
-                if answer.records is None:
-                    return _Gathered(
-                        [], queue_offsets, result.next_begin_offset, blob=answer.blob, sizes=sizes
-                    )
-                return _Gathered(answer.records, queue_offsets, result.next_begin_offset)
+                return _Gathered(
+                    [], queue_offsets, result.next_begin_offset, blob=answer.blob, sizes=sizes
+                )
             records = answer.as_records()
             kept = [i for i, record in enumerate(records) if tags.matches(record)]
             return _Gathered(
@@ -429,12 +421,12 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 f"Read answered {len(statuses)} statuses and a blob of "
                 f"{len(response.records_blob)} bytes for {n} ranges of {sum(served)}",
             )
-            return _ReadAnswer(statuses, blob=response.records_blob, sizes=served)
+            return _ReadAnswer(statuses, response.records_blob, served)
         check(
             len(response.records) == n and len(statuses) == n,
             f"Read answered {len(response.records)} records for {n} ranges",
         )
-        return _ReadAnswer(statuses, records=list(response.records))
+        return _ReadAnswer.of_records(statuses, response.records)
 
     # -- long polling ------------------------------------------------------------------------------
 
@@ -846,7 +838,7 @@ def _put_blob(response: pb.PullResponse, blob: bytes, sizes: list[int], as_blob:
         response.records_blob = blob
         response.record_sizes.extend(sizes)
     else:
-        _put_records(response, _ReadAnswer([], blob=blob, sizes=sizes).as_records(), False)
+        _put_records(response, split_records(blob, sizes), False)
 
 
 def _all_unit_records(
@@ -854,19 +846,6 @@ def _all_unit_records(
 ) -> bool:
     """_is_unit_record of every record at once (columns); False when any one is not, and then
     each is looked at on its own."""
-    if answer.records is not None:
-        records = answer.records
-        if list(map(len, records)) != sizes or min(sizes, default=_HEAD.size) < _HEAD.size:
-            return False
-        heads = list(map(_UNIT_HEAD.unpack_from, records))
-        expected = zip(
-            sizes,
-            repeat(queue_id, len(records)),
-            units.queue_offset.tolist(),
-            units.phy.tolist(),
-            strict=True,
-        )
-        return heads == list(expected)
     if answer.sizes != sizes:
         return False
     if not sizes:

@@ -461,7 +461,7 @@ class Producer:
         """Queue one message; the future resolves once the store answered for it. Bad input
         raises InvalidArgument here, before anything is queued."""
         message = self._prepare(topic, body, key, keys, tags, properties, queue_id, uniq_key)
-        weight = len(message.body) + len(message.properties) + MESSAGE_OVERHEAD_BYTES
+        weight = message.weight()
         with self._cond:
             if self._buffered + weight > self.buffer_bytes or self._closing:
                 self._wait_for_room(weight, time.monotonic() + self.block_timeout_s)
@@ -640,16 +640,29 @@ class Producer:
                 f"body is {len(body)} bytes, over the {self.limits.body_bytes_max}-byte limit",
                 field="body",
             )
-        if not (key or keys or tags or properties or uniq_key or queue_id is not None):
+        if key or keys or tags or properties or uniq_key or queue_id is not None:
+            queue_id, uniq, encoded = self._route(key, keys, tags, properties, queue_id, uniq_key)
+        else:
             # The usual send, a body and nothing else: the bytes encode_properties makes of
             # {UNIQ_KEY: id} (an id is hex), without the checks that cannot fail here.
             uniq = self._ids.next_id()
             encoded = _UNIQ_ONLY_PREFIX + uniq.encode("ascii") + _PROPERTY_END
             queue_id = next(self._round_robin) % self.queues_per_topic
-            sys_flag = 0
-            if len(body) > self.compress_over_bytes:
-                body, sys_flag = compress(body, self.compression)
-            return _Message(topic, queue_id, body, encoded, sys_flag, uniq, SendFuture())
+        sys_flag = 0
+        if len(body) > self.compress_over_bytes:
+            body, sys_flag = compress(body, self.compression)
+        return _Message(topic, queue_id, body, encoded, sys_flag, uniq, SendFuture())
+
+    def _route(
+        self,
+        key: str | None,
+        keys: list[str] | None,
+        tags: str,
+        properties: Mapping[str, str] | None,
+        queue_id: int | None,
+        uniq_key: str | None,
+    ) -> tuple[int, str, bytes]:
+        """(queue id, unique id, encoded properties) of a send with options, checked."""
         all_keys = ([key] if key else []) + list(keys or [])
         if any(not k or KEY_SEPARATOR in k for k in all_keys):
             raise InvalidArgument("keys must be non-empty and hold no space", field="keys")
@@ -679,10 +692,7 @@ class Producer:
                 f"{self.limits.properties_bytes_max}-byte limit",
                 field="properties",
             )
-        sys_flag = 0
-        if len(body) > self.compress_over_bytes:
-            body, sys_flag = compress(body, self.compression)
-        return _Message(topic, queue_id, body, encoded, sys_flag, uniq, SendFuture())
+        return queue_id, uniq, encoded
 
     # -- the sender thread ----------------------------------------------------------------------
 

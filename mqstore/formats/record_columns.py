@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Final
 
 import numpy as np
@@ -109,6 +110,13 @@ def check_records(
     crc = np.fromiter(map(crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
     ok &= (crc == head["body_crc"]) | (body_len == 0)
     return CheckedRecords(ok, head, starts, ends, bodies)
+
+
+def split_records(blob: bytes, sizes: Sequence[int] | IntArray) -> list[bytes]:
+    """The records laid end to end in `blob`, `sizes[i]` bytes each, as one bytes each (a
+    comprehension of slices: twice as fast as mapping slice objects, measured)."""
+    bounds = [0, *np.cumsum(sizes, dtype=np.int64).tolist()]
+    return [blob[a:b] for a, b in pairwise(bounds)]
 
 
 def record_heads(blob: bytes, sizes: IntArray) -> Any:

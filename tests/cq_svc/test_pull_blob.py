@@ -206,10 +206,10 @@ def test_the_column_check_of_unit_records_agrees_with_the_check_of_each() -> Non
         columns = UnitColumns.of_units(units)
         statuses = [cl_pb.READ_OK] * len(records)
         as_list = _all_unit_records(
-            _ReadAnswer(statuses, records=records), queue_id, sizes, columns
+            _ReadAnswer.of_records(statuses, records), queue_id, sizes, columns
         )
         as_blob = _all_unit_records(
-            _ReadAnswer(statuses, blob=b"".join(records), sizes=list(map(len, records))),
+            _ReadAnswer(statuses, b"".join(records), list(map(len, records))),
             queue_id,
             sizes,
             columns,
