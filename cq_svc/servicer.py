@@ -27,7 +27,9 @@ batch touches that queue, until something matches or the time (long_poll_ms, cap
 caller's deadline less a margin) runs out; then it answers what the last look found. At most
 `long_polls_max` wait at once (RESOURCE_EXHAUSTED beyond). A cancelled call or a shutdown
 wakes the waiter at once. Receive long-polls the same way, and also wakes when an invisible
-message of the queue becomes receivable again.
+message of the queue becomes receivable again. Follow is one long poll over many queues that
+answers each as it gets something, on one stream (one waiter for all, watch.KeysWaiter, which
+keeps the queues a dispatch woke so only those are looked at again).
 
 Reads of queue positions (Pull, GetOffsetByTime, GetQueueInfo, ListQueues, Receive) answer
 UNAVAILABLE until the subscription has caught up with the log after start-up: a queue being
@@ -48,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
+import numpy as np
 
 from cq_svc import metrics, receipts
 from cq_svc.engine import CqEngine, Received
@@ -95,6 +98,18 @@ _STATUS = {s: pb.GetMessageStatus.Value(s.value) for s in PullStatus}
 _STREAM_GOES_ON = frozenset({pb.FOUND, pb.NO_MATCHED_MESSAGE})
 
 R = TypeVar("R")  # what a long poll's look answers (a pull or a receive response)
+
+
+@dataclass(frozen=True, slots=True)
+class _PullArgs:
+    """A Pull's arguments, checked; the offset apart (a stream moves it)."""
+
+    topic: str
+    queue_id: int
+    max_messages: int
+    max_bytes: int
+    tags: TagFilter | None
+    as_blob: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +171,18 @@ class _ReadAnswer:
 
     def as_records(self) -> list[bytes]:
         return split_records(self.blob, self.sizes)
+
+    def parts(self, counts: Sequence[int]) -> list[_ReadAnswer]:
+        """The answer cut into consecutive answers of counts[i] ranges each."""
+        out = []
+        at = 0
+        byte_at = 0
+        for count in counts:
+            sizes = self.sizes[at : at + count]
+            end = byte_at + sum(sizes)
+            out.append(_ReadAnswer(self.statuses[at : at + count], self.blob[byte_at:end], sizes))
+            at, byte_at = at + count, end
+        return out
 
 
 class CqServicer(pb_grpc.ConsumeQueueServicer):
@@ -237,10 +264,111 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         finally:
             self._pull_streams.release()
 
+    def Follow(
+        self, request: pb.FollowRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.FollowResponse]:
+        """Pulls of several queues on one stream, answered as each queue gets something new
+        (the proto's contract). One waiter watches every queue and keeps the ones a dispatch
+        touched: after the first look of each, a queue is looked at again only when woken or
+        when its last answer left more to read."""
+        s = self.settings
+        pulls = request.pulls
+        if not pulls:
+            raise InvalidArgument("a follow names at least one queue", field="pulls")
+        if len(pulls) > s.follow_queues_max:
+            raise InvalidArgument(
+                f"a follow names at most {s.follow_queues_max} queues, not {len(pulls)}",
+                field="pulls",
+            )
+        if request.max_batches < 0:
+            raise InvalidArgument("max_batches must not be negative", field="max_batches")
+        keys = [(p.topic, p.queue_id) for p in pulls]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgument("a follow names each queue once", field="pulls")
+        batches = min(request.max_batches or s.follow_batches_max, s.follow_batches_max)
+        idle_s = self._long_poll_s(request.long_poll_ms, context)
+        args = [self._pull_args(p) for p in pulls]
+        offsets = [p.offset for p in pulls]
+        index_of = {key: i for i, key in enumerate(keys)}
+        ready = set(range(len(pulls)))
+        try:
+            waiter = self.watch.register_many(keys)
+        except ResourceExhausted:
+            metrics.LONG_POLLS_REFUSED.inc()
+            # Only the wait is refused: what the queues hold already is answered, as a unary
+            # Pull answers its first look (the stream ends after it).
+            answers = self._follow_round(args, offsets, sorted(ready), ready, context)
+            if not answers:
+                raise
+            yield pb.FollowResponse(answers=answers[:batches])
+            return
+        try:
+            if not context.add_callback(waiter.wake):
+                return
+            turn = 0
+            answered = 0
+            idle_until = time.monotonic() + idle_s
+            while context.is_active() and not self.watch.closed:
+                ready.update(index_of[key] for key in waiter.take())
+                order = sorted(ready)
+                if order:
+                    k = turn % len(order)
+                    order = (order[k:] + order[:k])[: batches - answered]
+                    turn += 1
+                answers = self._follow_round(args, offsets, order, ready, context)
+                if answers:
+                    yield pb.FollowResponse(answers=answers)
+                    answered += len(answers)
+                    if answered >= batches:
+                        return
+                    idle_until = time.monotonic() + idle_s
+                if ready:
+                    continue
+                left = idle_until - time.monotonic()
+                remaining = context.time_remaining()
+                if remaining is not None:
+                    left = min(left, remaining - DEADLINE_MARGIN_S)
+                if left <= 0:
+                    return
+                waiter.wait(left)
+        finally:
+            self.watch.unregister(waiter)
+
+    def _follow_round(
+        self,
+        args: Sequence[_PullArgs],
+        offsets: list[int],
+        order: Sequence[int],
+        ready: set[int],
+        context: grpc.ServicerContext,
+    ) -> list[pb.PullResponse]:
+        """One look at each pull in `order` (one Read for all): the answers worth sending,
+        named by pull_index. Moves `offsets` past what is answered; drops from `ready` the
+        pulls a dispatch must wake before they are looked at again."""
+        looked = self._pull_many([args[i] for i in order], [offsets[i] for i in order], context)
+        answers = []
+        for i, response in zip(order, looked, strict=True):
+            if response.next_begin_offset == offsets[i] and not response.queue_offsets:
+                ready.discard(i)  # answered again when a dispatch wakes it
+                if _nothing_new(response):
+                    continue
+            response.pull_index = i
+            metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
+            metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))
+            answers.append(response)
+            offsets[i] = response.next_begin_offset
+            if response.status == pb.FOUND and offsets[i] >= response.max_offset:
+                ready.discard(i)  # at the queue's end: a dispatch wakes it
+        return answers
+
     def _pull_look(
         self, request: pb.PullRequest, context: grpc.ServicerContext
     ) -> Callable[[int], pb.PullResponse]:
         """A Pull's arguments checked, as a function of the offset to pull from."""
+        args = self._pull_args(request)
+        return lambda offset: self._pull_many([args], [offset], context)[0]
+
+    def _pull_args(self, request: pb.PullRequest) -> _PullArgs:
         s = self.settings
         topic = _topic(request.topic)
         queue_id = _queue_id(request.queue_id)
@@ -252,53 +380,62 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         max_bytes = _limit(request.max_bytes, s.pull_bytes_default, s.pull_bytes_max, "max_bytes")
         tags = TagFilter.parse(request.tags, s.tags_max)
         self._require_caught_up()
-        as_blob = request.records_as_blob
+        return _PullArgs(topic, queue_id, max_messages, max_bytes, tags, request.records_as_blob)
 
-        def look(offset: int) -> pb.PullResponse:
-            return self._pull_once(
-                topic, queue_id, offset, max_messages, max_bytes, tags, as_blob, context
-            )
-
-        return look
-
-    def _pull_once(
+    def _pull_many(
         self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int,
-        max_bytes: int,
-        tags: TagFilter | None,
-        as_blob: bool,
+        args: Sequence[_PullArgs],
+        offsets: Sequence[int],
         context: grpc.ServicerContext,
-    ) -> pb.PullResponse:
+    ) -> list[pb.PullResponse]:
+        """Pulls of several queues (each args[i] from offsets[i]) with one commit-log Read for
+        all of them (several when their records pass pull_bytes_max together): a Follow cycle
+        over the queues a dispatch woke costs one Read, not one a queue."""
         began = time.perf_counter()
-        result = self.engine.pull(
-            topic,
-            queue_id,
-            offset,
-            max_messages,
-            max_bytes,
-            tags.codes if tags is not None else (),
-        )
-        response = pb.PullResponse(
-            status=_STATUS[result.status],
-            next_begin_offset=result.next_begin_offset,
-            min_offset=result.min_offset,
-            max_offset=result.max_offset,
-        )
-        if result.status is PullStatus.FOUND:
-            got = self._gather(topic, queue_id, result, tags, context)
-            if got.blob:
-                _put_blob(response, got.blob, got.sizes, as_blob)
-            else:
-                _put_records(response, got.records, as_blob)
-            response.queue_offsets.extend(got.offsets)
-            response.next_begin_offset = got.next_begin
-            if not got.served:
-                response.status = pb.MESSAGE_WAS_REMOVING if got.removed else pb.NO_MATCHED_MESSAGE
-        metrics.PULL_SECONDS.observe(time.perf_counter() - began)
-        return response
+        started = []
+        for a, offset in zip(args, offsets, strict=True):
+            result = self.engine.pull(
+                a.topic,
+                a.queue_id,
+                offset,
+                a.max_messages,
+                a.max_bytes,
+                a.tags.codes if a.tags is not None else (),
+            )
+            response = pb.PullResponse(
+                status=_STATUS[result.status],
+                next_begin_offset=result.next_begin_offset,
+                min_offset=result.min_offset,
+                max_offset=result.max_offset,
+            )
+            started.append((response, result))
+        found = [k for k, (_, r) in enumerate(started) if r.status is PullStatus.FOUND]
+        for group in _read_groups(found, [started[k][1].taken for k in found], self.settings):
+            taken = [started[k][1].taken for k in group]
+            phy = taken[0].phy if len(taken) == 1 else np.concatenate([t.phy for t in taken])
+            size = taken[0].size if len(taken) == 1 else np.concatenate([t.size for t in taken])
+            answer = self._read(phy.tolist(), size.tolist(), context)
+            for k, part in zip(group, answer.parts([len(t) for t in taken]), strict=True):
+                response, result = started[k]
+                self._pull_finish(args[k], response, result, part)
+        took = time.perf_counter() - began
+        for _ in started:
+            metrics.PULL_SECONDS.observe(took / len(started))
+        return [response for response, _ in started]
+
+    def _pull_finish(
+        self, a: _PullArgs, response: pb.PullResponse, result: PullResult, answer: _ReadAnswer
+    ) -> None:
+        """A FOUND pull's response filled from the Read's answer for its units."""
+        got = self._gather(a.topic, a.queue_id, result, a.tags, answer)
+        if got.blob:
+            _put_blob(response, got.blob, got.sizes, a.as_blob)
+        else:
+            _put_records(response, got.records, a.as_blob)
+        response.queue_offsets.extend(got.offsets)
+        response.next_begin_offset = got.next_begin
+        if not got.served:
+            response.status = pb.MESSAGE_WAS_REMOVING if got.removed else pb.NO_MATCHED_MESSAGE
 
     def _gather(
         self,
@@ -306,12 +443,12 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         queue_id: int,
         result: PullResult,
         tags: TagFilter | None,
-        context: grpc.ServicerContext,
+        answer: _ReadAnswer,
     ) -> _Gathered:
-        """The engine's units through one Read, in queue order (module docstring)."""
+        """The engine's units from the Read's answer for them, in queue order (module
+        docstring)."""
         taken = result.taken
         sizes = taken.size.tolist()
-        answer = self._read(taken.phy.tolist(), sizes, context)
         read_ok = answer.statuses.count(cl_pb.READ_OK)
         # One metric update per Pull, not per record (it was a quarter of a Pull's time).
         metrics.READ_RECORDS.labels("ok").inc(read_ok)
@@ -801,6 +938,24 @@ def _limit(value: int, default: int, top: int, name: str) -> int:
 
 
 # -- pull helpers ---------------------------------------------------------------------------------
+
+
+def _read_groups(
+    found: Sequence[int], taken: Sequence[UnitColumns], settings: CqSettings
+) -> list[list[int]]:
+    """`found` (pull indexes, their units in `taken`) in consecutive groups whose records add
+    up to at most pull_bytes_max, each group one Read (a single pull is never split)."""
+    groups: list[list[int]] = []
+    total = 0
+    for k, units in zip(found, taken, strict=True):
+        size = int(units.size.sum())
+        if groups and total + size <= settings.pull_bytes_max:
+            groups[-1].append(k)
+            total += size
+        else:
+            groups.append([k])
+            total = size
+    return groups
 
 
 def _nothing_new(response: pb.PullResponse) -> bool:

@@ -87,6 +87,10 @@ class CqSettings(FollowerSettings):
     # each at most this many answers long (then the caller opens the next one).
     pull_streams_max: int = Field(16, ge=1)
     pull_stream_batches_max: int = Field(64, ge=1)
+    # A Follow stream (one long poll over several queues) answers at most this many batches,
+    # then the caller opens the next; it names at most this many queues.
+    follow_batches_max: int = Field(4_096, ge=1)
+    follow_queues_max: int = Field(1_024, ge=1)
 
     # -- Receive -----------------------------------------------------------------------------------
     receive_messages_default: int = Field(32, ge=1)

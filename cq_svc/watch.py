@@ -10,6 +10,10 @@ the batch touched wake (an event each, no shared condition, so a batch for one q
 stir every waiting call). A waiter registered before its caller's last look cannot miss a
 batch applied after that look: the batch sets its event, and `wait` returns at once.
 
+A Follow stream waits on several queues with one waiter (`register_many`): the waiter keeps
+the keys that woke it, so the stream looks again only at those (`take` hands them over and
+re-arms the waiter in one step: a wake after it is never lost).
+
 Every waiting call holds a server thread, so waiters are bounded by `max_waiters`; one more
 is refused with ResourceExhausted. `close()` (shutdown) wakes every waiter and makes later
 waits return at once, so long polls answer promptly when the service drains.
@@ -19,18 +23,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import ResourceExhausted
 
 Key = tuple[str, int]
+W = TypeVar("W", bound="Waiter")
 
 
 class Waiter:
-    __slots__ = ("_event", "key")
+    __slots__ = ("_event", "keys")
 
     def __init__(self, key: Key) -> None:
-        self.key = key
+        self.keys: tuple[Key, ...] = (key,)
         self._event = threading.Event()
 
     def wait(self, timeout_s: float) -> bool:
@@ -39,8 +45,38 @@ class Waiter:
         self._event.clear()
         return woken
 
-    def wake(self) -> None:
+    def wake(self, key: Key | None = None) -> None:
+        """Woken by a dispatch to `key`, or for another reason (None: cancel, shutdown)."""
         self._event.set()
+
+
+class KeysWaiter(Waiter):
+    """One waiter for several queues that remembers which of them were woken."""
+
+    __slots__ = ("_lock", "_woken")
+
+    def __init__(self, keys: Sequence[Key]) -> None:
+        super().__init__(keys[0])
+        self.keys = tuple(keys)
+        self._lock = threading.Lock()
+        self._woken: set[Key] = set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until woken or `timeout_s` passes; True when woken. `take` re-arms it."""
+        return self._event.wait(max(0.0, timeout_s))
+
+    def wake(self, key: Key | None = None) -> None:
+        with self._lock:
+            if key is not None:
+                self._woken.add(key)
+            self._event.set()
+
+    def take(self) -> set[Key]:
+        """The keys woken since the last take; re-armed (a wake from now on is kept)."""
+        with self._lock:
+            woken, self._woken = self._woken, set()
+            self._event.clear()
+        return woken
 
 
 class QueueWatch:
@@ -60,14 +96,23 @@ class QueueWatch:
         return self._closed
 
     def register(self, key: Key) -> Waiter:
-        waiter = Waiter(key)
+        return self._add(Waiter(key))
+
+    def register_many(self, keys: Sequence[Key]) -> KeysWaiter:
+        """One waiter (one of max_waiters) for every key in `keys` (distinct)."""
+        waiter = KeysWaiter(keys)
+        self._add(waiter)
+        return waiter
+
+    def _add(self, waiter: W) -> W:
         with self._lock:
             if self._count >= self.max_waiters:
                 raise ResourceExhausted(
                     f"{self._count} long polls are waiting already (the bound); "
                     "poll again later or without long_poll_ms"
                 )
-            self._by_key.setdefault(key, set()).add(waiter)
+            for key in waiter.keys:
+                self._by_key.setdefault(key, set()).add(waiter)
             self._count += 1
             if self._closed:
                 waiter.wake()
@@ -75,13 +120,17 @@ class QueueWatch:
 
     def unregister(self, waiter: Waiter) -> None:
         with self._lock:
-            waiters = self._by_key.get(waiter.key)
-            if waiters is None or waiter not in waiters:
-                return
-            waiters.discard(waiter)
-            if not waiters:
-                del self._by_key[waiter.key]
-            self._count -= 1
+            found = False
+            for key in waiter.keys:
+                waiters = self._by_key.get(key)
+                if waiters is None or waiter not in waiters:
+                    continue
+                found = True
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._by_key[key]
+            if found:
+                self._count -= 1
 
     def notify(self, keys: Iterable[Key]) -> int:
         """Wake the waiters of `keys`; returns how many were woken."""
@@ -89,7 +138,7 @@ class QueueWatch:
         with self._lock:
             for key in keys:
                 for waiter in self._by_key.get(key, ()):
-                    waiter.wake()
+                    waiter.wake(key)
                     woken += 1
         return woken
 

@@ -63,6 +63,7 @@ from mqstore.client.errors import (
     Unavailable,
     from_rpc_error,
 )
+from mqstore.client.follow import FollowStream
 from mqstore.client.message import Message, ReceivedMessage, decode_batch
 from mqstore.client.settings import LONG_POLL_MS_DEFAULT, ClientSettings
 from mqstore.formats.record import validate_topic
@@ -87,6 +88,12 @@ PULLS_AHEAD_MAX = 4
 # A PullStream answers at most the server's pull_stream_batches_max (64) batches; past this
 # long the stream is dropped and the next batch pulled on its own.
 PULL_STREAM_TIMEOUT_S = 60.0
+# A caught-up consumer follows at most this many queues on one Follow stream (cq_svc's
+# follow_queues_max); a wider assignment long-polls LONG_POLLS_MAX queues at a time instead.
+FOLLOW_QUEUES_MAX = 1_024
+# A Follow stream ends itself after long_poll_ms with nothing to answer, or after the server's
+# follow_batches_max answers; this deadline only bounds one whose server went silent.
+FOLLOW_TIMEOUT_S = 300.0
 # Receive: RocketMQ 5's simple consumer asks for 16 at a time, invisible for 30 s.
 RECEIVE_MESSAGES_DEFAULT = 16
 INVISIBLE_DURATION_MS_DEFAULT = 30_000
@@ -120,6 +127,7 @@ BUSY_PAUSE_S = 0.2
 _LIMITS = MessageLimits()
 _PULL = "ConsumeQueue/Pull"
 _PULL_STREAM = "ConsumeQueue/PullStream"
+_FOLLOW = "ConsumeQueue/Follow"
 
 StartName = Literal["earliest", "latest", "committed"]
 Fallback = Literal["earliest", "latest"]
@@ -202,9 +210,11 @@ class ConsumerStats:
     """Counters since the consumer was made. `skipped`: per queue, offsets the store no
     longer held when they were asked for (retention): messages lost to this consumer.
     `reconnects`: outages (every replica UNAVAILABLE) that ended in an answer; `retries`:
-    calls repeated during them."""
+    calls repeated during them. `pulls` counts pulls' answers; `follows` the Follow streams
+    opened (one watches every caught-up queue)."""
 
     pulls: int = 0
+    follows: int = 0
     messages: int = 0
     reconnects: int = 0
     retries: int = 0
@@ -284,6 +294,8 @@ class Consumer:
         self.tags = _check_tags(tags)
         self.max_messages = _check_max_messages(max_messages)
         self._streams = True  # PullStream until a server says it does not serve it
+        self._follows = True  # Follow, likewise
+        self._follow: FollowStream | None = None
         if long_poll_ms < 0:
             raise InvalidArgument("long_poll_ms must not be negative", field="long_poll_ms")
         self.long_poll_ms = long_poll_ms
@@ -345,6 +357,7 @@ class Consumer:
         consumer's own. Calling it again does nothing."""
         if self._closed:
             return
+        self._drop_follow()
         for state in self._queues.values():
             state.cancel_ahead()
         try:
@@ -690,6 +703,16 @@ class Consumer:
         queue_ids = self._queue_ids(refresh=True)
         if self._buffered():
             return True
+        if self._follow is not None:
+            if self._follow_valid(queue_ids):
+                # The stream answers every queue as it gets something, caught up or not.
+                self._follow_take(self._wait_ms(deadline))
+                if self._buffered():
+                    return True
+                if self._follow is not None:
+                    return False  # nothing within the time
+            else:
+                self._drop_follow()
         if not queue_ids:
             pause = deadline - time.monotonic()
             due = self._refresh_due_s()
@@ -715,6 +738,10 @@ class Consumer:
         if self.long_poll_ms == 0:
             time.sleep(min(IDLE_PAUSE_S, wait_ms / 1000.0))
             return False
+        if self._follows and len(queue_ids) <= FOLLOW_QUEUES_MAX:
+            self._open_follow(queue_ids)
+            self._follow_take(wait_ms)
+            return self._buffered()
         self._long_poll(queue_ids, min(wait_ms, self.long_poll_ms))
         if not self._buffered():
             return False
@@ -819,6 +846,81 @@ class Consumer:
             queue_id, state.fetch_at, max_messages=self.max_messages, long_poll_ms=0, tags=self.tags
         )
         return self._call_pull(request)
+
+    # -- following caught-up queues on one stream -------------------------------------------------
+
+    def _open_follow(self, queue_ids: list[int]) -> None:
+        """One Follow call over every queue, each from its next offset (follow.py)."""
+        self._drop_follow()
+        pulls = []
+        offsets = {}
+        for q in queue_ids:
+            state = self._state(q)
+            state.cancel_ahead()  # the stream asks the same
+            offsets[q] = state.fetch_at
+            pulls.append(
+                self._pull_request(
+                    q,
+                    state.fetch_at,
+                    max_messages=self.max_messages,
+                    long_poll_ms=0,
+                    tags=self.tags,
+                )
+            )
+        call = self._conn.call_cq(
+            lambda s: s.Follow,
+            pb.FollowRequest(pulls=pulls, long_poll_ms=self.long_poll_ms),
+            name=_FOLLOW,
+            timeout_s=FOLLOW_TIMEOUT_S,
+        )
+        self._follow = FollowStream(call, queue_ids, offsets)
+        self.stats.follows += 1
+
+    @property
+    def following(self) -> bool:
+        """A Follow stream is open: new messages of every assigned queue come without a new
+        call (poll, iteration and messages(follow=True) open it once caught up)."""
+        return self._follow is not None and not self._follow.ended
+
+    def _follow_valid(self, queue_ids: list[int]) -> bool:
+        follow = self._follow
+        if follow is None:
+            return False
+        states = self._queues
+        return follow.matches(queue_ids, {q: states[q].fetch_at for q in queue_ids if q in states})
+
+    def _drop_follow(self) -> None:
+        if self._follow is not None:
+            self._follow.close()
+            self._follow = None
+
+    def _follow_take(self, wait_ms: int) -> None:
+        """Apply the follow's answers: the first waited for up to `wait_ms`, then whatever
+        else is already buffered. An ended stream is dropped; its error, if any, raised as a
+        long poll's would be (UNIMPLEMENTED: the server predates Follow, long polls instead)."""
+        follow = self._follow
+        assert follow is not None
+        got = follow.next(wait_ms / 1000.0)
+        while got:
+            for q, asked, response in got:
+                self.stats.pulls += 1  # a pull's answer, as a plain Pull's is
+                self._apply(q, asked, response)
+            got = follow.next(0)
+        if not follow.ended:
+            return
+        self._follow = None
+        if follow.error is None:
+            return
+        error = from_rpc_error(follow.error, _FOLLOW)
+        if error.code is grpc.StatusCode.UNIMPLEMENTED:
+            self._follows = False
+        elif error.code is grpc.StatusCode.CANCELLED:
+            pass
+        elif isinstance(error, ResourceExhausted):
+            log.warning("%s: follow refused (%s); looking again shortly", self.topic, error)
+            time.sleep(BUSY_PAUSE_S)
+        elif not (isinstance(error, Unavailable) and self._buffered()):
+            raise error
 
     def _long_poll(self, queue_ids: list[int], wait_ms: int) -> None:
         """Long polls on the caught-up queues at once; the first answer cancels the others

@@ -112,6 +112,10 @@ def _pull_topic(request: Any) -> Iterable[str]:
     return (request.pull.topic,)
 
 
+def _pulls_topics(request: Any) -> Iterable[str]:
+    return {pull.topic for pull in request.pulls}
+
+
 def _batch_topics(request: Any) -> Iterable[str]:
     return {batch.topic for batch in request.batches}
 
@@ -122,6 +126,7 @@ NEEDS_SUBSCRIBE = Requirement(SUBSCRIBE)
 PRODUCE_BATCHES = Requirement(PRODUCE, _batch_topics)
 CONSUME_TOPIC = Requirement(CONSUME, _topic)
 CONSUME_PULL_TOPIC = Requirement(CONSUME, _pull_topic)
+CONSUME_PULLS_TOPICS = Requirement(CONSUME, _pulls_topics)
 CONSUME_ANY_TOPIC = Requirement(CONSUME)
 
 _CL = "/mqstore.commitlog.v1.CommitLog/"
@@ -141,6 +146,7 @@ REQUIREMENTS: dict[str, Requirement] = {
     _CL + "ForgetSubscriber": NEEDS_ADMIN,
     _CQ + "Pull": CONSUME_TOPIC,
     _CQ + "PullStream": CONSUME_PULL_TOPIC,
+    _CQ + "Follow": CONSUME_PULLS_TOPICS,
     _CQ + "GetOffsetByTime": CONSUME_TOPIC,
     _CQ + "GetQueueInfo": CONSUME_TOPIC,
     _CQ + "ListQueues": CONSUME_TOPIC,

@@ -268,10 +268,10 @@ def append_when(
 
 
 def more_pulls_sent(c: Consumer) -> Callable[[], bool]:
-    """True once the consumer has sent a pull after this call (stats.pulls counts a pull as
-    it is sent)."""
+    """True once the consumer watches its queues: a pull sent after this call (stats.pulls
+    counts a unary pull as it is sent), or a Follow stream open (it watches every queue)."""
     before = c.stats.pulls
-    return lambda: c.stats.pulls > before
+    return lambda: c.stats.pulls > before or c.following
 
 
 def test_a_long_poll_answers_as_soon_as_a_message_arrives(
@@ -291,8 +291,9 @@ def test_a_long_poll_answers_as_soon_as_a_message_arrives(
             assert [(m.queue_id, m.body) for m in got] == [(queue_id, body)]
             assert waited < 5.0, waited  # well before the 10 s long poll ends
 
-        # The raw pull long-polls the same way.
-        thread = append_when(cluster, topic, 0, b"fifth", more_pulls_sent(c))
+        # The raw pull long-polls the same way (a unary Pull: counted as it is sent).
+        before = c.stats.pulls
+        thread = append_when(cluster, topic, 0, b"fifth", lambda: c.stats.pulls > before)
         began = time.monotonic()
         res = c.pull(0, 2, long_poll_ms=10_000)
         thread.join()

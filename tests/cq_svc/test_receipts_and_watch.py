@@ -94,3 +94,27 @@ def test_close_wakes_every_waiter_and_later_ones_at_once() -> None:
         t.join(10)
     assert woke == [True, True, True]
     assert watch.register(("T", 9)).wait(30)
+
+
+def test_one_waiter_over_many_queues_keeps_the_ones_woken_and_counts_once() -> None:
+    watch = QueueWatch(2)
+    waiter = watch.register_many([("T", 0), ("T", 1), ("U", 0)])
+    assert watch.waiting == 1
+    assert not waiter.wait(0)
+    assert watch.notify_entries([_entry("T", 1), _entry("V", 0)]) == 1
+    assert watch.notify_entries([_entry("U", 0)]) == 1
+    assert waiter.wait(0)
+    assert waiter.take() == {("T", 1), ("U", 0)}
+    assert not waiter.wait(0)  # take re-armed it
+    assert waiter.take() == set()
+    # A wake between the take and the wait is kept, key and all.
+    watch.notify_entries([_entry("T", 0)])
+    assert waiter.wait(10.0)
+    assert waiter.take() == {("T", 0)}
+    watch.register(("T", 5))
+    with pytest.raises(ResourceExhausted):
+        watch.register_many([("W", 0)])
+    watch.unregister(waiter)
+    watch.unregister(waiter)  # twice: harmless
+    assert watch.waiting == 1
+    assert watch.notify_entries([_entry("T", 1)]) == 0  # no longer registered anywhere

@@ -207,6 +207,16 @@ CASES: list[tuple[str, str, Callable[[Stubs], Any], grpc.StatusCode]] = [
      lambda s: list(s.cq.PullStream(
          cq.PullStreamRequest(pull=cq.PullRequest(topic="orders-scopes", queue_id=0)), timeout=T
      )), OK),
+    ("follow another topic among own", "orders-consumer",
+     lambda s: list(s.cq.Follow(cq.FollowRequest(pulls=[
+         cq.PullRequest(topic="orders-scopes", queue_id=0),
+         cq.PullRequest(topic="payments", queue_id=0),
+     ]), timeout=T)), DENIED),
+    ("follow own topics", "orders-consumer",
+     lambda s: list(s.cq.Follow(cq.FollowRequest(pulls=[
+         cq.PullRequest(topic="orders-scopes", queue_id=0),
+         cq.PullRequest(topic="orders-scopes", queue_id=1),
+     ]), timeout=T)), OK),
     ("commit offsets of another topic", "orders-consumer",
      lambda s: s.cq.CommitOffset(
          cq.CommitOffsetRequest(group="g", topic="payments", queue_id=0, offset=0), timeout=T

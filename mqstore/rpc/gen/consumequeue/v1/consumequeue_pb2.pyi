@@ -147,6 +147,58 @@ class PullStreamRequest(_message.Message):
 Global___PullStreamRequest: _TypeAlias = PullStreamRequest  # noqa: Y015
 
 @_typing.final
+class FollowRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PULLS_FIELD_NUMBER: _builtins.int
+    LONG_POLL_MS_FIELD_NUMBER: _builtins.int
+    MAX_BATCHES_FIELD_NUMBER: _builtins.int
+    long_poll_ms: _builtins.int
+    """how long the stream waits with nothing to answer before it ends"""
+    max_batches: _builtins.int
+    """answers at most (0 = the server's default; capped by the server)"""
+    @_builtins.property
+    def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullRequest]:
+        """One per queue, no (topic, queue_id) twice; each one's long_poll_ms is not used."""
+
+    def __init__(
+        self,
+        *,
+        pulls: _abc.Iterable[Global___PullRequest] | None = ...,
+        long_poll_ms: _builtins.int = ...,
+        max_batches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["long_poll_ms", b"long_poll_ms", "max_batches", b"max_batches", "pulls", b"pulls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowRequest: _TypeAlias = FollowRequest  # noqa: Y015
+
+@_typing.final
+class FollowResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullResponse]:
+        """at least one; queues in turn"""
+
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___PullResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowResponse: _TypeAlias = FollowResponse  # noqa: Y015
+
+@_typing.final
 class PullResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -158,12 +210,15 @@ class PullResponse(_message.Message):
     QUEUE_OFFSETS_FIELD_NUMBER: _builtins.int
     RECORDS_BLOB_FIELD_NUMBER: _builtins.int
     RECORD_SIZES_FIELD_NUMBER: _builtins.int
+    PULL_INDEX_FIELD_NUMBER: _builtins.int
     status: Global___GetMessageStatus.ValueType
     next_begin_offset: _builtins.int
     min_offset: _builtins.int
     max_offset: _builtins.int
     records_blob: _builtins.bytes
     """With records_as_blob: the same records laid end to end, and each one's size in bytes."""
+    pull_index: _builtins.int
+    """Follow: which of the request's pulls this answers (its index in FollowRequest.pulls)."""
     @_builtins.property
     def records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Raw commit-log records (format in common.proto) and their queue offsets."""
@@ -183,10 +238,11 @@ class PullResponse(_message.Message):
         queue_offsets: _abc.Iterable[_builtins.int] | None = ...,
         records_blob: _builtins.bytes = ...,
         record_sizes: _abc.Iterable[_builtins.int] | None = ...,
+        pull_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "queue_offsets", b"queue_offsets", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "pull_index", b"pull_index", "queue_offsets", b"queue_offsets", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

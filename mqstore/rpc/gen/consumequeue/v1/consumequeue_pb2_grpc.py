@@ -44,6 +44,11 @@ class ConsumeQueueStub:
                 request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullStreamRequest.SerializeToString,
                 response_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullResponse.FromString,
                 _registered_method=True)
+        self.Follow = channel.unary_stream(
+                '/mqstore.consumequeue.v1.ConsumeQueue/Follow',
+                request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FollowRequest.SerializeToString,
+                response_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FollowResponse.FromString,
+                _registered_method=True)
         self.GetOffsetByTime = channel.unary_unary(
                 '/mqstore.consumequeue.v1.ConsumeQueue/GetOffsetByTime',
                 request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.GetOffsetByTimeRequest.SerializeToString,
@@ -111,6 +116,21 @@ class ConsumeQueueServicer:
         after an answer that is not FOUND or reaches the queue's end, after max_batches answers,
         or when the caller cancels it; long_poll_ms is ignored (it never waits for new messages).
         A server stream costs a batch a third of a unary call's CPU (docs/bench-peers.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Follow(self, request, context):
+        """Follows several queues on one stream, for a consumer that has caught up: the server pulls
+        whichever queues have something new, each from its previous answer's next_begin_offset (the
+        first from its PullRequest's offset), and waits while none has, as a long poll does. Each
+        stream message holds the answers of one such round (one commit-log Read for all of them),
+        each naming its queue by pull_index. A look that finds nothing new and moves nothing is not
+        answered. The stream ends after max_batches answers, when nothing came for long_poll_ms
+        (capped by the server), or when the caller cancels it. It holds a server thread and counts
+        as one long poll: one call where a consumer of many queues would otherwise hold a long
+        poll per queue and start them all again after every wake-up.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -189,6 +209,11 @@ def add_ConsumeQueueServicer_to_server(servicer, server):
                     servicer.PullStream,
                     request_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullStreamRequest.FromString,
                     response_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullResponse.SerializeToString,
+            ),
+            'Follow': grpc.unary_stream_rpc_method_handler(
+                    servicer.Follow,
+                    request_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FollowRequest.FromString,
+                    response_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FollowResponse.SerializeToString,
             ),
             'GetOffsetByTime': grpc.unary_unary_rpc_method_handler(
                     servicer.GetOffsetByTime,
@@ -295,6 +320,33 @@ class ConsumeQueue:
             '/mqstore.consumequeue.v1.ConsumeQueue/PullStream',
             mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullStreamRequest.SerializeToString,
             mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.PullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Follow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mqstore.consumequeue.v1.ConsumeQueue/Follow',
+            mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FollowRequest.SerializeToString,
+            mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FollowResponse.FromString,
             options,
             channel_credentials,
             insecure,

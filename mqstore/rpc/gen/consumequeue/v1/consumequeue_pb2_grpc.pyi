@@ -42,6 +42,17 @@ class ConsumeQueueStub:
     or when the caller cancels it; long_poll_ms is ignored (it never waits for new messages).
     A server stream costs a batch a third of a unary call's CPU (docs/bench-peers.md).
     """
+    Follow: _grpc.UnaryStreamMultiCallable[_consumequeue_pb2.FollowRequest, _consumequeue_pb2.FollowResponse]
+    """Follows several queues on one stream, for a consumer that has caught up: the server pulls
+    whichever queues have something new, each from its previous answer's next_begin_offset (the
+    first from its PullRequest's offset), and waits while none has, as a long poll does. Each
+    stream message holds the answers of one such round (one commit-log Read for all of them),
+    each naming its queue by pull_index. A look that finds nothing new and moves nothing is not
+    answered. The stream ends after max_batches answers, when nothing came for long_poll_ms
+    (capped by the server), or when the caller cancels it. It holds a server thread and counts
+    as one long poll: one call where a consumer of many queues would otherwise hold a long
+    poll per queue and start them all again after every wake-up.
+    """
     GetOffsetByTime: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.GetOffsetByTimeRequest, _consumequeue_pb2.GetOffsetByTimeResponse]
     GetQueueInfo: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.GetQueueInfoRequest, _consumequeue_pb2.QueueInfo]
     ListQueues: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.ListQueuesRequest, _consumequeue_pb2.ListQueuesResponse]
@@ -64,6 +75,17 @@ class ConsumeQueueAsyncStub(ConsumeQueueStub):
     after an answer that is not FOUND or reaches the queue's end, after max_batches answers,
     or when the caller cancels it; long_poll_ms is ignored (it never waits for new messages).
     A server stream costs a batch a third of a unary call's CPU (docs/bench-peers.md).
+    """
+    Follow: _aio.UnaryStreamMultiCallable[_consumequeue_pb2.FollowRequest, _consumequeue_pb2.FollowResponse]  # type: ignore[assignment]
+    """Follows several queues on one stream, for a consumer that has caught up: the server pulls
+    whichever queues have something new, each from its previous answer's next_begin_offset (the
+    first from its PullRequest's offset), and waits while none has, as a long poll does. Each
+    stream message holds the answers of one such round (one commit-log Read for all of them),
+    each naming its queue by pull_index. A look that finds nothing new and moves nothing is not
+    answered. The stream ends after max_batches answers, when nothing came for long_poll_ms
+    (capped by the server), or when the caller cancels it. It holds a server thread and counts
+    as one long poll: one call where a consumer of many queues would otherwise hold a long
+    poll per queue and start them all again after every wake-up.
     """
     GetOffsetByTime: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.GetOffsetByTimeRequest, _consumequeue_pb2.GetOffsetByTimeResponse]  # type: ignore[assignment]
     GetQueueInfo: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.GetQueueInfoRequest, _consumequeue_pb2.QueueInfo]  # type: ignore[assignment]
@@ -96,6 +118,23 @@ class ConsumeQueueServicer(metaclass=_abc_1.ABCMeta):
         after an answer that is not FOUND or reaches the queue's end, after max_batches answers,
         or when the caller cancels it; long_poll_ms is ignored (it never waits for new messages).
         A server stream costs a batch a third of a unary call's CPU (docs/bench-peers.md).
+        """
+
+    @_abc_1.abstractmethod
+    def Follow(
+        self,
+        request: _consumequeue_pb2.FollowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_consumequeue_pb2.FollowResponse], _abc.AsyncIterator[_consumequeue_pb2.FollowResponse]]:
+        """Follows several queues on one stream, for a consumer that has caught up: the server pulls
+        whichever queues have something new, each from its previous answer's next_begin_offset (the
+        first from its PullRequest's offset), and waits while none has, as a long poll does. Each
+        stream message holds the answers of one such round (one commit-log Read for all of them),
+        each naming its queue by pull_index. A look that finds nothing new and moves nothing is not
+        answered. The stream ends after max_batches answers, when nothing came for long_poll_ms
+        (capped by the server), or when the caller cancels it. It holds a server thread and counts
+        as one long poll: one call where a consumer of many queues would otherwise hold a long
+        poll per queue and start them all again after every wake-up.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,161 @@
+"""Where append-to-visible time goes, by stage: a paced Producer in one process, a long-polling
+Consumer in another, against the three real services (tests/e2e/cluster.start_store).
+
+Each body starts with time.time_ns() at send; the record's store timestamp (ms, stamped by
+commitlog_svc at append) splits the latency into send -> stored (the producer's linger and the
+Append) and stored -> visible (dispatch, cq_svc's apply and wake-up, the Pull, its Read, the
+client's decode). Figures are ms, p50 / p99 over the run.
+
+    python -m bench.visible_probe [--rate 2000] [--seconds 5] [--size 100] [--runs 1] [--unary]
+
+--unary: the Consumer long-polls queue by queue (unary Pulls) instead of following its queues
+on one Follow stream, for comparison. --tick-batches: the producer hands each tick's messages
+to Producer.send_batch (as the Redis producer sends one pipeline a tick) instead of send()
+each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.index_scale_bench import cpu_seconds
+from bench.peers import pacing
+from bench.peers.common import percentile
+from bench.peers.mqstore_bench import (
+    LONG_POLL_MS,
+    prime,
+    settings_of,
+    visible_producer,
+    wait_caught_up,
+)
+from mqstore.client import ClientSettings, Consumer, Message, Offset, Producer
+from tests.e2e.cluster import start_store
+
+# STORETIMESTAMP's place in a record whose born host is IPv4 (every sender here is on loopback).
+_STORE_TS = struct.Struct(">q")
+_STORE_TS_AT_V4 = 56
+
+
+def _stored_ms(m: Message) -> int:
+    return int(_STORE_TS.unpack_from(m._raw, _STORE_TS_AT_V4)[0])
+
+
+def _consume(
+    settings: ClientSettings, topic: str, n: int, ready: str, unary: bool
+) -> dict[str, Any]:
+    stages: list[tuple[float, float]] = []
+    with Consumer(
+        settings, topic, start=Offset(1), max_messages=1000, long_poll_ms=LONG_POLL_MS
+    ) as c:
+        c.poll(timeout_s=0)
+        if unary:
+            c._follows = False
+        pacing.touch(ready)
+        deadline = time.monotonic() + pacing.READY_TIMEOUT_S + n / 100
+        while len(stages) < n and time.monotonic() < deadline:
+            batch = c.poll()
+            now_ms = time.time_ns() / 1e6
+            for m in batch:
+                sent_ms = pacing.sent_ns(m.body) / 1e6
+                # Read from the record itself: the Message's field would decode the whole record
+                # (~10 us), which the bench's consumer never does.
+                stored_ms = _stored_ms(m)
+                stages.append((stored_ms - sent_ms, now_ms - stored_ms))
+        pulls = c.stats.pulls
+    return {"stages": stages, "pulls": pulls, "cpu_s": time.process_time()}
+
+
+def tick_batch_producer(
+    settings: ClientSettings, topic: str, size: int, rate: float, n: int
+) -> dict[str, Any]:
+    make = pacing.body_maker(size)
+    due: list[bytes] = []
+    futures = []
+
+    def tick() -> None:
+        if due:
+            futures.append(producer.send_batch(topic, list(due)))
+            due.clear()
+
+    with Producer(settings, batch_messages=1000, batch_bytes=4 << 20) as producer:
+        producer.send_sync(f"{topic}-warm-up", b"w")
+        took = pacing.paced(rate, n, lambda: due.append(make()), tick)
+        producer.flush()
+    for f in futures:
+        f.result()
+    return {"achieved": n / took, "seconds": took}
+
+
+def _show(name: str, values: list[float]) -> str:
+    values = sorted(values)
+    return f"{name} p50 {percentile(values, 0.5):7.1f}  p99 {percentile(values, 0.99):7.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=2000)
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--unary", action="store_true")
+    parser.add_argument("--tick-batches", action="store_true")
+    args = parser.parse_args()
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = start_store(Path(tmp) / "store", flush="async")
+        try:
+            settings = settings_of(cluster)
+            with ctx.Pool(2) as pool:
+                for run in range(args.runs):
+                    topic = f"probe-{run}"
+                    pool.apply(prime, (settings, topic))
+                    wait_caught_up(settings)
+                    n = int(args.rate * args.seconds)
+                    ready = str(Path(tmp) / f"{topic}.ready")
+                    got = pool.apply_async(_consume, (settings, topic, n, ready, args.unary))
+                    pacing.wait_for_file(ready)
+                    pids = {
+                        "commitlog": cluster.commitlog.proc.pid,
+                        "cq": cluster.followers["cq"].proc.pid,
+                        "index": cluster.followers["index"].proc.pid,
+                    }
+                    before = {k: cpu_seconds(pid) for k, pid in pids.items()}
+                    producer = tick_batch_producer if args.tick_batches else visible_producer
+                    sent = pool.apply(producer, (settings, topic, args.size, args.rate, n))
+                    out = got.get()
+                    cpu = {
+                        k: (cpu_seconds(pid) - before[k]) / sent["seconds"]
+                        for k, pid in pids.items()
+                    }
+                    stages = out["stages"]
+                    total = [a + b for a, b in stages]
+                    print(
+                        f"rate {args.rate:,.0f} (achieved {sent['achieved']:,.0f}), "
+                        f"{len(stages)} msgs, {out['pulls']} pulls | "
+                        + " | ".join(
+                            (
+                                _show("send->stored", [a for a, _ in stages]),
+                                _show("stored->visible", [b for _, b in stages]),
+                                _show("total", total),
+                            )
+                        ),
+                        f"mean total {statistics.fmean(total):.1f}",
+                    )
+                    print(
+                        "  cores busy: "
+                        + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+                        + f" (consumer process total {out['cpu_s']:.1f} s)"
+                    )
+        finally:
+            cluster.stop_all()
+
+
+if __name__ == "__main__":
+    main()
