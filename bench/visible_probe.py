@@ -9,9 +9,7 @@ client's decode). Figures are ms, p50 / p99 over the run.
     python -m bench.visible_probe [--rate 2000] [--seconds 5] [--size 100] [--runs 1] [--unary]
 
 --unary: the Consumer long-polls queue by queue (unary Pulls) instead of following its queues
-on one Follow stream, for comparison. --tick-batches: the producer hands each tick's messages
-to Producer.send_batch (as the Redis producer sends one pipeline a tick) instead of send()
-each.
+on one Follow stream, for comparison.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from bench.peers.mqstore_bench import (
     visible_producer,
     wait_caught_up,
 )
-from mqstore.client import ClientSettings, Consumer, Message, Offset, Producer
+from mqstore.client import ClientSettings, Consumer, Message, Offset
 from tests.e2e.cluster import start_store
 
 # STORETIMESTAMP's place in a record whose born host is IPv4 (every sender here is on loopback).
@@ -72,27 +70,6 @@ def _consume(
     return {"stages": stages, "pulls": pulls, "cpu_s": time.process_time()}
 
 
-def tick_batch_producer(
-    settings: ClientSettings, topic: str, size: int, rate: float, n: int
-) -> dict[str, Any]:
-    make = pacing.body_maker(size)
-    due: list[bytes] = []
-    futures = []
-
-    def tick() -> None:
-        if due:
-            futures.append(producer.send_batch(topic, list(due)))
-            due.clear()
-
-    with Producer(settings, batch_messages=1000, batch_bytes=4 << 20) as producer:
-        producer.send_sync(f"{topic}-warm-up", b"w")
-        took = pacing.paced(rate, n, lambda: due.append(make()), tick)
-        producer.flush()
-    for f in futures:
-        f.result()
-    return {"achieved": n / took, "seconds": took}
-
-
 def _show(name: str, values: list[float]) -> str:
     values = sorted(values)
     return f"{name} p50 {percentile(values, 0.5):7.1f}  p99 {percentile(values, 0.99):7.1f}"
@@ -105,7 +82,6 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--unary", action="store_true")
-    parser.add_argument("--tick-batches", action="store_true")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,8 +103,7 @@ def main() -> None:
                         "index": cluster.followers["index"].proc.pid,
                     }
                     before = {k: cpu_seconds(pid) for k, pid in pids.items()}
-                    producer = tick_batch_producer if args.tick_batches else visible_producer
-                    sent = pool.apply(producer, (settings, topic, args.size, args.rate, n))
+                    sent = pool.apply(visible_producer, (settings, topic, args.size, args.rate, n))
                     out = got.get()
                     cpu = {
                         k: (cpu_seconds(pid) - before[k]) / sent["seconds"]
