@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from bench.peers.common import BATCH, SIZES, percentile, rss_mib
+from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib
 from bench.peers.context import Context
 from mqstore.client.producer import WINDOW_DEFAULT
 from mqstore.rpc.channel import MAX_MESSAGE_BYTES, make_channel
@@ -274,9 +274,9 @@ def run(ctx: Context) -> None:
             "memory",
             0,
             "ceiling",
-            memory.get("rss", 0.0),
+            anon_mib(memory),
             0.0,
-            "server RSS",
+            "server anonymous RSS",
             pid=server.pid,
             **memory,
         )

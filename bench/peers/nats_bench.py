@@ -26,7 +26,7 @@ from importlib.metadata import version
 from typing import Any
 
 from bench.peers import pacing
-from bench.peers.common import BATCH, SIZES, percentile, rss_mib
+from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib
 from bench.peers.context import Context
 from bench.peers.servers import nats_server, running
 
@@ -312,9 +312,9 @@ def run(ctx: Context) -> None:
             "memory",
             0,
             "nats",
-            memory.get("rss", 0.0),
+            anon_mib(memory),
             0.0,
-            "nats-server RSS",
+            "nats-server anonymous RSS",
             pid=server.pid,
             **memory,
         )

@@ -21,7 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from bench.peers import pacing
-from bench.peers.common import BATCH, SIZES, percentile, rss_mib
+from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib
 from bench.peers.context import Context
 from bench.peers.servers import redis_server, running
 
@@ -223,9 +223,9 @@ def run(ctx: Context) -> None:
             "memory",
             0,
             "redis",
-            memory.get("rss", 0.0),
+            anon_mib(memory),
             0.0,
-            "redis-server RSS (holds every stream in memory)",
+            "redis-server anonymous RSS (holds every stream in memory)",
             pid=server.pid,
             **memory,
         )
