@@ -7,6 +7,9 @@ Input: a method selector, then the request drawn field by field (or raw bytes). 
                   max_bytes only when it is one record; each record is a whole record of the
                   asked topic and queue at its queue offset, offsets ascending from the asked
                   one, and of an asked tag when tags filter
+    Follow        every answer names one of the asked pulls (pull_index) and holds, like a Pull,
+                  whole records of that pull's topic and queue, offsets ascending across the
+                  answers of each pull
     Receive       one handle and delivery count per record, each handle issued for that queue
                   and offset; at most the capped max_messages
     GetQueueInfo  0 <= min <= max; ListQueues names only the asked topic
@@ -26,6 +29,7 @@ from fuzz.services import QUEUES, RETRY_TOPIC, TAGS, TOPIC, Stack
 from fuzz.targets.api import CALL_TIMEOUT_S, Failed, call, raw_unary, shared_stack
 from mqstore.formats.properties import TAGS as TAGS_KEY
 from mqstore.formats.record import Record, read_record
+from mqstore.formats.record_columns import split_records
 from mqstore.limits import GROUP_CHARS_MAX, MessageLimits
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 
@@ -57,6 +61,7 @@ class CqApi:
         self.methods: tuple[Callable[[Draw], None], ...] = (
             self.pull,
             self.pull,
+            self.follow,
             self.get_offset_by_time,
             self.get_queue_info,
             self.list_queues,
@@ -151,6 +156,57 @@ class CqApi:
             if filtered:
                 tag = record.properties_dict().get(TAGS_KEY, "")
                 check(tag in names, "cq.Pull.tag-filter", f"tag {tag!r} not in {names}")
+
+    def follow(self, draw: Draw) -> None:
+        s = self.settings
+        pulls = [
+            pb.PullRequest(
+                topic=self.draw_topic(draw),
+                queue_id=self.draw_queue(draw),
+                offset=draw.integer(0, 12, (-1, INT64_MAX)),
+                max_messages=draw.integer(0, 40, (-1, s.pull_messages_max + 1, INT32_MAX)),
+                records_as_blob=draw.boolean(),
+            )
+            for _ in range(draw.integer(0, 4, (s.follow_queues_max + 1,)))
+        ]
+        request = pb.FollowRequest(
+            pulls=pulls,
+            long_poll_ms=draw.integer(0, 5, (-1, INT32_MAX)),
+            max_batches=draw.integer(0, 8, (-1, INT32_MAX)),
+        )
+        got = call(
+            "cq.Follow",
+            lambda: [
+                answer
+                for message in self.stub.Follow(request, timeout=CALL_TIMEOUT_S)
+                for answer in message.answers
+            ],
+        )
+        if isinstance(got, Failed):
+            return
+        previous = {i: p.offset - 1 for i, p in enumerate(pulls)}
+        for answer in got:
+            i = answer.pull_index
+            check(0 <= i < len(pulls), "cq.Follow.pull-index", f"{i} of {len(pulls)}")
+            asked = pulls[i]
+            raws = (
+                split_records(answer.records_blob, answer.record_sizes)
+                if answer.record_sizes
+                else list(answer.records)
+            )
+            check(len(raws) == len(answer.queue_offsets), "cq.Follow.answer-shape", str(i))
+            for raw, queue_offset in zip(raws, answer.queue_offsets, strict=False):
+                record = read_record(raw, 0, len(raw))
+                check(
+                    isinstance(record, Record)
+                    and record.topic == asked.topic
+                    and record.queue_id == asked.queue_id
+                    and record.queue_offset == queue_offset,
+                    "cq.Follow.wrong-record",
+                    f"asked {asked.topic}/{asked.queue_id}@{queue_offset}, got {record}",
+                )
+                check(queue_offset > previous[i], "cq.Follow.offsets-order", str(queue_offset))
+                previous[i] = queue_offset
 
     def get_offset_by_time(self, draw: Draw) -> None:
         request = pb.GetOffsetByTimeRequest(
