@@ -140,14 +140,11 @@ class Message:
             raise AssertionError("a Message without its record lacks a field")
         record = read_record(raw, 0, len(raw), check_crc=False)
         assert isinstance(record, Record), record
-        self._set_missing(**_fields_of(record))
-
-    def _set_missing(self, **values: object) -> None:
-        for name, value in values.items():
-            try:
-                object.__getattribute__(self, name)
-            except AttributeError:
-                object.__setattr__(self, name, value)
+        # Nothing assigns to a Message's fields, so a lazy one holds its body alone: every
+        # other field is set here at once. (Asking each slot whether it was set first raised
+        # an AttributeError per field: ~15 of the ~22 us a first read cost.)
+        for name, value in _fields_of(record).items():
+            object.__setattr__(self, name, value)
 
     # -- a value ----------------------------------------------------------------------------------
 
