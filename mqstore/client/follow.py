@@ -30,6 +30,7 @@ from typing import Final, Protocol
 
 import grpc
 
+from mqstore.client.errors import Internal
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 
 # Stream messages read ahead of the consumer (each the answers of one round, a batch of each
@@ -94,7 +95,10 @@ class FollowStream:
             if not 0 <= index < len(self.queue_ids):
                 self.close()
                 self.ended = True
-                raise ValueError(f"a follow answer names pull {index} of {len(self.queue_ids)}")
+                raise Internal(
+                    f"a Follow answer names pull {index} of {len(self.queue_ids)}",
+                    method="ConsumeQueue/Follow",
+                )
             queue_id = self.queue_ids[index]
             out.append((queue_id, self.expected[queue_id], answer))
             self.expected[queue_id] = answer.next_begin_offset
