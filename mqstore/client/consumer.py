@@ -483,6 +483,7 @@ class Consumer:
         old = self._queues.get(queue_id)
         if old is not None:
             old.cancel_ahead()
+            self._drop_follow()  # it pulls from the old position: its long poll freed now
         self._queues[queue_id] = _Queue(fetch_at=offset, position=offset)
 
     def _assigned_id(self, queue_id: int) -> int:
@@ -635,6 +636,7 @@ class Consumer:
     def _messages(self, follow: bool, limit: int | None) -> Iterator[Message]:
         handed = 0
         if not follow:
+            self._drop_follow()  # this walk pulls on its own; a follow would hold a long poll
             for state in self._queues.values():
                 state.caught_up = False  # only what this walk sees counts
         # Queues that reached their end in this walk, with the state they reached it in (a
