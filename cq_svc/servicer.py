@@ -227,8 +227,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 first=response,
                 next_due_s=lambda: None,
             )
-        metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
-        metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))  # one per record, either form
+        _count_pull(response)
         return response
 
     def PullStream(
@@ -251,8 +250,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             offset = request.pull.offset
             for _ in range(batches):
                 response = look(offset)
-                metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
-                metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))
+                _count_pull(response)
                 yield response
                 if (
                     response.status not in _STREAM_GOES_ON
@@ -353,8 +351,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 if _nothing_new(response):
                     continue
             response.pull_index = i
-            metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
-            metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))
+            _count_pull(response)
             answers.append(response)
             offsets[i] = response.next_begin_offset
             if response.status == pb.FOUND and offsets[i] >= response.max_offset:
@@ -410,7 +407,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             )
             started.append((response, result))
         found = [k for k, (_, r) in enumerate(started) if r.status is PullStatus.FOUND]
-        for group in _read_groups(found, [started[k][1].taken for k in found], self.settings):
+        taken_found = [started[k][1].taken for k in found]
+        for group in _read_groups(found, taken_found, self.settings.pull_bytes_max):
             taken = [started[k][1].taken for k in group]
             phy = taken[0].phy if len(taken) == 1 else np.concatenate([t.phy for t in taken])
             size = taken[0].size if len(taken) == 1 else np.concatenate([t.size for t in taken])
@@ -941,21 +939,28 @@ def _limit(value: int, default: int, top: int, name: str) -> int:
 
 
 def _read_groups(
-    found: Sequence[int], taken: Sequence[UnitColumns], settings: CqSettings
+    found: Sequence[int], taken: Sequence[UnitColumns], bytes_max: int
 ) -> list[list[int]]:
     """`found` (pull indexes, their units in `taken`) in consecutive groups whose records add
-    up to at most pull_bytes_max, each group one Read (a single pull is never split)."""
+    up to at most `bytes_max`, each group one Read (a single pull is never split)."""
     groups: list[list[int]] = []
     total = 0
     for k, units in zip(found, taken, strict=True):
         size = int(units.size.sum())
-        if groups and total + size <= settings.pull_bytes_max:
+        if groups and total + size <= bytes_max:
             groups[-1].append(k)
             total += size
         else:
             groups.append([k])
             total = size
     return groups
+
+
+def _count_pull(response: pb.PullResponse) -> None:
+    """A pull's answer in the metrics (Pull, PullStream and Follow alike): its status, and its
+    records, one per queue offset whichever form they travel in."""
+    metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
+    metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))
 
 
 def _nothing_new(response: pb.PullResponse) -> bool:

@@ -35,8 +35,8 @@ W = TypeVar("W", bound="Waiter")
 class Waiter:
     __slots__ = ("_event", "keys")
 
-    def __init__(self, key: Key) -> None:
-        self.keys: tuple[Key, ...] = (key,)
+    def __init__(self, keys: Sequence[Key]) -> None:
+        self.keys = tuple(keys)
         self._event = threading.Event()
 
     def wait(self, timeout_s: float) -> bool:
@@ -56,8 +56,7 @@ class KeysWaiter(Waiter):
     __slots__ = ("_lock", "_woken")
 
     def __init__(self, keys: Sequence[Key]) -> None:
-        super().__init__(keys[0])
-        self.keys = tuple(keys)
+        super().__init__(keys)
         self._lock = threading.Lock()
         self._woken: set[Key] = set()
 
@@ -96,7 +95,7 @@ class QueueWatch:
         return self._closed
 
     def register(self, key: Key) -> Waiter:
-        return self._add(Waiter(key))
+        return self._add(Waiter((key,)))
 
     def register_many(self, keys: Sequence[Key]) -> KeysWaiter:
         """One waiter (one of max_waiters) for every key in `keys` (distinct)."""

@@ -20,7 +20,7 @@ Input: a method selector, then the request drawn field by field (or raw bytes). 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cq_svc import receipts
 from fuzz.draw import INT32_MAX, INT32_MIN, INT64_MAX, Draw
@@ -139,21 +139,11 @@ class CqApi:
         )
         names = {t.strip() for t in tags} - {""}
         filtered = bool(names) and "*" not in names
-        previous = request.offset - 1
-        for raw, queue_offset in zip(got.records, got.queue_offsets, strict=True):
-            record = read_record(raw, 0, len(raw))
-            check(
-                isinstance(record, Record)
-                and record.topic == request.topic
-                and record.queue_id == request.queue_id
-                and record.queue_offset == queue_offset,
-                "cq.Pull.wrong-record",
-                f"asked {request.topic}/{request.queue_id}@{queue_offset}, got {record}",
-            )
-            assert isinstance(record, Record)
-            check(queue_offset > previous, "cq.Pull.offsets-order", f"{list(got.queue_offsets)}")
-            previous = queue_offset
-            if filtered:
+        records, _ = _records_of(
+            "cq.Pull", request, got.records, got.queue_offsets, request.offset - 1
+        )
+        if filtered:
+            for record in records:
                 tag = record.properties_dict().get(TAGS_KEY, "")
                 check(tag in names, "cq.Pull.tag-filter", f"tag {tag!r} not in {names}")
 
@@ -195,18 +185,9 @@ class CqApi:
                 else list(answer.records)
             )
             check(len(raws) == len(answer.queue_offsets), "cq.Follow.answer-shape", str(i))
-            for raw, queue_offset in zip(raws, answer.queue_offsets, strict=False):
-                record = read_record(raw, 0, len(raw))
-                check(
-                    isinstance(record, Record)
-                    and record.topic == asked.topic
-                    and record.queue_id == asked.queue_id
-                    and record.queue_offset == queue_offset,
-                    "cq.Follow.wrong-record",
-                    f"asked {asked.topic}/{asked.queue_id}@{queue_offset}, got {record}",
-                )
-                check(queue_offset > previous[i], "cq.Follow.offsets-order", str(queue_offset))
-                previous[i] = queue_offset
+            _, previous[i] = _records_of(
+                "cq.Follow", asked, raws, answer.queue_offsets, previous[i]
+            )
 
     def get_offset_by_time(self, draw: Draw) -> None:
         request = pb.GetOffsetByTimeRequest(
@@ -401,3 +382,31 @@ def setup() -> Callable[[bytes], None]:
 
 def seeds() -> list[bytes]:
     return [bytes([0, 0, 0, 0, 0, 0, 0]), bytes([8, 0, 0, 0, 0, 3]), bytes([9, 1, 0, 0])]
+
+
+def _records_of(
+    where: str,
+    asked: pb.PullRequest,
+    raws: Sequence[bytes],
+    queue_offsets: Sequence[int],
+    after: int,
+) -> tuple[list[Record], int]:
+    """Each raw record whole, of the asked topic and queue at its queue offset, the offsets
+    ascending past `after`: the records, and the last offset (`after` when there are none)."""
+    records = []
+    previous = after
+    for raw, queue_offset in zip(raws, queue_offsets, strict=True):
+        record = read_record(raw, 0, len(raw))
+        check(
+            isinstance(record, Record)
+            and record.topic == asked.topic
+            and record.queue_id == asked.queue_id
+            and record.queue_offset == queue_offset,
+            f"{where}.wrong-record",
+            f"asked {asked.topic}/{asked.queue_id}@{queue_offset}, got {record}",
+        )
+        assert isinstance(record, Record)
+        check(queue_offset > previous, f"{where}.offsets-order", f"{list(queue_offsets)}")
+        previous = queue_offset
+        records.append(record)
+    return records, previous
