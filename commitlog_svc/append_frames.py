@@ -15,7 +15,14 @@ which the subscriber crosses by scanning), and a run is only handed out up to th
 offset the caller passes (under sync flush, what is durable). A subscriber at an offset no run
 starts an entry at (behind the window, at an end-of-file blank, in a gap) scans as before.
 
-Memory: the newest runs up to `bytes_max` (about FRAME_ENTRY_BYTES per entry plus its keys).
+The records too, for the newest runs: each run keeps the bytes its append wrote (the encoder's
+blob, no copy) until the runs holding records pass `records_bytes_max`, and a subscriber that
+asks (include_records, cq_svc) gets them in its frame, so a consume queue serves a caught-up
+consumer without a Read. They are the bytes as written: damage done to the segment afterwards
+is seen by a Read or a scan, never by a frame.
+
+Memory: the newest runs up to `bytes_max` (about FRAME_ENTRY_BYTES per entry plus its keys),
+and the records of the newest up to `records_bytes_max`.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +39,9 @@ from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, property_values
 from mqstore.formats.record_batch import MessageBatch
 
 APPEND_FRAMES_BYTES_MAX = 32 << 20
+# The records held with the newest runs, for subscribers that ask for them (config's
+# append_records_bytes).
+APPEND_RECORDS_BYTES_MAX = 16 << 20
 # What one entry's fixed columns take in memory and in a frame, about (8 numbers).
 FRAME_ENTRY_BYTES = 40
 
@@ -67,7 +78,8 @@ def dispatch_properties(batches: Sequence[MessageBatch]) -> DispatchProperties:
 class AppendedRun:
     """The dispatch entries of one append: records at `offsets`, back to back, ending at `end`.
     Entry i is (topics[topic_indexes[i]], queue_ids[i], ...), `topic_indexes` None when the
-    append had one topic. Never changed once held."""
+    append had one topic. `records`: the bytes the append wrote at offsets[0], until dropped
+    (None) to bound memory; nothing else changes once held."""
 
     offsets: list[int]
     end: int
@@ -79,10 +91,20 @@ class AppendedRun:
     store_timestamp_ms: int
     sys_flags: list[int]
     props: DispatchProperties
+    records: bytes | None = None
 
     @property
     def start(self) -> int:
         return self.offsets[0]
+
+    def records_of(self, lo: int, hi: int) -> bytes | None:
+        """The records of entries [lo, hi), or None once dropped."""
+        records = self.records
+        if records is None:
+            return None
+        start = self.offsets[0]
+        end = self.offsets[hi] if hi < len(self.offsets) else self.end
+        return records[self.offsets[lo] - start : end - start]
 
     def nbytes(self) -> int:
         """About what the run takes in memory: its entries and the characters of its keys."""
@@ -100,13 +122,20 @@ class RunSlice:
 
 
 class AppendFrames:
-    def __init__(self, bytes_max: int = APPEND_FRAMES_BYTES_MAX) -> None:
+    def __init__(
+        self,
+        bytes_max: int = APPEND_FRAMES_BYTES_MAX,
+        records_bytes_max: int = APPEND_RECORDS_BYTES_MAX,
+    ) -> None:
         self._lock = threading.Lock()
         self._runs: list[AppendedRun] = []
         self._starts: list[int] = []
         self._sizes: list[int] = []  # each run's nbytes(), counted once when it is added
         self._bytes_max = bytes_max
         self._bytes = 0
+        self._records_bytes_max = records_bytes_max
+        self._with_records: deque[AppendedRun] = deque()  # oldest first
+        self._records_bytes = 0
 
     @property
     def enabled(self) -> bool:
@@ -124,6 +153,22 @@ class AppendFrames:
             self._bytes += size
             if self._bytes > self._bytes_max:
                 self._evict()
+            if run.records is not None:
+                if len(run.records) > self._records_bytes_max:
+                    run.records = None
+                else:
+                    self._with_records.append(run)
+                    self._records_bytes += len(run.records)
+                    self._drop_records()
+
+    def _drop_records(self) -> None:
+        """Forget the records of the oldest runs down to the records bound."""
+        held = self._with_records
+        while held and (self._records_bytes > self._records_bytes_max or held[0].records is None):
+            old = held.popleft()
+            if old.records is not None:
+                self._records_bytes -= len(old.records)
+                old.records = None
 
     def clear(self) -> None:
         with self._lock:
@@ -134,6 +179,10 @@ class AppendFrames:
         self._starts.clear()
         self._sizes.clear()
         self._bytes = 0
+        for run in self._with_records:
+            run.records = None
+        self._with_records.clear()
+        self._records_bytes = 0
 
     def _evict(self) -> None:
         """Drop the oldest runs down to three quarters of the bound, in one list operation."""
@@ -142,6 +191,10 @@ class AppendFrames:
         while drop < len(self._runs) - 1 and self._bytes > goal:
             self._bytes -= self._sizes[drop]
             drop += 1
+        for run in self._runs[:drop]:
+            if run.records is not None:
+                self._records_bytes -= len(run.records)
+                run.records = None
         del self._runs[:drop]
         del self._starts[:drop]
         del self._sizes[:drop]

@@ -198,7 +198,7 @@ class CommitLog:
         self._flush_observers: list[Callable[[float], None]] = []
         self._newest_store_ts = -1  # store time of the newest record; -1 = not known yet
         # Dispatch columns of the newest appends (append_frames.py), for subscribers in step.
-        self.appended = AppendFrames(config.append_frames_bytes)
+        self.appended = AppendFrames(config.append_frames_bytes, config.append_records_bytes)
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -1196,6 +1196,7 @@ def _run(
         store_ts,
         encoded.sys_flags,
         props,
+        encoded.blob if isinstance(encoded.blob, bytes) else bytes(encoded.blob),
     )
 
 

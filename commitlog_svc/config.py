@@ -53,6 +53,8 @@ class CommitLogConfig:
     # Dispatch columns of the newest appends held for subscribers in step (append_frames.py):
     # their frames come from memory instead of a scan of the segment. 0 turns it off.
     append_frames_bytes: int = 32 << 20
+    # Of those, the newest appends' records too, for subscribers that ask (include_records).
+    append_records_bytes: int = 16 << 20
 
     # The checkpoint (flushed offset + queue-offset table) is rewritten at most this often;
     # recovery checks everything written after it, so this bounds the scan after a crash.

@@ -152,10 +152,13 @@ class DispatchScan:
         return self.response.batch
 
 
-def frame_of_runs(slices: Sequence[RunSlice], include_keys: bool) -> pb.SubscribeResponse:
+def frame_of_runs(
+    slices: Sequence[RunSlice], include_keys: bool, include_records: bool = False
+) -> pb.SubscribeResponse:
     """The frame of entries held from the appends (append_frames.py): the same columns a scan
     of their records gives, copied slice by slice at C speed. Its batch's next_offset is where
-    the subscriber goes on."""
+    the subscriber goes on. `include_records`: with the records the appends wrote, when every
+    slice still holds them (else none)."""
     response = pb.SubscribeResponse()
     batch = response.batch
     first, last = slices[0], slices[-1]
@@ -186,6 +189,15 @@ def frame_of_runs(slices: Sequence[RunSlice], include_keys: bool) -> pb.Subscrib
             batch.keys.extend(run.props.keys[lo:hi])
             batch.uniq_keys.extend(run.props.uniq_keys[lo:hi])
     batch.topics.extend(topics)
+    if include_records:
+        pieces: list[bytes] = []
+        for piece in slices:
+            got = piece.run.records_of(piece.lo, piece.hi)
+            if got is None:
+                break  # dropped to bound memory: the subscriber reads them when asked
+            pieces.append(got)
+        else:
+            batch.records = pieces[0] if len(pieces) == 1 else b"".join(pieces)
     return response
 
 

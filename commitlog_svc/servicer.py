@@ -525,7 +525,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             yield pb.SubscribeResponse(handshake=handshake)
             yield from self._dispatch(
                 sid, handshake.start_offset, entries_max, bytes_max, request.include_keys,
-                context, gone,
+                request.include_records, context, gone,
             )  # fmt: skip
         finally:
             self.registry.disconnect(sid)
@@ -538,6 +538,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         entries_max: int,
         bytes_max: int,
         include_keys: bool,
+        include_records: bool,
         context: grpc.ServicerContext,
         gone: threading.Event,
     ) -> Iterator[pb.SubscribeResponse]:
@@ -553,7 +554,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             seen = engine.confirm_offset
             held = engine.appended.take(offset, seen, entries_max, bytes_max)
             if held:  # the newest appends' own columns: no scan of the segment
-                frame = frame_of_runs(held, include_keys)
+                frame = frame_of_runs(held, include_keys, include_records)
                 metrics.DISPATCH_FRAMES.labels("appended").inc()
                 yield frame
                 offset = frame.batch.next_offset

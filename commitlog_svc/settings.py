@@ -72,6 +72,8 @@ class CommitLogSettings(ServiceSettings):
     dispatch_share_bytes: int = Field(32 << 20, ge=0)
     # Dispatch columns of the newest appends (append_frames.py); 0: every frame is scanned.
     dispatch_append_bytes: int = Field(_ENGINE.append_frames_bytes, ge=0)
+    # ... and their records, sent to subscribers that ask (cq_svc's tail); 0: frames carry none.
+    dispatch_records_bytes: int = Field(_ENGINE.append_records_bytes, ge=0)
     # AppendStream: requests written but not yet answered, per stream (the pipelining window).
     append_stream_window: int = Field(16, ge=1, le=1_024)
 
@@ -109,4 +111,5 @@ class CommitLogSettings(ServiceSettings):
             producers_max=self.producers_max,
             producer_requests_max=self.producer_requests_max,
             append_frames_bytes=self.dispatch_append_bytes,
+            append_records_bytes=self.dispatch_records_bytes,
         )

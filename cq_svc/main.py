@@ -29,6 +29,7 @@ from cq_svc.engine import CqEngine
 from cq_svc.servicer import CqServicer
 from cq_svc.settings import CqSettings
 from cq_svc.sink import EngineSink, HeadProbe
+from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
 from mqstore.rpc import logs
 from mqstore.rpc.channel import make_channel
@@ -49,13 +50,15 @@ class CqService:
         self.settings = settings
         self.engine = CqEngine(settings.engine_config())
         self.watch = QueueWatch(settings.long_polls_max)
-        self.sink = EngineSink(self.engine, self.watch)
+        self.tail = TailRecords(settings.tail_records_mib << 20)
+        self.sink = EngineSink(self.engine, self.watch, self.tail)
         # TLS and this replica's token for the subscription and for Reads and probes.
         security = settings.commitlog_security()
         self.subscriber = Subscriber(
             settings.commitlog_target,
             settings.subscriber_id,
             self.sink,
+            include_records=self.tail.enabled,
             on_ready_change=self._ready_changed,
             security=security,
         )
@@ -67,6 +70,7 @@ class CqService:
             watch=self.watch,
             commitlog=self.channel,
             caught_up=lambda: self.subscriber.caught_up,
+            tail=self.tail,
         )
         self.host = ServiceHost(
             "cq_svc",

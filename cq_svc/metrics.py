@@ -23,6 +23,12 @@ RECEIVED_MESSAGES = Counter(
     "mqstore_cq_received_messages_total", "Messages handed out by Receive (redeliveries too)."
 )
 ACKS = Counter("mqstore_cq_acks_total", "Receipts presented to Ack, by result.", ["result"])
+TAIL_RECORDS = Counter(
+    "mqstore_cq_tail_records_total",
+    "Records a pull looked for among the newest ones the dispatch brought (tail_records.py): "
+    "hit (served without a commit-log Read) or miss.",
+    ["result"],
+)
 READ_RECORDS = Counter(
     "mqstore_cq_read_records_total",
     "Records asked of the commit log, by what came back (ok, removed, corrupt, mismatch).",

@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from cq_svc.config import AckFlush, CqConfig, StoreKind
+from cq_svc.tail_records import TAIL_RECORDS_MIB_DEFAULT
 from mqstore.launcher import DEFAULT_PORTS
 from mqstore.rpc.settings import FollowerSettings
 
@@ -91,6 +92,9 @@ class CqSettings(FollowerSettings):
     # then the caller opens the next; it names at most this many queues.
     follow_batches_max: int = Field(4_096, ge=1)
     follow_queues_max: int = Field(1_024, ge=1)
+    # The newest records, brought by the dispatch frames, held to answer tail pulls without a
+    # commit-log Read (tail_records.py); 0 turns it off.
+    tail_records_mib: int = Field(TAIL_RECORDS_MIB_DEFAULT, ge=0, le=4_096)
 
     # -- Receive -----------------------------------------------------------------------------------
     receive_messages_default: int = Field(32, ge=1)

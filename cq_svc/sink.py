@@ -1,8 +1,10 @@
 """The engine as the dispatch stream's sink (mqstore.rpc.subscriber.DispatchSink), and the
 commit log's end as cq_svc last saw it (for the dispatch-lag gauge).
 
-    Subscriber ──on_handshake──▶ EngineSink ──▶ CqEngine.handshake, wake every long poll
-               ──on_batch─────▶            ──▶ CqEngine.apply_columns (a frame as columns;
+    Subscriber ──on_handshake──▶ EngineSink ──▶ CqEngine.handshake, wake every long poll,
+                                               drop the held tail records
+               ──on_batch─────▶            ──▶ hold the frame's records (TailRecords), then
+                                               CqEngine.apply_columns (a frame as columns;
                                                CqEngine.apply for an entry list), wake the
                                                long polls of the queues the batch touched
 
@@ -13,7 +15,8 @@ that makes a message visible to it (watch.py).
 The log's bounds between handshakes: `HeadProbe` asks the commit log's GetStatus every few
 seconds. Its end gives the dispatch lag (behind = the end minus the applied offset; the
 handshake and every batch's next offset move it too); its minimum, when it moves up, means
-segments expired while the stream ran, and the queues drop what points below it.
+segments expired while the stream ran, and the queues (and the tail records) drop what points
+below it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import grpc
 from cq_svc import metrics
 from cq_svc.checkpoint import NO_STORE_ID
 from cq_svc.engine import CqEngine
+from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import MqstoreError
@@ -39,9 +43,12 @@ HEAD_PROBE_TIMEOUT_S = 2.0
 
 
 class EngineSink:
-    def __init__(self, engine: CqEngine, watch: QueueWatch) -> None:
+    def __init__(
+        self, engine: CqEngine, watch: QueueWatch, tail: TailRecords | None = None
+    ) -> None:
         self.engine = engine
         self.watch = watch
+        self.tail = tail
         self._log_end = 0
         self._log_min = 0
         self._log_store_id = b""
@@ -64,6 +71,8 @@ class EngineSink:
         return self.engine.store.applied_offset
 
     def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
+        if self.tail is not None:
+            self.tail.clear()  # the log may have lost its tail or been replaced
         action = self.engine.handshake(store_id, min_offset, max_offset)
         self.last_action = action.action
         self._log_store_id = store_id
@@ -83,6 +92,9 @@ class EngineSink:
 
     def on_batch(self, entries: Sequence[DispatchEntry], next_offset: int) -> None:
         if isinstance(entries, DispatchColumns):
+            if entries.records and self.tail is not None:
+                # Held before the units are applied: a pull that finds the units finds these.
+                self.tail.add(entries.commit_log_offsets, entries.sizes, entries.records)
             written = self.engine.apply_columns(entries, next_offset)
         else:
             written = self.engine.apply(entries, next_offset)
@@ -108,6 +120,8 @@ class EngineSink:
         self._log_end = max(self._log_end, max_offset)
         if min_offset > self._log_min:
             self._log_min = min_offset
+            if self.tail is not None:
+                self.tail.drop_below(min_offset)
             deleted = self.engine.expire(min_offset)
             log.info("the commit log's minimum moved to %d: %d expired", min_offset, deleted)
 

@@ -92,7 +92,9 @@ class QueueRun:
 class DispatchColumns(Sequence[DispatchEntry]):
     """A dispatch frame as columns: one int64 array per numeric field, all of one length;
     `keys` and `uniq_keys` hold one string per entry or none at all (then every entry has "").
-    The caller guarantees the shape (decode_columns checks a frame before it builds one)."""
+    `records`: empty, or every entry's record back to back in entry order (a frame of the
+    newest appends, asked for with include_records). The caller guarantees the shape
+    (decode_columns checks a frame before it builds one)."""
 
     __slots__ = (
         "commit_log_offsets",
@@ -100,6 +102,7 @@ class DispatchColumns(Sequence[DispatchEntry]):
         "next_offset",
         "queue_ids",
         "queue_offsets",
+        "records",
         "sizes",
         "start_offset",
         "store_timestamps_ms",
@@ -126,6 +129,7 @@ class DispatchColumns(Sequence[DispatchEntry]):
         uniq_keys: Sequence[str] = (),
         start_offset: int = 0,
         next_offset: int = 0,
+        records: bytes = b"",
     ) -> None:
         self.topics = list(topics)
         self.topic_indexes = topic_indexes
@@ -140,6 +144,7 @@ class DispatchColumns(Sequence[DispatchEntry]):
         self.uniq_keys = uniq_keys
         self.start_offset = start_offset
         self.next_offset = next_offset
+        self.records = records
 
     @classmethod
     def from_entries(

@@ -7,8 +7,8 @@ sent once per batch in a table and referenced by index, so a batch of one topic 
 name once.
 
 A frame whose columns disagree in length, whose keys columns are neither empty nor one per
-entry, or whose topic index falls outside its table is refused whole (MalformedFrame): a follower
-never applies a guess.
+entry, whose records (when sent) do not add up to its sizes, or whose topic index falls outside
+its table is refused whole (MalformedFrame): a follower never applies a guess.
 """
 
 from __future__ import annotations
@@ -82,6 +82,13 @@ def _check_lengths(batch: pb.DispatchBatch) -> int:
             raise MalformedFrame(
                 f"malformed dispatch frame: {len(getattr(batch, name))} {name} for {n} entries"
             )
+    if batch.records:
+        total = sum(batch.sizes)
+        if len(batch.records) != total or min(batch.sizes, default=0) < 0:
+            raise MalformedFrame(
+                f"malformed dispatch frame: {len(batch.records)} bytes of records for entries "
+                f"of {total}"
+            )
     return n
 
 
@@ -117,6 +124,7 @@ def decode_columns(batch: pb.DispatchBatch) -> DispatchColumns:
         uniq_keys=list(batch.uniq_keys),
         start_offset=batch.start_offset,
         next_offset=batch.next_offset,
+        records=batch.records,
     )
 
 

@@ -69,6 +69,7 @@ class Subscriber:
         sink: DispatchSink,
         *,
         include_keys: bool = False,
+        include_records: bool = False,
         max_batch_entries: int = 0,
         on_ready_change: Callable[[bool], None] | None = None,
         security: ChannelSecurity = PLAINTEXT,
@@ -78,6 +79,7 @@ class Subscriber:
         self.subscriber_id = subscriber_id
         self.sink = sink
         self.include_keys = include_keys
+        self.include_records = include_records
         self.max_batch_entries = max_batch_entries
         self._on_ready_change = on_ready_change
         self._stop = threading.Event()
@@ -187,6 +189,7 @@ class Subscriber:
             store_id=self.sink.store_id,
             confirmed_offset=self.sink.confirmed_offset,
             include_keys=self.include_keys,
+            include_records=self.include_records,
             max_batch_entries=self.max_batch_entries,
         )
         call = stub.Subscribe(request)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import grpc
@@ -26,7 +26,8 @@ from mqstore.formats import sysflag
 from mqstore.formats.properties import encode_properties
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
-from tests.e2e.cluster import Cluster
+from tests.client.conftest import settings_for
+from tests.e2e.cluster import Cluster, start_store
 from tests.e2e.support import CALL_TIMEOUT_S, Sent, append, eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -487,9 +488,22 @@ def commitlog_segment(cluster: Cluster, offset: int) -> tuple[Path, int]:
     return directory / f"{start:020d}", offset - start
 
 
-def test_a_corrupt_record_is_never_handed_out(
-    cluster: Cluster, settings: ClientSettings, topic: str
-) -> None:
+@pytest.fixture(scope="module")
+def untailed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A store whose cq_svc holds no tail records: every pull Reads the commit log. (The tail
+    holds records as their append wrote them, so damage done to a segment afterwards is seen
+    by a Read only: tests/cq_svc/test_tail_serving.py.)"""
+    c = start_store(
+        tmp_path_factory.mktemp("untailed"), extra={"cq_svc": ["--tail-records-mib", "0"]}
+    )
+    try:
+        yield c
+    finally:
+        c.stop_all()
+
+
+def test_a_corrupt_record_is_never_handed_out(untailed: Cluster, topic: str) -> None:
+    cluster, settings = untailed, settings_for(untailed)
     sent = put(cluster, topic, 0, numbered("intact-body", 3))
     # Flip a bit of the second record's body on disk (IPv4 hosts: the body starts at 88);
     # the running commit log maps the same pages, so it reads the damage at once.

@@ -18,7 +18,7 @@ from mqstore.formats.record_batch import MessageBatch
 SIZE = 100
 
 
-def run(start: int, count: int) -> AppendedRun:
+def run(start: int, count: int, records: bytes | None = None) -> AppendedRun:
     offsets = [start + i * SIZE for i in range(count)]
     return AppendedRun(
         offsets=offsets,
@@ -31,7 +31,13 @@ def run(start: int, count: int) -> AppendedRun:
         store_timestamp_ms=1,
         sys_flags=[0] * count,
         props=DispatchProperties([0] * count, [""] * count, [""] * count),
+        records=records,
     )
+
+
+def records_of(start: int, count: int) -> bytes:
+    """Records that name their own offsets, so a slice shows where it came from."""
+    return b"".join(f"{start + i * SIZE:0{SIZE}d}".encode() for i in range(count))
 
 
 def spans(slices: list[RunSlice] | None) -> list[tuple[int, int, int]] | None:
@@ -102,3 +108,36 @@ def test_dispatch_properties_are_the_parsers_values_per_message() -> None:
     assert found.tags_codes == [tags_code("a"), 0, 0, 0]
     assert found.keys == ["k1 k2", "", "", ""]
     assert found.uniq_keys == ["U1", "", "U3", ""]
+
+
+def test_a_run_slices_the_records_its_append_wrote() -> None:
+    held = run(1000, 5, records_of(1000, 5))
+    assert held.records_of(0, 5) == records_of(1000, 5)
+    assert held.records_of(1, 3) == records_of(1100, 2)
+    assert held.records_of(4, 5) == records_of(1400, 1)
+    assert run(0, 2).records_of(0, 2) is None
+
+
+def test_records_are_held_for_the_newest_runs_only() -> None:
+    one = len(records_of(0, 10))
+    frames = AppendFrames(records_bytes_max=2 * one)
+    runs = [run(i * 1000, 10, records_of(i * 1000, 10)) for i in range(4)]
+    for r in runs:
+        frames.add(r)
+    assert [r.records is not None for r in runs] == [False, False, True, True]
+    # The entries stay held without their records: frames without records, no scan.
+    assert spans(frames.take(0, 1 << 40, 100, 1 << 40)) == [(i * 1000, 0, 10) for i in range(4)]
+    too_big = run(4000, 10, records_of(4000, 10) * 3)
+    frames.add(too_big)
+    assert too_big.records is None and runs[3].records is not None
+    frames.clear()
+    assert runs[3].records is None
+
+
+def test_runs_forgotten_by_the_entries_bound_let_their_records_go() -> None:
+    one = run(0, 10).nbytes()
+    frames = AppendFrames(bytes_max=2 * one, records_bytes_max=1 << 30)
+    runs = [run(i * 1000, 10, records_of(i * 1000, 10)) for i in range(3)]
+    for r in runs:
+        frames.add(r)
+    assert runs[0].records is None and runs[2].records is not None

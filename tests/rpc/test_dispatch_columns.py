@@ -215,6 +215,9 @@ def _frame(**fields: object) -> pb.DispatchBatch:
         {"topic_indexes": [0, 1]},
         {"topic_indexes": [0, -1]},
         {"topics": []},
+        {"records": b"x" * 199},
+        {"records": b"x" * 201},
+        {"records": b"x" * 100, "sizes": [200, -100]},
     ],
     ids=[
         "short-sizes",
@@ -226,6 +229,9 @@ def _frame(**fields: object) -> pb.DispatchBatch:
         "topic-index-past-table",
         "negative-topic-index",
         "empty-topic-table",
+        "records-short-of-sizes",
+        "records-past-sizes",
+        "records-of-a-negative-size",
     ],
 )
 def test_a_malformed_frame_is_refused_alike_by_both_decoders(fields: dict[str, object]) -> None:
@@ -240,4 +246,8 @@ def test_a_malformed_frame_is_refused_alike_by_both_decoders(fields: dict[str, o
 def test_a_well_formed_frame_passes_both_decoders() -> None:
     frame = _frame(keys=["a", ""], uniq_keys=[])
     assert decode_columns(frame).entries() == decode_dispatch(frame)
+    assert decode_columns(frame).records == b""
+    with_records = _frame(records=b"r" * 200)
+    assert decode_columns(with_records).records == b"r" * 200
+    assert decode_columns(with_records).entries() == decode_dispatch(with_records)
     assert np.array_equal(decode_columns(frame).queue_ids, [0, 1])

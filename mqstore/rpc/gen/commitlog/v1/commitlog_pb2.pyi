@@ -357,6 +357,7 @@ class SubscribeRequest(_message.Message):
     MAX_BATCH_ENTRIES_FIELD_NUMBER: _builtins.int
     MAX_BATCH_BYTES_FIELD_NUMBER: _builtins.int
     INCLUDE_KEYS_FIELD_NUMBER: _builtins.int
+    INCLUDE_RECORDS_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     store_id: _builtins.bytes
     """The commit log this subscriber followed (empty the first time) and the offset below which
@@ -368,6 +369,10 @@ class SubscribeRequest(_message.Message):
     max_batch_bytes: _builtins.int
     include_keys: _builtins.bool
     """Send KEYS and UNIQ_KEY per entry (the index needs them; consume queues do not)."""
+    include_records: _builtins.bool
+    """Send the entries' records with the frames built from the newest appends (DispatchBatch
+    records): a consume queue serves its tail from them without a Read.
+    """
     def __init__(
         self,
         *,
@@ -377,10 +382,11 @@ class SubscribeRequest(_message.Message):
         max_batch_entries: _builtins.int = ...,
         max_batch_bytes: _builtins.int = ...,
         include_keys: _builtins.bool = ...,
+        include_records: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "include_keys", b"include_keys", "max_batch_bytes", b"max_batch_bytes", "max_batch_entries", b"max_batch_entries", "store_id", b"store_id", "subscriber_id", b"subscriber_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "include_keys", b"include_keys", "include_records", b"include_records", "max_batch_bytes", b"max_batch_bytes", "max_batch_entries", b"max_batch_entries", "store_id", b"store_id", "subscriber_id", b"subscriber_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -445,8 +451,14 @@ class DispatchBatch(_message.Message):
     UNIQ_KEYS_FIELD_NUMBER: _builtins.int
     CORRUPT_STARTS_FIELD_NUMBER: _builtins.int
     CORRUPT_ENDS_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
     start_offset: _builtins.int
     next_offset: _builtins.int
+    records: _builtins.bytes
+    """With include_records, for a frame built from the appends the commit log still holds in
+    memory: every entry's record, back to back in entry order (entry i's starts at the sum of
+    sizes[0..i)), the bytes the append wrote. Empty for any other frame (all or none).
+    """
     @_builtins.property
     def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -497,10 +509,11 @@ class DispatchBatch(_message.Message):
         uniq_keys: _abc.Iterable[_builtins.str] | None = ...,
         corrupt_starts: _abc.Iterable[_builtins.int] | None = ...,
         corrupt_ends: _abc.Iterable[_builtins.int] | None = ...,
+        records: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offsets", b"commit_log_offsets", "corrupt_ends", b"corrupt_ends", "corrupt_starts", b"corrupt_starts", "keys", b"keys", "next_offset", b"next_offset", "queue_ids", b"queue_ids", "queue_offsets", b"queue_offsets", "sizes", b"sizes", "start_offset", b"start_offset", "store_timestamps_ms", b"store_timestamps_ms", "sys_flags", b"sys_flags", "tags_codes", b"tags_codes", "topic_indexes", b"topic_indexes", "topics", b"topics", "uniq_keys", b"uniq_keys"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offsets", b"commit_log_offsets", "corrupt_ends", b"corrupt_ends", "corrupt_starts", b"corrupt_starts", "keys", b"keys", "next_offset", b"next_offset", "queue_ids", b"queue_ids", "queue_offsets", b"queue_offsets", "records", b"records", "sizes", b"sizes", "start_offset", b"start_offset", "store_timestamps_ms", b"store_timestamps_ms", "sys_flags", b"sys_flags", "tags_codes", b"tags_codes", "topic_indexes", b"topic_indexes", "topics", b"topics", "uniq_keys", b"uniq_keys"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
