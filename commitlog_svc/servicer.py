@@ -147,6 +147,8 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         self._started = threading.Event()
         self._draining = threading.Event()
         self._peers: dict[str, bytes] = {}
+        # Subscribers whose frames carry records (Subscribe's include_records, then Confirms).
+        self._with_records: set[str] = set()
         self._metrics_key = metrics.SCRAPE_TIME.add(self.gauges)
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -505,6 +507,10 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         bytes_max = min(request.max_batch_bytes or s.dispatch_batch_bytes, s.dispatch_batch_bytes)
         handshake = self._handshake(request)
         self.registry.connect(sid, handshake.start_offset)
+        if request.include_records:
+            self._with_records.add(sid)
+        else:
+            self._with_records.discard(sid)
         gone = threading.Event()
 
         def on_end() -> None:
@@ -525,7 +531,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             yield pb.SubscribeResponse(handshake=handshake)
             yield from self._dispatch(
                 sid, handshake.start_offset, entries_max, bytes_max, request.include_keys,
-                request.include_records, context, gone,
+                context, gone,
             )  # fmt: skip
         finally:
             self.registry.disconnect(sid)
@@ -538,7 +544,6 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         entries_max: int,
         bytes_max: int,
         include_keys: bool,
-        include_records: bool,
         context: grpc.ServicerContext,
         gone: threading.Event,
     ) -> Iterator[pb.SubscribeResponse]:
@@ -554,7 +559,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             seen = engine.confirm_offset
             held = engine.appended.take(offset, seen, entries_max, bytes_max)
             if held:  # the newest appends' own columns: no scan of the segment
-                frame = frame_of_runs(held, include_keys, include_records)
+                frame = frame_of_runs(held, include_keys, sid in self._with_records)
                 metrics.DISPATCH_FRAMES.labels("appended").inc()
                 yield frame
                 offset = frame.batch.next_offset
@@ -597,6 +602,11 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                 f"confirmed offset {request.confirmed_offset} is beyond the log's end {high}"
             )
         floor = self.registry.confirm(sid, request.confirmed_offset)
+        if request.HasField("include_records"):
+            if request.include_records:
+                self._with_records.add(sid)
+            else:
+                self._with_records.discard(sid)
         return pb.ConfirmResponse(retention_floor=floor)
 
     # -- status ---------------------------------------------------------------------------------

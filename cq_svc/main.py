@@ -58,7 +58,7 @@ class CqService:
             settings.commitlog_target,
             settings.subscriber_id,
             self.sink,
-            include_records=self.tail.enabled,
+            wants_records=lambda: self.servicer.tail_wanted(),  # noqa: PLW0108 - built below
             on_ready_change=self._ready_changed,
             security=security,
         )
@@ -107,6 +107,7 @@ class CqService:
             behind=lambda: self.sink.dispatch_behind_bytes,
             applied=lambda: self.engine.store.applied_offset,
             confirmed=lambda: self.engine.store.confirmed_offset,
+            tail_bytes=lambda: self.tail.nbytes,
         )
         self.host.start()
         self.subscriber.start()

@@ -58,6 +58,9 @@ APPLIED_OFFSET = Gauge("mqstore_cq_applied_offset", "Commit-log offset applied u
 CONFIRMED_OFFSET = Gauge(
     "mqstore_cq_confirmed_offset", "Commit-log offset applied and flushed up to."
 )
+TAIL_BYTES = Gauge(
+    "mqstore_cq_tail_records_bytes", "Bytes of records held for tail pulls (tail_records.py)."
+)
 UNCLEAN_STARTS = Counter(
     "mqstore_cq_unclean_starts_total", "Opens that found the abort marker of an unclean exit."
 )
@@ -69,8 +72,10 @@ def bind_gauges(
     behind: Callable[[], float],
     applied: Callable[[], float],
     confirmed: Callable[[], float],
+    tail_bytes: Callable[[], float],
 ) -> None:
     LONG_POLLS_WAITING.set_function(waiting)
     DISPATCH_BEHIND.set_function(behind)
     APPLIED_OFFSET.set_function(applied)
     CONFIRMED_OFFSET.set_function(confirmed)
+    TAIL_BYTES.set_function(tail_bytes)

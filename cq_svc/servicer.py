@@ -199,6 +199,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     ) -> None:
         self.engine = engine
         self._tail = tail
+        self._pulled_at: float | None = None  # monotonic time of the last pull
         self.settings = settings
         self.watch = watch
         self._log = cl_grpc.CommitLogStub(commitlog)
@@ -392,6 +393,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         all of them (several when their records pass pull_bytes_max together): a Follow cycle
         over the queues a dispatch woke costs one Read, not one a queue."""
         began = time.perf_counter()
+        self._pulled_at = time.monotonic()
         started = []
         for a, offset in zip(args, offsets, strict=True):
             result = self.engine.pull(
@@ -533,6 +535,18 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         return got
 
     # -- the commit log's Read ---------------------------------------------------------------------
+
+    def tail_wanted(self) -> bool:
+        """Whether the dispatch frames should bring records: while consumers pull (one came
+        within tail_wanted_ms). With nobody reading the tail, carrying it costs the commit log
+        for nothing (about 1 us a 100 B message, 2.5 us a 1 KiB one, at peak produce)."""
+        tail, pulled_at = self._tail, self._pulled_at
+        return (
+            tail is not None
+            and tail.enabled
+            and pulled_at is not None
+            and time.monotonic() - pulled_at < self.settings.tail_wanted_ms / 1000.0
+        )
 
     def _tail_answer(self, offsets: np.ndarray, sizes: np.ndarray) -> _ReadAnswer | None:
         """The records from the tail the dispatch brought, when every one is there

@@ -4,7 +4,8 @@
       connect -> Subscribe(subscriber_id, sink.store_id, sink.confirmed_offset)
       handshake frame -> sink.on_handshake(store_id, min, max)   (agreement before anything)
       batches         -> sink.on_batch(columns, next_offset)      (replays are expected)
-      every CONFIRM_INTERVAL_S, if sink.confirmed_offset moved -> Confirm
+      every CONFIRM_INTERVAL_S, if sink.confirmed_offset moved (or wants_records() changed)
+                      -> Confirm
       stream ends or fails -> reconnect after a backoff (gRPC never retries a stream for us)
 
 The channel is built with the follower's `ChannelSecurity` (TLS, client certificate, its
@@ -69,7 +70,7 @@ class Subscriber:
         sink: DispatchSink,
         *,
         include_keys: bool = False,
-        include_records: bool = False,
+        wants_records: Callable[[], bool] | None = None,
         max_batch_entries: int = 0,
         on_ready_change: Callable[[bool], None] | None = None,
         security: ChannelSecurity = PLAINTEXT,
@@ -79,7 +80,10 @@ class Subscriber:
         self.subscriber_id = subscriber_id
         self.sink = sink
         self.include_keys = include_keys
-        self.include_records = include_records
+        # Whether the frames should carry records (cq_svc's tail): asked at each Subscribe and
+        # each confirm round; a change goes to the commit log with the next Confirm.
+        self.wants_records = wants_records
+        self._records_asked: bool | None = None
         self.max_batch_entries = max_batch_entries
         self._on_ready_change = on_ready_change
         self._stop = threading.Event()
@@ -189,7 +193,7 @@ class Subscriber:
             store_id=self.sink.store_id,
             confirmed_offset=self.sink.confirmed_offset,
             include_keys=self.include_keys,
-            include_records=self.include_records,
+            include_records=self._ask_records(),
             max_batch_entries=self.max_batch_entries,
         )
         call = stub.Subscribe(request)
@@ -243,22 +247,38 @@ class Subscriber:
         while not self._stop.wait(CONFIRM_INTERVAL_S):
             self.confirm_now()
 
+    @property
+    def records_included(self) -> bool:
+        """The commit log was last told to send this stream's frames with their records."""
+        return self._records_asked is True
+
+    def _ask_records(self) -> bool:
+        self._records_asked = self.wants_records is not None and self.wants_records()
+        return self._records_asked
+
     def confirm_now(self) -> None:
-        """Tell the commit log the sink's confirmed offset, if it moved."""
+        """Tell the commit log the sink's confirmed offset, if it moved, and whether the frames
+        should carry records, if that changed."""
         confirmed = self.sink.confirmed_offset
-        if confirmed <= self._last_confirmed or self._channel is None or not self.sink.store_id:
+        if self._channel is None or not self.sink.store_id:
             return
+        wanted = self.wants_records is not None and self.wants_records()
+        records_changed = self._records_asked is not None and wanted != self._records_asked
+        if confirmed <= self._last_confirmed and not records_changed:
+            return
+        request = pb.ConfirmRequest(
+            subscriber_id=self.subscriber_id,
+            store_id=self.sink.store_id,
+            confirmed_offset=max(confirmed, 0),
+        )
+        if records_changed:
+            request.include_records = wanted
         stub = pb_grpc.CommitLogStub(self._channel)
         try:
-            stub.Confirm(
-                pb.ConfirmRequest(
-                    subscriber_id=self.subscriber_id,
-                    store_id=self.sink.store_id,
-                    confirmed_offset=confirmed,
-                ),
-                timeout=CONFIRM_TIMEOUT_S,
-            )
-            self._last_confirmed = confirmed
+            stub.Confirm(request, timeout=CONFIRM_TIMEOUT_S)
+            self._last_confirmed = max(self._last_confirmed, confirmed)
+            if records_changed:
+                self._records_asked = wanted
         except grpc.RpcError as err:
             log.debug("confirm failed (will retry): %s", err)
 

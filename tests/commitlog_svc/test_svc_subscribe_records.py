@@ -117,6 +117,32 @@ def test_a_tailing_subscriber_gets_each_appends_records_as_written(
     plain.cancel()
 
 
+def test_a_confirm_turns_the_records_on_and_off_while_the_stream_runs(svc: Running) -> None:
+    reader = subscribe(svc, "toggled")
+
+    def confirm(include: bool | None) -> None:
+        request = pb.ConfirmRequest(
+            subscriber_id="toggled", store_id=reader.handshake.store_id, confirmed_offset=0
+        )
+        if include is not None:
+            request.include_records = include
+        svc.stub.Confirm(request, timeout=RPC_TIMEOUT_S)
+
+    carried = []
+    for include in (None, True, None, False, True):
+        confirm(include)
+        done = svc.append_ok(batch(len(carried) * 10, 4))
+        reader.wait_reaching(_end(done))
+        frame = reader.batches()[-1]
+        assert _entries_of([frame]) == _stored([done])
+        carried.append(bool(frame.records))
+        if frame.records:
+            _check_records(svc, frame)
+    # Unset leaves it as it was: off from the Subscribe, then on, on, off, on.
+    assert carried == [False, True, True, False, True]
+    reader.cancel()
+
+
 def test_one_frame_holds_several_appends_of_several_topics_back_to_back(svc: Running) -> None:
     stored = [
         svc.append_ok(batch(0, 5, topic="A"), batch(5, 3, topic="B"), batch(8, 4, topic="A")),

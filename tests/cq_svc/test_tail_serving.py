@@ -63,6 +63,14 @@ class Cq:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.host.port}")
         self.stub = pb_grpc.ConsumeQueueStub(self.channel)
         assert wait_for(lambda: self.service.subscriber.caught_up, 30), "never caught up"
+        if self.service.tail.enabled:
+            self.want_records()
+
+    def want_records(self) -> None:
+        """A pull (consumers are reading), then until the commit log was told to send the
+        frames with their records (the next confirm round)."""
+        self.pull("warm-up", 0)
+        assert wait_for(lambda: self.service.subscriber.records_included, 10), "no records asked"
 
     @property
     def tail_bytes(self) -> int:
@@ -116,6 +124,13 @@ def reads(tmp_path_factory: pytest.TempPathFactory, log: ServiceProcess) -> Iter
     cq = Cq(tmp_path_factory.mktemp("reads") / "cq", log.target, tail_records_mib=0)
     yield cq
     cq.stop()
+
+
+@pytest.fixture(autouse=True)
+def reading(request: pytest.FixtureRequest) -> None:
+    """Consumers are reading `tail` (its frames bring records) when a test starts."""
+    if "tail" in request.fixturenames:
+        request.getfixturevalue("tail").want_records()
 
 
 @pytest.fixture
@@ -214,8 +229,8 @@ def append_topics(
 def test_fresh_pulls_are_served_from_the_tail_as_the_log_reads_them(
     tail: Cq, reads: Cq, log_stub: cl_grpc.CommitLogStub, topic: str
 ) -> None:
-    assert tail.service.subscriber.include_records and tail.service.tail.enabled
-    assert not reads.service.subscriber.include_records and not reads.service.tail.enabled
+    assert tail.service.subscriber.records_included and tail.service.tail.enabled
+    assert not reads.service.subscriber.records_included and not reads.service.tail.enabled
     other = topic + "b"
     stored: dict[str, list[Stored]] = {topic: [], other: []}
     for _ in range(3):  # three appends of two topics each, applied one by one
@@ -381,6 +396,32 @@ def test_a_tail_smaller_than_the_records_serves_the_newest_and_reads_the_rest(
         assert pulled_records(new) == log_read(log_stub, newest[:10])
     finally:
         small.stop()
+
+
+def test_frames_bring_records_only_while_consumers_pull(
+    tmp_path: Path, log: ServiceProcess, log_stub: cl_grpc.CommitLogStub, topic: str
+) -> None:
+    """Nobody pulling for tail_wanted_ms, the commit log is told to send no records (carrying
+    them costs it at peak produce); the next pull asks for them again."""
+    cq = Cq(tmp_path / "cq", log.target, tail_wanted_ms=1_000)
+    try:
+        assert wait_for(lambda: not cq.service.subscriber.records_included, 10)
+        held = cq.tail_bytes
+        idle = append(log_stub, topic, [b"idle-%d" % i for i in range(8)])
+        applied([cq], idle)
+        assert cq.tail_bytes == held and not cq.holds(idle)
+        counts = Counted()
+        assert [r.queue_offsets for r in [cq.pull(topic, 0)]] == [list(range(8))]
+        assert counts() == {"hit": 0, "miss": 8}  # read from the log
+        assert wait_for(lambda: cq.service.subscriber.records_included, 10)
+        cq.pull(topic, 8)  # still reading: the wish holds through the append below
+        reading = append(log_stub, topic, [b"read-%d" % i for i in range(8)])
+        applied([cq], reading)
+        assert cq.holds(reading) and cq.tail_bytes > held
+        assert pulled_records(cq.pull(topic, 8)) == log_read(log_stub, reading)
+        assert counts() == {"hit": 8, "miss": 8}
+    finally:
+        cq.stop()
 
 
 def pin_ports(process: ServiceProcess) -> None:
