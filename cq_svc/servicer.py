@@ -199,7 +199,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     ) -> None:
         self.engine = engine
         self._tail = tail
-        self._pulled_at: float | None = None  # monotonic time of the last pull
+        # When a consumer last read at the tail (waited there, or was served from it).
+        self._tail_read_at: float | None = None
         self.settings = settings
         self.watch = watch
         self._log = cl_grpc.CommitLogStub(commitlog)
@@ -295,6 +296,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         ready = set(range(len(pulls)))
         try:
             waiter = self.watch.register_many(keys)
+            self._tail_read_at = time.monotonic()
         except ResourceExhausted:
             metrics.LONG_POLLS_REFUSED.inc()
             # Only the wait is refused: what the queues hold already is answered, as a unary
@@ -393,7 +395,6 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         all of them (several when their records pass pull_bytes_max together): a Follow cycle
         over the queues a dispatch woke costs one Read, not one a queue."""
         began = time.perf_counter()
-        self._pulled_at = time.monotonic()
         started = []
         for a, offset in zip(args, offsets, strict=True):
             result = self.engine.pull(
@@ -537,15 +538,18 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     # -- the commit log's Read ---------------------------------------------------------------------
 
     def tail_wanted(self) -> bool:
-        """Whether the dispatch frames should bring records: while consumers pull (one came
-        within tail_wanted_ms). With nobody reading the tail, carrying it costs the commit log
-        for nothing (about 1 us a 100 B message, 2.5 us a 1 KiB one, at peak produce)."""
-        tail, pulled_at = self._tail, self._pulled_at
+        """Whether the dispatch frames should bring records: while consumers read at the tail
+        (one waits there now, or one waited or was served from it within tail_wanted_ms). A
+        consumer far behind reads the log, and carrying records nobody reads costs the commit
+        log for nothing (about 1 us a 100 B message, 2.5 us a 1 KiB one, at peak produce)."""
+        tail, read_at = self._tail, self._tail_read_at
+        if tail is None or not tail.enabled:
+            return False
+        if self.watch.waiting:
+            return True
         return (
-            tail is not None
-            and tail.enabled
-            and pulled_at is not None
-            and time.monotonic() - pulled_at < self.settings.tail_wanted_ms / 1000.0
+            read_at is not None
+            and time.monotonic() - read_at < self.settings.tail_wanted_ms / 1000.0
         )
 
     def _tail_answer(self, offsets: np.ndarray, sizes: np.ndarray) -> _ReadAnswer | None:
@@ -560,6 +564,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             metrics.TAIL_RECORDS.labels("miss").inc(n)
             return None
         metrics.TAIL_RECORDS.labels("hit").inc(n)
+        self._tail_read_at = time.monotonic()
         return _ReadAnswer([cl_pb.READ_OK] * n, blob, sizes.tolist())
 
     def _read(
@@ -622,6 +627,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         `found` or the time runs out; returns the last look."""
         try:
             waiter = self.watch.register(key)
+            self._tail_read_at = time.monotonic()
         except ResourceExhausted:
             metrics.LONG_POLLS_REFUSED.inc()
             raise

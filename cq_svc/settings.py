@@ -95,7 +95,8 @@ class CqSettings(FollowerSettings):
     # The newest records, brought by the dispatch frames, held to answer tail pulls without a
     # commit-log Read (tail_records.py); 0 turns it off.
     tail_records_mib: int = Field(TAIL_RECORDS_MIB_DEFAULT, ge=0, le=4_096)
-    # ... brought while a pull came within this long (nobody reading: the frames carry none).
+    # ... brought while consumers read at the tail: one waits there, or one waited or was
+    # served from it within this long (nobody there: the frames carry none).
     tail_wanted_ms: int = Field(10_000, ge=1)
 
     # -- Receive -----------------------------------------------------------------------------------

@@ -67,9 +67,9 @@ class Cq:
             self.want_records()
 
     def want_records(self) -> None:
-        """A pull (consumers are reading), then until the commit log was told to send the
-        frames with their records (the next confirm round)."""
-        self.pull("warm-up", 0)
+        """A long poll at a queue's end (a consumer reading at the tail), then until the commit
+        log was told to send the frames with their records (the next confirm round)."""
+        self.pull("warm-up", 0, long_poll_ms=50)
         assert wait_for(lambda: self.service.subscriber.records_included, 10), "no records asked"
 
     @property
@@ -398,11 +398,13 @@ def test_a_tail_smaller_than_the_records_serves_the_newest_and_reads_the_rest(
         small.stop()
 
 
-def test_frames_bring_records_only_while_consumers_pull(
+def test_frames_bring_records_only_while_consumers_read_at_the_tail(
     tmp_path: Path, log: ServiceProcess, log_stub: cl_grpc.CommitLogStub, topic: str
 ) -> None:
-    """Nobody pulling for tail_wanted_ms, the commit log is told to send no records (carrying
-    them costs it at peak produce); the next pull asks for them again."""
+    """Nobody at the tail for tail_wanted_ms, the commit log is told to send no records
+    (carrying them costs it at peak produce), and a consumer reading old messages does not
+    change that; one waiting at the tail asks for them again, and being served from the tail
+    keeps them coming."""
     cq = Cq(tmp_path / "cq", log.target, tail_wanted_ms=1_000)
     try:
         assert wait_for(lambda: not cq.service.subscriber.records_included, 10)
@@ -411,10 +413,12 @@ def test_frames_bring_records_only_while_consumers_pull(
         applied([cq], idle)
         assert cq.tail_bytes == held and not cq.holds(idle)
         counts = Counted()
-        assert [r.queue_offsets for r in [cq.pull(topic, 0)]] == [list(range(8))]
-        assert counts() == {"hit": 0, "miss": 8}  # read from the log
+        assert list(cq.pull(topic, 0).queue_offsets) == list(range(8))  # read from the log
+        assert counts() == {"hit": 0, "miss": 8}
+        assert not wait_for(lambda: cq.service.subscriber.records_included, 0.6)
+        waiting = cq.pull(topic, 8, long_poll_ms=50)  # caught up: waits at the end
+        assert waiting.status == pb.OFFSET_OVERFLOW_ONE
         assert wait_for(lambda: cq.service.subscriber.records_included, 10)
-        cq.pull(topic, 8)  # still reading: the wish holds through the append below
         reading = append(log_stub, topic, [b"read-%d" % i for i in range(8)])
         applied([cq], reading)
         assert cq.holds(reading) and cq.tail_bytes > held
