@@ -153,12 +153,13 @@ class DispatchScan:
 
 
 def frame_of_runs(
-    slices: Sequence[RunSlice], include_keys: bool, include_records: bool = False
+    slices: Sequence[RunSlice], include_keys: bool, records_bytes_max: int = 0
 ) -> pb.SubscribeResponse:
     """The frame of entries held from the appends (append_frames.py): the same columns a scan
     of their records gives, copied slice by slice at C speed. Its batch's next_offset is where
-    the subscriber goes on. `include_records`: with the records the appends wrote, when every
-    slice still holds them (else none)."""
+    the subscriber goes on. `records_bytes_max` > 0: with the records the appends wrote, when
+    every slice still holds them and they take at most that many bytes (else none: a frame
+    must stay under the gRPC message limit)."""
     response = pb.SubscribeResponse()
     batch = response.batch
     first, last = slices[0], slices[-1]
@@ -189,7 +190,7 @@ def frame_of_runs(
             batch.keys.extend(run.props.keys[lo:hi])
             batch.uniq_keys.extend(run.props.uniq_keys[lo:hi])
     batch.topics.extend(topics)
-    if include_records:
+    if records_bytes_max > 0:
         pieces: list[bytes] = []
         for piece in slices:
             got = piece.run.records_of(piece.lo, piece.hi)
@@ -197,7 +198,8 @@ def frame_of_runs(
                 break  # dropped to bound memory: the subscriber reads them when asked
             pieces.append(got)
         else:
-            batch.records = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if sum(map(len, pieces)) <= records_bytes_max:
+                batch.records = pieces[0] if len(pieces) == 1 else b"".join(pieces)
     return response
 
 

@@ -149,6 +149,8 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         self._peers: dict[str, bytes] = {}
         # Subscribers whose frames carry records (Subscribe's include_records, then Confirms).
         self._with_records: set[str] = set()
+        # Records ride in a frame only while it stays well under the message limit.
+        self._records_frame_bytes = settings.max_message_bytes // 2
         self._metrics_key = metrics.SCRAPE_TIME.add(self.gauges)
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -535,6 +537,9 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             )  # fmt: skip
         finally:
             self.registry.disconnect(sid)
+            # (A stream of the same id that replaced this one says so again in its next
+            # Confirm: subscriber.py re-sends the wish every round or so.)
+            self._with_records.discard(sid)
             log.info("subscriber %s disconnected", sid)
 
     def _dispatch(
@@ -559,7 +564,8 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             seen = engine.confirm_offset
             held = engine.appended.take(offset, seen, entries_max, bytes_max)
             if held:  # the newest appends' own columns: no scan of the segment
-                frame = frame_of_runs(held, include_keys, sid in self._with_records)
+                records_max = self._records_frame_bytes if sid in self._with_records else 0
+                frame = frame_of_runs(held, include_keys, records_max)
                 metrics.DISPATCH_FRAMES.labels("appended").inc()
                 yield frame
                 offset = frame.batch.next_offset
@@ -624,6 +630,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                 "at once with the offset it holds"
             )
         self.registry.forget(sid)
+        self._with_records.discard(sid)
         floor = self.registry.floor()
         log.info("subscriber %s forgotten; retention floor now %s", sid, floor)
         return pb.ForgetSubscriberResponse(retention_floor=-1 if floor is None else floor)

@@ -199,7 +199,10 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     ) -> None:
         self.engine = engine
         self._tail = tail
-        # When a consumer last read at the tail (waited there, or was served from it).
+        # Consumers at the tail: pulls and Follows waiting there now (not Receive: it reads the
+        # log), and when one last waited there or was served from the tail.
+        self._tail_lock = threading.Lock()
+        self._tail_waiting = 0
         self._tail_read_at: float | None = None
         self.settings = settings
         self.watch = watch
@@ -296,7 +299,6 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         ready = set(range(len(pulls)))
         try:
             waiter = self.watch.register_many(keys)
-            self._tail_read_at = time.monotonic()
         except ResourceExhausted:
             metrics.LONG_POLLS_REFUSED.inc()
             # Only the wait is refused: what the queues hold already is answered, as a unary
@@ -306,6 +308,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 raise
             yield pb.FollowResponse(answers=answers[:batches])
             return
+        self._waiting_at_tail(+1)
         try:
             if not context.add_callback(waiter.wake):
                 return
@@ -337,6 +340,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 waiter.wait(left)
         finally:
             self.watch.unregister(waiter)
+            self._waiting_at_tail(-1)
 
     def _follow_round(
         self,
@@ -545,19 +549,24 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         tail, read_at = self._tail, self._tail_read_at
         if tail is None or not tail.enabled:
             return False
-        if self.watch.waiting:
+        if self._tail_waiting:
             return True
         return (
             read_at is not None
             and time.monotonic() - read_at < self.settings.tail_wanted_ms / 1000.0
         )
 
+    def _waiting_at_tail(self, change: int) -> None:
+        with self._tail_lock:
+            self._tail_waiting += change
+        self._tail_read_at = time.monotonic()
+
     def _tail_answer(self, offsets: np.ndarray, sizes: np.ndarray) -> _ReadAnswer | None:
         """The records from the tail the dispatch brought, when every one is there
         (tail_records.py), in the form of a Read's answer; None: read them."""
         tail = self._tail
-        if tail is None or not tail.enabled:
-            return None
+        if tail is None or not tail.chunks:
+            return None  # off, or nothing held (not a miss: records were not asked for)
         blob = tail.lookup(offsets, sizes)
         n = len(offsets)
         if blob is None:
@@ -622,15 +631,18 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         found: Callable[[R], bool],
         first: R,
         next_due_s: Callable[[], float | None],
+        at_tail: bool = True,
     ) -> R:
         """Look again whenever the queue gets a dispatch (or `next_due_s` passes), until
-        `found` or the time runs out; returns the last look."""
+        `found` or the time runs out; returns the last look. `at_tail`: a pull waiting at the
+        queue's end (it counts for tail_wanted; a Receive does not: it reads the log)."""
         try:
             waiter = self.watch.register(key)
-            self._tail_read_at = time.monotonic()
         except ResourceExhausted:
             metrics.LONG_POLLS_REFUSED.inc()
             raise
+        if at_tail:
+            self._waiting_at_tail(+1)
         began = time.monotonic()
         end = began + wait_s
         outcome = "timeout"
@@ -660,6 +672,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 waiter.wait(timeout_s)
         finally:
             self.watch.unregister(waiter)
+            if at_tail:
+                self._waiting_at_tail(-1)
             metrics.LONG_POLL_WAIT_SECONDS.labels(outcome).observe(time.monotonic() - began)
 
     # -- time and positions ------------------------------------------------------------------------
@@ -773,6 +787,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 context,
                 look=look,
                 found=lambda r: bool(r.queue_offsets),
+                at_tail=False,
                 first=response,
                 next_due_s=next_due_s,
             )

@@ -13,6 +13,10 @@ Held, oldest first, one chunk per frame that carried records:
             starts   int64[n+1]  each record's position in `blob`, then the blob's length
             blob     bytes       the records back to back
 
+A small frame (a caught-up log sends one per append, often of a few records) is merged into
+the newest chunk while that is under CHUNK_BYTES_MIN: the chunks stay few (at most about
+bytes_max / CHUNK_BYTES_MIN), so holding and publishing them stays cheap at any frame rate.
+
 A lookup of ranges (offset, size) is all or nothing: each range must be an entry of a held
 chunk, of that very size, at or above the log's minimum; the answer is the records back to back
 in the order asked (consecutive entries of a chunk are one slice). Anything else is a miss and
@@ -23,8 +27,8 @@ Read, never here. Dropped whole at every handshake (the log may have lost its ta
 replaced) and below the log's minimum once segments expire (HeadProbe). Memory: the newest
 chunks up to `bytes_max`.
 
-Threads: the subscriber's thread adds and drops; pull threads look up in a snapshot (one tuple
-swapped at once), without a lock.
+Threads: the subscriber's thread adds and clears, the HeadProbe's drops below a minimum (under
+one lock); pull threads look up in a snapshot (one tuple swapped at once), without a lock.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import numpy as np
 import numpy.typing as npt
 
 TAIL_RECORDS_MIB_DEFAULT: Final = 32
+# A frame is merged into the newest chunk while that holds less than this.
+CHUNK_BYTES_MIN: Final = 64 << 10
 
 Offsets = npt.NDArray[np.int64]
 
@@ -66,8 +72,9 @@ _EMPTY: Final = _Held((), np.zeros(0, dtype=np.int64), 0, 0)
 
 
 class TailRecords:
-    def __init__(self, bytes_max: int) -> None:
+    def __init__(self, bytes_max: int, chunk_bytes_min: int = CHUNK_BYTES_MIN) -> None:
         self.bytes_max = bytes_max
+        self.chunk_bytes_min = chunk_bytes_min
         self._held = _EMPTY
         self._lock = threading.Lock()  # writers only
         # The writers' copy of the held chunks and their first offsets, oldest first.
@@ -107,9 +114,13 @@ class TailRecords:
                 chunks.clear()
                 firsts.clear()
                 self._nbytes = 0
-            chunks.append(chunk)
-            firsts.append(int(offsets[0]))
             self._nbytes += len(records)
+            last = len(chunks[-1].blob) if chunks else 0
+            if chunks and last < self.chunk_bytes_min and last + len(records) <= self.bytes_max:
+                chunks[-1] = _merged(chunks[-1], chunk)
+            else:
+                chunks.append(chunk)
+                firsts.append(int(offsets[0]))
             drop = 0
             while self._nbytes > self.bytes_max:
                 self._nbytes -= len(chunks[drop].blob)
@@ -177,3 +188,13 @@ class TailRecords:
             for lo, hi in zip(starts[firsts].tolist(), starts[lasts].tolist(), strict=True):
                 pieces.append(view[lo:hi])
         return pieces[0].tobytes() if len(pieces) == 1 else b"".join(pieces)
+
+
+def _merged(old: _Chunk, new: _Chunk) -> _Chunk:
+    """One chunk of two, `new` after `old` (a new object: readers may hold the old one)."""
+    return _Chunk(
+        np.concatenate((old.offsets, new.offsets)),
+        np.concatenate((old.sizes, new.sizes)),
+        np.concatenate((old.starts[:-1], new.starts + len(old.blob))),
+        old.blob + new.blob,
+    )

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 BACKOFF_INITIAL_S = 0.1
 BACKOFF_MAX_S = 5.0
 CONFIRM_INTERVAL_S = 0.2
+# With wants_records, a Confirm says whether the frames should carry records at least this
+# often even when nothing moved (a reconnect may have left the commit log told otherwise).
+RECORDS_RESEND_S = 1.0
 # A Confirm must not hang the loop when the commit log is away.
 CONFIRM_TIMEOUT_S = 5.0
 
@@ -84,6 +87,7 @@ class Subscriber:
         # each confirm round; a change goes to the commit log with the next Confirm.
         self.wants_records = wants_records
         self._records_asked: bool | None = None
+        self._records_told_at = 0.0
         self.max_batch_entries = max_batch_entries
         self._on_ready_change = on_ready_change
         self._stop = threading.Event()
@@ -257,27 +261,35 @@ class Subscriber:
         return self._records_asked
 
     def confirm_now(self) -> None:
-        """Tell the commit log the sink's confirmed offset, if it moved, and whether the frames
-        should carry records, if that changed."""
+        """Tell the commit log the sink's confirmed offset, if it moved, and, with
+        wants_records, whether the frames should carry records (when that changed, and at
+        least every RECORDS_RESEND_S: idempotent, and it mends a reconnect that raced a
+        Confirm)."""
         confirmed = self.sink.confirmed_offset
-        if self._channel is None or not self.sink.store_id:
+        if self._channel is None or not self.sink.store_id or confirmed < 0:
             return
-        wanted = self.wants_records is not None and self.wants_records()
-        records_changed = self._records_asked is not None and wanted != self._records_asked
-        if confirmed <= self._last_confirmed and not records_changed:
+        now = time.monotonic()
+        wanted: bool | None = None
+        if self.wants_records is not None:
+            wanted = self.wants_records()
+            if wanted != self._records_asked or now - self._records_told_at >= RECORDS_RESEND_S:
+                self._records_told_at = now
+            else:
+                wanted = None  # nothing to say
+        if confirmed <= self._last_confirmed and wanted is None:
             return
         request = pb.ConfirmRequest(
             subscriber_id=self.subscriber_id,
             store_id=self.sink.store_id,
-            confirmed_offset=max(confirmed, 0),
+            confirmed_offset=confirmed,
         )
-        if records_changed:
+        if wanted is not None:
             request.include_records = wanted
         stub = pb_grpc.CommitLogStub(self._channel)
         try:
             stub.Confirm(request, timeout=CONFIRM_TIMEOUT_S)
             self._last_confirmed = max(self._last_confirmed, confirmed)
-            if records_changed:
+            if wanted is not None:
                 self._records_asked = wanted
         except grpc.RpcError as err:
             log.debug("confirm failed (will retry): %s", err)

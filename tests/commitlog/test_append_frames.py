@@ -11,6 +11,7 @@ from commitlog_svc.append_frames import (
     RunSlice,
     dispatch_properties,
 )
+from commitlog_svc.dispatch_scan import frame_of_runs
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record_batch import MessageBatch
@@ -141,3 +142,18 @@ def test_runs_forgotten_by_the_entries_bound_let_their_records_go() -> None:
     for r in runs:
         frames.add(r)
     assert runs[0].records is None and runs[2].records is not None
+
+
+def test_a_frame_carries_records_only_within_its_bound_and_only_all_of_them() -> None:
+    first, second = run(0, 10, records_of(0, 10)), run(1000, 10, records_of(1000, 10))
+    both = [RunSlice(first, 2, 10), RunSlice(second, 0, 4)]
+    wanted = records_of(200, 8) + records_of(1000, 4)
+    assert frame_of_runs(both, False, len(wanted)).batch.records == wanted
+    assert frame_of_runs(both, False, len(wanted) - 1).batch.records == b""  # over the bound
+    assert frame_of_runs(both, False).batch.records == b""  # not asked
+    second.records = None  # dropped to bound memory: none at all, not a part
+    assert frame_of_runs(both, False, 1 << 20).batch.records == b""
+    assert list(frame_of_runs(both, False, 1 << 20).batch.commit_log_offsets) == [
+        *range(200, 1000, SIZE),
+        *range(1000, 1400, SIZE),
+    ]

@@ -73,7 +73,7 @@ def test_any_range_not_held_makes_the_whole_lookup_a_miss() -> None:
 
 
 def test_the_oldest_frames_go_beyond_the_bound() -> None:
-    tail = TailRecords(100)
+    tail = TailRecords(100, chunk_bytes_min=0)  # a chunk per frame
     log = Log(tail)
     old = log.frame([30, 30])
     middle = log.frame([30])
@@ -87,7 +87,7 @@ def test_the_oldest_frames_go_beyond_the_bound() -> None:
 
 
 def test_clear_and_a_moved_minimum_forget_what_they_must() -> None:
-    tail = TailRecords(1 << 20)
+    tail = TailRecords(1 << 20, chunk_bytes_min=0)
     log = Log(tail)
     a = log.frame([10, 10])
     b = log.frame([10, 10])
@@ -103,7 +103,7 @@ def test_clear_and_a_moved_minimum_forget_what_they_must() -> None:
 
 
 def test_a_frame_that_goes_back_replaces_what_was_held() -> None:
-    tail = TailRecords(1 << 20)
+    tail = TailRecords(1 << 20, chunk_bytes_min=0)
     log = Log(tail)
     log.frame([10, 10, 10])
     log.at = 10  # the log lost its tail and was written again from 10
@@ -111,6 +111,21 @@ def test_a_frame_that_goes_back_replaces_what_was_held() -> None:
     assert tail.chunks == 1
     assert log.ask(again) == log.truth(again)
     assert tail.lookup(i64([0]), i64([10])) is None
+
+
+def test_small_frames_merge_into_few_chunks_and_still_answer_each_record() -> None:
+    tail = TailRecords(1 << 20, chunk_bytes_min=1_000)
+    log = Log(tail)
+    frames = [log.frame([30, 40, 50], gap=7 * (i % 2)) for i in range(60)]  # 7,200 bytes
+    assert tail.chunks <= 8 and tail.nbytes == 60 * 120
+    for asked in (frames[0], frames[59], frames[10][1:] + frames[11][:1], [frames[40][2]]):
+        assert log.ask(asked) == log.truth(asked)
+    # Merged chunks go whole when the bound needs it; the newest frame is always held.
+    small = TailRecords(500, chunk_bytes_min=200)
+    log = Log(small)
+    for _ in range(30):
+        newest = log.frame([60, 70])
+        assert small.nbytes <= 500 and log.ask(newest) == log.truth(newest)
 
 
 def test_malformed_frames_are_not_held_and_off_holds_nothing() -> None:
@@ -134,13 +149,18 @@ def test_malformed_frames_are_not_held_and_off_holds_nothing() -> None:
     bound=st.integers(40, 600),
     picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=12),
     minimum=st.integers(0, 400),
+    chunk_min=st.sampled_from([0, 50, 200]),
 )
 def test_a_lookup_is_the_truth_or_a_miss(
-    frames: list[tuple[list[int], int]], bound: int, picks: list[int], minimum: int
+    frames: list[tuple[list[int], int]],
+    bound: int,
+    picks: list[int],
+    minimum: int,
+    chunk_min: int,
 ) -> None:
     """Whatever was held and dropped, a lookup answers exactly the records asked, or None; and
     a record in the newest frame (if it fits the bound and the minimum) is always answered."""
-    tail = TailRecords(bound)
+    tail = TailRecords(bound, chunk_bytes_min=chunk_min)
     log = Log(tail)
     for sizes, gap in frames:
         newest = log.frame(sizes, gap)
