@@ -45,6 +45,7 @@ def _nats() -> Any:
     import nats  # noqa: PLC0415
     import nats.errors  # noqa: PLC0415
     import nats.js.api  # noqa: PLC0415
+    import nats.js.errors  # noqa: PLC0415
 
     return nats
 
@@ -144,6 +145,23 @@ def push(url: str, stream: str, subject: str, n: int) -> dict[str, Any]:
     return asyncio.run(main())
 
 
+# nats-server 2.9 sometimes fails to delete a consumer's directory ("unlinkat ...: directory
+# not empty", err_code 10051) when asked right after its fetch; the delete is off the clock.
+_DELETE_ATTEMPTS = 5
+_DELETE_RETRY_S = 0.05
+
+
+async def _delete_consumer(js: Any, stream: str, name: str) -> None:
+    for attempt in range(_DELETE_ATTEMPTS):
+        try:
+            await js.delete_consumer(stream, name)
+            return
+        except _nats().js.errors.ServerError as err:
+            if "directory not empty" not in str(err) or attempt == _DELETE_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(_DELETE_RETRY_S)
+
+
 def lookups(
     url: str, stream: str, subject: str, first_ms: int, last_ms: int, count: int
 ) -> dict[str, Any]:
@@ -162,7 +180,7 @@ def lookups(
                 sub = await js.pull_subscribe(subject, stream=stream, config=config)
                 msgs = await sub.fetch(1, timeout=FETCH_TIMEOUT_S)
                 took_ms = (time.perf_counter() - began) * 1000
-                await js.delete_consumer(stream, config.name)  # pull_subscribe named it
+                await _delete_consumer(js, stream, config.name)  # pull_subscribe named it
                 await sub.unsubscribe()
                 if i >= LOOKUP_WARM_UP:
                     times.append(took_ms)
