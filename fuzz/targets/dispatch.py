@@ -9,6 +9,9 @@ often unequal, lengths and topic indexes in and out of the table). Rules:
                      and uniq_keys: that long or empty), every entry's topic is the table
                      entry its index names (0 <= index < table size), and the entries encode
                      and decode to themselves
+    records          (when the frame has them) add up to the sizes, none negative, or the
+                     frame is refused; decode_columns accepts and refuses exactly what
+                     decode_dispatch does and hands the records on unchanged
 Bytes that are not a DispatchBatch at all are protobuf's to refuse (DecodeError): gRPC ends the
 stream before the decoder sees them.
 """
@@ -23,7 +26,7 @@ from fuzz.draw import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, Draw
 from fuzz.findings import check
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import MqstoreError
-from mqstore.rpc.dispatch_codec import decode_dispatch, encode_dispatch
+from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch, encode_dispatch
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
 DESCRIPTION = (
@@ -50,9 +53,23 @@ ENTRIES_MAX = 8
 def check_batch(batch: pb.DispatchBatch) -> list[DispatchEntry] | None:
     """The rules above for one frame; the entries when it decoded, None when refused."""
     try:
+        columns = decode_columns(batch)
+    except MqstoreError:
+        columns = None
+    try:
         entries = decode_dispatch(batch)
     except MqstoreError:
+        check(columns is None, "dispatch.columns-accept-a-refused-frame", str(batch)[:200])
         return None
+    check(columns is not None, "dispatch.columns-refuse-an-accepted-frame", str(batch)[:200])
+    assert columns is not None
+    check(columns.records == batch.records, "dispatch.records-changed", "")
+    if batch.records:
+        check(
+            len(batch.records) == sum(batch.sizes) and min(batch.sizes) >= 0,
+            "dispatch.records-not-matching-sizes-accepted",
+            f"{len(batch.records)} bytes of records for sizes {list(batch.sizes)}",
+        )
     n = len(batch.commit_log_offsets)
     check(len(entries) == n, "dispatch.entry-count", f"{len(entries)} entries for {n} offsets")
     lengths = {name: len(getattr(batch, name)) for name in COLUMNS}
@@ -119,6 +136,11 @@ def draw_batch(draw: Draw) -> pb.DispatchBatch:
     if draw.boolean():
         batch.keys.extend(draw.text(10) for _ in range(max(0, n + draw.choice((0, 0, -1)))))
         batch.uniq_keys.extend(draw.text(10) for _ in range(max(0, n + draw.choice((0, 0, -1)))))
+    if draw.boolean():
+        # Records as a frame of held appends carries them: as long as the sizes say, or not.
+        total = sum(batch.sizes)
+        if abs(total) <= 1 << 20:
+            batch.records = b"r" * max(0, total + draw.choice((0, 0, 0, 1, -1)))
     return batch
 
 
