@@ -30,6 +30,7 @@ import shutil
 import statistics
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from bench.e2e_bench import disk_guard
@@ -386,7 +387,9 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
         if size not in ctx.visible_rates and cell is not None:
             ctx.visible_rates[size] = statistics.median(cell.values) / 2
             ctx.visible_rate_source = "half of mqstore's median produce rate (flush async)"
+    tail_before = tail_records(cluster)
     _visible(ctx, settings, servers)
+    _tail_note(results, tail_before, tail_records(cluster))
     memory = {name: rss_mib(pid) for name, pid in servers.items()}
     total = sum(anon_mib(m) for m in memory.values())
     results.add(
@@ -398,6 +401,30 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
         "anonymous RSS of the three services",
         pids=servers,
         **memory,
+    )
+
+
+def tail_records(cluster: Cluster) -> dict[str, float]:
+    """cq_svc's count of records looked for in its tail (hit: served without a commit-log
+    Read), from its metrics endpoint."""
+    port = cluster.followers["cq"].ports["metrics_port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    counts = {"hit": 0.0, "miss": 0.0}
+    for line in text.splitlines():
+        for result in counts:
+            if line.startswith(f'mqstore_cq_tail_records_total{{result="{result}"}}'):
+                counts[result] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def _tail_note(results: Any, before: dict[str, float], after: dict[str, float]) -> None:
+    hit, miss = (after[k] - before[k] for k in ("hit", "miss"))
+    results.extras["mqstore_visible_tail_records"] = {"hit": hit, "miss": miss}
+    share = f"{hit / (hit + miss):.0%}" if hit + miss else "none"
+    results.notes.append(
+        f"mqstore append-to-visible: {hit:,.0f} records served from cq_svc's tail (no commit-log "
+        f"Read), {miss:,.0f} looked for there and read from the log ({share} from the tail)."
     )
 
 
