@@ -46,9 +46,6 @@ EXTRA_ARGS = {
 READY_TIMEOUT_S = 120.0
 READY_POLL_S = 0.05
 _SERVING = health_pb2.HealthCheckResponse.SERVING
-_PINNED = (("--port", "port"), ("--health-port", "health_port"), ("--metrics-port", "metrics_port"))
-
-
 METRICS_TIMEOUT_S = 5.0
 # What the commit log's recovery did, from its Prometheus counters (commitlog_svc/metrics.py).
 TRUNCATED_BYTES_METRIC = "mqstore_recovery_truncated_bytes_total"
@@ -75,7 +72,7 @@ class Services:
     def start(self) -> None:
         start_all(self.cluster)
         for process in self.processes().values():
-            _pin_ports(process)
+            process.pin_ports()
 
     def processes(self) -> dict[str, ServiceProcess]:
         return {"commitlog": self.cluster.commitlog, **self.cluster.followers}
@@ -154,12 +151,6 @@ def _metric_sum(text: str, name: str) -> float:
         if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def _pin_ports(process: ServiceProcess) -> None:
-    """Start again on the ports it had (tests/client/test_consumer_restart.py's pin_ports)."""
-    for flag, key in _PINNED:
-        process.args[process.args.index(flag) + 1] = str(process.ports[key])
 
 
 def _await_ready(processes: dict[str, ServiceProcess]) -> dict[str, float]:

@@ -23,6 +23,12 @@ DEFAULT_PORTS = {
     "index_svc": (7300, 7301, 7302),
 }
 START_TIMEOUT_S = 60.0
+# A service's port flags and the ports-file keys they name.
+_PORT_FLAGS = (
+    ("--port", "port"),
+    ("--health-port", "health_port"),
+    ("--metrics-port", "metrics_port"),
+)
 
 
 @dataclass
@@ -85,6 +91,12 @@ class ServiceProcess:
                     return self.ports
             time.sleep(0.05)
         raise TimeoutError(f"{self.package} did not listen within {timeout_s} s")
+
+    def pin_ports(self) -> None:
+        """The next start listens on the ports this run got (0 in the flags means the kernel
+        picks anew), so that clients and followers that named them find it again."""
+        for flag, key in _PORT_FLAGS:
+            self.args[self.args.index(flag) + 1] = str(self.ports[key])
 
     @property
     def target(self) -> str:

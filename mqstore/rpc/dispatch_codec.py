@@ -82,14 +82,17 @@ def _check_lengths(batch: pb.DispatchBatch) -> int:
             raise MalformedFrame(
                 f"malformed dispatch frame: {len(getattr(batch, name))} {name} for {n} entries"
             )
-    if batch.records:
-        total = sum(batch.sizes)
-        if len(batch.records) != total or min(batch.sizes, default=0) < 0:
-            raise MalformedFrame(
-                f"malformed dispatch frame: {len(batch.records)} bytes of records for entries "
-                f"of {total}"
-            )
     return n
+
+
+def _check_records(records: bytes, sizes: np.ndarray) -> None:
+    """A frame's records (when it has them) add up to its sizes, none negative."""
+    if records:
+        total = int(sizes.sum())
+        if len(records) != total or int(sizes.min(initial=0)) < 0:
+            raise MalformedFrame(
+                f"malformed dispatch frame: {len(records)} bytes of records for entries of {total}"
+            )
 
 
 def _check_topic_indexes(lowest: int, highest: int, topics: int) -> None:
@@ -107,6 +110,9 @@ def decode_columns(batch: pb.DispatchBatch) -> DispatchColumns:
         # A packed repeated field converts at C speed (a few ns an element).
         return np.array(values, dtype=np.int64)
 
+    sizes = col(batch.sizes)
+    records = batch.records  # read once: each read of a bytes field is a copy
+    _check_records(records, sizes)
     topic_indexes = col(batch.topic_indexes)
     if n:
         _check_topic_indexes(int(topic_indexes.min()), int(topic_indexes.max()), len(batch.topics))
@@ -116,7 +122,7 @@ def decode_columns(batch: pb.DispatchBatch) -> DispatchColumns:
         queue_ids=col(batch.queue_ids),
         queue_offsets=col(batch.queue_offsets),
         commit_log_offsets=col(batch.commit_log_offsets),
-        sizes=col(batch.sizes),
+        sizes=sizes,
         tags_codes=col(batch.tags_codes),
         store_timestamps_ms=col(batch.store_timestamps_ms),
         sys_flags=col(batch.sys_flags),
@@ -124,13 +130,16 @@ def decode_columns(batch: pb.DispatchBatch) -> DispatchColumns:
         uniq_keys=list(batch.uniq_keys),
         start_offset=batch.start_offset,
         next_offset=batch.next_offset,
-        records=batch.records,
+        records=records,
     )
 
 
 def decode_dispatch(batch: pb.DispatchBatch) -> list[DispatchEntry]:
     topics = list(batch.topics)
     n = _check_lengths(batch)
+    records = batch.records
+    if records:
+        _check_records(records, np.array(batch.sizes, dtype=np.int64))
     if n:
         _check_topic_indexes(min(batch.topic_indexes), max(batch.topic_indexes), len(topics))
     keys = list(batch.keys) if batch.keys else [""] * n

@@ -15,7 +15,6 @@ import pytest
 
 from mqstore.client.consumer import Consumer, Offset
 from mqstore.client.message import Message
-from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
 from tests.client.conftest import INDEX_ARGS, settings_for
 from tests.e2e.cluster import Cluster, expiring_args, start_store
@@ -48,16 +47,6 @@ def fill(cluster: Cluster, topic: str) -> dict[int, list[bytes]]:
 
     eventually(dispatched)
     return expected
-
-
-def pin_ports(process: ServiceProcess) -> None:
-    """Start again on the ports it had (the consumer's settings name them)."""
-    for flag, key in (
-        ("--port", "port"),
-        ("--health-port", "health_port"),
-        ("--metrics-port", "metrics_port"),
-    ):
-        process.args[process.args.index(flag) + 1] = str(process.ports[key])
 
 
 class Restarter(threading.Thread):
@@ -125,7 +114,7 @@ def test_a_cq_svc_killed_mid_consume_loses_and_duplicates_nothing(
     cluster = short_stream_cluster
     expected = fill(cluster, topic)
     cq = cluster.followers["cq"]
-    pin_ports(cq)
+    cq.pin_ports()  # the consumer's settings name them
     with Consumer(settings_for(cluster), topic, start="earliest", max_messages=64) as c:
         restarter: list[Restarter] = []
 

@@ -11,7 +11,7 @@ import pytest
 from mqstore.client.consumer import Consumer
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
 from tests.client.conftest import settings_for
-from tests.client.test_consumer_restart import Restarter, pin_ports
+from tests.client.test_consumer_restart import Restarter
 from tests.e2e.cluster import Cluster
 from tests.e2e.support import CALL_TIMEOUT_S, append, eventually
 
@@ -37,7 +37,7 @@ def test_receive_ack_across_a_cq_svc_kill_delivers_everything_at_least_once(
         )
     )
     cq = cluster.followers["cq"]
-    pin_ports(cq)
+    cq.pin_ports()  # the consumer's settings name them
     deliveries: Counter[int] = Counter()
     acked: set[int] = set()
     restarters: list[Restarter] = []

@@ -3,12 +3,14 @@
 `ApiHarness` runs the real ConsumeQueue servicer in this process (ServiceHost, port 0, its
 interceptors) over a real engine, fed through the real dispatch sink by the test itself: the
 positions, statuses, validation and long-poll bookkeeping need no commit log. Anything that
-fetches message bytes runs against a real commitlog_svc (conftest.py).
+fetches message bytes runs against a real commitlog_svc (conftest.py); `WholeCq` is the whole
+service (CqService: subscriber, engine, tail, API) following one, and a client of it.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import grpc
 
 from cq_svc.config import StoreKind
 from cq_svc.engine import CqEngine
-from cq_svc.main import SERVICE_NAME
+from cq_svc.main import SERVICE_NAME, CqService
 from cq_svc.servicer import CqServicer
 from cq_svc.settings import CqSettings
 from cq_svc.sink import EngineSink
@@ -26,6 +28,7 @@ from mqstore.dispatch import DispatchEntry
 from mqstore.formats.javahash import tags_code
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.errors import error_from_rpc
+from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq_pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
 from mqstore.rpc.server import ServiceHost
 
@@ -148,3 +151,36 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+WHOLE_CQ_RPC_TIMEOUT_S = 30.0
+
+
+class WholeCq:
+    """A whole cq_svc (CqService: subscriber, engine, tail, API) following the commit log at
+    `log_target`, and a client of it; caught up when made."""
+
+    def __init__(self, data_dir: Path, log_target: str, **overrides: Any) -> None:
+        overrides.setdefault("subscriber_id", f"cq-{uuid.uuid4().hex[:8]}")
+        self.overrides = overrides
+        self.service = CqService(settings_for(data_dir, commitlog_target=log_target, **overrides))
+        self.service.start()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.host.port}")
+        self.stub = pb_grpc.ConsumeQueueStub(self.channel)
+        assert wait_for(lambda: self.service.subscriber.caught_up, 30), "never caught up"
+
+    def wait_applied(self, offset: int) -> None:
+        def done() -> bool:
+            status = self.stub.GetStatus(cq_pb.GetStatusRequest(), timeout=5)
+            return bool(status.caught_up and status.applied_offset >= offset)
+
+        assert wait_for(done, 30), f"cq did not apply up to {offset}"
+
+    def pull(self, topic: str, offset: int, **fields: Any) -> cq_pb.PullResponse:
+        request = cq_pb.PullRequest(topic=topic, offset=offset, **fields)
+        response: cq_pb.PullResponse = self.stub.Pull(request, timeout=WHOLE_CQ_RPC_TIMEOUT_S)
+        return response
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.service.stop()

@@ -29,14 +29,12 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from cq_svc.main import CqService
 from mqstore.formats.properties import TAGS, encode_properties
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
-from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
 from tests.cq_svc.logs import (
     EXPIRING_LOG_ARGS,
     EXPIRING_LOG_BYTES,
@@ -47,23 +45,18 @@ from tests.cq_svc.logs import (
     segment_path,
     start_commitlog,
 )
-from tests.cq_svc.support import rpc_error, settings_for, wait_for
+from tests.cq_svc.support import WholeCq, rpc_error, wait_for
 
 RPC_TIMEOUT_S = 30.0
 LOG_FILE_BYTES = 1 << 20  # start_commitlog's segments
 
 
-class Cq:
-    """A whole cq_svc (subscriber, engine, tail, API) on `log_target` and a client of it."""
+class Cq(WholeCq):
+    """A whole cq_svc whose frames bring records when it holds a tail (a consumer is made to
+    wait at the tail first), and what its tail holds."""
 
     def __init__(self, data_dir: Path, log_target: str, **overrides: Any) -> None:
-        overrides.setdefault("subscriber_id", f"cq-{uuid.uuid4().hex[:8]}")
-        self.overrides = overrides
-        self.service = CqService(settings_for(data_dir, commitlog_target=log_target, **overrides))
-        self.service.start()
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.host.port}")
-        self.stub = pb_grpc.ConsumeQueueStub(self.channel)
-        assert wait_for(lambda: self.service.subscriber.caught_up, 30), "never caught up"
+        super().__init__(data_dir, log_target, **overrides)
         if self.service.tail.enabled:
             self.want_records()
 
@@ -82,22 +75,6 @@ class Cq:
         offsets = np.array([s.commit_log_offset for s in stored], dtype=np.int64)
         sizes = np.array([s.size for s in stored], dtype=np.int64)
         return self.service.tail.lookup(offsets, sizes) is not None
-
-    def wait_applied(self, offset: int) -> None:
-        def done() -> bool:
-            status = self.stub.GetStatus(pb.GetStatusRequest(), timeout=5)
-            return bool(status.caught_up and status.applied_offset >= offset)
-
-        assert wait_for(done, 30), f"cq did not apply up to {offset}"
-
-    def pull(self, topic: str, offset: int, **fields: Any) -> pb.PullResponse:
-        request = pb.PullRequest(topic=topic, offset=offset, **fields)
-        response: pb.PullResponse = self.stub.Pull(request, timeout=RPC_TIMEOUT_S)
-        return response
-
-    def stop(self) -> None:
-        self.channel.close()
-        self.service.stop()
 
 
 @pytest.fixture(scope="module")
@@ -452,16 +429,6 @@ def test_frames_bring_records_only_while_consumers_read_at_the_tail(
         cq.stop()
 
 
-def pin_ports(process: ServiceProcess) -> None:
-    """Start again on the ports it had (the cq names its target)."""
-    for flag, key in (
-        ("--port", "port"),
-        ("--health-port", "health_port"),
-        ("--metrics-port", "metrics_port"),
-    ):
-        process.args[process.args.index(flag) + 1] = str(process.ports[key])
-
-
 def test_the_tail_is_dropped_at_a_handshake_and_pulls_after_it_read(tmp_path: Path) -> None:
     own = start_commitlog(tmp_path / "log")
     cqs: list[Cq] = []
@@ -475,7 +442,7 @@ def test_the_tail_is_dropped_at_a_handshake_and_pulls_after_it_read(tmp_path: Pa
             applied(cqs, before)
             assert cq.holds(before) and cq.tail_bytes > 0
             as_written = log_read(stub, before)
-        pin_ports(own)
+        own.pin_ports()  # the cqs name its target
         assert own.stop(timeout_s=15) == 0
         # While the log is down the tail still answers what it holds (until the next
         # handshake); a cq that reads cannot.

@@ -16,14 +16,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from cq_svc.main import CqService
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
-from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
 from tests.cq_svc.logs import (
     EXPIRING_LOG_ARGS,
     EXPIRING_LOG_BYTES,
@@ -32,7 +30,8 @@ from tests.cq_svc.logs import (
     decode,
     start_commitlog,
 )
-from tests.cq_svc.support import settings_for, wait_for
+from tests.cq_svc.support import WholeCq as Cq
+from tests.cq_svc.support import wait_for
 
 LONG_MS = 20_000  # a long poll no passing test sits through
 
@@ -48,34 +47,6 @@ def commitlog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProce
 def log_stub(commitlog: ServiceProcess) -> Iterator[cl_grpc.CommitLogStub]:
     with make_channel(commitlog.target) as channel:
         yield cl_grpc.CommitLogStub(channel)
-
-
-class Cq:
-    """A whole cq_svc (CqService: subscriber, engine, API) and a client of it."""
-
-    def __init__(self, data_dir: Path, log_target: str, **overrides: object) -> None:
-        overrides.setdefault("subscriber_id", f"cq-{uuid.uuid4().hex[:8]}")
-        self.service = CqService(settings_for(data_dir, commitlog_target=log_target, **overrides))
-        self.service.start()
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.host.port}")
-        self.stub = pb_grpc.ConsumeQueueStub(self.channel)
-        assert wait_for(lambda: self.service.subscriber.caught_up, 30), "never caught up"
-
-    def wait_applied(self, offset: int) -> None:
-        def done() -> bool:
-            status = self.stub.GetStatus(pb.GetStatusRequest(), timeout=5)
-            return bool(status.caught_up and status.applied_offset >= offset)
-
-        assert wait_for(done, 30), f"cq did not apply up to {offset}"
-
-    def pull(self, topic: str, offset: int, **fields: object) -> pb.PullResponse:
-        request = pb.PullRequest(topic=topic, offset=offset, **fields)  # type: ignore[arg-type]
-        response: pb.PullResponse = self.stub.Pull(request, timeout=30)
-        return response
-
-    def stop(self) -> None:
-        self.channel.close()
-        self.service.stop()
 
 
 @pytest.fixture

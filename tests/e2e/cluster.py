@@ -98,14 +98,7 @@ class Cluster:
 
     def restart_commitlog(self) -> None:
         """Start it again on the ports it had, so that followers find it where they left it."""
-        pinned = {
-            "--port": self.commitlog.ports["port"],
-            "--health-port": self.commitlog.ports["health_port"],
-            "--metrics-port": self.commitlog.ports["metrics_port"],
-        }
-        args = self.commitlog.args
-        for flag, port in pinned.items():
-            args[args.index(flag) + 1] = str(port)
+        self.commitlog.pin_ports()
         self.commitlog.start()
         self.commitlog.wait_listening()
         wait_ready(self.commitlog)
