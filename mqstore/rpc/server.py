@@ -38,6 +38,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from mqstore.rpc.allocator import keep_large_blocks
 from mqstore.rpc.auth import AuthInterceptor, TokenTable
 from mqstore.rpc.channel import http2_options
 from mqstore.rpc.errors import ErrorInterceptor
@@ -121,6 +122,8 @@ class ServiceHost:
     ) -> None:
         self.name = name
         self.settings = settings
+        if settings.keep_large_blocks:
+            keep_large_blocks()  # megabyte messages reuse heap memory (allocator.py)
         self._register = register
         self._on_drain = on_drain
         self._on_stop = on_stop
