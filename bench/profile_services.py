@@ -124,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="mqstore-profile-"))
-    cluster = start_store(root, flush=args.flush, extra={"index_svc": INDEX_DEFAULT_ARGS})
+    extra = {"index_svc": INDEX_DEFAULT_ARGS}
+    if os.environ.get("MQSTORE_PROFILE_LOCAL_READS"):
+        extra["cq_svc"] = ["--commitlog-dir", str(root / "commitlog")]
+    cluster = start_store(root, flush=args.flush, extra=extra)
     profilers: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
         settings = settings_of(cluster)

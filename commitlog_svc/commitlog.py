@@ -96,6 +96,7 @@ from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
+from mqstore.storage.segment_reads import copy_runs
 from mqstore.storage.transient_pool import TransientStorePool
 from mqstore.storage.warmer import SegmentWarmer
 
@@ -888,16 +889,7 @@ class CommitLog:
                     group, begin, end = members[readable], begin[readable], end[readable]
                     if not len(group):
                         continue
-                # Runs: where a range does not start at the end of the one before, a new one.
-                run_starts = np.flatnonzero(begin[1:] != end[:-1]) + 1
-                firsts = np.concatenate(([0], run_starts))
-                lasts = np.concatenate((run_starts - 1, [len(group) - 1]))
-                pieces.extend(
-                    map(
-                        mf.read_buf.__getitem__,
-                        map(slice, begin[firsts].tolist(), end[lasts].tolist()),
-                    )
-                )
+                pieces.extend(copy_runs(mf.read_buf, begin, end))
                 served[group] = size[group]
         finally:
             for mf in held.values():

@@ -26,6 +26,7 @@ import grpc
 
 from cq_svc import metrics
 from cq_svc.engine import CqEngine
+from cq_svc.local_reads import LocalReads
 from cq_svc.servicer import CqServicer
 from cq_svc.settings import CqSettings
 from cq_svc.sink import EngineSink, HeadProbe
@@ -51,7 +52,8 @@ class CqService:
         self.engine = CqEngine(settings.engine_config())
         self.watch = QueueWatch(settings.long_polls_max)
         self.tail = TailRecords(settings.tail_records_mib << 20)
-        self.sink = EngineSink(self.engine, self.watch, self.tail)
+        self.local = LocalReads(settings.commitlog_dir) if settings.commitlog_dir else None
+        self.sink = EngineSink(self.engine, self.watch, self.tail, self.local)
         # TLS and this replica's token for the subscription and for Reads and probes.
         security = settings.commitlog_security()
         self.subscriber = Subscriber(
@@ -71,6 +73,7 @@ class CqService:
             commitlog=self.channel,
             caught_up=lambda: self.subscriber.caught_up,
             tail=self.tail,
+            local=self.local,
         )
         self.host = ServiceHost(
             "cq_svc",

@@ -29,6 +29,13 @@ TAIL_RECORDS = Counter(
     "hit (served without a commit-log Read) or miss.",
     ["result"],
 )
+LOCAL_READS = Counter(
+    "mqstore_cq_local_reads_total",
+    "Records a pull looked for in the commit log's segment files (--commitlog-dir, "
+    "local_reads.py): hit (served without a commit-log Read), miss (not answerable there) or "
+    "failed_check (read there, refused by the record checks; the Read decides).",
+    ["result"],
+)
 READ_RECORDS = Counter(
     "mqstore_cq_read_records_total",
     "Records asked of the commit log, by what came back (ok, removed, corrupt, mismatch).",

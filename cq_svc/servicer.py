@@ -55,6 +55,7 @@ import numpy as np
 from cq_svc import metrics, receipts
 from cq_svc.engine import CqEngine, Received
 from cq_svc.errors import ReceiptExpired
+from cq_svc.local_reads import LocalReads
 from cq_svc.settings import CqSettings
 from cq_svc.store import PullResult, PullStatus, UnitColumns
 from cq_svc.tail_records import TailRecords
@@ -196,9 +197,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         commitlog: grpc.Channel,
         caught_up: Callable[[], bool],
         tail: TailRecords | None = None,
+        local: LocalReads | None = None,
     ) -> None:
         self.engine = engine
         self._tail = tail
+        self._local = local
         # Consumers at the tail: pulls and Follows waiting there now (not Receive: it reads the
         # log), and when one last waited there or was served from the tail.
         self._tail_lock = threading.Lock()
@@ -422,7 +425,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             taken = [started[k][1].taken for k in group]
             phy = taken[0].phy if len(taken) == 1 else np.concatenate([t.phy for t in taken])
             size = taken[0].size if len(taken) == 1 else np.concatenate([t.size for t in taken])
-            answer = self._tail_answer(phy, size)
+            answer = self._local_answer(phy, size) or self._tail_answer(phy, size)
             if answer is None:
                 answer = self._read(phy.tolist(), size.tolist(), context)
             for k, part in zip(group, answer.parts([len(t) for t in taken]), strict=True):
@@ -549,6 +552,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         tail, read_at = self._tail, self._tail_read_at
         if tail is None or not tail.enabled:
             return False
+        if self._local is not None and self._local.active:
+            return False  # pulls read the segment files: the frames' records would go unread
         if self._tail_waiting:
             return True
         return (
@@ -560,6 +565,17 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         with self._tail_lock:
             self._tail_waiting += change
         self._tail_read_at = time.monotonic()
+
+    def _local_answer(self, offsets: np.ndarray, sizes: np.ndarray) -> _ReadAnswer | None:
+        """The records from the commit log's segment files (local_reads.py), every one of them
+        checked, in the form of a Read's answer; None: read them another way."""
+        local = self._local
+        if local is None:
+            return None
+        blob = local.read(offsets, sizes)
+        if blob is None:
+            return None
+        return _ReadAnswer([cl_pb.READ_OK] * len(offsets), blob, sizes.tolist())
 
     def _tail_answer(self, offsets: np.ndarray, sizes: np.ndarray) -> _ReadAnswer | None:
         """The records from the tail the dispatch brought, when every one is there
@@ -828,10 +844,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         """Fetch the deliveries' records into `response`; returns how many the log no longer
         held (settled: nobody can ever consume them)."""
         units = [r.unit for r in got]
+        offsets, sizes = list(map(_COMMIT_LOG_OFFSET, units)), list(map(_SIZE, units))
         try:
-            answer = self._read(
-                list(map(_COMMIT_LOG_OFFSET, units)), list(map(_SIZE, units)), context
-            )
+            answer = self._local_answer(
+                np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
+            ) or self._read(offsets, sizes, context)
             records, statuses = answer.as_records(), answer.statuses
         except Exception:
             self._release(group, topic, queue_id, got)

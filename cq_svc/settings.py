@@ -107,6 +107,9 @@ class CqSettings(FollowerSettings):
     invisible_max_ms: int = Field(12 * 3_600_000, ge=1)
 
     # -- the commit log's Read ---------------------------------------------------------------------
+    # commitlog_svc's data dir, where this process can see it (same host, or a volume of the
+    # same pod): pulls read the segment files instead of a Read (local_reads.py). Empty: off.
+    commitlog_dir: str = Field("", description="commitlog_svc's data dir, to read its segments")
     # Bounds a Read when the caller gave no deadline (the caller's deadline wins when shorter).
     read_timeout_ms: int = Field(10_000, ge=1)
     # The log's bounds are asked every 5 s between handshakes: its end feeds the lag gauge (a

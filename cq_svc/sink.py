@@ -2,7 +2,8 @@
 commit log's end as cq_svc last saw it (for the dispatch-lag gauge).
 
     Subscriber ──on_handshake──▶ EngineSink ──▶ CqEngine.handshake, wake every long poll,
-                                               drop the held tail records
+                                               drop the held tail records, check the commit
+                                               log's files again (local_reads.py)
                ──on_batch─────▶            ──▶ hold the frame's records (TailRecords), then
                                                CqEngine.apply_columns (a frame as columns;
                                                CqEngine.apply for an entry list), wake the
@@ -15,8 +16,8 @@ that makes a message visible to it (watch.py).
 The log's bounds between handshakes: `HeadProbe` asks the commit log's GetStatus every few
 seconds. Its end gives the dispatch lag (behind = the end minus the applied offset; the
 handshake and every batch's next offset move it too); its minimum, when it moves up, means
-segments expired while the stream ran, and the queues (and the tail records) drop what points
-below it.
+segments expired while the stream ran, and the queues (and the tail records, and the segment
+files read beside the log) drop what points below it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import grpc
 from cq_svc import metrics
 from cq_svc.checkpoint import NO_STORE_ID
 from cq_svc.engine import CqEngine
+from cq_svc.local_reads import LocalReads
 from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
 from mqstore.dispatch import DispatchColumns, DispatchEntry
@@ -44,11 +46,16 @@ HEAD_PROBE_TIMEOUT_S = 2.0
 
 class EngineSink:
     def __init__(
-        self, engine: CqEngine, watch: QueueWatch, tail: TailRecords | None = None
+        self,
+        engine: CqEngine,
+        watch: QueueWatch,
+        tail: TailRecords | None = None,
+        local: LocalReads | None = None,
     ) -> None:
         self.engine = engine
         self.watch = watch
         self.tail = tail
+        self.local = local
         self._log_end = 0
         self._log_min = 0
         self._log_store_id = b""
@@ -73,6 +80,8 @@ class EngineSink:
     def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
         if self.tail is not None:
             self.tail.clear()  # the log may have lost its tail or been replaced
+        if self.local is not None:
+            self.local.on_handshake(store_id, min_offset)  # the same: check the files again
         action = self.engine.handshake(store_id, min_offset, max_offset)
         self.last_action = action.action
         self._log_store_id = store_id
@@ -122,6 +131,8 @@ class EngineSink:
             self._log_min = min_offset
             if self.tail is not None:
                 self.tail.drop_below(min_offset)
+            if self.local is not None:
+                self.local.drop_below(min_offset)
             deleted = self.engine.expire(min_offset)
             log.info("the commit log's minimum moved to %d: %d expired", min_offset, deleted)
 

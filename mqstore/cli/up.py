@@ -98,7 +98,9 @@ def up(data_dir: str, flush: str, cq_store: str, base_port: int, secure: bool, m
                 "cq_svc",
                 os.path.join(data_dir, "cq_svc"),
                 args=[*_ports_args("cq_svc", base_port), "--cq-store", cq_store,
-                      "--commitlog-target", commitlog.target, *server_args, *follower_args],
+                      "--commitlog-target", commitlog.target, *server_args, *follower_args,
+                      # One host: pulls read the log's segment files, not a Read per pull.
+                      "--commitlog-dir", commitlog.data_dir],
                 log_path=os.path.join(logs, "cq_svc.log"),
             ),
             ServiceProcess(

@@ -95,12 +95,13 @@ def check_exactly_once_in_order(got: list[Message], expected: dict[int, list[byt
 @pytest.fixture
 def short_stream_cluster(tmp_path: Path) -> Iterator[Cluster]:
     """Pull streams of at most two answers: a stream's answers wait in its HTTP/2 window, and
-    with the default 64 one stream could hold a whole queue before the kill. No tail records:
-    cq_svc would answer the newest messages from them while the commit log is down, and the
-    consumer must meet the commit log's outage."""
+    with the default 64 one stream could hold a whole queue before the kill. No tail records and
+    no reads of the segment files: cq_svc would answer from them while the commit log is down,
+    and the consumer must meet the commit log's outage."""
     c = start_store(
         tmp_path / "store",
         extra={"cq_svc": ["--pull-stream-batches-max", "2", "--tail-records-mib", "0"]},
+        local_reads=False,
     )
     try:
         yield c

@@ -46,10 +46,18 @@ class Cluster:
     """commitlog_svc plus any number of cq_svc / index_svc replicas, each its own process."""
 
     def __init__(
-        self, root: Path, *, flush: str = "sync", extra: dict[str, list[str]] | None = None
+        self,
+        root: Path,
+        *,
+        flush: str = "sync",
+        extra: dict[str, list[str]] | None = None,
+        local_reads: bool = True,
     ) -> None:
         self.root = root
         self.flush = flush
+        # cq_svc replicas read the commit log's segment files (`--commitlog-dir`), as `mqstore
+        # up` starts them; False: every pull's records come through the commit log's Read.
+        self.local_reads = local_reads
         self.extra = extra or {}
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -76,10 +84,18 @@ class Cluster:
 
     def add(self, package: str, name: str, *args: str) -> ServiceProcess:
         """A follower (cq_svc or index_svc) named `name` (its data dir and subscriber id)."""
+        local = ["--commitlog-dir", self.commitlog.data_dir] if package == "cq_svc" else []
         process = self._process(
             package,
             name,
-            ["--commitlog-target", self.commitlog.target, "--subscriber-id", name, *args],
+            [
+                "--commitlog-target",
+                self.commitlog.target,
+                "--subscriber-id",
+                name,
+                *(local if self.local_reads else []),
+                *args,
+            ],
         )
         self.followers[name] = process
         return process
@@ -157,10 +173,14 @@ def expiring_args(segment_bytes: int) -> dict[str, list[str]]:
 
 
 def start_store(
-    root: Path, *, flush: str = "sync", extra: dict[str, list[str]] | None = None
+    root: Path,
+    *,
+    flush: str = "sync",
+    extra: dict[str, list[str]] | None = None,
+    local_reads: bool = True,
 ) -> Cluster:
     """commitlog_svc, one cq_svc ("cq") and one index_svc ("index", small files), all ready."""
-    return start_all(Cluster(root, flush=flush, extra=extra))
+    return start_all(Cluster(root, flush=flush, extra=extra, local_reads=local_reads))
 
 
 def start_all(c: Cluster) -> Cluster:
