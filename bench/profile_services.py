@@ -122,12 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="", help="processes to profile, comma separated")
     parser.add_argument("--out", type=Path, default=Path("bench/results/profiles"))
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--no-local-reads",
+        action="store_true",
+        help="cq_svc fetches records with the commit log's Read, not from the segment files",
+    )
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="mqstore-profile-"))
-    extra = {"index_svc": INDEX_DEFAULT_ARGS}
-    if os.environ.get("MQSTORE_PROFILE_LOCAL_READS"):
-        extra["cq_svc"] = ["--commitlog-dir", str(root / "commitlog")]
-    cluster = start_store(root, flush=args.flush, extra=extra)
+    cluster = start_store(
+        root,
+        flush=args.flush,
+        extra={"index_svc": INDEX_DEFAULT_ARGS},
+        local_reads=not args.no_local_reads,
+    )
     profilers: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
         settings = settings_of(cluster)
