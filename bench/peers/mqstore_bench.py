@@ -405,26 +405,38 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
 
 
 def tail_records(cluster: Cluster) -> dict[str, float]:
-    """cq_svc's count of records looked for in its tail (hit: served without a commit-log
-    Read), from its metrics endpoint."""
+    """Where cq_svc found the records it served without a commit-log Read, from its metrics
+    endpoint: its tail (tail_hit, tail_miss) and the segment files (local_hit, local_miss,
+    local_failed_check)."""
     port = cluster.followers["cq"].ports["metrics_port"]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
         text = answer.read().decode()
-    counts = {"hit": 0.0, "miss": 0.0}
+    series = {
+        "tail_hit": 'mqstore_cq_tail_records_total{result="hit"}',
+        "tail_miss": 'mqstore_cq_tail_records_total{result="miss"}',
+        "local_hit": 'mqstore_cq_local_reads_total{result="hit"}',
+        "local_miss": 'mqstore_cq_local_reads_total{result="miss"}',
+        "local_failed_check": 'mqstore_cq_local_reads_total{result="failed_check"}',
+    }
+    counts = dict.fromkeys(series, 0.0)
     for line in text.splitlines():
-        for result in counts:
-            if line.startswith(f'mqstore_cq_tail_records_total{{result="{result}"}}'):
-                counts[result] = float(line.rsplit(" ", 1)[1])
+        for key, name in series.items():
+            if line.startswith(name + " "):
+                counts[key] = float(line.rsplit(" ", 1)[1])
     return counts
 
 
 def _tail_note(results: Any, before: dict[str, float], after: dict[str, float]) -> None:
-    hit, miss = (after[k] - before[k] for k in ("hit", "miss"))
-    results.extras["mqstore_visible_tail_records"] = {"hit": hit, "miss": miss}
-    share = f"{hit / (hit + miss):.0%}" if hit + miss else "none"
+    got = {k: after[k] - before[k] for k in after}
+    results.extras["mqstore_visible_tail_records"] = got
+    local = got["local_hit"]
+    not_local = got["local_miss"] + got["local_failed_check"]
+    tail, tail_miss = got["tail_hit"], got["tail_miss"]
     results.notes.append(
-        f"mqstore append-to-visible: {hit:,.0f} records served from cq_svc's tail (no commit-log "
-        f"Read), {miss:,.0f} looked for there and read from the log ({share} from the tail)."
+        f"mqstore append-to-visible: cq_svc served {local:,.0f} records from the commit log's "
+        f"segment files (--commitlog-dir) and {tail:,.0f} from its tail records, without a "
+        f"commit-log Read; {not_local:,.0f} were not answerable from the files and "
+        f"{tail_miss:,.0f} not from the tail."
     )
 
 
