@@ -111,6 +111,7 @@ class Results:
     notes: list[str] = field(default_factory=list)
     details: dict[str, list[str]] = field(default_factory=dict)  # per system
     extras: dict[str, Any] = field(default_factory=dict)  # variants kept for the JSON only
+    _note_at: dict[str, int] = field(default_factory=dict, repr=False)  # set_note's keys
 
     def add(
         self,
@@ -130,6 +131,16 @@ class Results:
         if detail:
             cell.detail = detail
         cell.runs.append({"value": value, "foreign_cores": foreign, **raw})
+
+    def set_note(self, key: str, text: str) -> None:
+        """A note that a later round of the same system rewrites (from figures it keeps in
+        `extras` across rounds) instead of adding another."""
+        at = self._note_at.get(key)
+        if at is None:
+            self._note_at[key] = len(self.notes)
+            self.notes.append(text)
+        else:
+            self.notes[at] = text
 
     def get(self, workload: str, size: int, system: str) -> Cell | None:
         return self.cells.get((workload, size, system))

@@ -291,7 +291,7 @@ def _services(cluster: Cluster) -> dict[str, int]:
 def run(ctx: Context) -> None:
     disk_flags, disk_note = disk_guard(ctx.root)
     if disk_note:
-        ctx.results.notes.append(f"mqstore: {disk_note}")
+        ctx.results.set_note("mqstore_disk", f"mqstore: {disk_note}")
     extra = {"commitlog_svc": disk_flags, "index_svc": INDEX_DEFAULT_ARGS}
     for flush in ("async", "sync"):
         store_root = ctx.root / f"mqstore-{flush}"
@@ -373,12 +373,16 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
                     "Admin.offset_for_time (GetOffsetByTime)",
                     **got,
                 )
-    _catch_up_note(results, catch_up)
+    _catch_up_note(results, flush, catch_up)
+    kept_pulls = results.extras.setdefault("mqstore_raw_pull_rates", {})
     for size, rates in raw_pulls.items():
-        results.notes.append(
+        every = kept_pulls.setdefault(str(size), [])
+        every.extend(rates)
+        results.set_note(
+            f"mqstore_raw_pull_{size}",
             f"mqstore raw Consumer.pull() per queue (one unary Pull of 1000 in flight), "
-            f"{size_name(size)}: {statistics.median(rates):,.0f} msg/s (median of {len(rates)} "
-            "run(s)); the fastest read path row is poll()'s batches."
+            f"{size_name(size)}: {statistics.median(every):,.0f} msg/s (median of {len(every)} "
+            "run(s)); the fastest read path row is poll()'s batches.",
         )
     if flush == "sync":
         return
@@ -386,7 +390,9 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
         cell = results.get("produce", size, "mqstore")
         if size not in ctx.visible_rates and cell is not None:
             ctx.visible_rates[size] = statistics.median(cell.values) / 2
-            ctx.visible_rate_source = "half of mqstore's median produce rate (flush async)"
+            ctx.visible_rate_source = (
+                "half of mqstore's produce rate (flush async) in the first round"
+            )
     tail_before = tail_records(cluster)
     _visible(ctx, settings, servers)
     _tail_note(results, tail_before, tail_records(cluster))
@@ -427,32 +433,38 @@ def tail_records(cluster: Cluster) -> dict[str, float]:
 
 
 def _tail_note(results: Any, before: dict[str, float], after: dict[str, float]) -> None:
-    got = {k: after[k] - before[k] for k in after}
-    results.extras["mqstore_visible_tail_records"] = got
+    got = results.extras.setdefault("mqstore_visible_tail_records", dict.fromkeys(after, 0.0))
+    for k, now in after.items():
+        got[k] = got.get(k, 0.0) + now - before[k]
     local = got["local_hit"]
     not_local = got["local_miss"] + got["local_failed_check"]
     tail, tail_miss = got["tail_hit"], got["tail_miss"]
-    results.notes.append(
+    results.set_note(
+        "mqstore_visible_sources",
         f"mqstore append-to-visible: cq_svc served {local:,.0f} records from the commit log's "
         f"segment files (--commitlog-dir) and {tail:,.0f} from its tail records, without a "
         f"commit-log Read; {not_local:,.0f} were not answerable from the files and "
-        f"{tail_miss:,.0f} not from the tail."
+        f"{tail_miss:,.0f} not from the tail.",
     )
 
 
-def _catch_up_note(results: Any, catch_up: dict[str, list[float]]) -> None:
+def _catch_up_note(results: Any, flush: str, catch_up: dict[str, list[float]]) -> None:
     """Whether dispatch keeps pace with peak produce: how long after the producer's last
     acknowledgement cq_svc and index_svc had applied everything (a lag that stays small run
     after run is bounded; one that grows with the run's length is not)."""
-    results.extras.setdefault("mqstore_dispatch_catch_up_ms", {}).update(catch_up)
+    kept = results.extras.setdefault("mqstore_dispatch_catch_up_ms", {})
+    for key, values in catch_up.items():
+        kept.setdefault(key, []).extend(values)
     parts = [
         f"{key}: {statistics.median(values):,.0f} ms (max {max(values):,.0f})"
-        for key, values in catch_up.items()
+        for key, values in kept.items()
+        if key.startswith(flush)
     ]
-    results.notes.append(
+    results.set_note(
+        f"mqstore_catch_up_{flush}",
         "mqstore dispatch at peak produce: cq_svc and index_svc had applied the whole log this "
         "long after the producer's last acknowledgement (median of the runs, including up to "
-        "50 ms of polling): " + "; ".join(parts) + "."
+        "50 ms of polling): " + "; ".join(parts) + ".",
     )
 
 
@@ -493,14 +505,17 @@ def _visible(ctx: Context, settings: ClientSettings, servers: dict[str, int]) ->
                         detail,
                         **raw,
                     )
-    results.extras["mqstore_visible_per_queue"] = {str(k): v for k, v in per_queue.items()}
-    for size, runs in per_queue.items():
+    kept = results.extras.setdefault("mqstore_visible_per_queue", {})
+    for size, these in per_queue.items():
+        runs = kept.setdefault(str(size), [])
+        runs.extend(these)
         p50 = statistics.median(r["p50_ms"] for r in runs)
         p99 = statistics.median(r["p99_ms"] for r in runs)
-        results.notes.append(
+        results.set_note(
+            f"mqstore_visible_per_queue_{size}",
             f"mqstore append-to-visible, {size_name(size)}, with one Consumer per queue "
             f"(queues=[q], {QUEUES_PER_TOPIC_DEFAULT} threads) instead of one Consumer of the "
             f"topic, same load: p50 {p50:,.1f} ms, p99 {p99:,.1f} ms (median of {len(runs)} "
             "run(s)); tests/bench/test_sdk_findings.py shows the one Consumer's poll handing "
-            "out one queue per call."
+            "out one queue per call.",
         )

@@ -5,8 +5,9 @@
                           [--dir DIR] [--doc PATH | --no-doc] [--results-dir DIR | --no-results]
     python -m bench.peers --render bench/results/peers-<date>.json [--doc PATH | --no-doc]
 
-Systems run one after the other, mqstore first: its median produce rate (flush async) sets the
-load of every system's append-to-visible run (half of it, per message size). Without mqstore,
+Systems run in rounds, one run of each system a round, mqstore first: its produce rate (flush
+async) in the first round sets the load of every system's append-to-visible runs (half of it,
+per message size). Without mqstore,
 --visible-rate gives that load, else the newest bench/results/peers-*.json, else a fallback.
 A full run rewrites the table in docs/bench-peers.md (between its markers) and writes the raw
 figures to bench/results/peers-<date>.json; --quick prints only, unless --doc / --results-dir
@@ -103,25 +104,35 @@ def run_bench(
     root: Path,
     visible_rate: float | None = None,
 ) -> tuple[Results, dict[str, str], Context]:
-    """Every system in `systems`, in ORDER. A system that fails is reported (its cells say
-    "missing") and the others still run."""
+    """Every system in `systems`, in ORDER, one run of each a round, `scale.runs` rounds: a
+    cell's runs are spread over the whole run, next to the other systems' runs of the same
+    round, so that the machine's speed, which drifts by tens of percent over minutes on a
+    shared VM, weighs on every system alike. A system that fails is reported (its cells say
+    "missing"), not run again, and the others still run."""
     failures: dict[str, str] = {}
     with ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn")) as pool:
-        ctx = Context(scale=scale, pool=pool, root=root)
+        ctx = Context(scale=replace(scale, runs=1), pool=pool, root=root)
         _visible_rates(ctx, systems, visible_rate)
-        for system in systems:
-            system_root = root / system
-            system_root.mkdir(parents=True, exist_ok=True)
-            ctx.root = system_root
-            try:
-                RUNNERS[system](ctx)
-            except Exception as err:  # reported in the table's notes; the others go on
-                failures[system] = f"{type(err).__name__}: {err}"
-                ctx.say(f"{system} FAILED: {failures[system]}")
-            if system == "mqstore" and not ctx.visible_rates:
-                ctx.visible_rates = dict.fromkeys(SIZES, VISIBLE_RATE_FALLBACK)
-                ctx.visible_rate_source = "a fixed fallback (mqstore's produce failed)"
+        for round_no in range(scale.runs):
+            for system in systems:
+                if system in failures:
+                    continue
+                system_root = root / system / f"round-{round_no}"
+                system_root.mkdir(parents=True, exist_ok=True)
+                ctx.root = system_root
+                ctx.say(f"round {round_no + 1}/{scale.runs}: {system}")
+                try:
+                    RUNNERS[system](ctx)
+                except Exception as err:  # reported in the table's notes; the others go on
+                    failures[system] = f"{type(err).__name__}: {err}"
+                    ctx.say(f"{system} FAILED: {failures[system]}")
+                finally:
+                    shutil.rmtree(system_root, ignore_errors=True)
+                if system == "mqstore" and not ctx.visible_rates:
+                    ctx.visible_rates = dict.fromkeys(SIZES, VISIBLE_RATE_FALLBACK)
+                    ctx.visible_rate_source = "a fixed fallback (mqstore's produce failed)"
         ctx.root = root
+        ctx.scale = scale
     for system, why in failures.items():
         ctx.results.notes.append(f"{system} failed: {why}")
     return ctx.results, failures, ctx
