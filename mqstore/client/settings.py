@@ -3,8 +3,7 @@
     ClientSettings()                       the addresses `mqstore up` listens on
     ClientSettings.from_env()              MQSTORE_COMMITLOG, MQSTORE_CQ, MQSTORE_INDEX (comma
                                            separated), MQSTORE_TOKEN_FILE, MQSTORE_TLS_CA,
-                                           MQSTORE_TLS_CERT, MQSTORE_TLS_KEY, MQSTORE_TIMEOUT_S,
-                                           MQSTORE_KEEP_LARGE_BLOCKS
+                                           MQSTORE_TLS_CERT, MQSTORE_TLS_KEY, MQSTORE_TIMEOUT_S
 
 Index replicas are listed flat: the SDK asks each which shard it holds (GetStatus) and sends a
 query to a caught-up replica of the key's shard. Consume-queue replicas are equivalent: calls
@@ -76,12 +75,6 @@ class ClientSettings:
     token_file: str | None = None
     # The deadline of every unary call; long polls add their wait to it.
     timeout_s: float = CALL_TIMEOUT_S_DEFAULT
-    # glibc keeps megabyte buffers in the heap between answers (mqstore/rpc/allocator.py): gRPC
-    # reads every answer into fresh buffers, and without it the kernel zeroed a page for every
-    # 4 KiB received (a quarter of a consumer's CPU at 1 KiB messages; 6.2 -> 4.0 us a message
-    # with it). Process-wide, from the first connection on; the price is up to 64 MiB of free
-    # heap kept per malloc arena. MQSTORE_KEEP_LARGE_BLOCKS=0 leaves malloc as it was.
-    keep_large_blocks: bool = True
 
     def __post_init__(self) -> None:
         if not self.commitlog:
@@ -115,8 +108,6 @@ class ClientSettings:
                 kwargs[key] = split_addresses(env[var])
         if env.get("MQSTORE_TOKEN_FILE"):
             kwargs["token_file"] = env["MQSTORE_TOKEN_FILE"]
-        if env.get("MQSTORE_KEEP_LARGE_BLOCKS"):
-            kwargs["keep_large_blocks"] = _flag(env["MQSTORE_KEEP_LARGE_BLOCKS"])
         if env.get("MQSTORE_TIMEOUT_S"):
             try:
                 kwargs["timeout_s"] = float(env["MQSTORE_TIMEOUT_S"])
@@ -138,18 +129,6 @@ class ClientSettings:
             kwargs["tls"] = TlsSettings(**tls)
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kwargs)  # type: ignore[arg-type]
-
-
-def _flag(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise InvalidArgument(
-        f"MQSTORE_KEEP_LARGE_BLOCKS must be 1/0, true/false, yes/no or on/off, not {text!r}",
-        field="MQSTORE_KEEP_LARGE_BLOCKS",
-    )
 
 
 def split_addresses(text: str) -> tuple[str, ...]:

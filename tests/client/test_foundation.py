@@ -114,11 +114,6 @@ def test_settings_come_from_the_environment_and_arguments_win(tmp_path) -> None:
     assert s.timeout_s == 2.5 and s.tls == TlsSettings(ca_file="/ca.pem")
     assert s.bearer_token() == "s3cret" and "s3cret" not in repr(s)
     assert ClientSettings.from_env({}) == ClientSettings()
-    assert ClientSettings().keep_large_blocks
-    assert not ClientSettings.from_env({"MQSTORE_KEEP_LARGE_BLOCKS": "0"}).keep_large_blocks
-    assert ClientSettings.from_env({"MQSTORE_KEEP_LARGE_BLOCKS": "yes"}).keep_large_blocks
-    with pytest.raises(domain.InvalidArgument, match="MQSTORE_KEEP_LARGE_BLOCKS"):
-        ClientSettings.from_env({"MQSTORE_KEEP_LARGE_BLOCKS": "maybe"})
 
 
 @pytest.mark.parametrize(

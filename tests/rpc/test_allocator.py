@@ -29,10 +29,6 @@ libc.mallinfo2.restype = MallInfo2
 if sys.argv[1] == "keep":
     assert keep_large_blocks() is True
     assert keep_large_blocks() is True  # once a process; asking again is harmless
-elif sys.argv[1].startswith("client"):
-    from mqstore.client.connection import Connection
-    from mqstore.client.settings import ClientSettings
-    Connection(ClientSettings(keep_large_blocks=sys.argv[1] == "client")).close()
 before = libc.mallinfo2().hblks
 buffer = bytearray(4 << 20)  # a fresh 4 MiB block, as a serialized answer is
 print(libc.mallinfo2().hblks - before)
@@ -50,8 +46,3 @@ def test_a_large_block_comes_from_the_heap_once_kept() -> None:
     assert ctypes.util.find_library("c")
     assert _mmapped_blocks_while_held("default") == 1  # glibc's default: an mmap of its own
     assert _mmapped_blocks_while_held("keep") == 0
-
-
-def test_the_sdk_keeps_them_unless_told_not_to() -> None:
-    assert _mmapped_blocks_while_held("client") == 0
-    assert _mmapped_blocks_while_held("client-malloc-as-it-was") == 1
