@@ -215,8 +215,8 @@ class AppendFrames:
             if offset >= run.end:
                 return None
             lo = bisect.bisect_left(run.offsets, offset)
-            if run.offsets[lo] != offset:
-                return None
+            if lo == len(run.offsets) or run.offsets[lo] != offset:
+                return None  # inside the run's last record, not at an entry's start
             taken: list[RunSlice] = []
             room = entries_max
             bytes_end = offset + bytes_max

@@ -78,6 +78,9 @@ def test_offsets_that_start_no_held_entry_are_not_held() -> None:
     frames.add(run(3000, 10))  # a gap before it
     assert frames.take(0, 1 << 40, 100, 1 << 40) is None
     assert frames.take(1050, 1 << 40, 100, 1 << 40) is None  # inside a record
+    # Inside a run's last record: past its last entry's start, before its end (a fuzzed
+    # Subscribe found this raised IndexError, INTERNAL to the subscriber).
+    assert frames.take(1950, 1 << 40, 100, 1 << 40) is None
     assert frames.take(2000, 1 << 40, 100, 1 << 40) is None  # the end of a run, in the gap
     assert spans(frames.take(1000, 1 << 40, 100, 1 << 40)) == [(1000, 0, 10)]  # stops at the gap
 
