@@ -64,7 +64,7 @@ from mqstore.client.errors import (
     from_rpc_error,
 )
 from mqstore.client.follow import FollowStream
-from mqstore.client.message import Message, ReceivedMessage, decode_batch
+from mqstore.client.message import Message, ReceivedMessage, decode_batch, decode_run
 from mqstore.client.settings import LONG_POLL_MS_DEFAULT, ClientSettings
 from mqstore.formats.record import validate_topic
 from mqstore.limits import MessageLimits, validate_group
@@ -232,7 +232,7 @@ class _Queue:
     fetch_at: int  # where the next pull starts
     position: int  # the next offset to hand out (== fetch_at when nothing is buffered)
     # The buffered batch, its messages' queue offsets, and how many of it are handed out.
-    messages: list[Message] = field(default_factory=list)
+    messages: Sequence[Message] = field(default_factory=list)  # a MessageRun once pulled
     offsets: list[int] = field(default_factory=list)
     taken: int = 0
     # The last pull found nothing more at the queue's end (or reached it): a hint for poll,
@@ -986,13 +986,13 @@ class Consumer:
         status = response.status
         next_begin = response.next_begin_offset
         if status == pb.FOUND:
-            messages, offsets = _decode(response)
+            messages, offsets = _decode_run(response)
             if messages and not self.tags and offsets[0] > asked:
                 # Without a filter a gap is messages the log no longer held (the server
                 # steps over them): retention got there first.
                 self._skip(queue_id, asked, offsets[0], "MESSAGE_WAS_REMOVING")
             if state.buffered:  # not so far: pulls go to queues with nothing buffered
-                messages = state.messages[state.taken :] + messages
+                messages = [*state.messages[state.taken :], *messages]
                 offsets = state.offsets[state.taken :] + offsets
             state.messages, state.offsets, state.taken = messages, offsets, 0
             state.fetch_at = next_begin
@@ -1295,6 +1295,13 @@ def _decode(response: pb.PullResponse | pb.ReceiveResponse) -> tuple[list[Messag
     if not records:
         return [], []
     return decode_batch(b"".join(records), list(map(len, records)))
+
+
+def _decode_run(response: pb.PullResponse) -> tuple[Sequence[Message], list[int]]:
+    """_decode, each Message made when it is handed out (MessageRun)."""
+    if response.record_sizes or response.records_blob:
+        return decode_run(response.records_blob, response.record_sizes)
+    return _decode(response)
 
 
 def _check_topic(topic: str) -> str:
