@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +35,7 @@ from bench.peers.mqstore_bench import (
     visible_producer,
     wait_caught_up,
 )
+from bench.profile_services import summarize
 from mqstore.client import ClientSettings, Consumer, Message, Offset
 from mqstore.formats.record import checked_fields
 from tests.e2e.cluster import start_store
@@ -67,6 +71,25 @@ def _consume(
     return {"stages": stages, "pulls": pulls, "cpu_s": time.process_time()}
 
 
+def _produce(
+    settings: ClientSettings, topic: str, size: int, rate: float, n: int
+) -> dict[str, Any]:
+    """visible_producer, and the CPU its process spent (every thread of it)."""
+    began = time.process_time()
+    sent = visible_producer(settings, topic, size, rate, n)
+    return {**sent, "cpu_s": time.process_time() - began}
+
+
+def _spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    spy = Path(sys.executable).with_name("py-spy")
+    cmd = [str(spy), "record", "--gil", "-r", "200", "--format", "raw", "-o", str(out)]
+    proc = subprocess.Popen(
+        [*cmd, "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    time.sleep(1.0)  # py-spy attaches
+    return proc
+
+
 def _show(name: str, values: list[float]) -> str:
     values = sorted(values)
     return f"{name} p50 {percentile(values, 0.5):7.1f}  p99 {percentile(values, 0.99):7.1f}"
@@ -79,6 +102,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--unary", action="store_true")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="a service (commitlog, cq, index) to record with py-spy --gil during each run",
+    )
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,9 +127,14 @@ def main() -> None:
                         "cq": cluster.followers["cq"].proc.pid,
                         "index": cluster.followers["index"].proc.pid,
                     }
+                    spy = _spy(pids[args.profile], Path(tmp) / "spy.txt") if args.profile else None
                     before = {k: cpu_seconds(pid) for k, pid in pids.items()}
-                    sent = pool.apply(visible_producer, (settings, topic, args.size, args.rate, n))
+                    sent = pool.apply(_produce, (settings, topic, args.size, args.rate, n))
                     out = got.get()
+                    if spy is not None:
+                        spy.send_signal(signal.SIGINT)
+                        spy.wait()
+                        print(summarize(Path(tmp) / "spy.txt", 30))
                     cpu = {
                         k: (cpu_seconds(pid) - before[k]) / sent["seconds"]
                         for k, pid in pids.items()
@@ -123,7 +156,8 @@ def main() -> None:
                     print(
                         "  cores busy: "
                         + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
-                        + f" (consumer process total {out['cpu_s']:.1f} s)"
+                        + f" (consumer process total {out['cpu_s']:.1f} s, producer "
+                        + f"{sent['cpu_s'] / sent['seconds']:.2f} cores while it sent)"
                     )
         finally:
             cluster.stop_all()
