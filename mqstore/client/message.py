@@ -312,6 +312,8 @@ class MessageRun(Sequence[Message]):
     def __getitem__(self, index: int | slice) -> Message | list[Message]:
         n = len(self._bodies)
         if isinstance(index, slice):
+            if not self._made:  # the usual batch: the tight loop of decode_batch
+                return _lazy_messages(self._bodies[index], self._raws[index])
             return [self._one(k) for k in range(*index.indices(n))]
         if index < 0:
             index += n

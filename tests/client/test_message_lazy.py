@@ -143,6 +143,10 @@ def test_a_run_makes_the_messages_decode_batch_makes_as_they_are_asked_for() -> 
     assert [m.body for m in run] == [m.body for m in messages]
     with pytest.raises(DataLoss):
         decode_run(blob[:-1], [*sizes[:-1], sizes[-1] - 1])
+    plain = [record(i) for i in range(20, 30)]  # every one passed by the columns
+    plain_run, _ = decode_run(b"".join(plain), [len(r) for r in plain])
+    assert plain_run[2:7] == [eager(r) for r in plain[2:7]]
+    assert plain_run[::-3][0] == eager(plain[-1])
     empty, none = decode_run(b"", [])
     assert len(empty) == 0 and none == [] and not empty
 
