@@ -28,11 +28,12 @@ from mqstore.formats.commitlog_checkpoint import (
 )
 from mqstore.storage import failpoints
 from mqstore.storage.disk import Disk, write_atomic
+from mqstore.storage.logreader import STORE_META_FILE
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint"
-META_FILE = "store.meta"
+META_FILE = STORE_META_FILE
 ABORT_FILE = "abort"
 LOCK_FILE = "lock"
 

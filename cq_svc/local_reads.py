@@ -64,7 +64,7 @@ class LocalReads:
         if not self.active:
             return None
         blob = self.log.read(offsets, sizes)
-        if blob is None:
+        if blob is None or len(blob) != int(sizes.sum()):
             metrics.LOCAL_READS.labels("miss").inc(len(offsets))
             return None
         checked = check_records(blob, sizes.tolist(), offsets.tolist())

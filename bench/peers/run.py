@@ -107,8 +107,9 @@ def run_bench(
     """Every system in `systems`, in ORDER, one run of each a round, `scale.runs` rounds: a
     cell's runs are spread over the whole run, next to the other systems' runs of the same
     round, so that the machine's speed, which drifts by tens of percent over minutes on a
-    shared VM, weighs on every system alike. A system that fails is reported (its cells say
-    "missing"), not run again, and the others still run."""
+    shared VM, weighs on every system alike. A system that fails is reported (the notes say in
+    which round; its cells hold the runs of the rounds before, or say "missing"), is not run
+    again, and keeps its directory (the servers' logs); the others still run."""
     failures: dict[str, str] = {}
     with ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn")) as pool:
         ctx = Context(scale=replace(scale, runs=1), pool=pool, root=root)
@@ -124,9 +125,12 @@ def run_bench(
                 try:
                     RUNNERS[system](ctx)
                 except Exception as err:  # reported in the table's notes; the others go on
-                    failures[system] = f"{type(err).__name__}: {err}"
+                    failures[system] = (
+                        f"round {round_no + 1} of {scale.runs}: {type(err).__name__}: {err} "
+                        f"(logs under {system_root})"
+                    )
                     ctx.say(f"{system} FAILED: {failures[system]}")
-                finally:
+                else:
                     shutil.rmtree(system_root, ignore_errors=True)
                 if system == "mqstore" and not ctx.visible_rates:
                     ctx.visible_rates = dict.fromkeys(SIZES, VISIBLE_RATE_FALLBACK)
@@ -323,12 +327,16 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     root = Path(tempfile.mkdtemp(prefix="mqstore-peers-", dir=args.dir))
+    failures = {}
     try:
         results, failures, ctx = run_bench(
             scale, systems, root=root, visible_rate=args.visible_rate
         )
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if failures:
+            print(f"kept {root}: the failed systems' data and server logs")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     info = RunInfo.of(ctx, systems, "--quick (smoke run)" if args.quick else "full run")
     report = build_report(results, failures, info)
     print()

@@ -52,6 +52,8 @@ from mqstore.formats.record import Bad, Blank, Record, find_next_record, read_re
 SEGMENT_NAME_DIGITS: Final = 20
 # Where mqstore (and RocketMQ, under its store root) keep the segments; DIR may name the root.
 COMMITLOG_SUBDIR: Final = "commitlog"
+# commitlog_svc's store identity beside the segments (formats/commitlog_checkpoint.py StoreMeta).
+STORE_META_FILE: Final = "store.meta"
 # Zero checks compare this much at a time: large enough to run at memory speed, small enough
 # not to matter next to a 1 GiB mapping.
 _ZERO_CHUNK_BYTES: Final = 1 << 20

@@ -5,7 +5,8 @@
     {data_dir}/commitlog/00000000001073741824      named by its start offset (20 digits)
 
 `copy_runs` copies ranges out of one mapped segment, a slice per run of ranges that follow each
-other (commitlog_svc's Read and `LiveLog` share it).
+other (commitlog_svc's Read); `LiveLog.read` cuts its runs the same way, and also where the
+segment changes.
 
 `LiveLog` reads those files while commitlog_svc writes them: a follower on the same host or in
 the same pod (cq_svc with `--commitlog-dir`) answers a pull from the segment files instead of a
@@ -19,7 +20,9 @@ Why reading beside the writer is safe:
   page cache, where this reader's read-only mapping sees it; a follower only asks for records
   the dispatch stream named, which were whole before they were dispatched.
 - Segments are preallocated to their full size and never shrunk (a cut tail is zeroed), so a
-  mapping never runs past its file's end. A file of any other size is not mapped.
+  mapping never runs past its file's end. A file of any other size is not mapped, and one that
+  grew since it was mapped is mapped again. The one hazard left: a segment cut short by hand
+  (or a media error) under a mapping faults the process (SIGBUS), as it would commitlog_svc.
 - A deleted segment (retention) or one replaced under the same name (recovery removed it and
   the log wrote it again) is found by its inode on every read: the old mapping is dropped and
   the ranges in it are not answered.
@@ -45,14 +48,13 @@ import numpy.typing as npt
 
 from mqstore.errors import CorruptFile
 from mqstore.formats.commitlog_checkpoint import decode_meta
-from mqstore.storage.logreader import COMMITLOG_SUBDIR
-from mqstore.storage.mapped_file import file_name_to_offset
+from mqstore.storage.logreader import COMMITLOG_SUBDIR, STORE_META_FILE
+from mqstore.storage.mapped_file import file_name_to_offset, offset_to_file_name
 
 log = logging.getLogger(__name__)
 
 IntArray = npt.NDArray[np.int64]
 
-META_FILE: Final = "store.meta"
 # Open mappings at once: each holds a file descriptor (Python's mmap keeps a dup of it); a
 # pull touches one or two segments, so a few dozen cover every reader of a 1 GiB-segment log.
 LIVE_LOG_MAPS_MAX: Final = 64
@@ -94,7 +96,7 @@ class LiveLog:
     def store_id(self) -> bytes | None:
         """The store id of the log in `data_dir` (its store.meta); None when there is none to
         read (no such file, or a damaged one)."""
-        path = os.path.join(self.data_dir, META_FILE)
+        path = os.path.join(self.data_dir, STORE_META_FILE)
         try:
             with open(path, "rb") as f:
                 return decode_meta(f.read(), path=path).store_id
@@ -174,7 +176,9 @@ class LiveLog:
         if not starts:
             return None
         try:
-            newest = os.stat(os.path.join(self.segment_dir, f"{starts[-1]:020d}")).st_size
+            newest = os.stat(
+                os.path.join(self.segment_dir, offset_to_file_name(starts[-1]))
+            ).st_size
         except OSError:
             return None
         return np.asarray([*starts, starts[-1] + newest], dtype=np.int64)
@@ -186,7 +190,7 @@ class LiveLog:
             mapped = self._maps.get(start)
             if mapped is not None:
                 self._maps.move_to_end(start)
-        path = os.path.join(self.segment_dir, f"{start:020d}")
+        path = os.path.join(self.segment_dir, offset_to_file_name(start))
         try:
             st = os.stat(path)
         except OSError:
@@ -198,8 +202,8 @@ class LiveLog:
             # file's end would fault).
             self._drop(start)
             return None
-        if mapped is not None and mapped.inode == inode:
-            return mapped
+        if mapped is not None and mapped.inode == inode and mapped.size == size:
+            return mapped  # (a file that grew since it was mapped is mapped again)
         return self._map(start, path, inode, size)
 
     def _map(self, start: int, path: str, inode: tuple[int, int], size: int) -> _Mapped | None:
@@ -219,6 +223,8 @@ class LiveLog:
             os.close(fd)
         mapped = _Mapped(start, size, inode, buf)
         with self._lock:
+            if start + size <= self._min_offset:
+                return None  # the minimum moved past it meanwhile (drop_below): never kept
             self._maps[start] = mapped
             self._maps.move_to_end(start)
             while len(self._maps) > self._maps_max:

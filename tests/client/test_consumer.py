@@ -490,11 +490,14 @@ def commitlog_segment(cluster: Cluster, offset: int) -> tuple[Path, int]:
 
 @pytest.fixture(scope="module")
 def untailed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A store whose cq_svc holds no tail records: every pull Reads the commit log. (The tail
-    holds records as their append wrote them, so damage done to a segment afterwards is seen
-    by a Read only: tests/cq_svc/test_tail_serving.py.)"""
+    """A store whose cq_svc holds no tail records and reads no segment file: every pull Reads
+    the commit log. (The tail holds records as their append wrote them, so damage done to a
+    segment afterwards is seen by a Read only: tests/cq_svc/test_tail_serving.py; the segment
+    files' damage, checked locally first: tests/cq_svc/test_local_reads.py.)"""
     c = start_store(
-        tmp_path_factory.mktemp("untailed"), extra={"cq_svc": ["--tail-records-mib", "0"]}
+        tmp_path_factory.mktemp("untailed"),
+        extra={"cq_svc": ["--tail-records-mib", "0"]},
+        local_reads=False,
     )
     try:
         yield c

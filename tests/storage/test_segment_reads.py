@@ -4,6 +4,7 @@ random bytes; what matters is which bytes come back, and when nothing does."""
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -148,3 +149,34 @@ def test_no_store_meta_or_no_directory(tmp_path: Path) -> None:
     assert live.read(_arr([0]), _arr([1])) is None
     (tmp_path / "store.meta").write_bytes(b"not a meta file")
     assert LiveLog(str(tmp_path)).store_id() is None
+
+
+def test_a_newest_segment_that_grew_since_it_was_mapped_is_mapped_again(tmp_path: Path) -> None:
+    """A file system where preallocation fills the file in steps: the newest segment is listed
+    and mapped short, then reaches its size; reads past the old end get the whole range."""
+    grown = os.urandom(2 * SEGMENT_BYTES)
+    path = _write_segment(tmp_path, 0, grown[:SEGMENT_BYTES])
+    live = LiveLog(str(tmp_path))
+    assert live.read(_arr([10]), _arr([100])) == grown[10:110]
+    with open(path, "ab") as f:
+        f.write(grown[SEGMENT_BYTES:])
+    at = SEGMENT_BYTES - 50
+    assert live.read(_arr([at, SEGMENT_BYTES + 10]), _arr([100, 400])) == (
+        grown[at : at + 100] + grown[SEGMENT_BYTES + 10 : SEGMENT_BYTES + 410]
+    )
+
+
+def test_a_mapping_made_while_the_minimum_moves_past_it_is_not_kept(
+    log_dir: tuple[Path, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _ = log_dir
+    live = LiveLog(str(root))
+    real_mmap = mmap.mmap
+
+    def racing_mmap(*args: object, **kwargs: object) -> mmap.mmap:
+        live.drop_below(SEGMENT_BYTES)  # retention moved on between the checks and the map
+        return real_mmap(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("mqstore.storage.segment_reads.mmap.mmap", racing_mmap)
+    live.read(_arr([10]), _arr([5]))
+    assert live.mapped == 0

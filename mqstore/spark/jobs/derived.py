@@ -41,13 +41,13 @@ from mqstore.formats import index_file as ifmt
 from mqstore.formats.commitlog_checkpoint import decode_meta
 from mqstore.formats.cq_time import TIME_BYTES, clamp_time, decode_time, encode_time
 from mqstore.formats.cq_unit import BLANK_SIZE, UNIT, UNIT_BYTES
+from mqstore.storage.logreader import STORE_META_FILE
 from mqstore.storage.mapped_file import file_name_to_offset, offset_to_file_name
 
 CQ_UNITS_TREE = "consumequeue"
 CQ_TIMES_TREE = "consumequeue_time"
 INDEX_SUBDIR = "index"
 INDEX_CHECKPOINT = "checkpoint"
-STORE_META_FILE = "store.meta"
 # cq_svc's default (RocketMQ's mappedFileSizeConsumeQueue / 20).
 UNITS_PER_FILE_DEFAULT = 300_000
 
