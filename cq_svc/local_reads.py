@@ -39,11 +39,13 @@ class LocalReads:
     def __init__(self, commitlog_dir: str) -> None:
         self.log = LiveLog(commitlog_dir)
         self.active = False  # the directory holds the log followed (checked at each handshake)
+        self._missed = False  # the last read could not be answered from the files
 
     def on_handshake(self, store_id: bytes, min_offset: int) -> None:
         """The log may be another one now: forget every mapping and check the directory's
         store id against the one the handshake gave."""
         self.log.forget(min_offset)
+        self._missed = False
         found = self.log.store_id()
         self.active = found == store_id
         if not self.active:
@@ -58,6 +60,13 @@ class LocalReads:
     def drop_below(self, min_offset: int) -> None:
         self.log.drop_below(min_offset)
 
+    @property
+    def serving(self) -> bool:
+        """Active, and the last read was answered from the files (or none came yet): the
+        dispatch frames need not bring records. A store.meta that matches beside segment files
+        that cannot be read (a volume half shared) misses, and the tail records take over."""
+        return self.active and not self._missed
+
     def read(self, offsets: IntArray, sizes: IntArray) -> bytes | None:
         """The records at (offsets[i], sizes[i]) back to back, each checked; None: read them
         through the commit log."""
@@ -66,12 +75,14 @@ class LocalReads:
         blob = self.log.read(offsets, sizes)
         if blob is None or len(blob) != int(sizes.sum()):
             metrics.LOCAL_READS.labels("miss").inc(len(offsets))
+            self._missed = True
             return None
         checked = check_records(blob, sizes.tolist(), offsets.tolist())
         if not checked.ok.all() and not _each_passes(blob, checked, offsets):
             metrics.LOCAL_READS.labels("failed_check").inc(len(offsets))
             return None
         metrics.LOCAL_READS.labels("hit").inc(len(offsets))
+        self._missed = False
         return blob
 
 

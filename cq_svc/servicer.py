@@ -552,7 +552,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         tail, read_at = self._tail, self._tail_read_at
         if tail is None or not tail.enabled:
             return False
-        if self._local is not None and self._local.active:
+        if self._local is not None and self._local.serving:
             return False  # pulls read the segment files: the frames' records would go unread
         if self._tail_waiting:
             return True

@@ -1,0 +1,67 @@
+"""LocalReads (cq_svc/local_reads.py) on its own, over hand-made files: when it trusts a
+directory, and when it stops telling the commit log it needs no records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cq_svc.local_reads import LocalReads
+from mqstore.formats.commitlog_checkpoint import StoreMeta, encode_meta
+from mqstore.formats.record import encode_record
+from mqstore.storage.logreader import COMMITLOG_SUBDIR, STORE_META_FILE
+from mqstore.storage.mapped_file import offset_to_file_name
+
+STORE = b"L" * 16
+SEGMENT_BYTES = 4096
+
+
+def _arr(values: list[int]) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def _store(root: Path, *, segments: bool) -> bytes:
+    """store.meta, and (when asked) one segment holding a record at offset 0."""
+    (root / STORE_META_FILE).write_bytes(encode_meta(StoreMeta(STORE, 1, SEGMENT_BYTES)))
+    record = encode_record(topic="T", queue_id=0, body=b"local", physical_offset=0)
+    if segments:
+        (root / COMMITLOG_SUBDIR).mkdir()
+        segment = record + bytes(SEGMENT_BYTES - len(record))
+        (root / COMMITLOG_SUBDIR / offset_to_file_name(0)).write_bytes(segment)
+    return record
+
+
+def test_a_matching_store_with_readable_segments_serves(tmp_path: Path) -> None:
+    record = _store(tmp_path, segments=True)
+    local = LocalReads(str(tmp_path))
+    assert local.read(_arr([0]), _arr([len(record)])) is None  # not before a handshake
+    local.on_handshake(STORE, 0)
+    assert local.active and local.serving
+    assert local.read(_arr([0]), _arr([len(record)])) == record
+    assert local.serving
+    local.on_handshake(b"X" * 16, 0)  # another log now: nothing from these files
+    assert not local.active and not local.serving
+    assert local.read(_arr([0]), _arr([len(record)])) is None
+
+
+def test_store_meta_without_readable_segments_gives_the_tail_back(tmp_path: Path) -> None:
+    record = _store(tmp_path, segments=False)
+    local = LocalReads(str(tmp_path))
+    local.on_handshake(STORE, 0)
+    assert local.active and local.serving  # nothing read yet
+    assert local.read(_arr([0]), _arr([len(record)])) is None
+    assert local.active and not local.serving  # the frames should bring records again
+    local.on_handshake(STORE, 0)
+    assert local.serving
+
+
+def test_a_damaged_record_is_refused_and_a_record_elsewhere_is_not_served(tmp_path: Path) -> None:
+    record = _store(tmp_path, segments=True)
+    local = LocalReads(str(tmp_path))
+    local.on_handshake(STORE, 0)
+    path = tmp_path / COMMITLOG_SUBDIR / offset_to_file_name(0)
+    data = bytearray(path.read_bytes())
+    data[len(record) - 10] ^= 0x01  # inside the record
+    path.write_bytes(bytes(data))
+    assert local.read(_arr([0]), _arr([len(record)])) is None
