@@ -1265,9 +1265,12 @@ class Consumer:
                 method=err.method,
             ) from err
         pause = min(self._backoff_s, give_up - now)
+        # Counted whether the next attempt comes after this pause or in the caller's next
+        # call: a failure that always lands near the deadline (a Follow that waits it out, then
+        # fails) was never counted, and nothing watching `retries` saw the outage.
+        self.stats.retries += 1
         if deadline is not None and now + pause > deadline:
             return False
-        self.stats.retries += 1
         time.sleep(pause)
         self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
         return True
