@@ -112,11 +112,11 @@ def list_segments(directory: str) -> list[Segment]:
     itself), sorted by offset. Raises LogDirError when they do not form a readable log."""
     if not os.path.isdir(directory):
         raise LogDirError(f"{directory} is not a directory")
-    found = _segment_files(directory)
+    found = segment_files(directory)
     sub = os.path.join(directory, COMMITLOG_SUBDIR)
     if not found and os.path.isdir(sub):
         directory = sub
-        found = _segment_files(directory)
+        found = segment_files(directory)
     if not found:
         raise LogDirError(
             f"no segment files in {directory} (commit-log files are named by their start "
@@ -145,7 +145,8 @@ def list_segments(directory: str) -> list[Segment]:
     return segments
 
 
-def _segment_files(directory: str) -> list[tuple[int, str, int]]:
+def segment_files(directory: str) -> list[tuple[int, str, int]]:
+    """(start offset, path, size) of every segment file in `directory`, in no order."""
     out = []
     with os.scandir(directory) as it:
         for entry in it:

@@ -5,8 +5,8 @@
     {data_dir}/commitlog/00000000001073741824      named by its start offset (20 digits)
 
 `copy_runs` copies ranges out of one mapped segment, a slice per run of ranges that follow each
-other (commitlog_svc's Read); `LiveLog.read` cuts its runs the same way, and also where the
-segment changes.
+other (commitlog_svc's Read); `LiveLog.read` cuts its runs the same way (`run_bounds`), and
+also where the segment changes.
 
 `LiveLog` reads those files while commitlog_svc writes them: a follower on the same host or in
 the same pod (cq_svc with `--commitlog-dir`) answers a pull from the segment files instead of a
@@ -48,24 +48,37 @@ import numpy.typing as npt
 
 from mqstore.errors import CorruptFile
 from mqstore.formats.commitlog_checkpoint import decode_meta
-from mqstore.storage.logreader import COMMITLOG_SUBDIR, STORE_META_FILE
-from mqstore.storage.mapped_file import file_name_to_offset, offset_to_file_name
+from mqstore.storage.logreader import COMMITLOG_SUBDIR, STORE_META_FILE, segment_files
+from mqstore.storage.mapped_file import offset_to_file_name
 
 log = logging.getLogger(__name__)
 
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 # Open mappings at once: each holds a file descriptor (Python's mmap keeps a dup of it); a
 # pull touches one or two segments, so a few dozen cover every reader of a 1 GiB-segment log.
 LIVE_LOG_MAPS_MAX: Final = 64
 
 
+def run_bounds(
+    begin: IntArray, end: IntArray, cut: BoolArray | None = None
+) -> tuple[list[int], list[int]]:
+    """The first and last index of each run of ranges [begin[i], end[i]) that follow each other
+    (a range starting where the one before ended); `cut[i]` also starts a run at i + 1."""
+    breaks = begin[1:] != end[:-1]
+    if cut is not None:
+        breaks |= cut
+    starts = np.flatnonzero(breaks) + 1
+    firsts = np.concatenate(([0], starts))
+    lasts = np.concatenate((starts - 1, [len(begin) - 1]))
+    return firsts.tolist(), lasts.tolist()
+
+
 def copy_runs(buf: mmap.mmap | bytes | bytearray, begin: IntArray, end: IntArray) -> list[bytes]:
     """Copies of buf[begin[i]:end[i]] for every i, where a range that starts at the end of the
     one before is copied with it (one slice per run). `begin`, `end`: ascending runs, len >= 1."""
-    run_starts = np.flatnonzero(begin[1:] != end[:-1]) + 1
-    firsts = np.concatenate(([0], run_starts))
-    lasts = np.concatenate((run_starts - 1, [len(begin) - 1]))
+    firsts, lasts = run_bounds(begin, end)
     return list(
         map(buf.__getitem__, map(slice, begin[firsts].tolist(), end[lasts].tolist()))  # type: ignore[arg-type]
     )
@@ -147,9 +160,7 @@ class LiveLog:
                 return None
             bufs[i] = mapped.buf
         # A slice per run: ranges of one segment that follow each other.
-        cut = np.flatnonzero((k[1:] != k[:-1]) | (begin[1:] != end[:-1])) + 1
-        firsts = np.concatenate(([0], cut)).tolist()
-        lasts = np.concatenate((cut - 1, [n - 1])).tolist()
+        firsts, lasts = run_bounds(begin, end, k[1:] != k[:-1])
         seg, b, e = k.tolist(), begin.tolist(), end.tolist()
         pieces = [bufs[seg[a]][b[a] : e[z]] for a, z in zip(firsts, lasts, strict=True)]
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
@@ -169,19 +180,15 @@ class LiveLog:
 
     def _list_starts(self) -> IntArray | None:
         try:
-            names = os.listdir(self.segment_dir)
+            found = sorted(segment_files(self.segment_dir))
         except OSError:
             return None
-        starts = sorted(s for s in map(file_name_to_offset, names) if s is not None)
-        if not starts:
+        if not found:
             return None
-        try:
-            newest = os.stat(
-                os.path.join(self.segment_dir, offset_to_file_name(starts[-1]))
-            ).st_size
-        except OSError:
-            return None
-        return np.asarray([*starts, starts[-1] + newest], dtype=np.int64)
+        newest, _, newest_bytes = found[-1]
+        return np.asarray(
+            [*(start for start, _, _ in found), newest + newest_bytes], dtype=np.int64
+        )
 
     def _segment(self, start: int, size: int) -> _Mapped | None:
         """The mapping of the segment starting at `start`, `size` bytes long, checked to still

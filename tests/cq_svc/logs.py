@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mqstore.dispatch import DispatchEntry
 from mqstore.formats.javahash import tags_code
@@ -125,3 +126,71 @@ def segment_path(log: ServiceProcess, offset: int, file_bytes: int = 1 << 20) ->
     """The segment file holding commit-log `offset` (files are named by their start)."""
     start = offset - offset % file_bytes
     return Path(log.data_dir) / "commitlog" / f"{start:020d}"
+
+
+def applied(cqs: Sequence[Any], *appended: Sequence[Stored]) -> None:
+    """Wait until each cq (a tests/cq_svc/support.WholeCq) applied everything appended."""
+    end = max(s.end_offset for batch in appended for s in batch)
+    for cq in cqs:
+        cq.wait_applied(end)
+
+
+def wire(responses: Sequence[Any]) -> list[bytes]:
+    return [r.SerializeToString() for r in responses]
+
+
+def log_read(stub: cl_grpc.CommitLogStub, stored: Sequence[Stored]) -> list[bytes]:
+    """The records as the log's Read serves them (each must be READ_OK)."""
+    response = stub.Read(
+        cl_pb.ReadRequest(
+            offsets=[s.commit_log_offset for s in stored], sizes=[s.size for s in stored]
+        ),
+        timeout=30,
+    )
+    assert list(response.statuses) == [cl_pb.READ_OK] * len(stored)
+    return list(response.records)
+
+
+def pulled_records(response: Any) -> list[bytes]:
+    """A Pull's or Receive's records, from whichever form they came in."""
+    if response.records_blob:
+        blob, out, at = response.records_blob, [], 0
+        for size in response.record_sizes:
+            out.append(blob[at : at + size])
+            at += size
+        return out
+    return list(response.records)
+
+
+def append_topics(
+    stub: cl_grpc.CommitLogStub, topics: Sequence[str], per_topic: int, queues: int
+) -> dict[str, list[Stored]]:
+    """One Append of a batch per topic, message i of each in queue i % queues (so the log
+    interleaves the queues and the topics); returns what was stored, by topic."""
+    batches = [
+        cl_pb.MessageBatch(
+            topic=t,
+            queue_ids=[i % queues for i in range(per_topic)],
+            bodies=[f"{t}-{i}".encode() * (1 + i % 5) for i in range(per_topic)],
+            properties=[encode_properties({TAGS: f"tag{i % 2}"}) for i in range(per_topic)],
+        )
+        for t in topics
+    ]
+    response = stub.Append(cl_pb.AppendRequest(batches=batches), timeout=30)
+    assert list(response.statuses) == [cl_pb.PUT_OK] * (per_topic * len(topics))
+    out: dict[str, list[Stored]] = {}
+    for k, t in enumerate(topics):
+        rows = range(k * per_topic, (k + 1) * per_topic)
+        out[t] = [
+            Stored(
+                i % queues,
+                response.queue_offsets[r],
+                response.commit_log_offsets[r],
+                response.sizes[r],
+                batches[k].bodies[i],
+                f"tag{i % 2}",
+                response.store_timestamp_ms,
+            )
+            for i, r in enumerate(rows)
+        ]
+    return out

@@ -29,7 +29,6 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from mqstore.formats.properties import TAGS, encode_properties
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
@@ -41,9 +40,14 @@ from tests.cq_svc.logs import (
     EXPIRING_LOG_ENV,
     Stored,
     append,
+    append_topics,
+    applied,
     decode,
+    log_read,
+    pulled_records,
     segment_path,
     start_commitlog,
+    wire,
 )
 from tests.cq_svc.support import WholeCq, rpc_error, wait_for
 
@@ -133,72 +137,6 @@ class Counted:
     def __call__(self) -> dict[str, float]:
         after = counted()
         return {k: after[k] - self.before[k] for k in after}
-
-
-def applied(cqs: Sequence[Cq], *appended: list[Stored]) -> None:
-    """Wait until each cq applied everything appended."""
-    end = max(s.end_offset for batch in appended for s in batch)
-    for cq in cqs:
-        cq.wait_applied(end)
-
-
-def wire(responses: Sequence[pb.PullResponse]) -> list[bytes]:
-    return [r.SerializeToString() for r in responses]
-
-
-def log_read(stub: cl_grpc.CommitLogStub, stored: Sequence[Stored]) -> list[bytes]:
-    response = stub.Read(
-        cl_pb.ReadRequest(
-            offsets=[s.commit_log_offset for s in stored], sizes=[s.size for s in stored]
-        ),
-        timeout=RPC_TIMEOUT_S,
-    )
-    assert list(response.statuses) == [cl_pb.READ_OK] * len(stored)
-    return list(response.records)
-
-
-def pulled_records(response: pb.PullResponse) -> list[bytes]:
-    if response.records_blob:
-        blob, out, at = response.records_blob, [], 0
-        for size in response.record_sizes:
-            out.append(blob[at : at + size])
-            at += size
-        return out
-    return list(response.records)
-
-
-def append_topics(
-    stub: cl_grpc.CommitLogStub, topics: Sequence[str], per_topic: int, queues: int
-) -> dict[str, list[Stored]]:
-    """One Append of a batch per topic, message i of each in queue i % queues; returns what
-    was stored, by topic."""
-    batches = [
-        cl_pb.MessageBatch(
-            topic=t,
-            queue_ids=[i % queues for i in range(per_topic)],
-            bodies=[f"{t}-{i}".encode() * (1 + i % 5) for i in range(per_topic)],
-            properties=[encode_properties({TAGS: f"tag{i % 2}"}) for i in range(per_topic)],
-        )
-        for t in topics
-    ]
-    response = stub.Append(cl_pb.AppendRequest(batches=batches), timeout=RPC_TIMEOUT_S)
-    assert list(response.statuses) == [cl_pb.PUT_OK] * (per_topic * len(topics))
-    out: dict[str, list[Stored]] = {}
-    for k, t in enumerate(topics):
-        rows = range(k * per_topic, (k + 1) * per_topic)
-        out[t] = [
-            Stored(
-                i % queues,
-                response.queue_offsets[r],
-                response.commit_log_offsets[r],
-                response.sizes[r],
-                batches[k].bodies[i],
-                f"tag{i % 2}",
-                response.store_timestamp_ms,
-            )
-            for i, r in enumerate(rows)
-        ]
-    return out
 
 
 # -- served from the tail, byte for byte what a Read serves ----------------------------------
