@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ from bench.profile_services import summarize
 from mqstore.client import ClientSettings, Consumer, Message, Offset
 from mqstore.formats.record import checked_fields
 from tests.e2e.cluster import start_store
+
+PROFILES_DIR = Path("bench/results/profiles")  # py-spy's raw profiles, kept for a closer look
 
 
 def _stored_ms(m: Message) -> int:
@@ -90,6 +93,27 @@ def _spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
+def _metric(port: int, name: str) -> float:
+    """The sum of a Prometheus metric's samples, every label set."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name)] in " {":
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _counts(cluster: Any) -> dict[str, float]:
+    """Counters that tell the per-message costs from the per-frame and per-request ones."""
+    cq = cluster.followers["cq"].ports["metrics_port"]
+    log = cluster.commitlog.ports["metrics_port"]
+    return {
+        "appended": _metric(log, "mqstore_commitlog_appended_messages_total"),
+        "dispatch frames": _metric(log, "mqstore_commitlog_dispatch_frames_total"),
+        "cq pulls": _metric(cq, "mqstore_cq_pulls_total"),
+    }
+
+
 def _show(name: str, values: list[float]) -> str:
     values = sorted(values)
     return f"{name} p50 {percentile(values, 0.5):7.1f}  p99 {percentile(values, 0.99):7.1f}"
@@ -127,18 +151,22 @@ def main() -> None:
                         "cq": cluster.followers["cq"].proc.pid,
                         "index": cluster.followers["index"].proc.pid,
                     }
-                    spy = _spy(pids[args.profile], Path(tmp) / "spy.txt") if args.profile else None
+                    PROFILES_DIR.mkdir(parents=True, exist_ok=True)
+                    spy_out = PROFILES_DIR / f"visible-{args.profile}-{run}.txt"
+                    spy = _spy(pids[args.profile], spy_out) if args.profile else None
                     before = {k: cpu_seconds(pid) for k, pid in pids.items()}
+                    counts_before = _counts(cluster)
                     sent = pool.apply(_produce, (settings, topic, args.size, args.rate, n))
                     out = got.get()
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)
                         spy.wait()
-                        print(summarize(Path(tmp) / "spy.txt", 30))
+                        print(summarize(spy_out, 30))
                     cpu = {
                         k: (cpu_seconds(pid) - before[k]) / sent["seconds"]
                         for k, pid in pids.items()
                     }
+                    counts = {k: v - counts_before[k] for k, v in _counts(cluster).items()}
                     stages = out["stages"]
                     total = [a + b for a, b in stages]
                     print(
@@ -159,6 +187,7 @@ def main() -> None:
                         + f" (consumer process total {out['cpu_s']:.1f} s, producer "
                         + f"{sent['cpu_s'] / sent['seconds']:.2f} cores while it sent)"
                     )
+                    print("  counts: " + ", ".join(f"{k} {v:,.0f}" for k, v in counts.items()))
         finally:
             cluster.stop_all()
 

@@ -29,7 +29,7 @@ from cq_svc.engine import CqEngine
 from cq_svc.local_reads import LocalReads
 from cq_svc.servicer import CqServicer
 from cq_svc.settings import CqSettings
-from cq_svc.sink import EngineSink, HeadProbe
+from cq_svc.sink import SMALL_FRAME_ENTRIES, EngineSink, HeadProbe
 from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
 from mqstore.rpc import logs
@@ -61,6 +61,7 @@ class CqService:
             settings.subscriber_id,
             self.sink,
             wants_records=lambda: self.servicer.tail_wanted(),  # noqa: PLW0108 - built below
+            entries_max=SMALL_FRAME_ENTRIES,
             on_ready_change=self._ready_changed,
             security=security,
         )

@@ -17,7 +17,7 @@ import pytest
 
 from commitlog_svc import metrics
 from commitlog_svc.dispatch_scan import scan_dispatch
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.formats.javahash import tags_code
 from mqstore.rpc.channel import channel_options
 from mqstore.rpc.dispatch_codec import decode_dispatch
@@ -275,6 +275,54 @@ def test_the_shared_subscriber_client_follows_and_confirms(svc: Running) -> None
         )
     finally:
         follower.stop()
+
+
+@pytest.mark.parametrize("records", [False, True])
+def test_the_shared_subscriber_hands_small_frames_as_entry_lists(
+    svc: Running, records: bool
+) -> None:
+    """entries_max: a frame of at most that many entries comes as a DispatchEntry list, a larger
+    one (or one carrying records, which only columns hold) as DispatchColumns; the sink sees
+    the same entries either way."""
+
+    class Sink:
+        def __init__(self) -> None:
+            self.store_id = b""
+            self.confirmed_offset = 0
+            self.applied_offset = 0
+            self.frames: list[tuple[type, int]] = []
+            self.entries: list[DispatchEntry] = []
+
+        def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
+            self.store_id, self.applied_offset = store_id, min_offset
+
+        def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None:
+            self.frames.append((type(entries), len(entries)))
+            self.entries.extend(entries)
+            self.applied_offset = self.confirmed_offset = next_offset
+
+    sink = Sink()
+    follower = Subscriber(svc.target, "small", sink, entries_max=8, wants_records=lambda: records)
+    follower.start()
+    try:
+        assert follower.wait_caught_up(20)
+        small = svc.append_ok(batch(0, 5))
+        end = small.commit_log_offsets[-1] + small.sizes[-1]
+        wait_until(lambda: sink.applied_offset == end, "the small frame")
+        large = svc.append_ok(batch(10, 30))
+        end = large.commit_log_offsets[-1] + large.sizes[-1]
+        wait_until(lambda: sink.applied_offset == end, "the large frame")
+    finally:
+        follower.stop()
+    assert sink.frames == [(DispatchColumns if records else list, 5), (DispatchColumns, 30)]
+    assert [e.commit_log_offset for e in sink.entries] == [
+        *small.commit_log_offsets,
+        *large.commit_log_offsets,
+    ]
+    assert [e.queue_offset for e in sink.entries] == [
+        *small.queue_offsets,
+        *large.queue_offsets,
+    ]
 
 
 # -- subscribers that go away or fall behind ---------------------------------------------------
