@@ -34,7 +34,9 @@ close) instead of polling. Each stream reads the files at its own pace: the gene
 only when gRPC wants the next frame (a send completes only when flow control lets it), so a
 slow subscriber holds one batch at most and never slows appends or other subscribers. A
 cancelled or killed subscriber wakes its waiting stream through add_callback, and the worker
-thread returns at once.
+thread returns at once. A subscriber that asks for a linger (the index) gets at most one frame
+per linger while appends keep coming, unless the last one filled its bounds: fewer, fuller
+frames, for followers that need no low latency.
 """
 
 # ruff: noqa: N802 (gRPC method names are the proto's)
@@ -43,6 +45,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -59,6 +62,7 @@ from commitlog_svc.producers import TAG_PREFIX
 from commitlog_svc.recovery import CorruptRange
 from commitlog_svc.settings import CommitLogSettings
 from commitlog_svc.subscribers import SubscriberRegistry
+from mqstore.dispatch import DISPATCH_LINGER_MS_MAX
 from mqstore.errors import (
     CorruptRecord,
     DataLoss,
@@ -501,6 +505,11 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             raise InvalidArgument("confirmed offset is negative", field="confirmed_offset")
         if request.max_batch_entries < 0 or request.max_batch_bytes < 0:
             raise InvalidArgument("batch bounds must not be negative", field="max_batch_entries")
+        if not 0 <= request.linger_ms <= DISPATCH_LINGER_MS_MAX:
+            raise InvalidArgument(
+                f"linger_ms must be 0..{DISPATCH_LINGER_MS_MAX}, not {request.linger_ms}",
+                field="linger_ms",
+            )
         if self._draining.is_set() or not self.engine.running:
             raise Unavailable("the commit log is shutting down")
         s = self.settings
@@ -533,7 +542,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             yield pb.SubscribeResponse(handshake=handshake)
             yield from self._dispatch(
                 sid, handshake.start_offset, entries_max, bytes_max, request.include_keys,
-                context, gone,
+                request.linger_ms / 1000, context, gone,
             )  # fmt: skip
         finally:
             self.registry.disconnect(sid)
@@ -549,10 +558,12 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         entries_max: int,
         bytes_max: int,
         include_keys: bool,
+        linger_s: float,
         context: grpc.ServicerContext,
         gone: threading.Event,
     ) -> Iterator[pb.SubscribeResponse]:
         engine = self.engine
+        next_frame_at = 0.0  # with a linger: when the next frame may go (unless one filled)
         while not gone.is_set() and context.is_active():
             if self._draining.is_set() or not engine.running:
                 return  # the subscriber reconnects (with backoff) to whoever serves next
@@ -562,6 +573,11 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                     f"{engine.min_offset}); subscribe again"
                 )
             seen = engine.confirm_offset
+            if linger_s and offset < seen:
+                wait_s = next_frame_at - time.monotonic()
+                if wait_s > 0 and seen - offset < bytes_max:
+                    gone.wait(wait_s)  # more appends join this frame
+                    continue
             held = engine.appended.take(offset, seen, entries_max, bytes_max)
             if held:  # the newest appends' own columns: no scan of the segment
                 records_max = self._records_frame_bytes if sid in self._with_records else 0
@@ -570,6 +586,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                 yield frame
                 offset = frame.batch.next_offset
                 self.registry.advance(sid, offset)
+                next_frame_at = _next_frame_at(frame.batch, linger_s, entries_max)
                 continue
             if held is None:  # not held (behind the window, a blank, a gap): scan
                 response, offset = self._frames.frame(
@@ -584,6 +601,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             if response is not None:
                 yield response
                 self.registry.advance(sid, offset)
+                next_frame_at = _next_frame_at(response.batch, linger_s, entries_max)
                 continue
             engine.wait_for_data(max(offset, seen), SUBSCRIBE_WAIT_S)
 
@@ -732,3 +750,11 @@ def _holds_reserved(props: list[bytes]) -> bool:
     """Some properties blob names MQS_PSEQ as a key (at its start or after a 0x02): one
     C-speed search over the blobs joined by 0x02, so each one's start is covered too."""
     return (b"\x02" + b"\x02".join(props)).find(_RESERVED) >= 0
+
+
+def _next_frame_at(batch: pb.DispatchBatch, linger_s: float, entries_max: int) -> float:
+    """When a lingering subscriber's next frame may go: at once after a full frame (it is
+    behind), else a linger after this one."""
+    if not linger_s or len(batch.commit_log_offsets) >= entries_max:
+        return 0.0
+    return time.monotonic() + linger_s

@@ -63,6 +63,7 @@ class IndexService:
             self.sink,
             include_keys=True,
             max_batch_entries=settings.max_batch_entries,
+            linger_ms=settings.dispatch_linger_ms,
             on_ready_change=self._ready_changed,
             security=security,
         )

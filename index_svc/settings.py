@@ -23,6 +23,7 @@ from pydantic_settings import SettingsConfigDict
 
 from index_svc.config import IndexConfig
 from index_svc.formats import index_file as fmt
+from mqstore.dispatch import DISPATCH_LINGER_MS_MAX
 from mqstore.errors import InvalidArgument
 from mqstore.launcher import DEFAULT_PORTS
 from mqstore.rpc.settings import FollowerSettings
@@ -31,6 +32,8 @@ _API_PORT, _HEALTH_PORT, _METRICS_PORT = DEFAULT_PORTS["index_svc"]
 _COMMITLOG_PORT = DEFAULT_PORTS["commitlog_svc"][0]
 POD_NAME_ENV = "POD_NAME"
 DEFAULT_SUBSCRIBER_ID = "index-0"
+# The index's dispatch linger (dispatch_linger_ms); measured in docs/index.md.
+DISPATCH_LINGER_MS_DEFAULT = 20
 # A StatefulSet pod name ends in "-<ordinal>".
 _ORDINAL = re.compile(r"-(\d+)$")
 
@@ -88,6 +91,10 @@ class IndexSettings(FollowerSettings):
     retention_check_interval_s: float = Field(10.0, gt=0)
     # Dispatch entries per batch asked of the commit log (0: its default).
     max_batch_entries: int = Field(0, ge=0)
+    # At most one dispatch frame per this many ms while appends keep coming (0: each frame as
+    # soon as it is visible): a key becomes findable up to this much later, and the index and
+    # the commit log spend far less on frames at moderate rates (docs/index.md).
+    dispatch_linger_ms: int = Field(DISPATCH_LINGER_MS_DEFAULT, ge=0, le=DISPATCH_LINGER_MS_MAX)
 
     @model_validator(mode="after")
     def _derive_shard(self) -> Self:

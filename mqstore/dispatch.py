@@ -75,6 +75,9 @@ def entry_from_record(record: Record) -> DispatchEntry:
 
 Column = npt.NDArray[np.int64]
 
+# Longest linger a subscriber may ask of the dispatch stream (SubscribeRequest.linger_ms).
+DISPATCH_LINGER_MS_MAX = 1_000
+
 # (topic index, queue id) as one int64 sort key: queue ids are int32, shifted to be non-negative.
 _QUEUE_ID_BIAS = 1 << 31
 _QUEUE_ID_BITS = 32

@@ -78,6 +78,7 @@ class Subscriber:
         wants_records: Callable[[], bool] | None = None,
         max_batch_entries: int = 0,
         entries_max: int = 0,
+        linger_ms: int = 0,
         on_ready_change: Callable[[bool], None] | None = None,
         security: ChannelSecurity = PLAINTEXT,
     ) -> None:
@@ -96,6 +97,8 @@ class Subscriber:
         # DispatchEntry list: numpy's cost per call (a few us, some 15 calls a queue a frame)
         # outweighs a Python step per entry in small frames, the usual ones at moderate rates.
         self.entries_max = entries_max
+        # At most one frame per linger while appends keep coming (SubscribeRequest.linger_ms).
+        self.linger_ms = linger_ms
         self._on_ready_change = on_ready_change
         self._stop = threading.Event()
         self._caught_up = threading.Event()
@@ -206,6 +209,7 @@ class Subscriber:
             include_keys=self.include_keys,
             include_records=self._ask_records(),
             max_batch_entries=self.max_batch_entries,
+            linger_ms=self.linger_ms,
         )
         call = stub.Subscribe(request)
         with self._lock:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 from commitlog_svc import metrics
 from commitlog_svc.dispatch_scan import scan_dispatch
-from mqstore.dispatch import DispatchColumns, DispatchEntry
+from mqstore.dispatch import DISPATCH_LINGER_MS_MAX, DispatchColumns, DispatchEntry
 from mqstore.formats.javahash import tags_code
 from mqstore.rpc.channel import channel_options
 from mqstore.rpc.dispatch_codec import decode_dispatch
@@ -141,8 +142,17 @@ def test_a_subscriber_of_another_store_rebuilds_from_the_minimum(svc: Running) -
         ({"subscriber_id": "x" * 300}, "subscriber_id"),
         ({"subscriber_id": "s", "confirmed_offset": -1}, "confirmed_offset"),
         ({"subscriber_id": "s", "max_batch_entries": -1}, "max_batch_entries"),
+        ({"subscriber_id": "s", "linger_ms": -1}, "linger_ms"),
+        ({"subscriber_id": "s", "linger_ms": DISPATCH_LINGER_MS_MAX + 1}, "linger_ms"),
     ],
-    ids=["empty-id", "long-id", "negative-offset", "negative-bound"],
+    ids=[
+        "empty-id",
+        "long-id",
+        "negative-offset",
+        "negative-bound",
+        "negative-linger",
+        "long-linger",
+    ],
 )
 def test_a_malformed_subscribe_is_invalid_argument(
     svc: Running, fields: dict[str, object], field: str
@@ -220,6 +230,56 @@ def test_batch_bounds_are_the_subscribers_below_the_servers(svc: Running) -> Non
     batches = reader.wait_reaching(reader.handshake.max_offset)
     assert [len(b.commit_log_offsets) for b in batches] == [7, 7, 7, 7, 2]
     reader.cancel()
+
+
+def test_a_lingering_subscriber_gets_appends_that_keep_coming_in_fewer_frames(
+    svc: Running,
+) -> None:
+    """linger_ms: the first append after a quiet spell goes at once; what follows within the
+    linger waits for it and goes in one frame. A subscriber without one gets a frame an
+    append."""
+    fill(svc, 10)
+    lingering = subscribe(svc, "lingering", linger_ms=1_000)
+    eager = subscribe(svc, "eager")
+    for reader in (lingering, eager):
+        reader.wait_reaching(reader.handshake.max_offset)
+    before = {id(r): len(r.batches()) for r in (lingering, eager)}
+    first = svc.append_ok(batch(100, 1))
+    lingering.wait_reaching(first.commit_log_offsets[0] + first.sizes[0])
+    eager.wait_reaching(first.commit_log_offsets[0] + first.sizes[0])
+    more = [svc.append_ok(batch(200 + i, 1)) for i in range(3)]
+    end = more[-1].commit_log_offsets[0] + more[-1].sizes[0]
+    new = {}
+    for reader in (lingering, eager):
+        new[id(reader)] = reader.wait_reaching(end)[before[id(reader)] :]
+        reader.cancel()
+    assert [dispatched_offsets([b]) for b in new[id(lingering)]] == [
+        list(first.commit_log_offsets),
+        [r.commit_log_offsets[0] for r in more],
+    ]
+    assert [dispatched_offsets([b]) for b in new[id(eager)]] == [
+        list(r.commit_log_offsets) for r in (first, *more)
+    ]
+
+
+def test_a_lingering_subscriber_that_filled_a_frame_gets_the_next_at_once(svc: Running) -> None:
+    """A full frame means the subscriber is behind: the frames after it do not wait a linger
+    each (else a lingering follower would fall behind for good under a fast producer)."""
+    fill(svc, 10)
+    reader = subscribe(svc, "behind", linger_ms=1_000, max_batch_entries=5)
+    reader.wait_reaching(reader.handshake.max_offset)
+    before = len(reader.batches())
+    one = svc.append_ok(batch(100, 1))
+    reader.wait_reaching(one.commit_log_offsets[0] + one.sizes[0])
+    began = time.monotonic()
+    twelve = svc.append_ok(batch(200, 12))
+    got = reader.wait_reaching(twelve.commit_log_offsets[-1] + twelve.sizes[-1])[before:]
+    took_s = time.monotonic() - began
+    reader.cancel()
+    assert [len(b.commit_log_offsets) for b in got] == [1, 5, 5, 2]
+    assert dispatched_offsets(got[1:]) == list(twelve.commit_log_offsets)
+    # One linger after the lone frame, then the rest at once: three lingers would be 3 s.
+    assert took_s < 2.5
 
 
 def test_a_damaged_record_is_sent_as_a_corrupt_range_and_dispatch_goes_on(

@@ -358,6 +358,7 @@ class SubscribeRequest(_message.Message):
     MAX_BATCH_BYTES_FIELD_NUMBER: _builtins.int
     INCLUDE_KEYS_FIELD_NUMBER: _builtins.int
     INCLUDE_RECORDS_FIELD_NUMBER: _builtins.int
+    LINGER_MS_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     store_id: _builtins.bytes
     """The commit log this subscriber followed (empty the first time) and the offset below which
@@ -374,6 +375,12 @@ class SubscribeRequest(_message.Message):
     records): a consume queue serves its tail from them without a Read. A Confirm may turn
     this on and off while the stream runs.
     """
+    linger_ms: _builtins.int
+    """While appends keep coming, send at most one frame per this many milliseconds (0: each
+    frame as soon as its entries are visible). A frame that filled its bounds is followed at
+    once, so a lingering subscriber never falls behind. For followers that need no low
+    latency (the index): fewer, fuller frames cost both sides less. At most 1,000.
+    """
     def __init__(
         self,
         *,
@@ -384,10 +391,11 @@ class SubscribeRequest(_message.Message):
         max_batch_bytes: _builtins.int = ...,
         include_keys: _builtins.bool = ...,
         include_records: _builtins.bool = ...,
+        linger_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "include_keys", b"include_keys", "include_records", b"include_records", "max_batch_bytes", b"max_batch_bytes", "max_batch_entries", b"max_batch_entries", "store_id", b"store_id", "subscriber_id", b"subscriber_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "include_keys", b"include_keys", "include_records", b"include_records", "linger_ms", b"linger_ms", "max_batch_bytes", b"max_batch_bytes", "max_batch_entries", b"max_batch_entries", "store_id", b"store_id", "subscriber_id", b"subscriber_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
