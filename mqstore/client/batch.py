@@ -169,12 +169,24 @@ class BatchNotStored(ClientError):
 class BatchFuture(ResultFuture[BatchResult]):
     """The result of one send_batch: resolved once every part has its answer."""
 
-    __slots__ = ("_batch", "_pending")
+    __slots__ = ("_batch", "_hurry", "_pending")
 
-    def __init__(self, batch: BatchResult, parts: int) -> None:
+    def __init__(
+        self,
+        batch: BatchResult,
+        parts: int,
+        hurry: Callable[[BatchFuture], None] | None = None,
+    ) -> None:
         super().__init__()
         self._batch = batch
         self._pending = parts
+        # The producer's: sends what of this batch still lingers, once someone waits for it.
+        self._hurry = hurry
+
+    def _wait(self, timeout: float | None) -> None:
+        if not self._done and self._hurry is not None:
+            self._hurry(self)
+        super()._wait(timeout)
 
     def _part_done(self, part: BatchPart, outcome: pb.AppendResponse | ClientError) -> int:
         """Take one part's answer; the number of its messages stored."""

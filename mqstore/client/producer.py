@@ -1,9 +1,9 @@
 """Producers: batch messages on their own, pipeline the batches over one AppendStream, and
 retry without ever storing a message twice.
 
-    send() ──> open batch ──(count | bytes | linger)──> sealed requests ──(window)──> stream
-                                                              ^                          │
-                                                              └── unanswered, on a retry ┘
+    send() ───────┬─> open batch ──(count | bytes | linger)──> sealed requests ──(window)──> stream
+    send_batch() ─┘   (or its shares smaller than a request)          ^                        │
+                                                                      └─ unanswered, again ────┘
 
 One batch is one AppendRequest with this producer's id and the next sequence. Up to `window`
 requests are in flight; the store answers them in order. When the stream breaks (UNAVAILABLE,
@@ -41,7 +41,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -219,7 +219,8 @@ class _Request:
     request: pb.AppendRequest
     messages: list[_Message]  # in the order of the answer (batches concatenated)
     weight: int
-    part: BatchPart | None = None  # a send_batch's share instead of messages
+    # send_batch shares instead of messages: one MessageBatch each, answered in this order.
+    parts: list[BatchPart] = field(default_factory=list)
     sent_at: float = 0.0
     attempts: int = 0  # times written to a stream under its current sequence
     rebases: int = 0
@@ -291,6 +292,64 @@ def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> 
     """The producer's request for an open batch, its messages in the order of the answer."""
     request, ordered = append_request(producer_id, sequence, messages)
     return _Request(sequence, request, ordered, sum(m.weight() for m in messages))
+
+
+def parts_request(
+    producer_id: str, sequence: int, parts: list[tuple[pb.MessageBatch, BatchPart, int]]
+) -> _Request:
+    """One request of the lingering send_batch shares, in order; shares of one topic in a row
+    go as one MessageBatch (the store's work is per batch as well as per message)."""
+    batches: list[pb.MessageBatch] = []
+    for batch, part, _ in parts:
+        last = batches[-1] if batches else None
+        if last is None or last.topic != batch.topic:
+            batches.append(batch)
+            continue
+        if batch.sys_flags or last.sys_flags:
+            flags = list(last.sys_flags) or [0] * len(last.queue_ids)
+            del last.sys_flags[:]
+            last.sys_flags.extend(flags + (list(batch.sys_flags) or [0] * part.count))
+        last.queue_ids.extend(batch.queue_ids)
+        last.bodies.extend(batch.bodies)
+        last.properties.extend(batch.properties)
+    request = pb.AppendRequest(batches=batches, producer_id=producer_id, sequence=sequence)
+    weight = sum(w for _, _, w in parts)
+    return _Request(sequence, request, [], weight, [p for _, p, _ in parts])
+
+
+def part_answers(
+    parts: list[BatchPart], outcome: pb.AppendResponse | ClientError
+) -> list[pb.AppendResponse | ClientError]:
+    """Each share's answer out of its request's (its slice of every column, its refusals
+    numbered from its own first message); an answer of the wrong length goes to every share
+    as it is, and each share reports it."""
+    if isinstance(outcome, ClientError) or len(parts) == 1:
+        return [outcome] * len(parts)
+    n = sum(p.count for p in parts)
+    if len(outcome.statuses) != n or len(outcome.commit_log_offsets) != n:
+        return [outcome] * len(parts)
+    answers: list[pb.AppendResponse | ClientError] = []
+    lo = 0
+    for part in parts:
+        hi = lo + part.count
+        answer = pb.AppendResponse(
+            statuses=outcome.statuses[lo:hi],
+            commit_log_offsets=outcome.commit_log_offsets[lo:hi],
+            sizes=outcome.sizes[lo:hi],
+            queue_offsets=outcome.queue_offsets[lo:hi],
+            store_timestamp_ms=outcome.store_timestamp_ms,
+            store_host=outcome.store_host,
+            duplicate=outcome.duplicate,
+            sequence=outcome.sequence,
+        )
+        for r in outcome.refusals:
+            if lo <= r.index < hi:
+                answer.refusals.add(
+                    index=r.index - lo, status=r.status, reason=r.reason, field=r.field
+                )
+        answers.append(answer)
+        lo = hi
+    return answers
 
 
 def _all_stored(response: pb.AppendResponse, n: int) -> bool:
@@ -427,7 +486,11 @@ class Producer:
         # sent again under new sequences once the stream has answered everything in flight.
         self._stale: list[_Request] = []
         self._cond = threading.Condition()
+        # What lingers: messages of send(), or else shares of send_batch() calls smaller than
+        # a request (never both: whichever comes second seals the other, to keep the order).
         self._open: list[_Message] = []
+        self._open_parts: list[tuple[pb.MessageBatch, BatchPart, int]] = []
+        self._open_count = 0  # messages in _open_parts
         self._open_weight = 0
         self._open_since = 0.0
         self._sealed: deque[_Request] = deque()
@@ -465,6 +528,8 @@ class Producer:
         with self._cond:
             if self._buffered + weight > self.buffer_bytes or self._closing:
                 self._wait_for_room(weight, time.monotonic() + self.block_timeout_s)
+            if self._open_parts:
+                self._seal()  # the batches sent before go first
             if not self._open:
                 self._open_since = time.monotonic()
             self._open.append(message)
@@ -492,6 +557,9 @@ class Producer:
         all to one queue, else by key hash, else contiguous runs over the topic's queues.
         Each message gets its own UNIQ_KEY. Sent in order after everything sent before;
         split into requests of at most batch_messages / batch_bytes, each idempotent as send's.
+        A batch smaller than a request lingers as send's messages do, joined by the batches
+        that follow it (a caller sending a few messages every millisecond makes one request
+        every linger, not one a call); waiting for its result sends it at once.
         Bad input raises InvalidArgument here, before anything is queued."""
         self._check_topic(topic)
         n = len(bodies)
@@ -522,7 +590,7 @@ class Producer:
             sizes=[0] * n,
             store_timestamps_ms=[0] * n,
         )
-        future = BatchFuture(result, len(prepared.cuts))
+        future = BatchFuture(result, len(prepared.cuts), self._hurry)
         deadline = time.monotonic() + self.block_timeout_s
         for first, end, weight in prepared.cuts:
             self._queue_part(prepared, BatchPart(future, first, end - first), weight, deadline)
@@ -531,20 +599,39 @@ class Producer:
     def _queue_part(
         self, prepared: PreparedBatch, part: BatchPart, weight: int, deadline: float
     ) -> None:
+        """A share lingers like send()'s messages, joined by the shares that follow it until a
+        request is full (a paced caller's small batches go as one request, not one each); a
+        full share goes at once."""
+        batch = prepared.message_batch(
+            part.first, part.first + part.count, time.time_ns() // 1_000_000
+        )
+        messages_max = min(self.batch_messages, self.limits.batch_messages_max)
         with self._cond:
             self._wait_for_room(weight, deadline)
-            if self._open:
+            if self._open or (
+                self._open_parts
+                and (
+                    self._open_count + part.count > messages_max
+                    or self._open_weight + weight > self.batch_bytes
+                )
+            ):
                 self._seal()  # what was sent before goes first
-            sequence = next(self._sequences)
-            end = part.first + part.count
-            request = pb.AppendRequest(
-                batches=[prepared.message_batch(part.first, end, time.time_ns() // 1_000_000)],
-                producer_id=self.producer_id,
-                sequence=sequence,
-            )
-            self._sealed.append(_Request(sequence, request, [], weight, part))
+            if not self._open_parts:
+                self._open_since = time.monotonic()
+            self._open_parts.append((batch, part, weight))
+            self._open_count += part.count
+            self._open_weight += weight
             self._buffered += weight
+            if self._open_count >= messages_max or self._open_weight >= self.batch_bytes:
+                self._seal()
             self._cond.notify_all()
+
+    def _hurry(self, future: BatchFuture) -> None:
+        """Someone waits for `future`: what of it still lingers goes now."""
+        with self._cond:
+            if any(part.future is future for _, part, _ in self._open_parts):
+                self._seal()
+                self._cond.notify_all()
 
     def _wait_for_room(self, weight: int, deadline: float) -> None:
         """Under the lock: block until `weight` more bytes fit the buffer (Kafka's
@@ -577,10 +664,10 @@ class Producer:
         with self._cond:
             self._flushing += 1
             try:
-                if self._open:
+                if self._open or self._open_parts:
                     self._seal()
                 self._cond.notify_all()
-                while self._open or self._sealed or self._inflight:
+                while self._open or self._open_parts or self._sealed or self._inflight:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise TimeoutError(f"flush did not finish within {timeout_s} s")
@@ -697,10 +784,15 @@ class Producer:
     # -- the sender thread ----------------------------------------------------------------------
 
     def _seal(self) -> None:
-        """Turn the open batch into a request with the next sequence (under the lock)."""
-        request = build_request(self.producer_id, next(self._sequences), self._open)
+        """Turn what lingers into a request with the next sequence (under the lock)."""
+        if self._open_parts:
+            request = parts_request(self.producer_id, next(self._sequences), self._open_parts)
+            self._open_parts = []
+            self._open_count = 0
+        else:
+            request = build_request(self.producer_id, next(self._sequences), self._open)
+            self._open = []
         self._sealed.append(request)
-        self._open = []
         self._open_weight = 0
 
     def _run(self) -> None:
@@ -708,10 +800,11 @@ class Producer:
             to_fail: list[tuple[_Request, ClientError]] = []
             open_stream = False
             with self._cond:
-                if self._closing and not (self._open or self._sealed or self._inflight):
+                lingering = bool(self._open or self._open_parts)
+                if self._closing and not (lingering or self._sealed or self._inflight):
                     break
                 now = time.monotonic()
-                if self._open and (
+                if lingering and (
                     now - self._open_since >= self.linger_s or self._flushing or self._closing
                 ):
                     self._seal()
@@ -757,7 +850,7 @@ class Producer:
 
     def _next_wake(self, now: float) -> float:
         waits = [1.0]
-        if self._open:
+        if self._open or self._open_parts:
             waits.append(self._open_since + self.linger_s - now)
         if self._inflight:
             waits.append(self._inflight[0].sent_at + self.request_timeout_s - now)
@@ -914,10 +1007,13 @@ class Producer:
 
     def _finish(self, request: _Request, outcome: pb.AppendResponse | ClientError) -> None:
         """Resolve the futures of an answered request (or fail them with `outcome`)."""
-        n = request.part.count if request.part is not None else len(request.messages)
+        n = sum(p.count for p in request.parts) if request.parts else len(request.messages)
         ok = 0
-        if request.part is not None:
-            ok = request.part.future._part_done(request.part, outcome)
+        if request.parts:
+            for part, answer in zip(
+                request.parts, part_answers(request.parts, outcome), strict=True
+            ):
+                ok += part.future._part_done(part, answer)
         elif isinstance(outcome, pb.AppendResponse) and _all_stored(outcome, n):
             _StoredAnswer.of(request.messages, outcome).resolve()
             ok = n

@@ -19,10 +19,13 @@ from mqstore.client import (
     ClientSettings,
     Producer,
 )
+from mqstore.client.batch import BatchFuture, BatchPart
 from mqstore.client.errors import InvalidArgument, Unavailable
+from mqstore.client.producer import part_answers
 from mqstore.formats import sysflag
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import UniqIdGenerator
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from tests.e2e.cluster import Cluster
 
 from .conftest import settings_for
@@ -110,6 +113,94 @@ def test_send_batch_keeps_order_with_send_and_compresses_large_bodies(
     assert [m.body for m in stored] == [b"before", b"a", big, b"c", b"after"]
     assert stored[2].sys_flag & sysflag.COMPRESSED
     assert not stored[1].sys_flag & sysflag.COMPRESSED
+
+
+def bodies(i: int) -> list[bytes]:
+    """Three bodies for share i; share 2's second is large enough to be compressed."""
+    return [b"y" * 10_000 if (i, j) == (2, 1) else b"b%d-%d" % (i, j) for j in range(3)]
+
+
+def test_small_batches_linger_and_go_as_one_request_in_order(
+    cluster: Cluster, settings: ClientSettings, topic: str
+) -> None:
+    """A caller sending a few messages at a time (a paced producer's tick) makes one request
+    per linger, not one per call: the shares join, interleaved with send()'s messages in
+    call order, and each batch's result is its own slice of the answer."""
+    # bodies(2) holds a body to compress: a SYSFLAG in a share joined to shares without any.
+    with Producer(settings, linger_ms=60_000, compress_over_bytes=4_096) as p:
+        batches = [p.send_batch(topic, bodies(i), queue_id=0) for i in range(5)]
+        single = p.send(topic, b"single", queue_id=0)
+        after = p.send_batch(topic, [b"after-0", b"after-1"], queue_id=0)
+        assert p.stats.requests == 0 and not any(b.done() for b in batches)
+        p.flush(timeout_s=30)
+        # The five batches, then send()'s message, then the last batch: three requests.
+        assert p.stats.requests == 3
+        results = [b.result() for b in batches]
+        offsets = [o for r in results for o in r.queue_offsets]
+        offsets += [single.result().queue_offset, *after.result().queue_offsets]
+    assert offsets == list(range(offsets[0], offsets[0] + 18))
+    assert [len(r) for r in results] == [3] * 5
+    assert len({u for r in results for u in r.uniq_keys}) == 15
+    stored = wait_for(lambda: got if len(got := pull_queue(cluster, topic, 0)) >= 18 else None)
+    assert [m.body for m in stored] == [
+        *(body for i in range(5) for body in bodies(i)),
+        b"single",
+        b"after-0",
+        b"after-1",
+    ]
+    assert [bool(m.sys_flag & sysflag.COMPRESSED) for m in stored] == [i == 7 for i in range(18)]
+    assert [m.uniq_key for m in stored[:15]] == [u for r in results for u in r.uniq_keys]
+
+
+def test_waiting_for_a_lingering_batch_sends_it_and_a_full_one_never_lingers(
+    settings: ClientSettings, topic: str
+) -> None:
+    with Producer(settings, linger_ms=60_000, batch_messages=10) as p:
+        # result() sends what still lingers: no 60 s wait.
+        assert len(p.send_batch(topic, [b"a", b"b"]).result(timeout=20)) == 2
+        # A batch that fills a request goes at once, with nobody waiting for it.
+        full = p.send_batch(topic, [b"x"] * 10)
+        wait_for(lambda: full.done() or None)
+        assert not full.result().errors
+        # Shares join until a request is full; the one that would overfill it starts the next.
+        joined = [p.send_batch(topic, [b"y"] * 4) for _ in range(3)]
+        wait_for(lambda: joined[0].done() or None)
+        assert joined[1].done() and not joined[2].done()
+        assert p.stats.requests == 3
+    assert joined[2].done()
+
+
+def test_a_joined_request_s_answer_is_cut_into_each_batch_s_own() -> None:
+    """part_answers: each share's slice of every column, refusals renumbered from its first
+    message, and an answer of the wrong length handed to every share for it to report."""
+
+    def part(n: int) -> BatchPart:
+        empty = BatchResult("t", [0] * n, [""] * n, [-1] * n, [-1] * n, [0] * n, [0] * n)
+        return BatchPart(BatchFuture(empty, 1), 0, n)
+
+    parts = [part(n) for n in (2, 3, 1)]
+    ok, refused = cl.PutStatus.Value("PUT_OK"), cl.PutStatus.Value("MESSAGE_ILLEGAL")
+    answer = cl.AppendResponse(
+        statuses=[ok, ok, ok, refused, ok, ok],
+        commit_log_offsets=[10, 20, 30, -1, 50, 60],
+        sizes=[1, 2, 3, 0, 5, 6],
+        queue_offsets=[0, 1, 2, -1, 3, 4],
+        store_timestamp_ms=7,
+        store_host=b"host",
+    )
+    answer.refusals.add(index=3, status=refused, reason="too long", field="topic")
+    got = part_answers(parts, answer)
+    assert [list(a.commit_log_offsets) for a in got] == [[10, 20], [30, -1, 50], [60]]
+    assert [list(a.queue_offsets) for a in got] == [[0, 1], [2, -1, 3], [4]]
+    assert [list(a.sizes) for a in got] == [[1, 2], [3, 0, 5], [6]]
+    assert [(a.store_timestamp_ms, a.store_host) for a in got] == [(7, b"host")] * 3
+    assert [[(r.index, r.reason, r.field) for r in a.refusals] for a in got] == [
+        [],
+        [(1, "too long", "topic")],
+        [],
+    ]
+    short = cl.AppendResponse(statuses=[ok] * 5, commit_log_offsets=[1] * 5)
+    assert part_answers(parts, short) == [short] * 3
 
 
 @pytest.mark.parametrize(
