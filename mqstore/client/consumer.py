@@ -64,7 +64,13 @@ from mqstore.client.errors import (
     from_rpc_error,
 )
 from mqstore.client.follow import FollowStream
-from mqstore.client.message import Message, ReceivedMessage, decode_batch, decode_run
+from mqstore.client.message import (
+    Message,
+    MessageRun,
+    ReceivedMessage,
+    decode_batch,
+    decode_run,
+)
 from mqstore.client.settings import LONG_POLL_MS_DEFAULT, ClientSettings
 from mqstore.formats.record import validate_topic
 from mqstore.limits import MessageLimits, validate_group
@@ -991,8 +997,8 @@ class Consumer:
                 # Without a filter a gap is messages the log no longer held (the server
                 # steps over them): retention got there first.
                 self._skip(queue_id, asked, offsets[0], "MESSAGE_WAS_REMOVING")
-            if state.buffered:  # not so far: pulls go to queues with nothing buffered
-                messages = [*state.messages[state.taken :], *messages]
+            if state.buffered:  # a follow's next answer; pulls go to queues with nothing buffered
+                messages = _buffer_then(state.messages, state.taken, messages)
                 offsets = state.offsets[state.taken :] + offsets
             state.messages, state.offsets, state.taken = messages, offsets, 0
             state.fetch_at = next_begin
@@ -1305,6 +1311,18 @@ def _decode_run(response: pb.PullResponse) -> tuple[Sequence[Message], list[int]
     if response.record_sizes or response.records_blob:
         return decode_run(response.records_blob, response.record_sizes)
     return _decode(response)
+
+
+def _buffer_then(
+    buffered: Sequence[Message], taken: int, more: Sequence[Message]
+) -> Sequence[Message]:
+    """What is left of a queue's buffer, then a new answer's messages. Two MessageRuns join
+    without making a Message: a consumer behind a follow stream meets several answers a queue
+    at each look, and making the buffer's Messages at each one cost it time quadratic in its
+    backlog (a third of its CPU, and seconds of delay, at 65,000 msg/s)."""
+    if isinstance(buffered, MessageRun) and isinstance(more, MessageRun):
+        return buffered.after(taken, more)
+    return [*buffered[taken:], *more[:]]
 
 
 def _check_topic(topic: str) -> str:

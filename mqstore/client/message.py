@@ -321,6 +321,16 @@ class MessageRun(Sequence[Message]):
             raise IndexError("message index out of range")
         return self._one(index)
 
+    def after(self, start: int, more: MessageRun) -> MessageRun:
+        """This run's messages from `start` on, then `more`'s: lists of references joined,
+        no Message made (a consumer's buffer meeting the next answer for its queue)."""
+        made = {i - start: m for i, m in self._made.items() if i >= start}
+        shift = len(self._bodies) - start
+        made.update((i + shift, m) for i, m in more._made.items())
+        return MessageRun(
+            self._bodies[start:] + more._bodies, self._raws[start:] + more._raws, made
+        )
+
     def _one(self, i: int) -> Message:
         if self._made:
             m = self._made.get(i)

@@ -151,6 +151,23 @@ def test_a_run_makes_the_messages_decode_batch_makes_as_they_are_asked_for() -> 
     assert len(empty) == 0 and none == [] and not empty
 
 
+@pytest.mark.parametrize("start", [0, 3, 6, 7, 12])
+def test_a_runs_rest_joined_to_the_next_run_is_both_in_order(start: int) -> None:
+    """MessageRun.after (a consumer's buffer meeting the next answer of its queue): the
+    messages from `start` on, then the next run's, the ones made up front (V2 records) kept
+    at their new places."""
+    first = assorted()  # index 6: a V2 record, made up front
+    second = [record(i) for i in range(40, 44)] + [record(44, topic="T" * 200)]
+    a, _ = decode_run(b"".join(first), [len(r) for r in first])
+    b, _ = decode_run(b"".join(second), [len(r) for r in second])
+    joined = a.after(start, b)
+    want = [eager(r) for r in first[start:] + second]
+    assert len(joined) == len(want) and list(joined) == want and joined[:] == want
+    if start <= 6:
+        assert joined[6 - start] is a[6]  # the made Message moved, not made again
+    assert joined[-1] is b[-1]
+
+
 def test_lazy_and_hand_built_messages_are_equal_hashable_values_with_one_repr() -> None:
     raw = record(1)
     lazy = decode_records(raw, [len(raw)])[0]
