@@ -15,7 +15,8 @@ their own temp dir), once with `--flush async` (every workload) and once with `-
   is measured too and given in the notes.
 - time lookup: Admin.offset_for_time (GetOffsetByTime on cq_svc) at a random store time within
   the run's topic, on a random queue.
-- append-to-visible: a paced Producer; a Consumer long-polling (poll, long_poll_ms 2 s).
+- append-to-visible: a paced Producer, each tick's messages one send_batch() (as Redis gets a
+  pipeline a tick); a Consumer long-polling (poll, long_poll_ms 2 s).
 - memory: resident memory of each service after the async store's whole run.
 
 The index service runs with its default (`make run`) index files rather than start_store's
@@ -39,6 +40,7 @@ from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib, size
 from bench.peers.context import Context
 from index_svc.formats.index_file import DEFAULT_ENTRY_NUM, DEFAULT_SLOT_NUM
 from mqstore.client import Admin, ClientSettings, Consumer, Offset, Producer
+from mqstore.client.batch import ResultFuture
 from mqstore.client.producer import QUEUES_PER_TOPIC_DEFAULT, WINDOW_DEFAULT
 from tests.e2e.cluster import Cluster, start_store
 
@@ -242,15 +244,28 @@ def visible_consumer_per_queue(
 
 
 def visible_producer(
-    settings: ClientSettings, topic: str, size: int, rate: float, n: int
+    settings: ClientSettings, topic: str, size: int, rate: float, n: int, per_message: bool = False
 ) -> dict[str, Any]:
+    """The messages due at each tick go as one send_batch() (as Redis gets a pipeline a tick;
+    the Producer lingers up to 5 ms, joining ticks into one request); `per_message`: a send()
+    each instead (bench.visible_probe --per-message)."""
     make = pacing.body_maker(size)
-    futures = []
+    futures: list[ResultFuture[Any]] = []
+    pending: list[bytes] = []
     with _producer(settings) as producer:
         producer.send_sync(f"{topic}-warm-up", b"w")
-        took = pacing.paced(
-            rate, n, lambda: futures.append(producer.send(topic, make())), lambda: None
-        )
+        if per_message:
+            took = pacing.paced(
+                rate, n, lambda: futures.append(producer.send(topic, make())), lambda: None
+            )
+        else:
+
+            def tick() -> None:
+                if pending:
+                    futures.append(producer.send_batch(topic, pending[:]))
+                    pending.clear()
+
+            took = pacing.paced(rate, n, lambda: pending.append(make()), tick)
         producer.flush()
     for f in futures:
         f.result()
