@@ -509,7 +509,10 @@ def _visible(ctx: Context, settings: ClientSettings, servers: dict[str, int]) ->
                 if variant:
                     per_queue.setdefault(size, []).append({**raw, "foreign_cores": m.foreign_cores})
                     continue
-                detail = "paced Producer; one Consumer of the topic, poll() long-polling (2 s)"
+                detail = (
+                    "paced Producer, a send_batch a 1 ms tick; one Consumer of the topic, "
+                    "poll() long-polling (2 s)"
+                )
                 for q in ("p50", "p99"):
                     results.add(
                         f"visible_{q}",
