@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -296,6 +297,29 @@ class FileQueue:
             if t is not None:
                 return t
         return self.state.last_time_ms
+
+    def time_reader(self) -> Callable[[int], int]:
+        """time_at for one search (a lookup's ~20 probes, mostly in one file): each file pair
+        is located once, not once a probe. What fails its check goes to time_at's fallback."""
+        per_file = self.units_per_file
+        files: dict[int, tuple[MappedFile, MappedFile]] = {}
+
+        def at(offset: int) -> int:
+            pair = files.get(offset // per_file)
+            if pair is None:
+                pair = files[offset // per_file] = (
+                    self._locate(self.units, offset, UNIT_BYTES)[0],
+                    self._locate(self.times, offset, TIME_BYTES)[0],
+                )
+            units, times = pair
+            u = offset * UNIT_BYTES - units.file_from_offset
+            t = offset * TIME_BYTES - times.file_from_offset
+            found = decode_time(
+                units.read_buf[u : u + UNIT_BYTES], times.read_buf[t : t + TIME_BYTES]
+            )
+            return self.time_at(offset) if found is None else found
+
+        return at
 
     def read_units(self, offset: int, max_units: int, *, one_file: bool) -> list[Unit] | None:
         """Units from `offset` (below max), in one file when `one_file`, with their indexed

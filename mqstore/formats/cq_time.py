@@ -114,7 +114,9 @@ def _check_tables() -> tuple[int, npt.NDArray[np.uint16]]:
     return _tables
 
 
-def decode_time(unit_bytes: bytes | memoryview, entry: bytes | memoryview) -> int | None:
+def decode_time(
+    unit_bytes: bytes | bytearray | memoryview, entry: bytes | bytearray | memoryview
+) -> int | None:
     """The indexed time, or None when the entry fails its check against its unit."""
     t = bytes(entry[:6])
     (check,) = _CHECK.unpack_from(entry, 6)
