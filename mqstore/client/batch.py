@@ -255,16 +255,20 @@ class PreparedBatch:
     uniq_keys: list[str]
     cuts: list[tuple[int, int, int]]  # (first, end, weight) per part
 
-    def message_batch(self, first: int, end: int, born_ms: int) -> pb.MessageBatch:
+    def add_to(self, batch: pb.MessageBatch, first: int, end: int) -> None:
+        """Messages [first, end) appended to `batch` (of this topic) in place: building a
+        MessageBatch and then putting it in a request copied every body twice more (a fifth
+        of a 1 KiB producer's time)."""
+        before = len(batch.queue_ids)
+        batch.queue_ids.extend(self.queue_ids[first:end])
+        batch.bodies.extend(self.bodies[first:end])
+        batch.properties.extend(self.properties[first:end])
         flags = self.sys_flags[first:end] if self.sys_flags else []
-        return pb.MessageBatch(
-            topic=self.topic,
-            queue_ids=self.queue_ids[first:end],
-            bodies=self.bodies[first:end],
-            properties=self.properties[first:end],
-            sys_flags=flags if any(flags) else [],
-            born_timestamp_ms=born_ms,
-        )
+        if any(flags):
+            batch.sys_flags.extend([0] * (before - len(batch.sys_flags)))
+            batch.sys_flags.extend(flags)
+        elif batch.sys_flags:
+            batch.sys_flags.extend([0] * (end - first))
 
 
 def prepare_batch(

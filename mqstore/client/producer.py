@@ -269,22 +269,21 @@ def append_request(
     for m in messages:
         by_topic.setdefault(m.topic, []).append(m)
     ordered: list[M] = []
-    batches = []
+    # Batches are made inside the request: a MessageBatch built apart is copied, bodies and
+    # all, when a request takes it.
+    request = pb.AppendRequest(producer_id=producer_id, sequence=sequence)
     born_ms = time.time_ns() // 1_000_000
     for topic, group in by_topic.items():
         ordered.extend(group)
         flags = [m.sys_flag for m in group]
-        batches.append(
-            pb.MessageBatch(
-                topic=topic,
-                queue_ids=[m.queue_id for m in group],
-                bodies=[m.body for m in group],
-                properties=[m.properties for m in group],
-                sys_flags=flags if any(flags) else [],
-                born_timestamp_ms=born_ms,
-            )
+        request.batches.add(
+            topic=topic,
+            queue_ids=[m.queue_id for m in group],
+            bodies=[m.body for m in group],
+            properties=[m.properties for m in group],
+            sys_flags=flags if any(flags) else [],
+            born_timestamp_ms=born_ms,
         )
-    request = pb.AppendRequest(batches=batches, producer_id=producer_id, sequence=sequence)
     return request, ordered
 
 
@@ -294,27 +293,27 @@ def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> 
     return _Request(sequence, request, ordered, sum(m.weight() for m in messages))
 
 
-def parts_request(
-    producer_id: str, sequence: int, parts: list[tuple[pb.MessageBatch, BatchPart, int]]
-) -> _Request:
+@dataclass(slots=True)
+class _OpenPart:
+    """A send_batch share that lingers: its messages, its born time, its weight."""
+
+    prepared: PreparedBatch
+    part: BatchPart
+    born_ms: int
+    weight: int
+
+
+def parts_request(producer_id: str, sequence: int, parts: list[_OpenPart]) -> _Request:
     """One request of the lingering send_batch shares, in order; shares of one topic in a row
     go as one MessageBatch (the store's work is per batch as well as per message)."""
-    batches: list[pb.MessageBatch] = []
-    for batch, part, _ in parts:
-        last = batches[-1] if batches else None
-        if last is None or last.topic != batch.topic:
-            batches.append(batch)
-            continue
-        if batch.sys_flags or last.sys_flags:
-            flags = list(last.sys_flags) or [0] * len(last.queue_ids)
-            del last.sys_flags[:]
-            last.sys_flags.extend(flags + (list(batch.sys_flags) or [0] * part.count))
-        last.queue_ids.extend(batch.queue_ids)
-        last.bodies.extend(batch.bodies)
-        last.properties.extend(batch.properties)
-    request = pb.AppendRequest(batches=batches, producer_id=producer_id, sequence=sequence)
-    weight = sum(w for _, _, w in parts)
-    return _Request(sequence, request, [], weight, [p for _, p, _ in parts])
+    request = pb.AppendRequest(producer_id=producer_id, sequence=sequence)
+    batch: pb.MessageBatch | None = None
+    for p in parts:
+        if batch is None or batch.topic != p.prepared.topic:
+            batch = request.batches.add(topic=p.prepared.topic, born_timestamp_ms=p.born_ms)
+        p.prepared.add_to(batch, p.part.first, p.part.first + p.part.count)
+    weight = sum(p.weight for p in parts)
+    return _Request(sequence, request, [], weight, [p.part for p in parts])
 
 
 def part_answers(
@@ -489,7 +488,7 @@ class Producer:
         # What lingers: messages of send(), or else shares of send_batch() calls smaller than
         # a request (never both: whichever comes second seals the other, to keep the order).
         self._open: list[_Message] = []
-        self._open_parts: list[tuple[pb.MessageBatch, BatchPart, int]] = []
+        self._open_parts: list[_OpenPart] = []
         self._open_count = 0  # messages in _open_parts
         self._open_weight = 0
         self._open_since = 0.0
@@ -602,9 +601,7 @@ class Producer:
         """A share lingers like send()'s messages, joined by the shares that follow it until a
         request is full (a paced caller's small batches go as one request, not one each); a
         full share goes at once."""
-        batch = prepared.message_batch(
-            part.first, part.first + part.count, time.time_ns() // 1_000_000
-        )
+        share = _OpenPart(prepared, part, time.time_ns() // 1_000_000, weight)
         messages_max = min(self.batch_messages, self.limits.batch_messages_max)
         with self._cond:
             self._wait_for_room(weight, deadline)
@@ -618,7 +615,7 @@ class Producer:
                 self._seal()  # what was sent before goes first
             if not self._open_parts:
                 self._open_since = time.monotonic()
-            self._open_parts.append((batch, part, weight))
+            self._open_parts.append(share)
             self._open_count += part.count
             self._open_weight += weight
             self._buffered += weight
@@ -629,7 +626,7 @@ class Producer:
     def _hurry(self, future: BatchFuture) -> None:
         """Someone waits for `future`: what of it still lingers goes now."""
         with self._cond:
-            if any(part.future is future for _, part, _ in self._open_parts):
+            if any(p.part.future is future for p in self._open_parts):
                 self._seal()
                 self._cond.notify_all()
 
