@@ -51,6 +51,7 @@ from typing import TypeVar
 
 import grpc
 import numpy as np
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from cq_svc import metrics, receipts
 from cq_svc.engine import CqEngine, Received
@@ -306,10 +307,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             metrics.LONG_POLLS_REFUSED.inc()
             # Only the wait is refused: what the queues hold already is answered, as a unary
             # Pull answers its first look (the stream ends after it).
-            answers = self._follow_round(args, offsets, sorted(ready), ready, context)
-            if not answers:
+            first = self._follow_round(args, offsets, sorted(ready), ready, context)
+            if not first.answers:
                 raise
-            yield pb.FollowResponse(answers=answers[:batches])
+            del first.answers[batches:]
+            yield first
             return
         self._waiting_at_tail(+1)
         try:
@@ -326,9 +328,9 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                     order = (order[k:] + order[:k])[: batches - answered]
                     turn += 1
                 answers = self._follow_round(args, offsets, order, ready, context)
-                if answers:
-                    yield pb.FollowResponse(answers=answers)
-                    answered += len(answers)
+                if answers.answers:
+                    yield answers
+                    answered += len(answers.answers)
                     if answered >= batches:
                         return
                     idle_until = time.monotonic() + idle_s
@@ -352,24 +354,31 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         order: Sequence[int],
         ready: set[int],
         context: grpc.ServicerContext,
-    ) -> list[pb.PullResponse]:
+    ) -> pb.FollowResponse:
         """One look at each pull in `order` (one Read for all): the answers worth sending,
         named by pull_index. Moves `offsets` past what is answered; drops from `ready` the
-        pulls a dispatch must wake before they are looked at again."""
-        looked = self._pull_many([args[i] for i in order], [offsets[i] for i in order], context)
-        answers = []
-        for i, response in zip(order, looked, strict=True):
+        pulls a dispatch must wake before they are looked at again. The answers are made
+        inside the response (a PullResponse put into one afterwards is copied, records and
+        all: 0.45 ns a byte, eight times what sending it costs)."""
+        out = pb.FollowResponse()
+        looked = self._pull_many(
+            [args[i] for i in order], [offsets[i] for i in order], context, out.answers
+        )
+        unsent = []
+        for k, (i, response) in enumerate(zip(order, looked, strict=True)):
             if response.next_begin_offset == offsets[i] and not response.queue_offsets:
                 ready.discard(i)  # answered again when a dispatch wakes it
                 if _nothing_new(response):
+                    unsent.append(k)
                     continue
             response.pull_index = i
             _count_pull(response)
-            answers.append(response)
             offsets[i] = response.next_begin_offset
             if response.status == pb.FOUND and offsets[i] >= response.max_offset:
                 ready.discard(i)  # at the queue's end: a dispatch wakes it
-        return answers
+        for k in reversed(unsent):
+            del out.answers[k]
+        return out
 
     def _pull_look(
         self, request: pb.PullRequest, context: grpc.ServicerContext
@@ -397,6 +406,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         args: Sequence[_PullArgs],
         offsets: Sequence[int],
         context: grpc.ServicerContext,
+        into: RepeatedCompositeFieldContainer[pb.PullResponse] | None = None,
     ) -> list[pb.PullResponse]:
         """Pulls of several queues (each args[i] from offsets[i]) with one commit-log Read for
         all of them (several when their records pass pull_bytes_max together): a Follow cycle
@@ -412,12 +422,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 a.max_bytes,
                 a.tags.codes if a.tags is not None else (),
             )
-            response = pb.PullResponse(
-                status=_STATUS[result.status],
-                next_begin_offset=result.next_begin_offset,
-                min_offset=result.min_offset,
-                max_offset=result.max_offset,
-            )
+            response = pb.PullResponse() if into is None else into.add()
+            response.status = _STATUS[result.status]
+            response.next_begin_offset = result.next_begin_offset
+            response.min_offset = result.min_offset
+            response.max_offset = result.max_offset
             started.append((response, result))
         found = [k for k, (_, r) in enumerate(started) if r.status is PullStatus.FOUND]
         taken_found = [started[k][1].taken for k in found]
