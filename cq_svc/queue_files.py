@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cq_svc.store import UnitColumns
-from cq_svc.time_file import TIME_BYTES, decode_time, encode_time
+from cq_svc.time_file import TIME_BYTES, TIME_STORED_BYTES, decode_time, encode_time
 from cq_svc.unit_file import (
     BLANK_SIZE,
     UNIT,
@@ -298,20 +298,25 @@ class FileQueue:
                 return t
         return self.state.last_time_ms
 
-    def time_reader(self) -> Callable[[int], int]:
-        """time_at for one search (a lookup's ~20 probes, mostly in one file): each file pair
-        is located once, not once a probe. What fails its check goes to time_at's fallback."""
+    def time_readers(self) -> tuple[Callable[[int], int], Callable[[int], int]]:
+        """(time_at, raw time) for one search (a lookup's ~20 probes, mostly in one file):
+        each file pair is located once, not once a probe. The first checks each entry against
+        its unit (what fails goes to time_at's fallback); the second reads the stored time
+        unchecked, for search_offset_by_time to find a candidate with."""
         per_file = self.units_per_file
         files: dict[int, tuple[MappedFile, MappedFile]] = {}
 
-        def at(offset: int) -> int:
-            pair = files.get(offset // per_file)
-            if pair is None:
-                pair = files[offset // per_file] = (
+        def pair(offset: int) -> tuple[MappedFile, MappedFile]:
+            found = files.get(offset // per_file)
+            if found is None:
+                found = files[offset // per_file] = (
                     self._locate(self.units, offset, UNIT_BYTES)[0],
                     self._locate(self.times, offset, TIME_BYTES)[0],
                 )
-            units, times = pair
+            return found
+
+        def checked(offset: int) -> int:
+            units, times = pair(offset)
             u = offset * UNIT_BYTES - units.file_from_offset
             t = offset * TIME_BYTES - times.file_from_offset
             found = decode_time(
@@ -319,7 +324,12 @@ class FileQueue:
             )
             return self.time_at(offset) if found is None else found
 
-        return at
+        def raw(offset: int) -> int:
+            times = pair(offset)[1]
+            t = offset * TIME_BYTES - times.file_from_offset
+            return int.from_bytes(times.read_buf[t : t + TIME_STORED_BYTES], "big")
+
+        return checked, raw
 
     def read_units(self, offset: int, max_units: int, *, one_file: bool) -> list[Unit] | None:
         """Units from `offset` (below max), in one file when `one_file`, with their indexed

@@ -6,6 +6,7 @@ from __future__ import annotations
 from mqstore.formats.cq_time import (
     TIME_BYTES,
     TIME_MAX_MS,
+    TIME_STORED_BYTES,
     Boundary,
     clamp_time,
     decode_time,
@@ -21,4 +22,5 @@ __all__ = [
     "search_offset_by_time",
     "TIME_BYTES",
     "TIME_MAX_MS",
+    "TIME_STORED_BYTES",
 ]

@@ -41,10 +41,11 @@ import numpy as np
 import numpy.typing as npt
 
 TIME_BYTES = 8
+TIME_STORED_BYTES = 6  # the indexed time's part of an entry (u48); the check follows
 TIME_MAX_MS = (1 << 48) - 1  # year 10889
 _CHECK = struct.Struct(">H")
 _UNIT_BYTES = 20  # mqstore.formats.cq_unit.UNIT_BYTES (what a check covers: unit + 6 bytes)
-_CHECKED_BYTES = _UNIT_BYTES + 6
+_CHECKED_BYTES = _UNIT_BYTES + TIME_STORED_BYTES
 
 
 class Boundary(enum.StrEnum):
@@ -138,7 +139,12 @@ class _Series:
 
 
 def search_offset_by_time(
-    time_at: Callable[[int], int], lo: int, hi: int, target_ms: int, boundary: Boundary
+    time_at: Callable[[int], int],
+    lo: int,
+    hi: int,
+    target_ms: int,
+    boundary: Boundary,
+    raw_at: Callable[[int], int] | None = None,
 ) -> int:
     """RocketMQ's binarySearchInQueueByTime over offsets [lo, hi) whose indexed times are
     non-decreasing (§3.9), before the store's clamp to [min, max]:
@@ -148,9 +154,23 @@ def search_offset_by_time(
         first time > T               -> LOWER lo       UPPER 0
         otherwise                    -> LOWER first offset with time >= T
                                         UPPER last offset with time <= T
-    """
+
+    `raw_at`: the stored time without its check (cheaper a probe). A bisect over those finds a
+    candidate; two checked neighbours that bracket T prove it (the checked series never goes
+    down), and anything else (a damaged entry misled it, an edge) is left to the checked
+    bisect."""
     if hi <= lo:
         return 0
+    if raw_at is not None:
+        raw = _Series(raw_at)
+        if boundary is Boundary.LOWER:
+            p = bisect.bisect_left(raw, target_ms, lo, hi)
+            if lo < p < hi and time_at(p - 1) < target_ms <= time_at(p):
+                return p
+        else:
+            q = bisect.bisect_right(raw, target_ms, lo, hi) - 1
+            if lo <= q < hi - 1 and time_at(q) <= target_ms < time_at(q + 1):
+                return q
     series = _Series(time_at)
     last = time_at(hi - 1)
     first = time_at(lo)

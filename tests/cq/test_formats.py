@@ -70,6 +70,37 @@ def test_the_search_reproduces_rocketmqs_lower_upper_table(
     assert search_offset_by_time(time_at, 5, 5, target, Boundary.LOWER) == 0
 
 
+@given(
+    steps=st.lists(st.integers(0, 3), min_size=1, max_size=60),
+    damaged=st.dictionaries(st.integers(0, 59), st.integers(0, 2**48 - 1), max_size=8),
+    lo_cut=st.integers(0, 10),
+    hi_cut=st.integers(0, 10),
+    target=st.integers(-2, 200),
+)
+def test_a_search_led_by_unchecked_times_answers_as_the_checked_search(
+    steps: list[int], damaged: dict[int, int], lo_cut: int, hi_cut: int, target: int
+) -> None:
+    """raw_at (the stored time, unchecked) only proposes: damaged entries hold any value
+    there, and what the checked series (a damaged entry reads as the next good one's time)
+    gives is the answer, with and without it, at every boundary."""
+    good = [sum(steps[: i + 1]) for i in range(len(steps))]  # non-decreasing
+    n = len(good)
+
+    def checked(i: int) -> int:
+        for j in range(i, n):
+            if j not in damaged:
+                return good[j]
+        return good[-1]
+
+    def raw(i: int) -> int:
+        return damaged.get(i, good[i])
+
+    lo, hi = min(lo_cut, n), max(min(lo_cut, n), n - hi_cut)
+    for boundary in Boundary:
+        want = search_offset_by_time(checked, lo, hi, target, boundary)
+        assert search_offset_by_time(checked, lo, hi, target, boundary, raw) == want
+
+
 def test_rocksdb_keys_follow_rocketmqs_layout() -> None:
     prefix = layout.queue_prefix("TopicA", 3)
     key = layout.unit_key(prefix, 42)
