@@ -28,7 +28,14 @@ from mqstore.client.compression import Compression, compress
 from mqstore.client.errors import ClientError, InvalidArgument, refusal
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import offset_msg_id
-from mqstore.formats.properties import KEY_SEPARATOR, KEYS, TAGS, UNIQ_KEY, encode_properties
+from mqstore.formats.properties import (
+    KEY_SEPARATOR,
+    KEYS,
+    PRODUCER_SEQ,
+    TAGS,
+    UNIQ_KEY,
+    encode_properties,
+)
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
@@ -271,6 +278,16 @@ class PreparedBatch:
             batch.sys_flags.extend([0] * (end - first))
 
 
+def check_not_reserved(properties: Mapping[str, str]) -> None:
+    """The store refuses a whole request that names its own PRODUCER_SEQ property: refused
+    here, it fails only its own call, not the batches a request joins to it."""
+    if PRODUCER_SEQ in properties:
+        raise InvalidArgument(
+            f"the {PRODUCER_SEQ} property is reserved for the store (use producer_id)",
+            field="properties",
+        )
+
+
 def prepare_batch(
     topic: str,
     bodies: Sequence[bytes],
@@ -313,6 +330,7 @@ def prepare_batch(
             raise InvalidArgument(
                 f"{reserved} is set per message (keys=, uniq keys are made)", field="properties"
             )
+    check_not_reserved(common)
     if tags:
         common[TAGS] = tags
     try:

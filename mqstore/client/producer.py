@@ -54,6 +54,7 @@ from mqstore.client.batch import (
     BatchResult,
     PreparedBatch,
     ResultFuture,
+    check_not_reserved,
     prepare_batch,
     resolve_stored,
 )
@@ -295,11 +296,10 @@ def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> 
 
 @dataclass(slots=True)
 class _OpenPart:
-    """A send_batch share that lingers: its messages, its born time, its weight."""
+    """A send_batch share that lingers: its messages and its weight."""
 
     prepared: PreparedBatch
     part: BatchPart
-    born_ms: int
     weight: int
 
 
@@ -307,10 +307,11 @@ def parts_request(producer_id: str, sequence: int, parts: list[_OpenPart]) -> _R
     """One request of the lingering send_batch shares, in order; shares of one topic in a row
     go as one MessageBatch (the store's work is per batch as well as per message)."""
     request = pb.AppendRequest(producer_id=producer_id, sequence=sequence)
+    born_ms = time.time_ns() // 1_000_000  # as append_request: no message born before its call
     batch: pb.MessageBatch | None = None
     for p in parts:
         if batch is None or batch.topic != p.prepared.topic:
-            batch = request.batches.add(topic=p.prepared.topic, born_timestamp_ms=p.born_ms)
+            batch = request.batches.add(topic=p.prepared.topic, born_timestamp_ms=born_ms)
         p.prepared.add_to(batch, p.part.first, p.part.first + p.part.count)
     weight = sum(p.weight for p in parts)
     return _Request(sequence, request, [], weight, [p.part for p in parts])
@@ -601,7 +602,7 @@ class Producer:
         """A share lingers like send()'s messages, joined by the shares that follow it until a
         request is full (a paced caller's small batches go as one request, not one each); a
         full share goes at once."""
-        share = _OpenPart(prepared, part, time.time_ns() // 1_000_000, weight)
+        share = _OpenPart(prepared, part, weight)
         messages_max = min(self.batch_messages, self.limits.batch_messages_max)
         with self._cond:
             self._wait_for_room(weight, deadline)
@@ -632,7 +633,11 @@ class Producer:
 
     def _wait_for_room(self, weight: int, deadline: float) -> None:
         """Under the lock: block until `weight` more bytes fit the buffer (Kafka's
-        buffer.memory); ResourceExhausted past the deadline, InvalidArgument once closed."""
+        buffer.memory); ResourceExhausted past the deadline, InvalidArgument once closed.
+        What lingers is sent first: it may be what holds the room."""
+        if self._buffered + weight > self.buffer_bytes and (self._open or self._open_parts):
+            self._seal()
+            self._cond.notify_all()
         while self._buffered + weight > self.buffer_bytes and self._buffered > 0:
             if self._closing:
                 break
@@ -761,6 +766,7 @@ class Producer:
             )
         uniq = uniq_key or self._ids.next_id()
         props: dict[str, str] = dict(properties or {})
+        check_not_reserved(props)
         if tags:
             props[TAGS] = tags
         if all_keys:
@@ -1066,11 +1072,13 @@ class AsyncProducer:
 
     async def send_batch(self, topic: str, bodies: Sequence[bytes], **options: Any) -> BatchResult:
         """Producer.send_batch, awaited (queued off the event loop: it may block on a full
-        buffer)."""
+        buffer). Awaiting it is waiting for it, as result() is: what of it lingers goes once
+        the tasks ready now had their turn (their batches join it)."""
         loop = asyncio.get_running_loop()
         future = await loop.run_in_executor(
             None, lambda: self.producer.send_batch(topic, bodies, **options)
         )
+        loop.call_soon(self.producer._hurry, future)
         return await _bridge(future)
 
     async def flush(self, timeout_s: float | None = None) -> None:

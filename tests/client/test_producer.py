@@ -20,6 +20,7 @@ from mqstore.client.errors import InvalidArgument, MessageRefused, Unavailable
 from mqstore.client.settings import ClientSettings
 from mqstore.formats import sysflag
 from mqstore.formats.javahash import java_string_hash
+from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.storage.simdisk import SimDisk
@@ -182,14 +183,19 @@ def test_bad_options_are_refused() -> None:
 def test_a_request_the_store_refuses_fails_its_messages_and_the_producer_goes_on(
     settings: ClientSettings, topic: str
 ) -> None:
-    with Producer(settings, linger_ms=10_000) as p:
-        bad = p.send(topic, b"x", properties={"MQS_PSEQ": "forged"})  # reserved for the store
+    """A producer whose limits are wider than the store's (12,000 messages a request against
+    its 10,000): the store refuses the request whole. (The reserved MQS_PSEQ property, the other
+    way a caller's input could cause that, is refused at the call now.)"""
+    wide = MessageLimits(batch_messages_max=20_000)
+    with Producer(settings, linger_ms=10_000, batch_messages=12_000, limits=wide) as p:
+        bad = [p.send(topic, b"x") for _ in range(12_000)]  # one request, sealed when full
         p.flush()
         good = p.send_sync(topic, b"after")
     with pytest.raises(InvalidArgument) as info:
-        bad.result()
-    assert "MQS_PSEQ" in info.value.details and info.value.field.endswith(".properties")
-    assert good.queue_offset >= 0 and p.stats.failed == 1
+        bad[0].result()
+    assert "over the 10000 limit" in info.value.details and info.value.field == "batches"
+    assert all(f.exception() is not None for f in bad)
+    assert good.queue_offset >= 0 and p.stats.failed == 12_000
 
 
 def test_a_full_disk_fails_sends_with_resource_exhausted_and_sends_resume_after(
