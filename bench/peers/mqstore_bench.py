@@ -178,7 +178,7 @@ def prime(settings: ClientSettings, topic: str) -> dict[str, Any]:
 
 
 def visible_consumer(settings: ClientSettings, topic: str, n: int, ready: str) -> dict[str, Any]:
-    latencies: list[tuple[int, int]] = []
+    latencies = pacing.Arrivals()
     with Consumer(
         settings, topic, start=Offset(1), max_messages=BATCH, long_poll_ms=LONG_POLL_MS
     ) as c:
@@ -190,7 +190,7 @@ def visible_consumer(settings: ClientSettings, topic: str, n: int, ready: str) -
             now = time.time_ns()
             for message in batch:
                 stamp = pacing.sent_ns(message.body)
-                latencies.append((stamp, now - stamp))
+                latencies.add(stamp, now)
     return pacing.summarize(latencies, n)
 
 
@@ -199,7 +199,7 @@ def visible_consumer_per_queue(
 ) -> dict[str, Any]:
     """The same with one Consumer per queue (queues=[q]), each in its own thread: what the
     store does without the SDK's multi-queue polling (tests/bench/test_sdk_findings.py)."""
-    latencies: list[tuple[int, int]] = []
+    latencies = pacing.Arrivals()
     lock = threading.Lock()
     started = threading.Barrier(QUEUES_PER_TOPIC_DEFAULT + 1)
     deadline = time.monotonic() + pacing.READY_TIMEOUT_S + n / 100
@@ -226,7 +226,7 @@ def visible_consumer_per_queue(
                     with lock:
                         for message in batch:
                             stamp = pacing.sent_ns(message.body)
-                            latencies.append((stamp, now - stamp))
+                            latencies.add(stamp, now)
         except BaseException as err:  # raised below, in the caller's thread
             errors.append(err)
             started.abort()

@@ -196,7 +196,7 @@ def visible_consumer(url: str, stream: str, subject: str, n: int, ready: str) ->
     async def main() -> dict[str, Any]:
         nats = _nats()
         nc = await _connect(url)
-        latencies: list[tuple[int, int]] = []
+        latencies = pacing.Arrivals()
         try:
             js = nc.jetstream()
             await _add_stream(js, stream, subject)
@@ -212,7 +212,7 @@ def visible_consumer(url: str, stream: str, subject: str, n: int, ready: str) ->
                 now = time.time_ns()
                 for m in msgs:
                     stamp = pacing.sent_ns(m.data)
-                    latencies.append((stamp, now - stamp))
+                    latencies.add(stamp, now)
         finally:
             await nc.close()
         return pacing.summarize(latencies, n)

@@ -112,7 +112,7 @@ def lookups(port: int, key: str, first_ms: int, last_ms: int, count: int) -> dic
 def visible_consumer(port: int, key: str, n: int, ready: str) -> dict[str, Any]:
     r = _client(port)
     r.ping()
-    latencies: list[tuple[int, int]] = []
+    latencies = pacing.Arrivals()
     last_id: bytes | str = "0-0"  # the key does not exist yet: XREAD waits for it
     pacing.touch(ready)
     deadline = time.monotonic() + pacing.READY_TIMEOUT_S + n / 100
@@ -122,7 +122,7 @@ def visible_consumer(port: int, key: str, n: int, ready: str) -> dict[str, Any]:
         for _key, entries in answer:
             for entry_id, fields in entries:
                 stamp = pacing.sent_ns(fields[FIELD])
-                latencies.append((stamp, now - stamp))
+                latencies.add(stamp, now)
                 last_id = entry_id
     r.close()
     return pacing.summarize(latencies, n)
