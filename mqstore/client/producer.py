@@ -560,7 +560,9 @@ class Producer:
         A batch smaller than a request lingers as send's messages do, joined by the batches
         that follow it (a caller sending a few messages every millisecond makes one request
         every linger, not one a call); waiting for its result sends it at once.
-        Bad input raises InvalidArgument here, before anything is queued."""
+        Bad input raises InvalidArgument here, before anything is queued. A full buffer
+        (ResourceExhausted past block_timeout_s) raises only while nothing of the batch is
+        queued; later, the messages not queued fail in the future's BatchNotStored."""
         self._check_topic(topic)
         n = len(bodies)
         if n == 0:
@@ -592,8 +594,19 @@ class Producer:
         )
         future = BatchFuture(result, len(prepared.cuts), self._hurry)
         deadline = time.monotonic() + self.block_timeout_s
-        for first, end, weight in prepared.cuts:
-            self._queue_part(prepared, BatchPart(future, first, end - first), weight, deadline)
+        for k, (first, end, weight) in enumerate(prepared.cuts):
+            try:
+                self._queue_part(prepared, BatchPart(future, first, end - first), weight, deadline)
+            except ClientError as err:
+                if k == 0:
+                    raise  # nothing of the batch is queued: the call fails as a whole
+                # Parts are on their way: the rest fail with the reason, and the future tells
+                # which messages were not stored (BatchNotStored) once the sent ones answer.
+                for rest_first, rest_end, _ in prepared.cuts[k:]:
+                    future._part_done(BatchPart(future, rest_first, rest_end - rest_first), err)
+                with self._cond:
+                    self.stats.failed += n - prepared.cuts[k][0]
+                break
         return future
 
     def _queue_part(

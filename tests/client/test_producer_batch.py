@@ -20,7 +20,7 @@ from mqstore.client import (
     Producer,
 )
 from mqstore.client.batch import BatchFuture, BatchPart
-from mqstore.client.errors import InvalidArgument, Unavailable
+from mqstore.client.errors import InvalidArgument, ResourceExhausted, Unavailable
 from mqstore.client.producer import part_answers
 from mqstore.formats import sysflag
 from mqstore.formats.javahash import java_string_hash
@@ -240,6 +240,27 @@ def test_a_batch_the_store_never_takes_fails_with_every_message_listed() -> None
         assert sorted(err.value.result.errors) == [0, 1, 2]
         assert err.value.result.commit_log_offsets == [-1, -1, -1]
         assert p.stats.failed == 3
+
+
+def test_a_batch_the_buffer_cannot_take_fails_whole_or_lists_what_was_not_queued() -> None:
+    """A full buffer (the store away) raises while nothing of the batch is queued; once parts
+    are on their way, the call returns and the future lists the rest as not stored, with the
+    reason, rather than raising and leaving the queued parts without a future."""
+    settings = ClientSettings(commitlog="127.0.0.1:1", cq=("127.0.0.1:1",), index=())
+    body = b"x" * 600
+    with Producer(
+        settings, buffer_bytes=1_500, block_timeout_s=0.3, retry_timeout_s=1.0, batch_messages=2
+    ) as p:
+        future = p.send_batch("orders", [body] * 6)  # the first 2 fit, the rest wait for room
+        with pytest.raises(ResourceExhausted):  # its first part finds no room: nothing queued
+            p.send_batch("orders", [body] * 2)
+        with pytest.raises(BatchNotStored) as err:
+            future.result(timeout=30)
+        errors = err.value.result.errors
+        assert sorted(errors) == list(range(6))
+        assert all(isinstance(errors[i], Unavailable) for i in (0, 1))
+        assert all(isinstance(errors[i], ResourceExhausted) for i in range(2, 6))
+        assert p.stats.failed == 6
 
 
 def test_the_asyncio_producer_sends_batches(settings: ClientSettings, topic: str) -> None:
