@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from array import array
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from bench.peers.common import percentile
 from bench.peers.mqstore_bench import (
     LONG_POLL_MS,
     prime,
+    scrape,
     settings_of,
     visible_producer,
     wait_caught_up,
@@ -100,9 +100,8 @@ def _spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _metric(port: int, name: str) -> float:
+def _metric(text: str, name: str) -> float:
     """The sum of a Prometheus metric's samples, every label set."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and line[len(name)] in " {":
@@ -112,8 +111,8 @@ def _metric(port: int, name: str) -> float:
 
 def _counts(cluster: Any) -> dict[str, float]:
     """Counters that tell the per-message costs from the per-frame and per-request ones."""
-    cq = cluster.followers["cq"].ports["metrics_port"]
-    log = cluster.commitlog.ports["metrics_port"]
+    cq = scrape(cluster.followers["cq"].ports["metrics_port"])
+    log = scrape(cluster.commitlog.ports["metrics_port"])
     return {
         "appended": _metric(log, "mqstore_commitlog_appended_messages_total"),
         "dispatch frames": _metric(log, "mqstore_commitlog_dispatch_frames_total"),

@@ -425,13 +425,17 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
     )
 
 
+def scrape(port: int) -> str:
+    """A service's Prometheus metrics, as text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        return str(answer.read().decode())
+
+
 def tail_records(cluster: Cluster) -> dict[str, float]:
     """Where cq_svc found the records it served without a commit-log Read, from its metrics
     endpoint: its tail (tail_hit, tail_miss) and the segment files (local_hit, local_miss,
     local_failed_check)."""
-    port = cluster.followers["cq"].ports["metrics_port"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
+    text = scrape(cluster.followers["cq"].ports["metrics_port"])
     series = {
         "tail_hit": 'mqstore_cq_tail_records_total{result="hit"}',
         "tail_miss": 'mqstore_cq_tail_records_total{result="miss"}',

@@ -648,7 +648,7 @@ class Producer:
         """Under the lock: block until `weight` more bytes fit the buffer (Kafka's
         buffer.memory); ResourceExhausted past the deadline, InvalidArgument once closed.
         What lingers is sent first: it may be what holds the room."""
-        if self._buffered + weight > self.buffer_bytes and (self._open or self._open_parts):
+        if self._buffered + weight > self.buffer_bytes and self._lingering:
             self._seal()
             self._cond.notify_all()
         while self._buffered + weight > self.buffer_bytes and self._buffered > 0:
@@ -679,10 +679,10 @@ class Producer:
         with self._cond:
             self._flushing += 1
             try:
-                if self._open or self._open_parts:
+                if self._lingering:
                     self._seal()
                 self._cond.notify_all()
-                while self._open or self._open_parts or self._sealed or self._inflight:
+                while self._lingering or self._sealed or self._inflight:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise TimeoutError(f"flush did not finish within {timeout_s} s")
@@ -799,6 +799,11 @@ class Producer:
 
     # -- the sender thread ----------------------------------------------------------------------
 
+    @property
+    def _lingering(self) -> bool:
+        """Under the lock: messages or shares wait in the open batch."""
+        return bool(self._open or self._open_parts)
+
     def _seal(self) -> None:
         """Turn what lingers into a request with the next sequence (under the lock)."""
         if self._open_parts:
@@ -816,7 +821,7 @@ class Producer:
             to_fail: list[tuple[_Request, ClientError]] = []
             open_stream = False
             with self._cond:
-                lingering = bool(self._open or self._open_parts)
+                lingering = self._lingering
                 if self._closing and not (lingering or self._sealed or self._inflight):
                     break
                 now = time.monotonic()
@@ -866,7 +871,7 @@ class Producer:
 
     def _next_wake(self, now: float) -> float:
         waits = [1.0]
-        if self._open or self._open_parts:
+        if self._lingering:
             waits.append(self._open_since + self.linger_s - now)
         if self._inflight:
             waits.append(self._inflight[0].sent_at + self.request_timeout_s - now)

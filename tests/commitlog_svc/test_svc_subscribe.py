@@ -301,26 +301,30 @@ def test_a_damaged_record_is_sent_as_a_corrupt_range_and_dispatch_goes_on(
     reader.cancel()
 
 
+class RecordingSink:
+    """A DispatchSink that keeps what it is given: each frame's type and length, its entries."""
+
+    def __init__(self) -> None:
+        self.store_id = b""
+        self.confirmed_offset = 0
+        self.applied_offset = 0
+        self.frames: list[tuple[type, int]] = []
+        self.entries: list[DispatchEntry] = []
+
+    def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
+        if store_id != self.store_id:
+            self.store_id, self.entries, self.applied_offset = store_id, [], min_offset
+
+    def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None:
+        self.frames.append((type(entries), len(entries)))
+        self.entries.extend(entries)
+        self.applied_offset = self.confirmed_offset = next_offset
+
+
 def test_the_shared_subscriber_client_follows_and_confirms(svc: Running) -> None:
     """mqstore.rpc.subscriber (what cq_svc and index_svc run) against the real service."""
-
-    class Sink:
-        def __init__(self) -> None:
-            self.store_id = b""
-            self.confirmed_offset = 0
-            self.applied_offset = 0
-            self.entries: list[DispatchEntry] = []
-
-        def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
-            if store_id != self.store_id:
-                self.store_id, self.entries, self.applied_offset = store_id, [], min_offset
-
-        def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None:
-            self.entries.extend(entries)
-            self.applied_offset = self.confirmed_offset = next_offset
-
     stored = offsets_of(fill(svc, 20))
-    sink = Sink()
+    sink = RecordingSink()
     follower = Subscriber(svc.target, "shared", sink)
     follower.start()
     try:
@@ -344,24 +348,7 @@ def test_the_shared_subscriber_hands_small_frames_as_entry_lists(
     """entries_max: a frame of at most that many entries comes as a DispatchEntry list, a larger
     one (or one carrying records, which only columns hold) as DispatchColumns; the sink sees
     the same entries either way."""
-
-    class Sink:
-        def __init__(self) -> None:
-            self.store_id = b""
-            self.confirmed_offset = 0
-            self.applied_offset = 0
-            self.frames: list[tuple[type, int]] = []
-            self.entries: list[DispatchEntry] = []
-
-        def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
-            self.store_id, self.applied_offset = store_id, min_offset
-
-        def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None:
-            self.frames.append((type(entries), len(entries)))
-            self.entries.extend(entries)
-            self.applied_offset = self.confirmed_offset = next_offset
-
-    sink = Sink()
+    sink = RecordingSink()
     follower = Subscriber(svc.target, "small", sink, entries_max=8, wants_records=lambda: records)
     follower.start()
     try:
