@@ -18,11 +18,14 @@ by message index, and `BatchFuture.result()` raises BatchNotStored carrying the 
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any, Generic, TypeVar
+
+import numpy as np
 
 from mqstore.client.compression import Compression, compress
 from mqstore.client.errors import ClientError, InvalidArgument, refusal
@@ -36,6 +39,7 @@ from mqstore.formats.properties import (
     UNIQ_KEY,
     encode_properties,
 )
+from mqstore.formats.record import PROPERTIES_END_BYTE
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
@@ -313,7 +317,7 @@ def prepare_batch(
         longest = max(map(len, body_list)) if n else 0
     except TypeError:
         raise InvalidArgument("bodies are bytes", field="bodies") from None
-    if any(type(b) is not bytes for b in body_list):
+    if set(map(type, body_list)) != {bytes}:
         try:
             body_list = [bytes(b) for b in body_list]
         except TypeError:
@@ -347,7 +351,7 @@ def prepare_batch(
             for u, k in zip(uniq_keys, keys, strict=True)
         ]
     else:
-        props = [b"%s%s\x02" % (prefix, u.encode()) for u in uniq_keys]
+        props = _uniq_props(prefix, uniq_keys)
     widest = max(map(len, props)) if props else 0
     if widest > limits.properties_bytes_max:
         raise InvalidArgument(
@@ -364,21 +368,57 @@ def prepare_batch(
     elif keys is not None:
         queue_ids = [abs(java_string_hash(k)) % queues_per_topic for k in keys]
     else:
-        queue_ids = [(first_queue + i * queues_per_topic // max(n, 1)) % queues_per_topic
-                     for i in range(n)]  # fmt: skip
+        queue_ids = _queue_runs(first_queue, queues_per_topic, n)
     sys_flags: list[int] = []
     if longest > compress_over_bytes:
         sys_flags = [0] * n
         for i, body in enumerate(body_list):
             if len(body) > compress_over_bytes:
                 body_list[i], sys_flags[i] = compress(body, compression)
-    weights = [
-        len(b) + len(p) + MESSAGE_OVERHEAD_BYTES for b, p in zip(body_list, props, strict=True)
-    ]
+    weights = list(
+        map(
+            operator.add,
+            map(operator.add, map(len, body_list), map(len, props)),
+            repeat(MESSAGE_OVERHEAD_BYTES, n),
+        )
+    )
     return PreparedBatch(
         topic, queue_ids, body_list, props, sys_flags, uniq_keys,
         _cuts(weights, part_messages, part_bytes),
     )  # fmt: skip
+
+
+def _uniq_props(prefix: bytes, uniq_keys: list[str]) -> list[bytes]:
+    """`prefix + uniq key + 0x02` for each key, made as one byte matrix when the keys are of
+    one width (the producer's always are): a format per message cost 150 ns."""
+    n = len(uniq_keys)
+    width = len(uniq_keys[0]) if n else 0
+    if n == 0 or min(map(len, uniq_keys)) != width or max(map(len, uniq_keys)) != width:
+        return [b"%s%s\x02" % (prefix, u.encode()) for u in uniq_keys]
+    try:
+        chars = "".join(uniq_keys).encode("ascii")
+    except UnicodeEncodeError:
+        return [b"%s%s\x02" % (prefix, u.encode()) for u in uniq_keys]
+    rows = np.empty((n, len(prefix) + width + 1), dtype=np.uint8)
+    rows[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
+    rows[:, len(prefix) : -1] = np.frombuffer(chars, np.uint8).reshape(n, width)
+    rows[:, -1] = PROPERTIES_END_BYTE
+    # Each row ends with 0x02, so the fixed-width bytes view drops no trailing byte.
+    props: list[bytes] = rows.view(f"S{rows.shape[1]}").ravel().tolist()
+    return props
+
+
+def _queue_runs(first_queue: int, queues_per_topic: int, n: int) -> list[int]:
+    """Message i goes to queue (first_queue + i * queues_per_topic // n) % queues_per_topic:
+    contiguous runs, one per queue, built a run at a time."""
+    if n < queues_per_topic:  # runs of one, some queues skipped
+        return [(first_queue + i * queues_per_topic // n) % queues_per_topic for i in range(n)]
+    out: list[int] = []
+    for k in range(queues_per_topic):
+        lo = -(-k * n // queues_per_topic)  # the first i with i * queues_per_topic // n == k
+        hi = -(-(k + 1) * n // queues_per_topic)
+        out.extend([(first_queue + k) % queues_per_topic] * (hi - lo))
+    return out
 
 
 def _cuts(weights: list[int], part_messages: int, part_bytes: int) -> list[tuple[int, int, int]]:

@@ -998,8 +998,19 @@ class Consumer:
                 # steps over them): retention got there first.
                 self._skip(queue_id, asked, offsets[0], "MESSAGE_WAS_REMOVING")
             if state.buffered:  # a follow's next answer; pulls go to queues with nothing buffered
-                messages = _buffer_then(state.messages, state.taken, messages)
-                offsets = state.offsets[state.taken :] + offsets
+                if (
+                    state.taken == 0
+                    and isinstance(state.messages, MessageRun)
+                    and isinstance(messages, MessageRun)
+                ):
+                    # Nothing of it handed out yet (it came earlier in this same look), so
+                    # nobody holds it: grown in place, not copied once an answer.
+                    state.messages.extend(messages)
+                    state.offsets.extend(offsets)
+                    messages, offsets = state.messages, state.offsets
+                else:
+                    messages = _buffer_then(state.messages, state.taken, messages)
+                    offsets = state.offsets[state.taken :] + offsets
             state.messages, state.offsets, state.taken = messages, offsets, 0
             state.fetch_at = next_begin
             state.caught_up = next_begin >= response.max_offset

@@ -331,6 +331,15 @@ class MessageRun(Sequence[Message]):
             self._bodies[start:] + more._bodies, self._raws[start:] + more._raws, made
         )
 
+    def extend(self, more: MessageRun) -> None:
+        """`more`'s messages added at the end, in place: for a run nothing was handed out of
+        yet, so that several answers met in one look cost time linear in their length."""
+        shift = len(self._bodies)
+        self._bodies.extend(more._bodies)
+        self._raws.extend(more._raws)
+        if more._made:
+            self._made.update((i + shift, m) for i, m in more._made.items())
+
     def _one(self, i: int) -> Message:
         if self._made:
             m = self._made.get(i)

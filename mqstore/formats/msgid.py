@@ -27,6 +27,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from mqstore.errors import InvalidArgument
 
 _OFFSET = struct.Struct(">q")
@@ -35,6 +37,7 @@ _OFFSET = struct.Struct(">q")
 _UNIQ_TAIL = struct.Struct(">IH")
 
 _HEX = re.compile(r"[0-9A-Fa-f]+")
+_COUNTER_HEX_CHARS = 4  # the id's last field: a 16-bit counter
 
 OFFSET_MSG_ID_V4_CHARS = 32
 OFFSET_MSG_ID_V6_CHARS = 56
@@ -96,12 +99,19 @@ class UniqIdGenerator:
         return f"{self._prefix_hex}{diff & 0xFFFFFFFF:08X}{counter:04X}"
 
     def next_ids(self, n: int) -> list[str]:
-        """`n` ids at once (one clock read; the same as n calls to next_id within one ms)."""
+        """`n` ids at once (one clock read; the same as n calls to next_id within one ms),
+        made as one character matrix: formatting each id was a sixth of a producer's CPU."""
         diff = self._ms_into_month()
-        with self._lock:
-            counters = [next(self._counter) & 0xFFFF for _ in range(n)]
-        head = f"{self._prefix_hex}{diff & 0xFFFFFFFF:08X}"
-        return [f"{head}{c:04X}" for c in counters]
+        # One C call takes all n counters: no thread's next_id takes a number in between.
+        counters = np.fromiter(itertools.islice(self._counter, n), dtype=np.int64, count=n)
+        head = np.frombuffer(f"{self._prefix_hex}{diff & 0xFFFFFFFF:08X}".encode(), np.uint8)
+        width = len(head) + _COUNTER_HEX_CHARS
+        chars = np.empty((n, width), dtype=np.uint8)
+        chars[:, : len(head)] = head
+        hexed = (counters & 0xFFFF).astype(">u2").tobytes().hex().upper().encode()
+        chars[:, len(head) :] = np.frombuffer(hexed, np.uint8).reshape(n, _COUNTER_HEX_CHARS)
+        # Hex digits are never NUL, so the fixed-width bytes view keeps every character.
+        return list(map(bytes.decode, chars.view(f"S{width}").ravel().tolist()))
 
     def _ms_into_month(self) -> int:
         """Milliseconds since the start of the current month (UTC), the id's time field."""

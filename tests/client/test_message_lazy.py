@@ -168,6 +168,21 @@ def test_a_runs_rest_joined_to_the_next_run_is_both_in_order(start: int) -> None
     assert joined[-1] is b[-1]
 
 
+def test_a_run_extended_in_place_holds_both_runs_in_order_with_made_messages_moved() -> None:
+    """MessageRun.extend (a second answer for a queue met in the same look as the first):
+    the same run grows; the next run's made-up-front Message (a V2 record) keeps its object."""
+    first = [record(i) for i in range(10, 13)]
+    second = assorted()  # index 6: a V2 record, made up front
+    a, _ = decode_run(b"".join(first), [len(r) for r in first])
+    b, _ = decode_run(b"".join(second), [len(r) for r in second])
+    a.extend(b)
+    want = [eager(r) for r in first + second]
+    assert len(a) == len(want) and list(a) == want and a[:] == want
+    assert a[3 + 6] is b[6]
+    a.extend(decode_run(b"", [])[0])
+    assert list(a) == want
+
+
 def test_lazy_and_hand_built_messages_are_equal_hashable_values_with_one_repr() -> None:
     raw = record(1)
     lazy = decode_records(raw, [len(raw)])[0]

@@ -10,6 +10,8 @@ import time
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mqstore.client import (
     Admin,
@@ -19,7 +21,7 @@ from mqstore.client import (
     ClientSettings,
     Producer,
 )
-from mqstore.client.batch import BatchFuture, BatchPart
+from mqstore.client.batch import BatchFuture, BatchPart, _queue_runs, _uniq_props
 from mqstore.client.errors import InvalidArgument, ResourceExhausted, Unavailable
 from mqstore.client.producer import part_answers
 from mqstore.formats import sysflag
@@ -280,6 +282,31 @@ def test_unique_ids_made_in_bulk_are_those_made_one_by_one() -> None:
     bulk = UniqIdGenerator(instance_hash=7, clock_ms=lambda: 1_700_000_000_000)
     singles = [one.next_id() for _ in range(70_000)]
     assert bulk.next_ids(70_000) == singles  # the counter wraps at 65,536 the same way
+
+
+def test_unique_ids_in_bulk_mixed_with_single_ones_are_all_distinct() -> None:
+    ids = UniqIdGenerator(instance_hash=7, clock_ms=lambda: 1_700_000_000_000)
+    made = [ids.next_id(), *ids.next_ids(3), ids.next_id(), *ids.next_ids(1), *ids.next_ids(0)]
+    assert len(made) == 6 and len(set(made)) == 6
+    assert made == UniqIdGenerator(instance_hash=7, clock_ms=lambda: 1_700_000_000_000).next_ids(6)
+
+
+@given(first=st.integers(0, 40), queues=st.integers(1, 40), n=st.integers(0, 300))
+def test_queue_runs_are_the_round_robin_formula(first: int, queues: int, n: int) -> None:
+    expected = [(first + i * queues // max(n, 1)) % queues for i in range(n)]
+    assert _queue_runs(first, queues, n) == expected
+
+
+@given(
+    prefix=st.binary(max_size=40),
+    keys=st.lists(st.text(max_size=6), max_size=30),
+    width=st.integers(0, 8),
+)
+def test_uniq_properties_in_one_matrix_are_those_formatted_one_by_one(
+    prefix: bytes, keys: list[str], width: int
+) -> None:
+    for uniq in (keys, [k.ljust(width, "0")[:width] for k in keys]):  # mixed, then one width
+        assert _uniq_props(prefix, uniq) == [b"%s%s\x02" % (prefix, u.encode()) for u in uniq]
 
 
 def test_a_kill_9_of_the_commit_log_mid_batches_stores_every_message_once(
