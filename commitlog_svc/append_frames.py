@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mqstore.formats.javahash import tags_code
-from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, property_values
+from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, property_columns
 from mqstore.formats.record_batch import MessageBatch
 
 APPEND_FRAMES_BYTES_MAX = 32 << 20
@@ -56,8 +56,9 @@ class DispatchProperties:
 
 
 def dispatch_properties(batches: Sequence[MessageBatch]) -> DispatchProperties:
-    """What dispatch needs from each message's properties: a C-speed regex match per message
-    and property, and nothing at all for a batch without properties."""
+    """What dispatch needs from each message's properties: a producer's batch (blobs that
+    differ in their UNIQ_KEY only) parsed once and cut column-wise, any other a C-speed regex
+    match per message and property, and a batch without properties nothing at all."""
     out = DispatchProperties([], [], [])
     for batch in batches:
         props = batch.properties
@@ -67,10 +68,11 @@ def dispatch_properties(batches: Sequence[MessageBatch]) -> DispatchProperties:
             out.keys.extend([""] * n)
             out.uniq_keys.extend([""] * n)
             continue
-        joined = b"".join(props)
-        out.tags_codes.extend(map(tags_code, property_values(props, TAGS, joined=joined)))
-        out.keys.extend(property_values(props, KEYS, joined=joined))
-        out.uniq_keys.extend(property_values(props, UNIQ_KEY, joined=joined))
+        tags, keys, uniq_keys = property_columns(props, (TAGS, KEYS, UNIQ_KEY))
+        codes = {t: tags_code(t) for t in set(tags)}  # a batch has one tag or a few
+        out.tags_codes.extend(map(codes.__getitem__, tags))
+        out.keys.extend(keys)
+        out.uniq_keys.extend(uniq_keys)
     return out
 
 
