@@ -26,8 +26,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -225,15 +226,22 @@ def consume(target: str, size: int, n: int) -> dict[str, Any]:
     return {"rate": count / took, "seconds": took, "body_bytes": body_bytes}
 
 
-def pings(target: str, count: int) -> dict[str, Any]:
+@contextmanager
+def pinger(target: str) -> Iterator[Callable[[], None]]:
+    """One bare Ping to `target` per call (a system's lookups interleave it with theirs)."""
     request = messages()["Ack"](messages=random.randrange(1 << 30))
-    times: list[float] = []
     with make_channel(target) as channel:
         grpc.channel_ready_future(channel).result(timeout=READY_TIMEOUT_S)
         ping = _stubs(channel)["ping"]
+        yield lambda: ping(request, timeout=READY_TIMEOUT_S)
+
+
+def pings(target: str, count: int) -> dict[str, Any]:
+    times: list[float] = []
+    with pinger(target) as ping:
         for i in range(LOOKUP_WARM_UP + count):
             began = time.perf_counter()
-            ping(request, timeout=READY_TIMEOUT_S)
+            ping()
             if i >= LOOKUP_WARM_UP:
                 times.append((time.perf_counter() - began) * 1000)
     return {"p50_ms": percentile(times, 0.5), "p99_ms": percentile(times, 0.99)}

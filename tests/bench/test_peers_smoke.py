@@ -90,6 +90,14 @@ def test_mqstore_and_ceiling_quick(tmp_path: Path) -> None:
         assert produced is not None and visible is not None
         assert visible.runs[0]["offered"] == pytest.approx(produced.values[0] / 2)
         assert visible.runs[0]["received"] == max(1, round(produced.values[0] / 2 * TINY.visible_s))
+    # each lookup run measured the bare round trip in the same moments, and a note reads one
+    # against the other
+    for size in SIZES:
+        lookup = report.results.get("lookup_p50", size, "mqstore")
+        assert lookup is not None
+        assert 0 < lookup.runs[0]["round_trip_p50_ms"] < LATENCY_MAX_MS
+    (note,) = [n for n in report.results.notes if n.startswith("mqstore time lookups")]
+    assert re.search(r"100 B [\d.]+ ms against [\d.]+ ms, [\d.]+x", note), note
     memory = report.results.get("memory", 0, "mqstore")
     assert memory is not None
     assert set(memory.runs[0]) >= {"commitlog_svc", "cq_svc", "index_svc"}
