@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from mqstore.client.compression import Compression, compress
-from mqstore.client.errors import ClientError, InvalidArgument, refusal
+from mqstore.client.errors import ClientError, FailedPrecondition, InvalidArgument, refusal
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import (
@@ -50,6 +50,29 @@ _PUT_OK = pb.PUT_OK
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 _FUTURE_LOCK = threading.Lock()  # guards every future's waiter and callbacks
+# Set in the threads a producer runs callbacks on: waiting there for a result that the same
+# threads deliver would wait forever.
+_PRODUCER_THREAD = threading.local()
+
+
+def mark_producer_thread() -> None:
+    """The calling thread is one of a producer's: it resolves futures and runs callbacks."""
+    _PRODUCER_THREAD.active = True
+
+
+def in_producer_thread() -> bool:
+    return bool(getattr(_PRODUCER_THREAD, "active", False))
+
+
+def refuse_wait_in_producer_thread(what: str) -> None:
+    """FailedPrecondition when called on a producer's thread (a done-callback): `what` would
+    wait for results that this very thread is to deliver."""
+    if in_producer_thread():
+        raise FailedPrecondition(
+            f"{what} inside a send callback would wait forever: callbacks run on the "
+            "producer's thread, which delivers the results; wait outside the callback (or "
+            "chain another add_done_callback)"
+        )
 
 
 class ResultFuture(Generic[T]):
@@ -73,6 +96,7 @@ class ResultFuture(Generic[T]):
     def _wait(self, timeout: float | None) -> None:
         if self._done:
             return
+        refuse_wait_in_producer_thread("waiting for a pending result")
         with _FUTURE_LOCK:
             if not self._done and self._event is None:
                 self._event = threading.Event()
@@ -93,7 +117,8 @@ class ResultFuture(Generic[T]):
 
     def add_done_callback(self, fn: Callable[[ResultFuture[T]], object]) -> None:
         """Call `fn(self)` once resolved (at once, in this thread, when already resolved;
-        else in the producer's thread)."""
+        else in the producer's thread, where waiting for another pending result, flush() or
+        close() raise FailedPrecondition instead of waiting forever)."""
         with _FUTURE_LOCK:
             if not self._done:
                 if self._callbacks is None:

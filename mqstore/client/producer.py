@@ -55,7 +55,10 @@ from mqstore.client.batch import (
     PreparedBatch,
     ResultFuture,
     check_not_reserved,
+    in_producer_thread,
+    mark_producer_thread,
     prepare_batch,
+    refuse_wait_in_producer_thread,
     resolve_stored,
 )
 from mqstore.client.compression import COMPRESS_OVER_BYTES_DEFAULT, Compression, compress
@@ -654,6 +657,12 @@ class Producer:
         while self._buffered + weight > self.buffer_bytes and self._buffered > 0:
             if self._closing:
                 break
+            if in_producer_thread():
+                raise ResourceExhausted(
+                    f"the producer's buffer ({self.buffer_bytes} bytes) is full, and a send "
+                    "callback cannot wait for room: the thread it runs on is the one that "
+                    "frees it"
+                )
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ResourceExhausted(
@@ -675,6 +684,7 @@ class Producer:
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far has its result (success or failure)."""
+        refuse_wait_in_producer_thread("flush()")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             self._flushing += 1
@@ -694,6 +704,7 @@ class Producer:
         """Flush, end the stream, stop the threads; close the connection if it is ours."""
         if self._closed:
             return
+        refuse_wait_in_producer_thread("close()")
         try:
             self.flush(timeout_s)
         finally:
@@ -817,6 +828,7 @@ class Producer:
         self._open_weight = 0
 
     def _run(self) -> None:
+        mark_producer_thread()
         while True:
             to_fail: list[tuple[_Request, ClientError]] = []
             open_stream = False
@@ -906,6 +918,7 @@ class Producer:
         ).start()
 
     def _receive(self, stream: _Stream) -> None:
+        mark_producer_thread()
         error: ClientError | None = None
         try:
             for response in stream.call:

@@ -16,7 +16,13 @@ import grpc
 import pytest
 
 from mqstore.client import AsyncProducer, Compression, Message, Producer, SendResult
-from mqstore.client.errors import InvalidArgument, MessageRefused, Unavailable
+from mqstore.client.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    MessageRefused,
+    Unavailable,
+)
+from mqstore.client.producer import SendFuture
 from mqstore.client.settings import ClientSettings
 from mqstore.formats import sysflag
 from mqstore.formats.javahash import java_string_hash
@@ -110,6 +116,36 @@ def test_a_lone_message_is_sent_after_the_linger_without_a_flush(
     with Producer(settings, linger_ms=20) as p:
         future = p.send(topic, b"lonely")
         assert future.result(timeout=10).queue_offset == 0
+
+
+def test_a_callback_that_waits_for_a_result_or_flushes_is_refused_not_left_hanging(
+    settings: ClientSettings, topic: str
+) -> None:
+    """Callbacks run on the producer's thread, which delivers the results: waiting there for
+    a pending one, flush() or close() would never end. They raise FailedPrecondition, and
+    the producer goes on."""
+    seen: list[BaseException] = []
+    later: list[SendFuture] = []
+
+    def callback(_: object) -> None:
+        pending = producer.send(topic, b"sent by the callback")
+        later.append(pending)
+        for wait in (pending.result, producer.flush, producer.close):
+            try:
+                wait()
+            except FailedPrecondition as err:
+                seen.append(err)
+
+    with Producer(settings, linger_ms=50) as producer:
+        first = producer.send(topic, b"first")
+        first.add_done_callback(callback)
+        producer.flush()
+        assert first.result().commit_log_offset >= 0
+        assert len(seen) == 3 and "inside a send callback" in str(seen[0])
+        assert later[0].result(timeout=20).commit_log_offset > first.result().commit_log_offset
+        assert producer.send_sync(topic, b"after").commit_log_offset >= 0
+    # outside the producer's threads the same calls wait as before
+    assert first.result() is not None
 
 
 def test_queues_by_key_hash_round_robin_or_given(settings: ClientSettings, topic: str) -> None:
