@@ -18,6 +18,7 @@ import grpc
 
 from mqstore.client.errors import Cancelled, ClientError, FailedPrecondition, from_rpc_error
 from mqstore.client.settings import ClientSettings
+from mqstore.rpc.allocator import keep_large_blocks
 from mqstore.rpc.channel import ChannelSecurity
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
@@ -48,6 +49,8 @@ class Connection:
 
     def __init__(self, settings: ClientSettings | None = None) -> None:
         self.settings = settings or ClientSettings()
+        if self.settings.keep_large_blocks:
+            keep_large_blocks()
         self._security = security_of(self.settings)
         self.metadata = self._security.metadata()
         self._credentials = self._security.credentials()
