@@ -48,6 +48,11 @@ PREFIX_DTYPE: Final = np.dtype(
     ]
 )
 
+# Records this long on average or more have their bodies' CRC computed through memoryviews
+# when the caller wants no bodies: 118 against 252 ns a record at 1 KiB, but 177 against 153
+# at 100 B (measured on the 2-core VM).
+VIEW_CRC_RECORD_BYTES_MIN: Final = 512
+
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
@@ -55,7 +60,8 @@ BoolArray = npt.NDArray[np.bool_]
 @dataclass(slots=True)
 class CheckedRecords:
     """Per record: whether every check passed (`ok`), its fixed fields (`head`, PREFIX_DTYPE),
-    where it starts and ends in the blob, and its body (bytes; b"" where not ok)."""
+    where it starts and ends in the blob, and its body (bytes; b"" where not ok; none at all
+    when not asked for)."""
 
     ok: BoolArray
     head: Any
@@ -65,11 +71,16 @@ class CheckedRecords:
 
 
 def check_records(
-    blob: bytes, sizes: Sequence[int], expected_offsets: Sequence[int] | None = None
+    blob: bytes,
+    sizes: Sequence[int],
+    expected_offsets: Sequence[int] | None = None,
+    *,
+    bodies: bool = True,
 ) -> CheckedRecords:
     """Check the records of `blob` (their sizes must add up to its length: ValueError
     otherwise). `expected_offsets`: each record's commit-log offset, checked against its
-    PHYSICALOFFSET."""
+    PHYSICALOFFSET. `bodies=False`: a caller that only wants the verdict gets no bodies (an
+    empty list), and large ones are checked through views, not copied."""
     size = np.fromiter(sizes, dtype=np.int64, count=len(sizes))
     n = len(size)
     ends = np.cumsum(size)
@@ -105,11 +116,19 @@ def check_records(
 
     body_at = np.where(ok, starts + header, 0)
     body_end = body_at + np.where(ok, body_len, 0)
-    # A list comprehension of slices: twice as fast as mapping slice objects (measured).
-    bodies = [blob[a:b] for a, b in zip(body_at.tolist(), body_end.tolist(), strict=True)]
-    crc = np.fromiter(map(crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
+    # A list comprehension of slices: twice as fast as mapping slice objects (measured). A
+    # view costs more than copying a small body and half as much as copying a 1 KiB one.
+    a, b = body_at.tolist(), body_end.tolist()
+    body_list: list[bytes] = []
+    if not bodies and len(blob) >= n * VIEW_CRC_RECORD_BYTES_MIN:
+        view = memoryview(blob)
+        crcs = map(crc32, [view[x:y] for x, y in zip(a, b, strict=True)])
+    else:
+        body_list = [blob[x:y] for x, y in zip(a, b, strict=True)]
+        crcs = map(crc32, body_list)
+    crc = np.fromiter(crcs, dtype=np.int64, count=n) & 0x7FFFFFFF
     ok &= (crc == head["body_crc"]) | (body_len == 0)
-    return CheckedRecords(ok, head, starts, ends, bodies)
+    return CheckedRecords(ok, head, starts, ends, body_list if bodies else [])
 
 
 def split_records(blob: bytes, sizes: Sequence[int] | IntArray) -> list[bytes]:

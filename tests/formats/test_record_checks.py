@@ -24,6 +24,7 @@ from mqstore.formats.record import (
     prepare_message,
     read_record,
 )
+from mqstore.formats.record_columns import VIEW_CRC_RECORD_BYTES_MIN, check_records
 from mqstore.limits import MessageLimits
 
 BODY = b"check-table-body"  # 16 bytes
@@ -388,3 +389,30 @@ def test_limits_are_configurable_and_enforced_as_configured() -> None:
         prep(topic="abcdef", limits=small)
     with pytest.raises(PropertiesTooLarge):
         prep(properties=b"12345", limits=small)
+
+
+@pytest.mark.parametrize("body_bytes", [16, 1024])
+def test_column_checks_without_bodies_give_the_verdicts_of_read_record(body_bytes: int) -> None:
+    """check_records(bodies=False), as the Read and cq_svc's local reads call it (bodies of
+    1 KiB are checked through views, not copied): each record's verdict is read_record's, and
+    the same as with bodies."""
+    raws = [
+        rec(physical_offset=1000 + i, body=bytes([i]) * body_bytes + b"%d" % i) for i in range(40)
+    ]
+    raws[3] = raws[3][:100] + bytes([raws[3][100] ^ 1]) + raws[3][101:]  # body: CRC fails
+    raws[7] = put_i32(raws[7], 4, MAGIC_V1 ^ 8)  # magic
+    raws[11] = raws[11][:-1] + b"\x03"  # the properties' closing 0x02
+    blob = b"".join(raws)
+    sizes = [len(r) for r in raws]
+    offsets = [1000 + i for i in range(40)]
+    offsets[20] += 1  # PHYSICALOFFSET: not where it was read
+    assert (len(blob) >= len(raws) * VIEW_CRC_RECORD_BYTES_MIN) == (body_bytes > 16)
+    lean = check_records(blob, sizes, offsets, bodies=False)
+    full = check_records(blob, sizes, offsets)
+    alone = [
+        isinstance(read_record(r, 0, len(r), check_crc=True, expected_offset=o), Record)
+        for r, o in zip(raws, offsets, strict=True)
+    ]
+    assert lean.ok.tolist() == full.ok.tolist() == alone
+    assert [i for i, ok in enumerate(alone) if not ok] == [3, 7, 11, 20]
+    assert lean.bodies == [] and len(full.bodies) == 40
