@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import operator
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -52,6 +52,9 @@ _PROPS_LEN = struct.Struct(">h")
 _PHYS = struct.Struct(">q")
 # 2-byte big-endian lengths for small properties, so the loop indexes instead of packing.
 _SMALL_PROPS_BYTES = 4096
+# A batch whose properties come in at most one length per this many records joins the topic
+# and the length into one part per record.
+_MIDDLES_PER_RECORDS = 8
 _PROPS_LEN_BYTES = tuple(_PROPS_LEN.pack(n) for n in range(_SMALL_PROPS_BYTES))
 # Validated topics kept; past this the cache is dropped and rebuilt (a bound, not a tuning).
 TOPIC_CACHE_ENTRIES_MAX = 65_536
@@ -331,15 +334,24 @@ class BatchEncoder:
             repeat(batch.prepared_tx_offset, n),
             body_lens,
         )
-        if max(props_lens) < _SMALL_PROPS_BYTES:
-            props_len_bytes = map(_PROPS_LEN_BYTES.__getitem__, props_lens)
+        lengths = set(props_lens)
+        pieces: Iterator[tuple[bytes, ...]]
+        if len(lengths) * _MIDDLES_PER_RECORDS <= n:
+            # The topic and the properties' length as one part: a batch's properties come in
+            # a few lengths (a producer's differ in their unique ids only), so each piece is
+            # made once, and every record has a part fewer to join.
+            prefix, pack = info.prefix, _PROPS_LEN.pack
+            middles = {length: prefix + pack(length) for length in lengths}
+            pieces = zip(headers, bodies, map(middles.__getitem__, props_lens), props, strict=True)
         else:
-            props_len_bytes = map(_PROPS_LEN.pack, props_lens)
-        parts.extend(
-            itertools.chain.from_iterable(
-                zip(headers, bodies, repeat(info.prefix, n), props_len_bytes, props, strict=True)
+            if max(props_lens) < _SMALL_PROPS_BYTES:
+                props_len_bytes = map(_PROPS_LEN_BYTES.__getitem__, props_lens)
+            else:
+                props_len_bytes = map(_PROPS_LEN.pack, props_lens)
+            pieces = zip(
+                headers, bodies, repeat(info.prefix, n), props_len_bytes, props, strict=True
             )
-        )
+        parts.extend(itertools.chain.from_iterable(pieces))
         out.positions.extend(positions)
         out.sizes.extend(sizes)
         out.queue_offsets.extend(queue_offsets)

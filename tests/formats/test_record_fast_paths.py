@@ -51,10 +51,11 @@ tx_flags = st.sampled_from(
     messages=st.lists(
         st.tuples(st.integers(0, 7), st.binary(max_size=300), st.binary(max_size=60), tx_flags),
         min_size=1,
-        max_size=12,
+        max_size=24,
     ),
     base=st.integers(0, 1 << 40),
     store_ts=st.integers(0, 1 << 45),
+    one_length=st.booleans(),
 )
 def test_batch_encoder_writes_the_reference_bytes(
     topic: str,
@@ -63,12 +64,16 @@ def test_batch_encoder_writes_the_reference_bytes(
     messages: list[tuple[int, bytes, bytes, int]],
     base: int,
     store_ts: int,
+    one_length: bool,
 ) -> None:
+    # one_length: every message's properties of one length, as a producer's batch has them
+    # (the encoder then joins the topic and that length into one part a record)
+    props = [p[:20].ljust(20, b"p") if one_length else p for _, _, p, _ in messages]
     batch = MessageBatch(
         topic=topic,
         queue_ids=[q for q, _, _, _ in messages],
         bodies=[b for _, b, _, _ in messages],
-        properties=[p + b"\x02" if p else p for _, _, p, _ in messages],
+        properties=[p + b"\x02" if p else p for p in props],
         sys_flags=[f for _, _, _, f in messages],
         flag=7,
         born_timestamp_ms=123_456,
