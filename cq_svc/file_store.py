@@ -260,7 +260,8 @@ class FileCqStore:
         if start == len(rows):
             return 0
         taken = rows[start:]
-        stamps = np.clip(columns.store_timestamps_ms[taken], 0, TIME_MAX_MS)
+        # np.minimum/np.maximum: np.clip costs twice as much a call on a run this short.
+        stamps = np.minimum(np.maximum(columns.store_timestamps_ms[taken], 0), TIME_MAX_MS)
         times = np.maximum.accumulate(np.maximum(stamps, st.last_time_ms))
         fq.append_columns(phys[start:], sizes[start:], columns.tags_codes[taken], times)
         return len(taken)

@@ -76,7 +76,7 @@ def encode_times(units: bytes, indexed_times_ms: npt.NDArray[np.int64]) -> bytes
     n = len(indexed_times_ms)
     message = np.empty((n, _CHECKED_BYTES), dtype=np.uint8)
     message[:, :_UNIT_BYTES] = np.frombuffer(units, dtype=np.uint8).reshape(n, _UNIT_BYTES)
-    times = np.clip(indexed_times_ms, 0, TIME_MAX_MS).astype(">u8")
+    times = np.minimum(np.maximum(indexed_times_ms, 0), TIME_MAX_MS).astype(">u8")
     message[:, _UNIT_BYTES:] = times.view(np.uint8).reshape(n, 8)[:, 2:]
     base, tables = _check_tables()
     pairs = message.view("<u2").astype(np.intp) + _PAIR_TABLE_OFFSETS

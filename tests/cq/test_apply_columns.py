@@ -6,6 +6,7 @@ ranges, gaps, queues starting above 0, times out of order or out of range, and r
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import tempfile
@@ -20,7 +21,12 @@ from hypothesis import strategies as st
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import make_store
 from cq_svc.rocks_store import OFFSET_CF
-from cq_svc.store import CqStore, plain_run_start
+from cq_svc.store import (
+    CqStore,
+    _plain_run_start_columns,
+    _plain_run_start_small,
+    plain_run_start,
+)
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument
 from mqstore.formats.cq_time import TIME_MAX_MS, encode_time, encode_times
@@ -244,3 +250,25 @@ def test_a_unit_is_a_hashable_value_read_alike_from_both_stores(tmp_path: Path) 
     assert units[0] == units[1]
     assert len(set(units[0])) == 10
     assert units[0][3] in set(units[1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(st.sampled_from([1, 1, 1, 1, 0, 2, -1]), min_size=1, max_size=90),
+    grows=st.lists(st.sampled_from([240, 240, 100, 0, -5]), min_size=90, max_size=90),
+    expect=st.integers(0, 6),
+    last_end=st.sampled_from([0, 480, 1_000, 10**9]),
+)
+def test_a_short_runs_check_on_lists_is_the_columns_check(
+    steps: list[int], grows: list[int], expect: int, last_end: int
+) -> None:
+    """plain_run_start checks runs of up to PLAIN_CHECK_IN_PYTHON_ROWS_MAX rows on lists, longer
+    ones on the columns: both give the same answer for any run (gaps, repeats, ends going
+    back, replayed prefixes)."""
+    offsets = list(itertools.accumulate(steps, initial=2))[1:]
+    ends = list(itertools.accumulate(grows[: len(steps)], initial=200))[1:]
+    small = _plain_run_start_small(offsets, ends, expect, last_end)
+    columns = _plain_run_start_columns(
+        np.array(offsets, dtype=np.int64), np.array(ends, dtype=np.int64), expect, last_end
+    )
+    assert small == columns

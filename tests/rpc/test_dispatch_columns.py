@@ -251,3 +251,27 @@ def test_a_well_formed_frame_passes_both_decoders() -> None:
     assert decode_columns(with_records).records == b"r" * 200
     assert decode_columns(with_records).entries() == decode_dispatch(with_records)
     assert np.array_equal(decode_columns(frame).queue_ids, [0, 1])
+
+
+@pytest.mark.parametrize(
+    "queues",
+    [
+        [0] * 5 + [1] * 5 + [2] * 5,  # a block a queue: found from where the key changes
+        [0] * 5 + [1] * 5 + [0] * 5,  # a queue again later: grouped by sorting
+        [2, 0, 2, 1, 0, 1],
+        [3] * 4,
+    ],
+)
+def test_queue_runs_of_blocks_and_of_mixed_frames_are_a_dict_of_lists(queues: list[int]) -> None:
+    entries = [
+        DispatchEntry("T" if i % 7 else "U", q, i, 100 * i, 100, 0, 1_000 + i, sys_flag=flag)
+        for i, (q, flag) in enumerate(zip(queues, [0, 0, 0, 0xC, 0] * 4, strict=False))
+    ]
+    # with a rolled-back message among them (no unit), and without
+    for frame in (entries, [e for e in entries if e.goes_to_consume_queue]):
+        want: dict[tuple[str, int], list[int]] = {}
+        for i, e in enumerate(frame):
+            if e.goes_to_consume_queue:
+                want.setdefault((e.topic, e.queue_id), []).append(i)
+        runs = DispatchColumns.from_entries(frame).queue_runs()
+        assert [((r.topic, r.queue_id), r.rows.tolist()) for r in runs] == list(want.items())
