@@ -142,10 +142,17 @@ def main() -> None:
         default="",
         help="a process (commitlog, cq, index, consumer) to record with py-spy --gil in each run",
     )
+    parser.add_argument(
+        "--no-local-reads",
+        action="store_true",
+        help="cq_svc without --commitlog-dir: the frames bring records, the tail serves them",
+    )
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = start_store(Path(tmp) / "store", flush="async")
+        cluster = start_store(
+            Path(tmp) / "store", flush="async", local_reads=not args.no_local_reads
+        )
         try:
             settings = settings_of(cluster)
             with ctx.Pool(2) as pool:
