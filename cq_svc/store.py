@@ -355,6 +355,20 @@ def decide_pull(
         if not n:
             break
         blank = cols.blank()
+        if not len(wanted) and not blank.any():
+            # Every unit is taken until the batch is full: where it fills follows from the
+            # running bytes alone (a dozen numpy calls fewer than the walk below, a pull).
+            stop, total = _plain_stop(cols.size, count, total, max_messages, max_pull_bytes)
+            if stop:
+                result.next_begin_offset = int(cols.queue_offset[stop - 1]) + 1
+                parts.append(cols.select(slice(0, stop)))
+                count += stop
+            if stop < n:
+                break
+            at = int(cols.queue_offset[-1]) + 1
+            if source.one_file_per_pull and at % source.units_per_file == 0:
+                break
+            continue
         kept = ~blank
         if len(wanted):
             kept &= np.isin(cols.tags, wanted)
@@ -389,3 +403,22 @@ def decide_pull(
 
 
 _SCAN_CHUNK_MIN = 64
+
+
+def _plain_stop(
+    size: IntArray, count: int, total: int, max_messages: int, max_pull_bytes: int
+) -> tuple[int, int]:
+    """The walk of decide_pull over a chunk with no blank and no filter: (how many of its
+    units are taken, the bytes taken then). Unit i is where the batch is full when units were
+    taken before it and it would be one too many or take the bytes past the cap, or when the
+    bytes before it reach the cap."""
+    ends = total + np.cumsum(size)  # bytes taken once unit i is
+    n = len(ends)
+    stop = min(n, max(max_messages - count, 0))
+    past = int(np.searchsorted(ends, max_pull_bytes, side="right"))  # first end over the cap
+    stop = min(stop, past if count + past > 0 else 1)
+    if total >= max_pull_bytes:
+        stop = 0
+    else:
+        stop = min(stop, int(np.searchsorted(ends, max_pull_bytes, side="left")) + 1)
+    return stop, int(ends[stop - 1]) if stop else total

@@ -113,13 +113,13 @@ def reference_pull(
 
 
 @st.composite
-def queues(draw: st.DrawFn) -> tuple[ListSource, int]:
+def queues(draw: st.DrawFn, blanks: bool = True) -> tuple[ListSource, int]:
     lo = draw(st.integers(0, 40))
     n = draw(st.integers(0, 300))
     units = []
     phy = 1_000
     for i in range(n):
-        if draw(st.integers(0, 9)) == 0:
+        if blanks and draw(st.integers(0, 9)) == 0:
             units.append(Unit(lo + i, 0, BLANK_SIZE, 0))
             continue
         size = draw(st.sampled_from([1, 60, 100, 250, 1_000, 4_000]))
@@ -137,16 +137,41 @@ def queues(draw: st.DrawFn) -> tuple[ListSource, int]:
     return source, offset
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    queues(),
+_PULL_ARGS = (
     st.integers(1, 80),
     st.sampled_from([0, 100, 500, 3_000, 20_000, 1 << 20]),
-    st.frozensets(st.integers(0, 4), max_size=3),
-    st.sampled_from([0, 400, 4_000]),
-    st.sampled_from([250, 5_000, 1 << 20]),
 )
+_LIMIT_ARGS = (st.sampled_from([0, 400, 4_000]), st.sampled_from([250, 5_000, 1 << 20]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(queues(blanks=False), *_PULL_ARGS, st.just(frozenset()), *_LIMIT_ARGS)
+def test_a_walk_without_blanks_or_filter_decides_as_rocketmq_unit_by_unit(
+    queue: tuple[ListSource, int],
+    max_messages: int,
+    max_bytes: int,
+    tags: frozenset[int],
+    max_filter_bytes: int,
+    pull_bytes_cap: int,
+) -> None:
+    """The usual pull (decide_pull's shortcut for a chunk with nothing to step over)."""
+    _decides_as_rocketmq(queue, max_messages, max_bytes, tags, max_filter_bytes, pull_bytes_cap)
+
+
+@settings(max_examples=400, deadline=None)
+@given(queues(), *_PULL_ARGS, st.frozensets(st.integers(0, 4), max_size=3), *_LIMIT_ARGS)
 def test_the_column_walk_decides_as_rocketmq_unit_by_unit(
+    queue: tuple[ListSource, int],
+    max_messages: int,
+    max_bytes: int,
+    tags: frozenset[int],
+    max_filter_bytes: int,
+    pull_bytes_cap: int,
+) -> None:
+    _decides_as_rocketmq(queue, max_messages, max_bytes, tags, max_filter_bytes, pull_bytes_cap)
+
+
+def _decides_as_rocketmq(
     queue: tuple[ListSource, int],
     max_messages: int,
     max_bytes: int,
