@@ -148,8 +148,16 @@ class LiveLog:
         if starts is None:
             return None
         k = np.searchsorted(starts, offsets, side="right") - 1
-        if int(k.min()) < 0 or int(k.max()) >= len(starts) - 1 or (ends > starts[k + 1]).any():
+        first_seg, last_seg = int(k.min()), int(k.max())
+        if first_seg < 0 or last_seg >= len(starts) - 1 or (ends > starts[k + 1]).any():
             return None
+        if first_seg == last_seg and (n == 1 or bool((offsets[1:] == ends[:-1]).all())):
+            # The usual pull: records that follow each other in one segment, one slice.
+            base = int(starts[first_seg])
+            mapped = self._segment(base, int(starts[first_seg + 1]) - base)
+            if mapped is None:
+                return None
+            return mapped.buf[int(offsets[0]) - base : int(ends[-1]) - base]
         seg_start = starts[k]
         begin = offsets - seg_start
         end = ends - seg_start

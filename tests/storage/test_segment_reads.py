@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqstore.formats.commitlog_checkpoint import StoreMeta, encode_meta
@@ -180,3 +180,34 @@ def test_a_mapping_made_while_the_minimum_moves_past_it_is_not_kept(
     monkeypatch.setattr("mqstore.storage.segment_reads.mmap.mmap", racing_mmap)
     live.read(_arr([10]), _arr([5]))
     assert live.mapped == 0
+
+
+@given(
+    segment=st.integers(0, 2),
+    at=st.integers(0, SEGMENT_BYTES - 1),
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=12),
+    gap_after=st.integers(-1, 11),
+)
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_ranges_one_after_another_read_as_what_they_hold(
+    log_dir: tuple[Path, bytes], segment: int, at: int, lengths: list[int], gap_after: int
+) -> None:
+    """The usual pull: records that follow each other in one segment (read as one slice),
+    and the same with a gap after one of them (read range by range), or running on into the
+    next segment; a range across a segment's end is not answered."""
+    root, stream = log_dir
+    live = LiveLog(str(root))
+    offsets, position = [], segment * SEGMENT_BYTES + at
+    for i, length in enumerate(lengths):
+        offsets.append(position)
+        position += length + (7 if i == gap_after else 0)
+    got = live.read(_arr(offsets), _arr(lengths))
+    pairs = list(zip(offsets, lengths, strict=True))
+    if any((o + z - 1) // SEGMENT_BYTES != o // SEGMENT_BYTES for o, z in pairs) or (
+        offsets[-1] + lengths[-1] > 3 * SEGMENT_BYTES
+    ):
+        assert got is None  # a range across a segment's end, or past the log's
+    else:
+        assert got == b"".join(stream[o : o + z] for o, z in zip(offsets, lengths, strict=True))
