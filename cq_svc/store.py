@@ -355,7 +355,7 @@ def decide_pull(
         if not n:
             break
         blank = cols.blank()
-        if not len(wanted) and not blank.any():
+        if not len(wanted) and not blank.any() and int(cols.size.min()) >= 0:
             # Every unit is taken until the batch is full: where it fills follows from the
             # running bytes alone (a dozen numpy calls fewer than the walk below, a pull).
             stop, total = _plain_stop(cols.size, count, total, max_messages, max_pull_bytes)
@@ -408,13 +408,14 @@ _SCAN_CHUNK_MIN = 64
 def _plain_stop(
     size: IntArray, count: int, total: int, max_messages: int, max_pull_bytes: int
 ) -> tuple[int, int]:
-    """The walk of decide_pull over a chunk with no blank and no filter: (how many of its
-    units are taken, the bytes taken then). Unit i is where the batch is full when units were
-    taken before it and it would be one too many or take the bytes past the cap, or when the
-    bytes before it reach the cap."""
-    ends = total + np.cumsum(size)  # bytes taken once unit i is
+    """The walk of decide_pull over a chunk with no blank, no filter and no negative size:
+    (how many of its units are taken, the bytes taken then). Unit i is where the batch is full
+    when units were taken before it and it would be one too many or take the bytes past the
+    cap, or when the bytes before it reach the cap."""
+    ends = total + np.cumsum(size)  # bytes taken once unit i is (sizes >= 0: ascending)
     n = len(ends)
-    stop = min(n, max(max_messages - count, 0))
+    # By count: the first unit with units taken before it and one too many with it.
+    stop = min(n, max(max_messages - count, 0 if count else 1))
     past = int(np.searchsorted(ends, max_pull_bytes, side="right"))  # first end over the cap
     stop = min(stop, past if count + past > 0 else 1)
     if total >= max_pull_bytes:

@@ -50,27 +50,29 @@ _PUT_OK = pb.PUT_OK
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 _FUTURE_LOCK = threading.Lock()  # guards every future's waiter and callbacks
-# Set in the threads a producer runs callbacks on: waiting there for a result that the same
-# threads deliver would wait forever.
+# The producer whose threads the calling thread is one of (they resolve its futures and run
+# their callbacks): waiting there for that producer's results would wait forever.
 _PRODUCER_THREAD = threading.local()
 
 
-def mark_producer_thread() -> None:
-    """The calling thread is one of a producer's: it resolves futures and runs callbacks."""
-    _PRODUCER_THREAD.active = True
+def mark_producer_thread(producer: object) -> None:
+    """The calling thread is one of `producer`'s: it resolves its futures, runs callbacks."""
+    _PRODUCER_THREAD.producer = producer
 
 
-def in_producer_thread() -> bool:
-    return bool(getattr(_PRODUCER_THREAD, "active", False))
+def on_own_thread(producer: object | None) -> bool:
+    """The calling thread is one of `producer`'s own (False for None)."""
+    return producer is not None and getattr(_PRODUCER_THREAD, "producer", None) is producer
 
 
-def refuse_wait_in_producer_thread(what: str) -> None:
-    """FailedPrecondition when called on a producer's thread (a done-callback): `what` would
-    wait for results that this very thread is to deliver."""
-    if in_producer_thread():
+def refuse_wait_on_own_thread(producer: object | None, what: str) -> None:
+    """FailedPrecondition when called on one of `producer`'s threads (in a callback of one of
+    its sends): `what` would wait for results that this very thread is to deliver. Waiting on
+    another producer from there is fine: its own threads deliver."""
+    if on_own_thread(producer):
         raise FailedPrecondition(
             f"{what} inside a send callback would wait forever: callbacks run on the "
-            "producer's thread, which delivers the results; wait outside the callback (or "
+            "producer's thread, which delivers its results; wait outside the callback (or "
             "chain another add_done_callback)"
         )
 
@@ -81,9 +83,10 @@ class ResultFuture(Generic[T]):
     Condition each (~60% of a send's Python time measured with cProfile); this one makes a
     waiter only for a caller that actually waits."""
 
-    __slots__ = ("_callbacks", "_done", "_error", "_event", "_result")
+    __slots__ = ("_callbacks", "_done", "_error", "_event", "_owner", "_result")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: object | None = None) -> None:
+        self._owner = owner  # the producer whose threads resolve it
         self._done = False
         self._result: T | None = None
         self._error: BaseException | None = None
@@ -96,7 +99,7 @@ class ResultFuture(Generic[T]):
     def _wait(self, timeout: float | None) -> None:
         if self._done:
             return
-        refuse_wait_in_producer_thread("waiting for a pending result")
+        refuse_wait_on_own_thread(self._owner, "waiting for a pending result")
         with _FUTURE_LOCK:
             if not self._done and self._event is None:
                 self._event = threading.Event()
@@ -117,8 +120,9 @@ class ResultFuture(Generic[T]):
 
     def add_done_callback(self, fn: Callable[[ResultFuture[T]], object]) -> None:
         """Call `fn(self)` once resolved (at once, in this thread, when already resolved;
-        else in the producer's thread, where waiting for another pending result, flush() or
-        close() raise FailedPrecondition instead of waiting forever)."""
+        else in the producer's thread, where waiting for another pending result of the same
+        producer, its flush() or close() raise FailedPrecondition instead of waiting forever;
+        handing such a wait to another thread and waiting for that one still waits forever)."""
         with _FUTURE_LOCK:
             if not self._done:
                 if self._callbacks is None:

@@ -55,10 +55,10 @@ from mqstore.client.batch import (
     PreparedBatch,
     ResultFuture,
     check_not_reserved,
-    in_producer_thread,
     mark_producer_thread,
+    on_own_thread,
     prepare_batch,
-    refuse_wait_in_producer_thread,
+    refuse_wait_on_own_thread,
     resolve_stored,
 )
 from mqstore.client.compression import COMPRESS_OVER_BYTES_DEFAULT, Compression, compress
@@ -596,6 +596,7 @@ class Producer:
             store_timestamps_ms=[0] * n,
         )
         future = BatchFuture(result, len(prepared.cuts), self._hurry)
+        future._owner = self
         deadline = time.monotonic() + self.block_timeout_s
         for k, (first, end, weight) in enumerate(prepared.cuts):
             try:
@@ -657,7 +658,7 @@ class Producer:
         while self._buffered + weight > self.buffer_bytes and self._buffered > 0:
             if self._closing:
                 break
-            if in_producer_thread():
+            if on_own_thread(self):
                 raise ResourceExhausted(
                     f"the producer's buffer ({self.buffer_bytes} bytes) is full, and a send "
                     "callback cannot wait for room: the thread it runs on is the one that "
@@ -684,7 +685,7 @@ class Producer:
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far has its result (success or failure)."""
-        refuse_wait_in_producer_thread("flush()")
+        refuse_wait_on_own_thread(self, "flush()")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             self._flushing += 1
@@ -704,7 +705,7 @@ class Producer:
         """Flush, end the stream, stop the threads; close the connection if it is ours."""
         if self._closed:
             return
-        refuse_wait_in_producer_thread("close()")
+        refuse_wait_on_own_thread(self, "close()")
         try:
             self.flush(timeout_s)
         finally:
@@ -764,7 +765,7 @@ class Producer:
         sys_flag = 0
         if len(body) > self.compress_over_bytes:
             body, sys_flag = compress(body, self.compression)
-        return _Message(topic, queue_id, body, encoded, sys_flag, uniq, SendFuture())
+        return _Message(topic, queue_id, body, encoded, sys_flag, uniq, SendFuture(self))
 
     def _route(
         self,
@@ -828,7 +829,7 @@ class Producer:
         self._open_weight = 0
 
     def _run(self) -> None:
-        mark_producer_thread()
+        mark_producer_thread(self)
         while True:
             to_fail: list[tuple[_Request, ClientError]] = []
             open_stream = False
@@ -918,7 +919,7 @@ class Producer:
         ).start()
 
     def _receive(self, stream: _Stream) -> None:
-        mark_producer_thread()
+        mark_producer_thread(self)
         error: ClientError | None = None
         try:
             for response in stream.call:

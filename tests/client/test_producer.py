@@ -126,6 +126,7 @@ def test_a_callback_that_waits_for_a_result_or_flushes_is_refused_not_left_hangi
     the producer goes on."""
     seen: list[BaseException] = []
     later: list[SendFuture] = []
+    finished = threading.Event()
 
     def callback(_: object) -> None:
         pending = producer.send(topic, b"sent by the callback")
@@ -135,17 +136,52 @@ def test_a_callback_that_waits_for_a_result_or_flushes_is_refused_not_left_hangi
                 wait()
             except FailedPrecondition as err:
                 seen.append(err)
+        finished.set()
 
     with Producer(settings, linger_ms=50) as producer:
         first = producer.send(topic, b"first")
         first.add_done_callback(callback)
         producer.flush()
+        assert finished.wait(60)  # flush() may return while the callback still runs
         assert first.result().commit_log_offset >= 0
         assert len(seen) == 3 and "inside a send callback" in str(seen[0])
         assert later[0].result(timeout=20).commit_log_offset > first.result().commit_log_offset
         assert producer.send_sync(topic, b"after").commit_log_offset >= 0
     # outside the producer's threads the same calls wait as before
     assert first.result() is not None
+
+
+def test_a_callback_may_wait_on_another_producer_whose_threads_deliver(
+    settings: ClientSettings, topic: str
+) -> None:
+    """Only a wait on the callback's own producer is refused: another producer's results,
+    flush and room in its buffer come from that producer's threads (found by a review)."""
+    outcome: dict[str, object] = {}
+    finished = threading.Event()
+
+    def callback(_: object) -> None:
+        try:
+            outcome["result"] = other.send(topic, b"to the other").result(timeout=20)
+            other.flush(timeout_s=20)
+            outcome["sync"] = other.send_sync(topic, b"sync")
+            # more than the other's buffer holds: these wait for its room, as anywhere else
+            outcome["sent"] = [other_small.send(topic, b"y" * 500) for _ in range(10)]
+        except Exception as err:
+            outcome["error"] = err
+        finished.set()
+
+    with (
+        Producer(settings, linger_ms=5) as producer,
+        Producer(settings, linger_ms=5) as other,
+        Producer(settings, linger_ms=200, buffer_bytes=2_000, block_timeout_s=20) as other_small,
+    ):
+        producer.send(topic, b"first").add_done_callback(callback)
+        producer.flush()
+        assert finished.wait(60)
+        other_small.flush()
+    assert "error" not in outcome, outcome
+    assert isinstance(outcome["result"], SendResult) and isinstance(outcome["sync"], SendResult)
+    assert len(outcome["sent"]) == 10  # type: ignore[arg-type]
 
 
 def test_queues_by_key_hash_round_robin_or_given(settings: ClientSettings, topic: str) -> None:
