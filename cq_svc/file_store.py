@@ -40,7 +40,7 @@ from cq_svc.store import (
     decide_pull,
     plain_run_start,
 )
-from cq_svc.time_file import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
+from cq_svc.time_file import Boundary, clamp_time, clamp_times, search_offset_by_time
 from cq_svc.unit_file import UNIT_BYTES, Unit
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument, check
@@ -260,8 +260,7 @@ class FileCqStore:
         if start == len(rows):
             return 0
         taken = rows[start:]
-        # np.minimum/np.maximum: np.clip costs twice as much a call on a run this short.
-        stamps = np.minimum(np.maximum(columns.store_timestamps_ms[taken], 0), TIME_MAX_MS)
+        stamps = clamp_times(columns.store_timestamps_ms[taken])
         times = np.maximum.accumulate(np.maximum(stamps, st.last_time_ms))
         fq.append_columns(phys[start:], sizes[start:], columns.tags_codes[taken], times)
         return len(taken)

@@ -363,34 +363,32 @@ def decide_pull(
                 result.next_begin_offset = int(cols.queue_offset[stop - 1]) + 1
                 parts.append(cols.select(slice(0, stop)))
                 count += stop
-            if stop < n:
-                break
-            at = int(cols.queue_offset[-1]) + 1
-            if source.one_file_per_pull and at % source.units_per_file == 0:
-                break
-            continue
-        kept = ~blank
-        if len(wanted):
-            kept &= np.isin(cols.tags, wanted)
-        kept_count = kept.astype(np.int64)
-        kept_size = np.where(kept, cols.size, 0)
-        taken_before = count + np.cumsum(kept_count) - kept_count
-        bytes_before = total + np.cumsum(kept_size) - kept_size
-        full = ~blank & (
-            (
-                (taken_before > 0)
-                & ((taken_before + 1 > max_messages) | (bytes_before + cols.size > max_pull_bytes))
+        else:
+            kept = ~blank
+            if len(wanted):
+                kept &= np.isin(cols.tags, wanted)
+            kept_count = kept.astype(np.int64)
+            kept_size = np.where(kept, cols.size, 0)
+            taken_before = count + np.cumsum(kept_count) - kept_count
+            bytes_before = total + np.cumsum(kept_size) - kept_size
+            full = ~blank & (
+                (
+                    (taken_before > 0)
+                    & (
+                        (taken_before + 1 > max_messages)
+                        | (bytes_before + cols.size > max_pull_bytes)
+                    )
+                )
+                | (bytes_before >= max_pull_bytes)
             )
-            | (bytes_before >= max_pull_bytes)
-        )
-        stop = int(np.argmax(full)) if bool(full.any()) else n
-        if stop:
-            result.next_begin_offset = int(cols.queue_offset[stop - 1]) + 1  # misses included
-            walked = kept[:stop]
-            result.filtered += int(np.count_nonzero(~blank[:stop] & ~walked))
-            parts.append(cols.select(np.flatnonzero(walked)))
-            count += int(np.count_nonzero(walked))
-            total += int(kept_size[:stop].sum())
+            stop = int(np.argmax(full)) if bool(full.any()) else n
+            if stop:
+                result.next_begin_offset = int(cols.queue_offset[stop - 1]) + 1  # misses too
+                walked = kept[:stop]
+                result.filtered += int(np.count_nonzero(~blank[:stop] & ~walked))
+                parts.append(cols.select(np.flatnonzero(walked)))
+                count += int(np.count_nonzero(walked))
+                total += int(kept_size[:stop].sum())
         if stop < n:
             break  # isTheBatchFull
         at = int(cols.queue_offset[-1]) + 1

@@ -9,6 +9,7 @@ from mqstore.formats.cq_time import (
     TIME_STORED_BYTES,
     Boundary,
     clamp_time,
+    clamp_times,
     decode_time,
     encode_time,
     search_offset_by_time,
@@ -17,6 +18,7 @@ from mqstore.formats.cq_time import (
 __all__ = [
     "Boundary",
     "clamp_time",
+    "clamp_times",
     "decode_time",
     "encode_time",
     "search_offset_by_time",

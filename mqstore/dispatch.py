@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import overload
 
 import numpy as np
@@ -273,19 +274,10 @@ class DispatchColumns(Sequence[DispatchEntry]):
         """The rows that go to a consume queue, grouped by (topic, queue) in the order each
         queue first appears, each group in frame order (what a dict of lists filled entry by
         entry gives, without a Python step per entry)."""
-        goes = self.goes_to_consume_queue
-        if not len(goes):
+        rows = np.flatnonzero(self.goes_to_consume_queue)
+        if not len(rows):
             return []
-        if goes.all():  # the usual frame: no transaction halves
-            rows = np.arange(len(goes))
-            key = (self.topic_indexes << _QUEUE_ID_BITS) + (self.queue_ids + _QUEUE_ID_BIAS)
-        else:
-            rows = np.flatnonzero(goes)
-            if not len(rows):
-                return []
-            key = (self.topic_indexes[rows] << _QUEUE_ID_BITS) + (
-                self.queue_ids[rows] + _QUEUE_ID_BIAS
-            )
+        key = (self.topic_indexes[rows] << _QUEUE_ID_BITS) + (self.queue_ids[rows] + _QUEUE_ID_BIAS)
         # Each queue's rows usually lie in one block (a producer's batch puts a queue's
         # messages together): found from where the key changes. np.unique's sort was the
         # cost here on a frame of a hundred rows.
@@ -293,10 +285,8 @@ class DispatchColumns(Sequence[DispatchEntry]):
         run_keys = [int(key[0]), *key[changes].tolist()]
         if len(set(run_keys)) == len(run_keys):
             bounds = [0, *changes, len(rows)]
-            return [
-                self._run(k, rows[a:b])
-                for k, a, b in zip(run_keys, bounds, bounds[1:], strict=False)
-            ]
+            spans = zip(run_keys, pairwise(bounds), strict=True)
+            return [self._run(k, rows[a:b]) for k, (a, b) in spans]
         distinct, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         order = np.argsort(inverse, kind="stable")
         group_ends = np.cumsum(np.bincount(inverse))[:-1]

@@ -216,8 +216,9 @@ class BatchFuture(ResultFuture[BatchResult]):
         batch: BatchResult,
         parts: int,
         hurry: Callable[[BatchFuture], None] | None = None,
+        owner: object | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(owner)
         self._batch = batch
         self._pending = parts
         # The producer's: sends what of this batch still lingers, once someone waits for it.

@@ -595,8 +595,7 @@ class Producer:
             sizes=[0] * n,
             store_timestamps_ms=[0] * n,
         )
-        future = BatchFuture(result, len(prepared.cuts), self._hurry)
-        future._owner = self
+        future = BatchFuture(result, len(prepared.cuts), self._hurry, self)
         deadline = time.monotonic() + self.block_timeout_s
         for k, (first, end, weight) in enumerate(prepared.cuts):
             try:

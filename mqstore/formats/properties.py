@@ -86,13 +86,11 @@ def property_values(raws: Sequence[bytes], name: str, *, joined: bytes | None = 
     ]
 
 
-def property_columns(
-    raws: Sequence[bytes], names: Sequence[str], *, joined: bytes | None = None
-) -> list[list[str]]:
+def property_columns(raws: Sequence[bytes], names: Sequence[str]) -> list[list[str]]:
     """property_values for each of `names`. A producer's batch usually differs from message
     to message in one value only (its UNIQ_KEY): then the first message's parse holds for all
     and the differing value is cut out of every row at once, not matched a message at a time."""
-    joined = b"".join(raws) if joined is None else joined
+    joined = b"".join(raws)
     n = len(raws)
     if n >= 2 and len(joined) == n * len(raws[0]) and min(map(len, raws)) == len(raws[0]):
         shared = _shared_shape_columns(raws[0], joined, n, names)

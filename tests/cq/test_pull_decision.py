@@ -137,38 +137,32 @@ def queues(draw: st.DrawFn, blanks: bool = True) -> tuple[ListSource, int]:
     return source, offset
 
 
-_PULL_ARGS = (
-    st.integers(0, 80),  # 0: not what the service asks (it means "the default"), still exact
-    st.sampled_from([0, 100, 500, 3_000, 20_000, 1 << 20]),
-)
-_LIMIT_ARGS = (st.sampled_from([0, 400, 4_000]), st.sampled_from([250, 5_000, 1 << 20]))
+def pulls(*, plain: bool) -> st.SearchStrategy[tuple[object, ...]]:
+    """decide_pull's arguments and limits; `plain`: a queue without blanks and no tag filter
+    (the usual pull, which decide_pull walks by a shortcut)."""
+    return st.tuples(
+        queues(blanks=not plain),
+        st.integers(0, 80),  # 0: not what the service asks (it means "the default"), still exact
+        st.sampled_from([0, 100, 500, 3_000, 20_000, 1 << 20]),
+        st.just(frozenset()) if plain else st.frozensets(st.integers(0, 4), max_size=3),
+        st.sampled_from([0, 400, 4_000]),
+        st.sampled_from([250, 5_000, 1 << 20]),
+    )
 
 
 @settings(max_examples=400, deadline=None)
-@given(queues(blanks=False), *_PULL_ARGS, st.just(frozenset()), *_LIMIT_ARGS)
+@given(pulls(plain=True))
 def test_a_walk_without_blanks_or_filter_decides_as_rocketmq_unit_by_unit(
-    queue: tuple[ListSource, int],
-    max_messages: int,
-    max_bytes: int,
-    tags: frozenset[int],
-    max_filter_bytes: int,
-    pull_bytes_cap: int,
+    pull: tuple[object, ...],
 ) -> None:
     """The usual pull (decide_pull's shortcut for a chunk with nothing to step over)."""
-    _decides_as_rocketmq(queue, max_messages, max_bytes, tags, max_filter_bytes, pull_bytes_cap)
+    _decides_as_rocketmq(*pull)  # type: ignore[arg-type]
 
 
 @settings(max_examples=400, deadline=None)
-@given(queues(), *_PULL_ARGS, st.frozensets(st.integers(0, 4), max_size=3), *_LIMIT_ARGS)
-def test_the_column_walk_decides_as_rocketmq_unit_by_unit(
-    queue: tuple[ListSource, int],
-    max_messages: int,
-    max_bytes: int,
-    tags: frozenset[int],
-    max_filter_bytes: int,
-    pull_bytes_cap: int,
-) -> None:
-    _decides_as_rocketmq(queue, max_messages, max_bytes, tags, max_filter_bytes, pull_bytes_cap)
+@given(pulls(plain=False))
+def test_the_column_walk_decides_as_rocketmq_unit_by_unit(pull: tuple[object, ...]) -> None:
+    _decides_as_rocketmq(*pull)  # type: ignore[arg-type]
 
 
 def _decides_as_rocketmq(
