@@ -7,7 +7,7 @@ Append) and stored -> visible (dispatch, cq_svc's apply and wake-up, the Pull, i
 client's decode). Figures are ms, p50 / p99 over the run.
 
     python -m bench.visible_probe [--rate 2000] [--seconds 5] [--size 100] [--runs 1] [--unary]
-                                  [--per-message] [--profile commitlog|cq|index|consumer]
+                                  [--per-message] [--profile commitlog|cq|index|consumer|producer]
 
 --unary: the Consumer long-polls queue by queue (unary Pulls) instead of following its queues
 on one Follow stream, for comparison.
@@ -58,7 +58,7 @@ def _consume(
     settings: ClientSettings, topic: str, n: int, ready: str, unary: bool
 ) -> dict[str, Any]:
     # Two float arrays, not a list of tuples: objects the collector walks (pacing.Arrivals).
-    to_store, to_visible = array("d"), array("d")
+    to_store, to_visible, sent_at = array("d"), array("d"), array("d")
     with Consumer(
         settings, topic, start=Offset(1), max_messages=1000, long_poll_ms=LONG_POLL_MS
     ) as c:
@@ -75,16 +75,29 @@ def _consume(
             for m in batch:
                 sent_ms = pacing.sent_ns(m.body) / 1e6
                 stored_ms = _stored_ms(m)
+                sent_at.append(sent_ms)
                 to_store.append(stored_ms - sent_ms)
                 to_visible.append(now_ms - stored_ms)
         pulls = c.stats.pulls
-    return {"stages": list(zip(to_store, to_visible, strict=True)), "pulls": pulls}
+    return {
+        "stages": list(zip(to_store, to_visible, strict=True)),
+        "sent_ms": list(sent_at),
+        "pulls": pulls,
+    }
 
 
 def _produce(
-    settings: ClientSettings, topic: str, size: int, rate: float, n: int, per_message: bool
+    settings: ClientSettings,
+    topic: str,
+    size: int,
+    rate: float,
+    n: int,
+    per_message: bool,
+    go: str,
 ) -> dict[str, Any]:
-    """visible_producer, and the CPU its process spent (every thread of it)."""
+    """visible_producer once `go` exists (the probe may attach py-spy first), and the CPU its
+    process spent (every thread of it)."""
+    pacing.wait_for_file(go)
     began = time.process_time()
     sent = visible_producer(settings, topic, size, rate, n, per_message)
     return {**sent, "cpu_s": time.process_time() - began}
@@ -120,6 +133,20 @@ def _counts(cluster: Any) -> dict[str, float]:
     }
 
 
+def _other_worker(pool: Any, consumer_pid: int) -> int:
+    """The pool's worker that is not the consumer's: the producer's (a pool of two)."""
+    (pid,) = [p.pid for p in pool._pool if p.pid != consumer_pid]
+    return int(pid)
+
+
+def _write_series(path: str, sent_ms: list[float], stages: list[tuple[float, float]]) -> None:
+    """One line a message: when it was sent (epoch ms), send->stored, stored->visible."""
+    with open(path, "w", encoding="ascii") as f:
+        f.write("sent_ms,to_store_ms,to_visible_ms\n")
+        for at, (a, b) in zip(sent_ms, stages, strict=True):
+            f.write(f"{at:.3f},{a:.3f},{b:.3f}\n")
+
+
 def _show(name: str, values: list[float]) -> str:
     values = sorted(values)
     return f"{name} p50 {percentile(values, 0.5):7.1f}  p99 {percentile(values, 0.99):7.1f}"
@@ -140,12 +167,17 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         default="",
-        help="a process (commitlog, cq, index, consumer) to record with py-spy --gil in each run",
+        help="a process (commitlog, cq, index, consumer, producer) to record with py-spy --gil",
     )
     parser.add_argument(
         "--no-local-reads",
         action="store_true",
         help="cq_svc without --commitlog-dir: the frames bring records, the tail serves them",
+    )
+    parser.add_argument(
+        "--series",
+        default="",
+        help="write each message's sent time and its two stages (ms) to this CSV, run by run",
     )
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
@@ -164,7 +196,13 @@ def main() -> None:
                     ready = str(Path(tmp) / f"{topic}.ready")
                     got = pool.apply_async(_consume, (settings, topic, n, ready, args.unary))
                     pacing.wait_for_file(ready)
+                    go = str(Path(tmp) / f"{topic}.go")
+                    sent_async = pool.apply_async(
+                        _produce,
+                        (settings, topic, args.size, args.rate, n, args.per_message, go),
+                    )
                     pids = {
+                        "producer": _other_worker(pool, int(Path(ready).read_text("ascii"))),
                         "commitlog": cluster.commitlog.proc.pid,
                         "cq": cluster.followers["cq"].proc.pid,
                         "index": cluster.followers["index"].proc.pid,
@@ -175,9 +213,8 @@ def main() -> None:
                     spy = _spy(pids[args.profile], spy_out) if args.profile else None
                     before = {k: cpu_seconds(pid) for k, pid in pids.items()}
                     counts_before = _counts(cluster)
-                    sent = pool.apply(
-                        _produce, (settings, topic, args.size, args.rate, n, args.per_message)
-                    )
+                    pacing.touch(go)
+                    sent = sent_async.get()
                     out = got.get()
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)
@@ -186,9 +223,12 @@ def main() -> None:
                     cpu = {
                         k: (cpu_seconds(pid) - before[k]) / sent["seconds"]
                         for k, pid in pids.items()
+                        if k != "producer"
                     }
                     counts = {k: v - counts_before[k] for k, v in _counts(cluster).items()}
                     stages = out["stages"]
+                    if args.series:
+                        _write_series(f"{args.series}.{run}.csv", out["sent_ms"], stages)
                     total = [a + b for a, b in stages]
                     print(
                         f"rate {args.rate:,.0f} (achieved {sent['achieved']:,.0f}), "

@@ -154,6 +154,23 @@ def test_small_batches_linger_and_go_as_one_request_in_order(
     assert [m.uniq_key for m in stored[:15]] == [u for r in results for u in r.uniq_keys]
 
 
+def test_a_lone_small_batch_goes_after_its_linger_with_nobody_waiting_for_it(
+    settings: ClientSettings, topic: str
+) -> None:
+    """The sender wakes for the linger of a share that opens a request (only for that one:
+    shares joining it wake nobody). Without the wake it would sleep out its idle wait (1 s)."""
+    with Producer(settings, linger_ms=20) as p:
+        for _ in range(3):
+            p.send_sync(topic, b"before")  # the sender has just woken, then idles
+            began = time.monotonic()
+            lone = p.send_batch(topic, [b"lone"])
+            joined = p.send_batch(topic, [b"joined"])
+            while not (lone.done() and joined.done()) and time.monotonic() - began < 5:
+                time.sleep(0.005)  # done() waits for nothing: result() would hurry it
+            assert time.monotonic() - began < 0.6
+            assert p.stats.requests % 2 == 0  # send_sync's request, then one for both shares
+
+
 def test_waiting_for_a_lingering_batch_sends_it_and_a_full_one_never_lingers(
     settings: ClientSettings, topic: str
 ) -> None:
