@@ -22,7 +22,8 @@ SETTLE_BUDGET_S = 300.0
 @dataclass
 class Context:
     scale: Scale
-    pool: ProcessPoolExecutor
+    # The client processes of the system being run (run.py starts a pool for each).
+    pool: ProcessPoolExecutor | None
     root: Path
     results: Results = field(default_factory=Results)
     # Offered rate of append-to-visible, per message size: half of mqstore's peak produce rate.
@@ -30,6 +31,12 @@ class Context:
     visible_rate_source: str = ""
     started: float = field(default_factory=time.perf_counter)
     settled_s: float = 0.0  # waited in total for foreign load to drop
+
+    @property
+    def clients(self) -> ProcessPoolExecutor:
+        if self.pool is None:
+            raise RuntimeError("no client pool: a system's benchmark runs inside run_bench")
+        return self.pool
 
     def settle(self) -> None:
         """Wait a while for foreign load to drop before a measured call, within a budget for
@@ -47,7 +54,7 @@ class Context:
         """Run `fn(*args)` in a client process under a CPU meter."""
         self.settle()
         with Meter(servers) as meter:
-            got = self.pool.submit(fn, *args).result(timeout=CLIENT_TIMEOUT_S)
+            got = self.clients.submit(fn, *args).result(timeout=CLIENT_TIMEOUT_S)
         return got, meter
 
     def measure_pair(
@@ -61,10 +68,10 @@ class Context:
         (subscribed, polling), then a producer process; the meter covers the producer's run
         until the consumer has everything."""
         self.settle()
-        seen = self.pool.submit(consumer[0], *consumer[1])
+        seen = self.clients.submit(consumer[0], *consumer[1])
         _wait_ready(ready_path, seen)
         with Meter(servers) as meter:
-            sent = self.pool.submit(producer[0], *producer[1])
+            sent = self.clients.submit(producer[0], *producer[1])
             sent_got = sent.result(timeout=CLIENT_TIMEOUT_S)
             seen_got = seen.result(timeout=CLIENT_TIMEOUT_S)
         return sent_got, seen_got, meter

@@ -542,7 +542,7 @@ def _visible(ctx: Context, settings: ClientSettings, servers: dict[str, int]) ->
                 ("-per-queue", visible_consumer_per_queue),
             ):
                 topic = f"visible-{size}-{run_no}{variant}"
-                ctx.pool.submit(prime, settings, topic).result()
+                ctx.clients.submit(prime, settings, topic).result()
                 wait_caught_up(settings)
                 ready = str(ctx.root / f"mqstore-{topic}.ready")
                 sent, seen, m = ctx.measure_pair(
