@@ -1,0 +1,118 @@
+"""check_records has two ways to its verdicts: numpy columns for many records, and one record at
+a time in Python for a few (`_check_few`, up to SMALL_BATCH_RECORDS_MAX). Whichever runs, the
+result is the same, and every record either path passes is one read_record accepts."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqstore.formats import sysflag
+from mqstore.formats.record import Record, encode_record, read_record
+from mqstore.formats.record_columns import (
+    SMALL_BATCH_RECORDS_MAX,
+    CheckedRecords,
+    _check_columns,
+    _check_few,
+    check_records,
+)
+
+V6_HOST = bytes(range(16)) + b"\x00\x00\x10\x00"
+
+
+@st.composite
+def records(draw: st.DrawFn) -> tuple[bytes, int]:
+    """(a whole record, the offset it claims), of any shape the format allows: long (V2)
+    topics, IPv6 hosts, empty bodies and properties, large bodies."""
+    topic = draw(st.sampled_from(["T", "orders", "%RETRY%" + "t" * 130, "a-b_c|d"]))
+    body = draw(st.sampled_from([b"", b"x", b"body-%d", bytes(600)]))
+    props = draw(st.sampled_from([b"", b"TAGS\x01a\x02", b"UNIQ_KEY\x01" + b"A" * 32 + b"\x02"]))
+    offset = draw(st.integers(0, 1 << 40))
+    v6 = draw(st.booleans())
+    raw = encode_record(
+        topic=topic,
+        queue_id=draw(st.integers(0, 7)),
+        body=body,
+        properties=props,
+        physical_offset=offset,
+        sys_flag=sysflag.BORNHOST_V6 if v6 else 0,
+        born_host=V6_HOST if v6 else b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+    )
+    return raw, offset
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> tuple[bytes, int]:
+    """A record as records() makes it, then maybe one byte changed, a field rewritten or the
+    offset asked for moved."""
+    raw, offset = draw(records())
+    kind = draw(st.sampled_from(["none", "flip", "field", "offset"]))
+    if kind == "flip":
+        at = draw(st.integers(0, len(raw) - 1))
+        raw = raw[:at] + bytes([raw[at] ^ draw(st.integers(1, 255))]) + raw[at + 1 :]
+    elif kind == "field":
+        at = draw(st.sampled_from([0, 4, 8, 36, 84]))  # size, magic, CRC, SYSFLAG, body length
+        out = bytearray(raw)
+        struct.pack_into(">i", out, at, draw(st.integers(-(1 << 31), (1 << 31) - 1)))
+        raw = bytes(out)
+    elif kind == "offset":
+        offset += draw(st.integers(1, 5))
+    return raw, offset
+
+
+def same(a: CheckedRecords, b: CheckedRecords) -> None:
+    assert a.ok.tolist() == b.ok.tolist()
+    assert a.starts.tolist() == b.starts.tolist() and a.ends.tolist() == b.ends.tolist()
+    assert a.bodies == b.bodies
+    assert (a.head is None) == (b.head is None)
+    if a.head is not None:
+        assert a.head.tobytes() == b.head.tobytes()
+        assert a.head.dtype == b.head.dtype
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(damaged(), min_size=1, max_size=SMALL_BATCH_RECORDS_MAX),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 3),
+)
+def test_a_few_records_get_the_verdicts_of_the_columns_and_of_read_record(
+    drawn: list[tuple[bytes, int]], bodies: bool, with_offsets: bool, short: int
+) -> None:
+    raws = [raw for raw, _ in drawn]
+    if short and len(raws) > 1:
+        raws[-1] = raws[-1][: 40 + short]  # one too short to gather from: all left over
+    blob = b"".join(raws)
+    sizes = [len(r) for r in raws]
+    offsets = [o for _, o in drawn] if with_offsets else None
+    few = _check_few(blob, sizes, offsets, bodies)
+    same(few, _check_columns(blob, sizes, offsets, bodies))
+    same(few, check_records(blob, sizes, offsets, bodies=bodies))
+    for i, raw in enumerate(raws):
+        if few.ok[i]:
+            got = read_record(raw, 0, len(raw), expected_offset=-1 if offsets is None else offsets[i])
+            assert isinstance(got, Record) and got.total_size == len(raw)
+            if bodies:
+                assert few.bodies[i] == got.body
+
+
+def test_sizes_that_do_not_add_up_are_refused_alike() -> None:
+    raw, _ = encode_record(topic="T", queue_id=0, body=b"b"), 0
+    for sizes in ([len(raw) + 1], [len(raw), -1], [1, len(raw) - 1 + 5]):
+        for check in (_check_few, _check_columns):
+            try:
+                check(raw, sizes, None, True)
+            except ValueError:
+                continue
+            raise AssertionError(f"{check.__name__} took sizes {sizes}")
+
+
+def test_no_records_is_an_empty_verdict_both_ways() -> None:
+    for check in (_check_few, _check_columns):
+        got = check(b"", [], None, True)
+        assert got.ok.tolist() == [] and got.head is None and got.bodies == []
+    assert np.array_equal(_check_few(b"", [], None, True).starts, np.zeros(0, dtype=np.int64))
