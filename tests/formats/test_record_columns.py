@@ -63,6 +63,26 @@ def damaged(draw: st.DrawFn) -> tuple[bytes, int]:
     return raw, offset
 
 
+@st.composite
+def like_batch(draw: st.DrawFn) -> list[tuple[bytes, int]]:
+    """A producer's batch: records of one size and layout at their own offsets (the columns
+    read their fields as columns of a matrix), one of them maybe damaged."""
+    raw, offset = draw(records())
+    n = draw(st.integers(2, 3 * SMALL_BATCH_RECORDS_MAX))
+    out = []
+    for i in range(n):
+        one = bytearray(raw)
+        struct.pack_into(">q", one, 28, offset + i * len(raw))  # PHYSICALOFFSET
+        out.append((bytes(one), offset + i * len(raw)))
+    if draw(st.booleans()):
+        k = draw(st.integers(0, n - 1))
+        at = draw(st.integers(0, len(raw) - 1))
+        bad = bytearray(out[k][0])
+        bad[at] ^= draw(st.integers(1, 255))
+        out[k] = (bytes(bad), out[k][1])
+    return out
+
+
 def same(a: CheckedRecords, b: CheckedRecords) -> None:
     assert a.ok.tolist() == b.ok.tolist()
     assert a.starts.tolist() == b.starts.tolist() and a.ends.tolist() == b.ends.tolist()
@@ -94,7 +114,9 @@ def test_a_few_records_get_the_verdicts_of_the_columns_and_of_read_record(
     same(few, check_records(blob, sizes, offsets, bodies=bodies))
     for i, raw in enumerate(raws):
         if few.ok[i]:
-            got = read_record(raw, 0, len(raw), expected_offset=-1 if offsets is None else offsets[i])
+            got = read_record(
+                raw, 0, len(raw), expected_offset=-1 if offsets is None else offsets[i]
+            )
             assert isinstance(got, Record) and got.total_size == len(raw)
             if bodies:
                 assert few.bodies[i] == got.body
@@ -116,3 +138,23 @@ def test_no_records_is_an_empty_verdict_both_ways() -> None:
         got = check(b"", [], None, True)
         assert got.ok.tolist() == [] and got.head is None and got.bodies == []
     assert np.array_equal(_check_few(b"", [], None, True).starts, np.zeros(0, dtype=np.int64))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(like_batch(), st.lists(damaged(), min_size=1, max_size=3 * SMALL_BATCH_RECORDS_MAX)),
+    st.booleans(),
+    st.booleans(),
+)
+def test_the_columns_of_many_records_give_the_verdicts_of_one_at_a_time(
+    drawn: list[tuple[bytes, int]], bodies: bool, with_offsets: bool
+) -> None:
+    """Past SMALL_BATCH_RECORDS_MAX the columns decide, reading a batch of like records as a
+    matrix; one record at a time decides alike."""
+    raws = [raw for raw, _ in drawn]
+    blob = b"".join(raws)
+    sizes = [len(r) for r in raws]
+    offsets = [o for _, o in drawn] if with_offsets else None
+    columns = _check_columns(blob, sizes, offsets, bodies)
+    same(columns, _check_few(blob, sizes, offsets, bodies))
+    same(columns, check_records(blob, sizes, offsets, bodies=bodies))
