@@ -32,6 +32,7 @@ from cq_svc.settings import CqSettings
 from cq_svc.sink import SMALL_FRAME_ENTRIES, EngineSink, HeadProbe
 from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
+from mqstore.cpu_section import CPU_SECTION
 from mqstore.rpc import logs
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
@@ -64,6 +65,7 @@ class CqService:
             entries_max=SMALL_FRAME_ENTRIES,
             on_ready_change=self._ready_changed,
             security=security,
+            section=CPU_SECTION,  # a frame's apply takes turns with the pulls (cpu_section.py)
         )
         self.channel: grpc.Channel = make_channel(settings.commitlog_target, security)
         self.probe = HeadProbe(self.channel, self.sink, settings.log_probe_interval_ms / 1000)

@@ -63,6 +63,7 @@ from cq_svc.tail_records import TailRecords
 from cq_svc.time_file import Boundary
 from cq_svc.unit_file import Unit
 from cq_svc.watch import QueueWatch
+from mqstore.cpu_section import CPU_SECTION
 from mqstore.errors import (
     CorruptRecord,
     DataLoss,
@@ -413,33 +414,39 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         over the queues a dispatch woke costs one Read, not one a queue."""
         began = time.perf_counter()
         started = []
-        for a, offset in zip(args, offsets, strict=True):
-            result = self.engine.pull(
-                a.topic,
-                a.queue_id,
-                offset,
-                a.max_messages,
-                a.max_bytes,
-                a.tags.codes if a.tags is not None else (),
-            )
-            response = pb.PullResponse() if into is None else into.add()
-            response.status = _STATUS[result.status]
-            response.next_begin_offset = result.next_begin_offset
-            response.min_offset = result.min_offset
-            response.max_offset = result.max_offset
-            started.append((response, result))
-        found = [k for k, (_, r) in enumerate(started) if r.status is PullStatus.FOUND]
-        taken_found = [started[k][1].taken for k in found]
-        for group in _read_groups(found, taken_found, self.settings.pull_bytes_max):
-            taken = [started[k][1].taken for k in group]
-            phy = taken[0].phy if len(taken) == 1 else np.concatenate([t.phy for t in taken])
-            size = taken[0].size if len(taken) == 1 else np.concatenate([t.size for t in taken])
-            answer = self._local_answer(phy, size) or self._tail_answer(phy, size)
-            if answer is None:
-                answer = self._read(phy.tolist(), size.tolist(), context)
-            for k, part in zip(group, answer.parts([len(t) for t in taken]), strict=True):
-                response, result = started[k]
-                self._pull_finish(args[k], response, result, part)
+        # The computation in CPU_SECTION (mqstore/cpu_section.py: handler threads in numpy at
+        # once hand the GIL to each other at every call), the commit-log Read outside it.
+        with CPU_SECTION:
+            for a, offset in zip(args, offsets, strict=True):
+                result = self.engine.pull(
+                    a.topic,
+                    a.queue_id,
+                    offset,
+                    a.max_messages,
+                    a.max_bytes,
+                    a.tags.codes if a.tags is not None else (),
+                )
+                response = pb.PullResponse() if into is None else into.add()
+                response.status = _STATUS[result.status]
+                response.next_begin_offset = result.next_begin_offset
+                response.min_offset = result.min_offset
+                response.max_offset = result.max_offset
+                started.append((response, result))
+            found = [k for k, (_, r) in enumerate(started) if r.status is PullStatus.FOUND]
+            taken_found = [started[k][1].taken for k in found]
+            groups = []
+            for group in _read_groups(found, taken_found, self.settings.pull_bytes_max):
+                taken = [started[k][1].taken for k in group]
+                phy = taken[0].phy if len(taken) == 1 else np.concatenate([t.phy for t in taken])
+                size = taken[0].size if len(taken) == 1 else np.concatenate([t.size for t in taken])
+                answer = self._local_answer(phy, size) or self._tail_answer(phy, size)
+                groups.append((group, taken, phy, size, answer))
+        for group, taken, phy, size, local in groups:
+            answer = local or self._read(phy.tolist(), size.tolist(), context)
+            with CPU_SECTION:
+                for k, part in zip(group, answer.parts([len(t) for t in taken]), strict=True):
+                    response, result = started[k]
+                    self._pull_finish(args[k], response, result, part)
         took = time.perf_counter() - began
         for _ in started:
             metrics.PULL_SECONDS.observe(took / len(started))

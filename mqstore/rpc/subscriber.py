@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 import grpc
@@ -81,8 +82,12 @@ class Subscriber:
         linger_ms: int = 0,
         on_ready_change: Callable[[bool], None] | None = None,
         security: ChannelSecurity = PLAINTEXT,
+        section: AbstractContextManager[object] | None = None,
     ) -> None:
         self.target = target
+        # Held while a frame is decoded and applied (cq_svc: mqstore/cpu_section.py, shared
+        # with its pull handlers); none by default.
+        self._section: AbstractContextManager[object] = section or nullcontext()
         self.security = security
         self.subscriber_id = subscriber_id
         self.sink = sink
@@ -240,10 +245,11 @@ class Subscriber:
                     self._set_caught_up(True)
             elif which == "batch":
                 batch = frame.batch
-                if len(batch.commit_log_offsets) <= self.entries_max and not batch.records:
-                    self.sink.on_batch(decode_dispatch(batch), batch.next_offset)
-                else:
-                    self.sink.on_batch(decode_columns(batch), batch.next_offset)
+                with self._section:
+                    if len(batch.commit_log_offsets) <= self.entries_max and not batch.records:
+                        self.sink.on_batch(decode_dispatch(batch), batch.next_offset)
+                    else:
+                        self.sink.on_batch(decode_columns(batch), batch.next_offset)
                 self.batches += 1
                 if not self._caught_up.is_set() and batch.next_offset >= self._catch_up_to:
                     self._set_caught_up(True)
