@@ -9,15 +9,15 @@ their own temp dir), once with `--flush async` (every workload) and once with `-
   XADDs), then flush(); every batch's result checked.
 - consume, pull API: Consumer(start="earliest", max_messages=1000).messages(follow=False):
   every queue from offset 0 to its end, each record CRC-checked and decoded by the SDK.
-- consume, fastest path: Consumer.poll() batches (the SDK's batch interface: a list per call,
-  pulls ahead over PullStreams) until every message is in; the raw Consumer.pull(queue,
+- consume, fastest path: Consumer.poll_batch() (the SDK's batch interface: columns per call,
+  a Message made only when asked for, pulls ahead over PullStreams) until every message is in; the raw Consumer.pull(queue,
   offset, max_messages=1000) of each queue in turn (one unary Pull in flight, same decoding)
   is measured too and given in the notes.
 - time lookup: Admin.offset_for_time (GetOffsetByTime on cq_svc) at a random store time within
   the run's topic, on a random queue; each followed by one Ping of the gRPC ceiling's server,
   started for the lookups: the round trip of the same moments (a note gives the ratio).
 - append-to-visible: a paced Producer, each tick's messages one send_batch() (as Redis gets a
-  pipeline a tick); a Consumer long-polling (poll, long_poll_ms 2 s).
+  pipeline a tick); a Consumer long-polling (poll_batch, long_poll_ms 2 s).
 - memory: resident memory of each service after the async store's whole run.
 
 The index service runs with its default (`make run`) index files rather than start_store's
@@ -118,9 +118,9 @@ def consume_poll(settings: ClientSettings, topic: str, n: int) -> dict[str, Any]
         began = time.perf_counter()
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         while count < n and time.monotonic() < deadline:
-            batch = c.poll(timeout_s=0)
-            count += len(batch)
-            body_bytes += sum([len(m.body) for m in batch])
+            bodies = c.poll_batch(timeout_s=0).bodies
+            count += len(bodies)
+            body_bytes += sum(map(len, bodies))
         took = time.perf_counter() - began
     if count != n:
         raise RuntimeError(f"{topic}: polled {count} of {n}")
@@ -199,11 +199,10 @@ def visible_consumer(settings: ClientSettings, topic: str, n: int, ready: str) -
         pacing.touch(ready)
         deadline = time.monotonic() + pacing.READY_TIMEOUT_S + n / 100
         while len(latencies) < n and time.monotonic() < deadline:
-            batch = c.poll()
+            bodies = c.poll_batch().bodies
             now = time.time_ns()
-            for message in batch:
-                stamp = pacing.sent_ns(message.body)
-                latencies.add(stamp, now)
+            for body in bodies:
+                latencies.add(pacing.sent_ns(body), now)
     return pacing.summarize(latencies, n)
 
 
@@ -382,7 +381,7 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
                 "mqstore",
                 got["rate"],
                 m.foreign_cores,
-                "Consumer.poll() batches, max_messages 1000",
+                "Consumer.poll_batch() columns, max_messages 1000",
                 cores=m.server_cores,
                 **got,
             )
@@ -416,7 +415,7 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
             f"mqstore_raw_pull_{size}",
             f"mqstore raw Consumer.pull() per queue (one unary Pull of 1000 in flight), "
             f"{size_name(size)}: {statistics.median(every):,.0f} msg/s (median of {len(every)} "
-            "run(s)); the fastest read path row is poll()'s batches.",
+            "run(s)); the fastest read path row is poll_batch()'s columns.",
         )
     if flush == "sync":
         return
@@ -557,7 +556,7 @@ def _visible(ctx: Context, settings: ClientSettings, servers: dict[str, int]) ->
                     continue
                 detail = (
                     "paced Producer, a send_batch a 1 ms tick; one Consumer of the topic, "
-                    "poll() long-polling (2 s)"
+                    "poll_batch() long-polling (2 s)"
                 )
                 for q in ("p50", "p99"):
                     results.add(

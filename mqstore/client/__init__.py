@@ -31,7 +31,7 @@ from mqstore.client.consumer import (
     Timestamp,
 )
 from mqstore.client.errors import ClientError, MessageRefused
-from mqstore.client.message import Message, ReceivedMessage
+from mqstore.client.message import Message, PolledBatch, ReceivedMessage
 from mqstore.client.producer import (
     AsyncProducer,
     Producer,
@@ -57,6 +57,7 @@ __all__ = [
     "Consumer",
     "ConsumerStats",
     "Offset",
+    "PolledBatch",
     "PullResult",
     "Start",
     "Timestamp",

@@ -67,6 +67,7 @@ from mqstore.client.follow import FollowStream
 from mqstore.client.message import (
     Message,
     MessageRun,
+    PolledBatch,
     ReceivedMessage,
     decode_batch,
     decode_run,
@@ -626,6 +627,15 @@ class Consumer:
         self._fill(time.monotonic() + wait_s)
         return self._drain()
 
+    def poll_batch(self, timeout_s: float | None = None) -> PolledBatch:
+        """poll() as columns (PolledBatch: bodies, queue ids, queue offsets), no Message made
+        unless one is asked for: the same messages, waits and positions as poll()."""
+        self._check_open()
+        wait_s = self.long_poll_ms / 1000.0 if timeout_s is None else max(0.0, timeout_s)
+        self._maybe_auto_commit()
+        self._fill(time.monotonic() + wait_s)
+        return PolledBatch.of(self._drain_parts())
+
     def __iter__(self) -> Iterator[Message]:
         return self.messages(follow=True)
 
@@ -1061,14 +1071,26 @@ class Consumer:
     def _drain(self) -> list[Message]:
         """Every buffered message, a queue's batch after another's; positions move past them."""
         out: list[Message] = []
+        for _, messages, _ in self._drain_parts():
+            out.extend(messages[:])
+        return out
+
+    def _drain_parts(self) -> list[tuple[int, Sequence[Message], list[int]]]:
+        """_drain as (queue id, messages, their queue offsets) a queue, no Message made."""
+        parts: list[tuple[int, Sequence[Message], list[int]]] = []
         for q in self._rotated(list(self._queues)):
             state = self._queues[q]
             if state.buffered:
-                out.extend(state.messages[state.taken :])
-                self.stats.messages += len(state.messages) - state.taken
-                state.taken = len(state.messages)
+                taken, messages = state.taken, state.messages
+                if isinstance(messages, MessageRun):
+                    rest: Sequence[Message] = messages.tail(taken)
+                else:
+                    rest = messages[taken:]
+                parts.append((q, rest, state.offsets[taken:]))
+                self.stats.messages += len(messages) - taken
+                state.taken = len(messages)
                 state.position = state.fetch_at
-        return out
+        return parts
 
     def _rotated(self, queue_ids: list[int]) -> list[int]:
         if not queue_ids:

@@ -24,7 +24,7 @@ numpy is imported on the first decode, not with the package: it costs 0.3 s to i
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, overload
 
@@ -331,6 +331,11 @@ class MessageRun(Sequence[Message]):
             self._bodies[start:] + more._bodies, self._raws[start:] + more._raws, made
         )
 
+    def tail(self, start: int) -> MessageRun:
+        """This run's messages from `start` on, no Message made."""
+        made = {i - start: m for i, m in self._made.items() if i >= start}
+        return MessageRun(self._bodies[start:], self._raws[start:], made)
+
     def extend(self, more: MessageRun) -> None:
         """`more`'s messages added at the end, in place: for a run nothing was handed out of
         yet, so that several answers met in one look cost time linear in their length."""
@@ -349,6 +354,64 @@ class MessageRun(Sequence[Message]):
         m.body = self._bodies[i]
         m._raw = self._raws[i]
         return m
+
+
+class PolledBatch(Sequence[Message]):
+    """What one poll_batch() hands out, as columns: `bodies` (decompressed), `queue_ids` and
+    `queue_offsets`, one entry a message, queue after queue; a Message (every field) made
+    only when one is asked for by index or iteration. The consume side's send_batch: a
+    consumer that wants bodies makes no object a message (at 100 B a Message made and read
+    costs about as much as the record's checks).
+
+    The lists are the batch's own: reading them is free, changing them changes the batch."""
+
+    __slots__ = ("_run", "bodies", "queue_ids", "queue_offsets")
+
+    def __init__(self, run: MessageRun, queue_ids: list[int], queue_offsets: list[int]) -> None:
+        self._run = run
+        self.bodies = run._bodies
+        self.queue_ids = queue_ids
+        self.queue_offsets = queue_offsets
+
+    @classmethod
+    def of(cls, parts: Sequence[tuple[int, Sequence[Message], list[int]]]) -> PolledBatch:
+        """The batch of (queue id, messages, their queue offsets) parts, in order."""
+        bodies: list[bytes] = []
+        raws: list[bytes] = []
+        made: dict[int, Message] = {}
+        queue_ids: list[int] = []
+        queue_offsets: list[int] = []
+        for queue_id, messages, offsets in parts:
+            shift = len(bodies)
+            if isinstance(messages, MessageRun):
+                bodies += messages._bodies
+                raws += messages._raws
+                made.update((i + shift, m) for i, m in messages._made.items())
+            else:  # Messages made already (an answer in the `records` form)
+                bodies += [m.body for m in messages]
+                raws += [b""] * len(messages)
+                made.update((i + shift, m) for i, m in enumerate(messages))
+            queue_ids += [queue_id] * len(messages)
+            queue_offsets += offsets
+        return cls(MessageRun(bodies, raws, made), queue_ids, queue_offsets)
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | list[Message]:
+        return self._run[index]
+
+    def __iter__(self) -> Iterator[Message]:
+        run = self._run
+        return (run[i] for i in range(len(self.bodies)))
+
+    def __repr__(self) -> str:
+        return f"PolledBatch({len(self.bodies)} messages)"
 
 
 def _decoded(

@@ -115,6 +115,41 @@ def test_poll_takes_the_queues_in_turn(
         assert c.poll(timeout_s=0) == []
 
 
+def test_poll_batch_hands_out_what_poll_would_as_columns(
+    cluster: Cluster, settings: ClientSettings, topic: str
+) -> None:
+    """The same messages, in the same order, with the same positions moved, as poll(): bodies,
+    queue ids and queue offsets as lists; a Message made on demand equals poll()'s."""
+    put(cluster, topic, 0, numbered("a", 12))
+    put(cluster, topic, 1, numbered("b", 7))
+    with (
+        Consumer(settings, topic, queues=[0, 1], start="earliest", max_messages=5) as by_poll,
+        Consumer(settings, topic, queues=[0, 1], start="earliest", max_messages=5) as by_batch,
+    ):
+        polled: list[Message] = []
+        batches = []
+        while len(polled) < 19:
+            polled += by_poll.poll(timeout_s=0)
+        while sum(map(len, batches)) < 19:
+            batch = by_batch.poll_batch(timeout_s=0)
+            assert len(batch.bodies) == len(batch.queue_ids) == len(batch.queue_offsets)
+            batches.append(batch)
+        assert by_poll.poll_batch(timeout_s=0).bodies == []
+        assert len(by_batch.poll(timeout_s=0)) == 0
+        assert [by_batch.position(q) for q in (0, 1)] == [12, 7]
+        assert by_batch.stats.messages == 19
+    bodies = [b for batch in batches for b in batch.bodies]
+    assert bodies == [m.body for m in polled]
+    assert [q for batch in batches for q in batch.queue_ids] == [m.queue_id for m in polled]
+    assert [o for batch in batches for o in batch.queue_offsets] == [
+        m.queue_offset for m in polled
+    ]
+    made = [m for batch in batches for m in batch]
+    assert made == polled  # every field, decoded from the record when asked for
+    assert batches[0][-1] == made[len(batches[0]) - 1]
+    assert batches[0][1:3] == made[1:3]
+
+
 def test_latest_starts_at_the_end_and_sees_only_what_comes_after(
     cluster: Cluster, settings: ClientSettings, topic: str
 ) -> None:
