@@ -44,6 +44,7 @@ from mqstore.client import ClientSettings, Consumer, Message, Offset
 from mqstore.formats.record import checked_fields
 from tests.e2e.cluster import start_store
 
+GC_PAUSE = "mqstore_gc_pause_seconds"
 PROFILES_DIR = Path("bench/results/profiles")  # py-spy's raw profiles, kept for a closer look
 
 
@@ -122,14 +123,31 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
+def _bucket(text: str, name: str, le: str) -> float:
+    """A histogram's count at or under `le`, every other label summed."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket") and f'le="{le}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def _counts(cluster: Any) -> dict[str, float]:
-    """Counters that tell the per-message costs from the per-frame and per-request ones."""
+    """Counters that tell the per-message costs from the per-frame and per-request ones, and
+    each service's collector pauses (mqstore_gc_pause_seconds): in all, and those over 5 ms."""
     cq = scrape(cluster.followers["cq"].ports["metrics_port"])
     log = scrape(cluster.commitlog.ports["metrics_port"])
+    index = scrape(cluster.followers["index"].ports["metrics_port"])
+    pauses: dict[str, float] = {}
+    for name, text in (("commitlog", log), ("cq", cq), ("index", index)):
+        pauses[f"{name} gc ms"] = 1000 * _metric(text, f"{GC_PAUSE}_sum")
+        over = _bucket(text, GC_PAUSE, "+Inf") - _bucket(text, GC_PAUSE, "0.005")
+        pauses[f"{name} gc pauses > 5 ms"] = over
     return {
         "appended": _metric(log, "mqstore_commitlog_appended_messages_total"),
         "dispatch frames": _metric(log, "mqstore_commitlog_dispatch_frames_total"),
         "cq pulls": _metric(cq, "mqstore_cq_pulls_total"),
+        **pauses,
     }
 
 

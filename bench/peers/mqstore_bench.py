@@ -10,9 +10,9 @@ their own temp dir), once with `--flush async` (every workload) and once with `-
 - consume, pull API: Consumer(start="earliest", max_messages=1000).messages(follow=False):
   every queue from offset 0 to its end, each record CRC-checked and decoded by the SDK.
 - consume, fastest path: Consumer.poll_batch() (the SDK's batch interface: columns per call,
-  a Message made only when asked for, pulls ahead over PullStreams) until every message is in; the raw Consumer.pull(queue,
-  offset, max_messages=1000) of each queue in turn (one unary Pull in flight, same decoding)
-  is measured too and given in the notes.
+  a Message made only when asked for, pulls ahead over PullStreams) until every message is
+  in; the raw Consumer.pull(queue, offset, max_messages=1000) of each queue in turn (one
+  unary Pull in flight, same decoding) is measured too and given in the notes.
 - time lookup: Admin.offset_for_time (GetOffsetByTime on cq_svc) at a random store time within
   the run's topic, on a random queue; each followed by one Ping of the gRPC ceiling's server,
   started for the lookups: the round trip of the same moments (a note gives the ratio).

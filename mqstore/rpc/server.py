@@ -41,6 +41,7 @@ from grpc_reflection.v1alpha import reflection
 from mqstore.rpc.allocator import keep_large_blocks
 from mqstore.rpc.auth import AuthInterceptor, TokenTable
 from mqstore.rpc.channel import http2_options
+from mqstore.rpc.collector import measure_pauses
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.logs import LoggingInterceptor
 from mqstore.rpc.metrics import MetricsInterceptor, MetricsServer
@@ -124,6 +125,7 @@ class ServiceHost:
         self.settings = settings
         if settings.keep_large_blocks:
             keep_large_blocks()  # megabyte messages reuse heap memory (allocator.py)
+        measure_pauses()  # mqstore_gc_pause_seconds (collector.py)
         self._register = register
         self._on_drain = on_drain
         self._on_stop = on_stop

@@ -141,9 +141,7 @@ def test_poll_batch_hands_out_what_poll_would_as_columns(
     bodies = [b for batch in batches for b in batch.bodies]
     assert bodies == [m.body for m in polled]
     assert [q for batch in batches for q in batch.queue_ids] == [m.queue_id for m in polled]
-    assert [o for batch in batches for o in batch.queue_offsets] == [
-        m.queue_offset for m in polled
-    ]
+    assert [o for batch in batches for o in batch.queue_offsets] == [m.queue_offset for m in polled]
     made = [m for batch in batches for m in batch]
     assert made == polled  # every field, decoded from the record when asked for
     assert batches[0][-1] == made[len(batches[0]) - 1]
