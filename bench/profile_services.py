@@ -1,6 +1,6 @@
 """Where each service spends its time under a workload: CPU per message, and py-spy profiles.
 
-    python -m bench.profile_services produce|send|consume [--size 100] [--messages 200000]
+    python -m bench.profile_services produce|send|consume|poll [--size 100] [--messages 200000]
                                      [--flush async|sync] [--profile commitlog,cq,index,client]
                                      [--out DIR] [--top 25]
 
@@ -16,6 +16,7 @@ the most samples, inclusive and self. Every issue 8 change started from such a p
 - send: `Producer.send` of each message (what append-to-visible's producer does), then flush.
 - consume: the topic produced first (off the clock), then read back from offset 0 with
   `Consumer.messages(follow=False)`, every body touched.
+- poll: the same read with `Consumer.poll_batch()` (columns, no Message made).
 
 py-spy comes with the bench extra (`pip install -e '.[bench]'`, or `make bench-peers` once).
 """
@@ -86,6 +87,19 @@ def _consume(settings: ClientSettings, topic: str, n: int) -> None:
         raise RuntimeError(f"consumed {count} of {n}")
 
 
+def _poll(settings: ClientSettings, topic: str, n: int) -> None:
+    count = 0
+    with Consumer(settings, topic, start="earliest", max_messages=BATCH, long_poll_ms=0) as c:
+        while count < n:
+            bodies = c.poll_batch(timeout_s=0).bodies
+            if not bodies:
+                break
+            count += len(bodies)
+            sum(map(len, bodies))
+    if count != n:
+        raise RuntimeError(f"polled {count} of {n}")
+
+
 def summarize(path: Path, top: int) -> str:
     """The frames of a py-spy raw profile with the most samples: inclusive and self."""
     inclusive: collections.Counter[str] = collections.Counter()
@@ -115,7 +129,7 @@ def summarize(path: Path, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=("produce", "send", "consume"))
+    parser.add_argument("workload", choices=("produce", "send", "consume", "poll"))
     parser.add_argument("--size", type=int, default=100, help="body bytes")
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--flush", choices=("async", "sync"), default="async")
@@ -141,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         topic = f"profile-{args.size}"
         # Off the clock: the first segment's pages and every connection warmed up.
         _produce(settings, f"{topic}-warm-up", args.size, WARM_UP_MESSAGES)
-        if args.workload == "consume":
+        reads = args.workload in ("consume", "poll")
+        if reads:
             _produce(settings, topic, args.size, args.messages)
         wait_caught_up(settings)
         pids = _pids(cluster)
@@ -164,10 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             _produce(settings, topic, args.size, args.messages)
         elif args.workload == "send":
             _send(settings, topic, args.size, args.messages)
+        elif args.workload == "poll":
+            _poll(settings, topic, args.messages)
         else:
             _consume(settings, topic, args.messages)
         took = time.perf_counter() - began
-        if args.workload != "consume":
+        if not reads:
             wait_caught_up(settings)  # the followers' share of the work counts too
         used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     finally:
