@@ -21,6 +21,7 @@ turns these reads off until the next handshake, with a warning).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -67,9 +68,10 @@ class LocalReads:
         that cannot be read (a volume half shared) misses, and the tail records take over."""
         return self.active and not self._missed
 
-    def read(self, offsets: IntArray, sizes: IntArray) -> bytes | None:
-        """The records at (offsets[i], sizes[i]) back to back, each checked; None: read them
-        through the commit log."""
+    def read(self, offsets: IntArray, sizes: IntArray) -> tuple[bytes, Any] | None:
+        """The records at (offsets[i], sizes[i]) back to back, each checked, and their fixed
+        fields as the checks read them (record_columns.PREFIX_DTYPE; None when a record was too
+        short to hold them); None: read them through the commit log."""
         if not self.active:
             return None
         blob = self.log.read(offsets, sizes)
@@ -83,7 +85,7 @@ class LocalReads:
             return None
         metrics.LOCAL_READS.labels("hit").inc(len(offsets))
         self._missed = False
-        return blob
+        return blob, checked.head
 
 
 def _each_passes(blob: bytes, checked: CheckedRecords, offsets: IntArray) -> bool:

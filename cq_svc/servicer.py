@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -166,6 +166,9 @@ class _ReadAnswer:
     statuses: Sequence[int]
     blob: bytes
     sizes: list[int]
+    # Each record's fixed fields (record_columns.PREFIX_DTYPE) when the answer's own checks
+    # read them (local reads): looked at again by _all_unit_records, not gathered twice.
+    heads: Any = None
 
     @classmethod
     def of_records(cls, statuses: Sequence[int], records: Sequence[bytes]) -> _ReadAnswer:
@@ -184,7 +187,10 @@ class _ReadAnswer:
         for count in counts:
             sizes = self.sizes[at : at + count]
             end = byte_at + sum(sizes)
-            out.append(_ReadAnswer(self.statuses[at : at + count], self.blob[byte_at:end], sizes))
+            heads = None if self.heads is None else self.heads[at : at + count]
+            out.append(
+                _ReadAnswer(self.statuses[at : at + count], self.blob[byte_at:end], sizes, heads)
+            )
             at, byte_at = at + count, end
         return out
 
@@ -588,10 +594,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         local = self._local
         if local is None:
             return None
-        blob = local.read(offsets, sizes)
-        if blob is None:
+        got = local.read(offsets, sizes)
+        if got is None:
             return None
-        return _ReadAnswer([cl_pb.READ_OK] * len(offsets), blob, sizes.tolist())
+        blob, heads = got
+        return _ReadAnswer([cl_pb.READ_OK] * len(offsets), blob, sizes.tolist(), heads)
 
     def _tail_answer(self, offsets: np.ndarray, sizes: np.ndarray) -> _ReadAnswer | None:
         """The records from the tail the dispatch brought, when every one is there
@@ -1097,7 +1104,7 @@ def _all_unit_records(
         return False
     if not sizes:
         return True
-    head = record_heads(answer.blob, units.size)
+    head = answer.heads if answer.heads is not None else record_heads(answer.blob, units.size)
     if head is None:
         return False
     return bool(

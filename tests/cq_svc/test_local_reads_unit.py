@@ -38,7 +38,12 @@ def test_a_matching_store_with_readable_segments_serves(tmp_path: Path) -> None:
     assert local.read(_arr([0]), _arr([len(record)])) is None  # not before a handshake
     local.on_handshake(STORE, 0)
     assert local.active and local.serving
-    assert local.read(_arr([0]), _arr([len(record)])) == record
+    got = local.read(_arr([0]), _arr([len(record)]))
+    assert got is not None
+    blob, heads = got
+    assert blob == record
+    # The record's fixed fields as its checks read them (the servicer's unit checks reuse them).
+    assert heads["total"].tolist() == [len(record)] and heads["physical_offset"].tolist() == [0]
     assert local.serving
     local.on_handshake(b"X" * 16, 0)  # another log now: nothing from these files
     assert not local.active and not local.serving
