@@ -79,7 +79,7 @@ class LocalReads:
             metrics.LOCAL_READS.labels("miss").inc(len(offsets))
             self._missed = True
             return None
-        checked = check_records(blob, sizes.tolist(), offsets.tolist(), bodies=False)
+        checked = check_records(blob, sizes, offsets, bodies=False)
         if not checked.ok.all() and not _each_passes(blob, checked, offsets):
             metrics.LOCAL_READS.labels("failed_check").inc(len(offsets))
             return None

@@ -82,28 +82,43 @@ class CheckedRecords:
 
 def check_records(
     blob: bytes,
-    sizes: Sequence[int],
-    expected_offsets: Sequence[int] | None = None,
+    sizes: Sequence[int] | IntArray,
+    expected_offsets: Sequence[int] | IntArray | None = None,
     *,
     bodies: bool = True,
 ) -> CheckedRecords:
     """Check the records of `blob` (their sizes must add up to its length: ValueError
     otherwise). `expected_offsets`: each record's commit-log offset, checked against its
     PHYSICALOFFSET. `bodies=False`: a caller that only wants the verdict gets no bodies (an
-    empty list), and large ones are checked through views, not copied."""
+    empty list), and large ones are checked through views, not copied. Sizes and offsets may
+    come as lists or as int arrays (a caller holding arrays spares a list's round trip)."""
     if len(sizes) <= SMALL_BATCH_RECORDS_MAX:
-        return _check_few(blob, sizes, expected_offsets, bodies)
+        expected = None if expected_offsets is None else _ints_of(expected_offsets)
+        return _check_few(blob, _ints_of(sizes), expected, bodies)
     return _check_columns(blob, sizes, expected_offsets, bodies)
+
+
+def _ints_of(values: Sequence[int] | IntArray) -> Sequence[int]:
+    if isinstance(values, np.ndarray):
+        ints: list[int] = values.tolist()
+        return ints
+    return values
+
+
+def _column(values: Sequence[int] | IntArray) -> IntArray:
+    if isinstance(values, np.ndarray):
+        return np.asarray(values, dtype=np.int64)
+    return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
 def _check_columns(
     blob: bytes,
-    sizes: Sequence[int],
-    expected_offsets: Sequence[int] | None,
+    sizes: Sequence[int] | IntArray,
+    expected_offsets: Sequence[int] | IntArray | None,
     bodies: bool,
 ) -> CheckedRecords:
     """check_records over numpy columns of every record at once."""
-    size = np.fromiter(sizes, dtype=np.int64, count=len(sizes))
+    size = _column(sizes)
     n = len(size)
     ends = np.cumsum(size)
     if (int(ends[-1]) if n else 0) != len(blob) or (n and int(size.min()) < 0):
@@ -128,8 +143,7 @@ def _check_columns(
     # V2 records (topics over 127 characters) are left to read_record.
     ok = (total == size) & (head["magic"] == MAGIC_V1) & (total >= header + 3)
     if expected_offsets is not None:
-        expected = np.fromiter(expected_offsets, dtype=np.int64, count=n)
-        ok &= head["physical_offset"].astype(np.int64) == expected
+        ok &= head["physical_offset"].astype(np.int64) == _column(expected_offsets)
     body_len = _ints(buf, rows, starts, np.where(ok, starts + header - 4, 0), ">i4")
     ok &= (body_len >= 0) & (header + body_len + 3 <= total)
     topic_at = np.where(ok, starts + header + body_len, 0)
