@@ -4,42 +4,75 @@ Every thread of a process stops while the collector runs. Measured with this his
 2-core VM at 64,000 msg/s of append-to-visible (bench.visible_probe): commitlog_svc ~50 ms of
 collection in a 5 s run (one pause over 5 ms), cq_svc 0-2 ms, index_svc none; freezing the
 start-up heap (gc.freeze) changed none of it, so the services leave the collector as it is.
+
+The callback takes no lock: a collection may start in any thread at any allocation, also in
+one holding a lock of prometheus_client (its scrape copies a metric's children under the
+metric's own lock), and a callback taking that lock would wait for itself. It only adds to
+plain lists; the metrics port reads them when scraped (`_PauseCollector`).
 """
 
 from __future__ import annotations
 
+import bisect
 import gc
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Final
 
-from prometheus_client import Histogram
+from prometheus_client.core import REGISTRY, HistogramMetricFamily
+from prometheus_client.registry import Collector
 
+NAME: Final = "mqstore_gc_pause_seconds"
 # From 100 us (a young collection) to 250 ms (a full one over a large heap).
 GC_PAUSE_BUCKETS_S: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                              0.1, 0.25)  # fmt: skip
+GENERATIONS: Final = 3
 
-GC_PAUSE = Histogram(
-    "mqstore_gc_pause_seconds",
-    "Pauses of the cyclic garbage collector (every thread stops), by generation.",
-    ["generation"],
-    buckets=GC_PAUSE_BUCKETS_S,
-)
-
+# Per generation: pauses per bucket (the last one: over every bound), and their sum in seconds.
+_counts = [[0] * (len(GC_PAUSE_BUCKETS_S) + 1) for _ in range(GENERATIONS)]
+_sums = [0.0] * GENERATIONS
+_started_at = [0.0]
 _install_lock = threading.Lock()
-_started_at: list[float] = [0.0]
 
 
 def _observe(phase: str, info: dict[str, Any]) -> None:
-    # Called by the collector with the GIL held, on the thread that triggered it.
+    # Run by the collector, GIL held, on whichever thread set it off: no lock, no container
+    # made (list items replaced, floats and ints only).
     if phase == "start":
         _started_at[0] = time.perf_counter()
-    else:
-        GC_PAUSE.labels(str(info["generation"])).observe(time.perf_counter() - _started_at[0])
+        return
+    took = time.perf_counter() - _started_at[0]
+    generation = info["generation"]
+    _counts[generation][bisect.bisect_left(GC_PAUSE_BUCKETS_S, took)] += 1
+    _sums[generation] += took
+
+
+class _PauseCollector(Collector):
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            NAME,
+            "Pauses of the cyclic garbage collector (every thread stops), by generation.",
+            labels=["generation"],
+        )
+        for generation in range(GENERATIONS):
+            running = 0
+            buckets: list[tuple[str, float]] = []
+            for bound, count in zip(
+                (*map(str, GC_PAUSE_BUCKETS_S), "+Inf"), list(_counts[generation]), strict=True
+            ):
+                running += count
+                buckets.append((bound, float(running)))
+            family.add_metric([str(generation)], buckets, _sums[generation])
+        yield family
+
+
+_collector = _PauseCollector()
 
 
 def measure_pauses() -> None:
-    """Observe every collection's pause in GC_PAUSE (once a process)."""
+    """Count every collection's pause (once a process) and serve them as NAME."""
     with _install_lock:
         if _observe not in gc.callbacks:
             gc.callbacks.append(_observe)
+            REGISTRY.register(_collector)
