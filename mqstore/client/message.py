@@ -487,6 +487,7 @@ def _decoded(
     for i in np.flatnonzero(~ok).tolist():
         made[i] = _checked(raws[i])
         queue_offsets[i] = made[i].queue_offset
+        bodies[i] = made[i].body  # the bodies column holds every record's (PolledBatch.bodies)
     return bodies, raws, made, queue_offsets
 
 

@@ -148,6 +148,16 @@ def test_poll_batch_hands_out_what_poll_would_as_columns(
     assert batches[0][1:3] == made[1:3]
 
 
+def test_poll_batch_bodies_of_a_long_retry_topic_written_as_v2_records(
+    cluster: Cluster, settings: ClientSettings
+) -> None:
+    topic = "%RETRY%" + "g" * 130  # over 127 bytes: V2 records, which read_record decodes
+    put(cluster, topic, 0, numbered("a", 3))
+    with Consumer(settings, topic, queues=[0], start="earliest") as c:
+        batch = c.poll_batch(timeout_s=2)
+    assert batch.bodies == numbered("a", 3) == [m.body for m in batch]
+
+
 def test_latest_starts_at_the_end_and_sees_only_what_comes_after(
     cluster: Cluster, settings: ClientSettings, topic: str
 ) -> None:
