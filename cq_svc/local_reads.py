@@ -72,12 +72,25 @@ class LocalReads:
         """The records at (offsets[i], sizes[i]) back to back, each checked, and their fixed
         fields as the checks read them (record_columns.PREFIX_DTYPE; None when a record was too
         short to hold them); None: read them through the commit log."""
+        return self.check(offsets, sizes, self.copy(offsets, sizes))
+
+    def copy(self, offsets: IntArray, sizes: IntArray) -> bytes | None:
+        """read's first half: the bytes copied out of the segments, unchecked (a page not in
+        memory makes it wait for the disk: the servicer calls it outside its CPU section)."""
         if not self.active:
             return None
         blob = self.log.read(offsets, sizes)
         if blob is None or len(blob) != int(sizes.sum()):
             metrics.LOCAL_READS.labels("miss").inc(len(offsets))
             self._missed = True
+            return None
+        return blob
+
+    def check(
+        self, offsets: IntArray, sizes: IntArray, blob: bytes | None
+    ) -> tuple[bytes, Any] | None:
+        """read's second half: `copy`'s bytes checked record by record."""
+        if blob is None:
             return None
         checked = check_records(blob, sizes, offsets, bodies=False)
         if not checked.ok.all() and not _each_passes(blob, checked, offsets):

@@ -421,7 +421,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         began = time.perf_counter()
         started = []
         # The computation in CPU_SECTION (mqstore/cpu_section.py: handler threads in numpy at
-        # once hand the GIL to each other at every call), the commit-log Read outside it.
+        # once hand the GIL to each other at every call); outside it what may wait: the copy
+        # out of the segment files (a page not in memory is a disk read), the commit-log Read.
         with CPU_SECTION:
             for a, offset in zip(args, offsets, strict=True):
                 result = self.engine.pull(
@@ -445,10 +446,16 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 taken = [started[k][1].taken for k in group]
                 phy = taken[0].phy if len(taken) == 1 else np.concatenate([t.phy for t in taken])
                 size = taken[0].size if len(taken) == 1 else np.concatenate([t.size for t in taken])
-                answer = self._local_answer(phy, size) or self._tail_answer(phy, size)
-                groups.append((group, taken, phy, size, answer))
-        for group, taken, phy, size, local in groups:
-            answer = local or self._read(phy.tolist(), size.tolist(), context)
+                groups.append((group, taken, phy, size))
+        copies = [
+            None if self._local is None else self._local.copy(phy, size)
+            for _, _, phy, size in groups
+        ]
+        for (group, taken, phy, size), copied in zip(groups, copies, strict=True):
+            with CPU_SECTION:
+                answer = self._local_answer(phy, size, copied) or self._tail_answer(phy, size)
+            if answer is None:
+                answer = self._read(phy.tolist(), size.tolist(), context)
             with CPU_SECTION:
                 for k, part in zip(group, answer.parts([len(t) for t in taken]), strict=True):
                     response, result = started[k]
@@ -588,13 +595,15 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             self._tail_waiting += change
         self._tail_read_at = time.monotonic()
 
-    def _local_answer(self, offsets: np.ndarray, sizes: np.ndarray) -> _ReadAnswer | None:
-        """The records from the commit log's segment files (local_reads.py), every one of them
-        checked, in the form of a Read's answer; None: read them another way."""
+    def _local_answer(
+        self, offsets: np.ndarray, sizes: np.ndarray, copied: bytes | None
+    ) -> _ReadAnswer | None:
+        """The records copied from the commit log's segment files (local_reads.py), every one
+        of them checked, in the form of a Read's answer; None: read them another way."""
         local = self._local
         if local is None:
             return None
-        got = local.read(offsets, sizes)
+        got = local.check(offsets, sizes, copied)
         if got is None:
             return None
         blob, heads = got
@@ -869,9 +878,10 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         units = [r.unit for r in got]
         offsets, sizes = list(map(_COMMIT_LOG_OFFSET, units)), list(map(_SIZE, units))
         try:
-            answer = self._local_answer(
-                np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
-            ) or self._read(offsets, sizes, context)
+            phy = np.asarray(offsets, dtype=np.int64)
+            size = np.asarray(sizes, dtype=np.int64)
+            copied = None if self._local is None else self._local.copy(phy, size)
+            answer = self._local_answer(phy, size, copied) or self._read(offsets, sizes, context)
             records, statuses = answer.as_records(), answer.statuses
         except Exception:
             self._release(group, topic, queue_id, got)

@@ -92,6 +92,8 @@ def check_records(
     PHYSICALOFFSET. `bodies=False`: a caller that only wants the verdict gets no bodies (an
     empty list), and large ones are checked through views, not copied. Sizes and offsets may
     come as lists or as int arrays (a caller holding arrays spares a list's round trip)."""
+    if expected_offsets is not None and len(expected_offsets) != len(sizes):
+        raise ValueError(f"{len(expected_offsets)} offsets for {len(sizes)} records")
     if len(sizes) <= SMALL_BATCH_RECORDS_MAX:
         expected = None if expected_offsets is None else _ints_of(expected_offsets)
         return _check_few(blob, _ints_of(sizes), expected, bodies)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,6 +134,17 @@ def test_sizes_that_do_not_add_up_are_refused_alike() -> None:
             except ValueError:
                 continue
             raise AssertionError(f"{check.__name__} took sizes {sizes}")
+
+
+def test_offsets_that_are_not_one_a_record_are_refused() -> None:
+    """An array of one offset would broadcast over every record (found by a review)."""
+    raw = encode_record(topic="T", queue_id=0, body=b"b")
+    for n in (2, SMALL_BATCH_RECORDS_MAX + 1):  # one at a time, and as columns
+        blob, sizes = raw * n, [len(raw)] * n
+        for wrong in (1, 0, n + 1):
+            for offsets in (np.zeros(wrong, dtype=np.int64), [0] * wrong):
+                with pytest.raises(ValueError):
+                    check_records(blob, sizes, offsets)
 
 
 def test_no_records_is_an_empty_verdict_both_ways() -> None:
