@@ -123,25 +123,28 @@ def run_bench(
             system_root.mkdir(parents=True, exist_ok=True)
             ctx.root = system_root
             ctx.say(f"round {round_no + 1}/{scale.runs}: {system}")
+            # Client processes of this system's alone, new for each of its rounds: a worker
+            # that had run the other systems' clients carried their modules and garbage, and
+            # its full collections (~60 ms) were the p99 of whatever it ran next (Redis's
+            # append-to-visible p99: 52-70 ms in such workers, 4 ms alone).
+            pool = ProcessPoolExecutor(
+                max_workers=CLIENT_PROCESSES, mp_context=get_context("spawn")
+            )
+            ctx.pool = pool
             try:
-                # Client processes of this system's alone, new for each of its rounds: a
-                # worker that had run the other systems' clients carried their modules and
-                # garbage, and its full collections (~60 ms) were the p99 of whatever it ran
-                # next (Redis's append-to-visible p99: 52-70 ms in such workers, 4 ms alone).
-                with ProcessPoolExecutor(
-                    max_workers=CLIENT_PROCESSES, mp_context=get_context("spawn")
-                ) as pool:
-                    ctx.pool = pool
-                    RUNNERS[system](ctx)
+                RUNNERS[system](ctx)
             except Exception as err:  # reported in the table's notes; the others go on
+                _abandon(pool)  # a client that hung must not hold up the next system
                 failures[system] = (
                     f"round {round_no + 1} of {scale.runs}: {type(err).__name__}: {err} "
                     f"(logs under {system_root})"
                 )
                 ctx.say(f"{system} FAILED: {failures[system]}")
             else:
+                pool.shutdown(wait=True)
                 shutil.rmtree(system_root, ignore_errors=True)
             finally:
+                pool.shutdown(wait=False, cancel_futures=True)  # (done already but on SIGTERM)
                 ctx.pool = None
             if system == "mqstore" and not ctx.visible_rates:
                 ctx.visible_rates = dict.fromkeys(SIZES, VISIBLE_RATE_FALLBACK)
@@ -151,6 +154,15 @@ def run_bench(
     for system, why in failures.items():
         ctx.results.notes.append(f"{system} failed: {why}")
     return ctx.results, failures, ctx
+
+
+def _abandon(pool: ProcessPoolExecutor) -> None:
+    """Shut the pool down without waiting for its clients, and end them: one stuck in a call
+    (a consumer waiting for messages that never come) would otherwise hold the run up."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    # The executor has no public way to end a running task; its worker processes are there.
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
 
 
 @dataclass
