@@ -670,15 +670,21 @@ class Consumer:
                 q, state = found
                 messages, offsets = state.messages, state.offsets
                 last = len(messages) - 1
-                while True:
+                if isinstance(messages, MessageRun):
+                    each = messages.iter_from(state.taken)
+                else:
+                    each = iter(messages[state.taken :])
+                expected = state.taken
+                for message in each:
                     i = state.taken
-                    if i > last or (limit is not None and handed >= limit):
+                    # (A poll or a seek between two messages moved the queue on: stop here.)
+                    if i != expected or (limit is not None and handed >= limit):
                         break
-                    state.taken = i + 1
+                    state.taken = expected = i + 1
                     state.position = offsets[i] + 1 if i < last else state.fetch_at
                     stats.messages += 1
                     handed += 1
-                    yield messages[i]
+                    yield message
                     if self._closed or queues.get(q) is not state or state.messages is not messages:
                         break
                     if self.auto_commit:

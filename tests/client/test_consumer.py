@@ -158,6 +158,21 @@ def test_poll_batch_bodies_of_a_long_retry_topic_written_as_v2_records(
     assert batch.bodies == numbered("a", 3) == [m.body for m in batch]
 
 
+def test_a_poll_between_two_messages_of_the_iterator_hands_nothing_out_twice(
+    cluster: Cluster, settings: ClientSettings, topic: str
+) -> None:
+    """messages() makes each Message as it hands it out; a poll() that took the rest of the
+    batch in between ends that batch for the iterator (which then stops: the queue reached
+    its end)."""
+    put(cluster, topic, 0, numbered("a", 10))
+    with Consumer(settings, topic, queues=[0], start="earliest", max_messages=10) as c:
+        walk = c.messages(follow=False)
+        assert next(walk).queue_offset == 0
+        assert [m.queue_offset for m in c.poll(timeout_s=0)] == list(range(1, 10))
+        assert list(walk) == []
+        assert c.position(0) == 10 and c.stats.messages == 10
+
+
 def test_latest_starts_at_the_end_and_sees_only_what_comes_after(
     cluster: Cluster, settings: ClientSettings, topic: str
 ) -> None:
