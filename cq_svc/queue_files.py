@@ -35,6 +35,7 @@ zeroed (MappedFileQueue.truncate_dirty_files), so stale units can never be read 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from collections.abc import Callable
 
@@ -52,7 +53,7 @@ from cq_svc.unit_file import (
 )
 from mqstore.dispatch import Column
 from mqstore.errors import check
-from mqstore.formats.cq_time import encode_times
+from mqstore.formats.cq_time import bisect_stored_files, encode_times
 from mqstore.formats.cq_unit import UNIT_DTYPE, encode_unit_columns
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import MappedFile
@@ -298,11 +299,16 @@ class FileQueue:
                 return t
         return self.state.last_time_ms
 
-    def time_readers(self) -> tuple[Callable[[int], int], Callable[[int], int]]:
-        """(time_at, raw time) for one search (a lookup's ~20 probes, mostly in one file):
-        each file pair is located once, not once a probe. The first checks each entry against
-        its unit (what fails goes to time_at's fallback); the second reads the stored time
-        unchecked, for search_offset_by_time to find a candidate with."""
+    def time_readers(
+        self,
+    ) -> tuple[
+        Callable[[int], int], Callable[[int], int], Callable[[int, int, int, bool], int | None]
+    ]:
+        """(time_at, raw time, raw bisect) for one search (a lookup's ~20 probes, mostly in one
+        file): each file pair is located once, not once a probe. The first checks each entry
+        against its unit (what fails goes to time_at's fallback); the second reads the stored
+        time unchecked, for search_offset_by_time to find a candidate with; the third finds
+        that candidate over a range in one time file in one go (None: a range over files)."""
         per_file = self.units_per_file
         files: dict[int, tuple[MappedFile, MappedFile]] = {}
 
@@ -329,7 +335,14 @@ class FileQueue:
             t = offset * TIME_BYTES - times.file_from_offset
             return int.from_bytes(times.read_buf[t : t + TIME_STORED_BYTES], "big")
 
-        return checked, raw
+        def time_file(n: int) -> tuple[mmap.mmap | bytearray, int]:
+            times = pair(n * per_file)[1]
+            return times.read_buf, times.file_from_offset // TIME_BYTES
+
+        def raw_bisect(lo: int, hi: int, target_ms: int, right: bool) -> int | None:
+            return bisect_stored_files(time_file, per_file, lo, hi, target_ms, right=right)
+
+        return checked, raw, raw_bisect
 
     def read_units(self, offset: int, max_units: int, *, one_file: bool) -> list[Unit] | None:
         """Units from `offset` (below max), in one file when `one_file`, with their indexed

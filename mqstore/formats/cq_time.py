@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import mmap
 import struct
 from collections.abc import Callable
 
@@ -145,6 +146,64 @@ class _Series:
         return self._at(i)
 
 
+_ENTRY = struct.Struct(">Q")  # a whole entry: the time in its top 48 bits, the check below
+
+
+def bisect_stored(
+    buf: bytes | bytearray | memoryview | mmap.mmap,
+    first_offset: int,
+    lo: int,
+    hi: int,
+    target_ms: int,
+    *,
+    right: bool,
+) -> int:
+    """bisect_left (bisect_right when `right`) of `target_ms` over the stored times, unchecked,
+    of offsets [lo, hi), read straight from `buf`, a time file's bytes whose first entry is
+    offset `first_offset`'s: ~0.5 us a probe, against ~2 us through a function a probe (a
+    lookup makes ~17 probes over 100,000 units)."""
+    unpack = _ENTRY.unpack_from
+    while lo < hi:
+        mid = (lo + hi) // 2
+        stored = unpack(buf, (mid - first_offset) * TIME_BYTES)[0] >> 16
+        if stored < target_ms or (right and stored == target_ms):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def bisect_stored_files(
+    file_at: Callable[[int], tuple[bytes | bytearray | memoryview | mmap.mmap, int]],
+    units_per_file: int,
+    lo: int,
+    hi: int,
+    target_ms: int,
+    *,
+    right: bool,
+) -> int:
+    """bisect_stored over offsets [lo, hi) of a queue's time files, `units_per_file` entries a
+    file, `file_at(n)` giving file n's bytes and its first offset: the file the answer lies in
+    found by the first entries of the files between (a bisect over files), then the bisect in
+    it. Over stored times that never go down, the answer of one bisect over them all."""
+    first, last = lo // units_per_file, (hi - 1) // units_per_file
+    while first < last:
+        mid = (first + last + 1) // 2
+        buf, base = file_at(mid)
+        stored = _ENTRY.unpack_from(buf, (mid * units_per_file - base) * TIME_BYTES)[0] >> 16
+        if stored < target_ms or (right and stored == target_ms):
+            first = mid
+        else:
+            last = mid - 1
+    buf, base = file_at(first)
+    start = max(lo, first * units_per_file)
+    end = min(hi, (first + 1) * units_per_file)
+    return bisect_stored(buf, base, start, end, target_ms, right=right)
+
+
+RawBisect = Callable[[int, int, int, bool], int | None]
+
+
 def search_offset_by_time(
     time_at: Callable[[int], int],
     lo: int,
@@ -152,6 +211,7 @@ def search_offset_by_time(
     target_ms: int,
     boundary: Boundary,
     raw_at: Callable[[int], int] | None = None,
+    raw_bisect: RawBisect | None = None,
 ) -> int:
     """RocketMQ's binarySearchInQueueByTime over offsets [lo, hi) whose indexed times are
     non-decreasing (§3.9), before the store's clamp to [min, max]:
@@ -165,17 +225,22 @@ def search_offset_by_time(
     `raw_at`: the stored time without its check (cheaper a probe). A bisect over those finds a
     candidate; two checked neighbours that bracket T prove it (the checked series never goes
     down), and anything else (a damaged entry misled it, an edge) is left to the checked
-    bisect."""
+    bisect. `raw_bisect(lo, hi, T, right)`: that bisect done at once where it can be (a range
+    in one file: bisect_stored), None where it cannot (then raw_at's)."""
     if hi <= lo:
         return 0
     if raw_at is not None:
         raw = _Series(raw_at)
-        if boundary is Boundary.LOWER:
-            p = bisect.bisect_left(raw, target_ms, lo, hi)
+        right = boundary is Boundary.UPPER
+        found = None if raw_bisect is None else raw_bisect(lo, hi, target_ms, right)
+        if found is None:
+            found = (bisect.bisect_right if right else bisect.bisect_left)(raw, target_ms, lo, hi)
+        if not right:
+            p = found
             if lo < p < hi and time_at(p - 1) < target_ms <= time_at(p):
                 return p
         else:
-            q = bisect.bisect_right(raw, target_ms, lo, hi) - 1
+            q = found - 1
             if lo <= q < hi - 1 and time_at(q) <= target_ms < time_at(q + 1):
                 return q
     series = _Series(time_at)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import pathlib
+import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cq_svc import ack_segment, checkpoint, group_offsets
@@ -14,6 +16,7 @@ from cq_svc import rocks_layout as layout
 from cq_svc.time_file import Boundary, decode_time, encode_time, search_offset_by_time
 from cq_svc.unit_file import BLANK_UNIT, UNIT, count_valid, encode_units
 from mqstore.errors import CorruptFile
+from mqstore.formats.cq_time import bisect_stored_files
 
 
 def test_a_unit_is_rocketmqs_20_big_endian_bytes() -> None:
@@ -76,15 +79,26 @@ def test_the_search_reproduces_rocketmqs_lower_upper_table(
     lo_cut=st.integers(0, 10),
     hi_cut=st.integers(0, 10),
     target=st.integers(-2, 200),
+    per_file=st.integers(1, 16),
+    pick=st.integers(-1, 59),
 )
+@settings(max_examples=300)
 def test_a_search_led_by_unchecked_times_answers_as_the_checked_search(
-    steps: list[int], damaged: dict[int, int], lo_cut: int, hi_cut: int, target: int
+    steps: list[int],
+    damaged: dict[int, int],
+    lo_cut: int,
+    hi_cut: int,
+    target: int,
+    per_file: int,
+    pick: int,
 ) -> None:
     """raw_at (the stored time, unchecked) only proposes: damaged entries hold any value
     there, and what the checked series (a damaged entry reads as the next good one's time)
     gives is the answer, with and without it, at every boundary."""
     good = [sum(steps[: i + 1]) for i in range(len(steps))]  # non-decreasing
     n = len(good)
+    if 0 <= pick < n:
+        target = good[pick]  # a time that is there: where LOWER and UPPER part
 
     def checked(i: int) -> int:
         for j in range(i, n):
@@ -96,9 +110,25 @@ def test_a_search_led_by_unchecked_times_answers_as_the_checked_search(
         return damaged.get(i, good[i])
 
     lo, hi = min(lo_cut, n), max(min(lo_cut, n), n - hi_cut)
+    # The stored entries as time files of `per_file` entries (time in the top 48 bits), for
+    # the bisect that reads them straight from the files' bytes.
+    files = [
+        b"".join(struct.pack(">Q", raw(i) << 16) for i in range(f, min(f + per_file, n)))
+        for f in range(0, n, per_file)
+    ]
+
+    def raw_bisect(a: int, b: int, t: int, right: bool) -> int:
+        return bisect_stored_files(
+            lambda k: (files[k], k * per_file), per_file, a, b, t, right=right
+        )
+
     for boundary in Boundary:
         want = search_offset_by_time(checked, lo, hi, target, boundary)
         assert search_offset_by_time(checked, lo, hi, target, boundary, raw) == want
+        assert search_offset_by_time(checked, lo, hi, target, boundary, raw, raw_bisect) == want
+        if not damaged and hi > lo:  # over a series that never goes down: one bisect's answer
+            for right, whole in ((False, bisect.bisect_left), (True, bisect.bisect_right)):
+                assert raw_bisect(lo, hi, target, right) == whole(good, target, lo, hi)
 
 
 def test_rocksdb_keys_follow_rocketmqs_layout() -> None:
