@@ -76,21 +76,23 @@ class LocalReads:
 
     def copy(self, offsets: IntArray, sizes: IntArray) -> bytes | None:
         """read's first half: the bytes copied out of the segments, unchecked (a page not in
-        memory makes it wait for the disk: the servicer calls it outside its CPU section)."""
+        memory makes it wait for the disk: the servicer calls it outside its CPU section);
+        None when inactive or not answerable here. Nothing is counted or noted until `check`,
+        so that several copies then several checks note their outcomes in the checks' order."""
         if not self.active:
             return None
-        blob = self.log.read(offsets, sizes)
-        if blob is None or len(blob) != int(sizes.sum()):
-            metrics.LOCAL_READS.labels("miss").inc(len(offsets))
-            self._missed = True
-            return None
-        return blob
+        return self.log.read(offsets, sizes)
 
     def check(
         self, offsets: IntArray, sizes: IntArray, blob: bytes | None
     ) -> tuple[bytes, Any] | None:
-        """read's second half: `copy`'s bytes checked record by record."""
-        if blob is None:
+        """read's second half: `copy`'s bytes checked record by record (a copy that failed
+        is a miss)."""
+        if not self.active:
+            return None
+        if blob is None or len(blob) != int(sizes.sum()):
+            metrics.LOCAL_READS.labels("miss").inc(len(offsets))
+            self._missed = True
             return None
         checked = check_records(blob, sizes, offsets, bodies=False)
         if not checked.ok.all() and not _each_passes(blob, checked, offsets):

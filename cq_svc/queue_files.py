@@ -308,7 +308,7 @@ class FileQueue:
         file): each file pair is located once, not once a probe. The first checks each entry
         against its unit (what fails goes to time_at's fallback); the second reads the stored
         time unchecked, for search_offset_by_time to find a candidate with; the third finds
-        that candidate over a range in one time file in one go (None: a range over files)."""
+        that candidate reading the time files' bytes directly (bisect_stored_files)."""
         per_file = self.units_per_file
         files: dict[int, tuple[MappedFile, MappedFile]] = {}
 

@@ -18,6 +18,10 @@ lock (it is the outermost):
         ...
 
 Reentrant, so that a section calling into another costs nothing and cannot deadlock itself.
+
+Known wait inside it: cq_svc's pull decision takes the consume-queue store's lock, which its
+flush thread holds while it flushes (a few pages, a millisecond or so); the other pulls'
+checks and the frame applies wait that long too (the applies waited for that lock anyway).
 """
 
 from __future__ import annotations

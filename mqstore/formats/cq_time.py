@@ -186,6 +186,8 @@ def bisect_stored_files(
     file, `file_at(n)` giving file n's bytes and its first offset: the file the answer lies in
     found by the first entries of the files between (a bisect over files), then the bisect in
     it. Over stored times that never go down, the answer of one bisect over them all."""
+    if hi <= lo:
+        return lo
     first, last = lo // units_per_file, (hi - 1) // units_per_file
     while first < last:
         mid = (first + last + 1) // 2

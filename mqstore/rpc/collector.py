@@ -68,11 +68,14 @@ class _PauseCollector(Collector):
 
 
 _collector = _PauseCollector()
+_registered = [False]
 
 
 def measure_pauses() -> None:
     """Count every collection's pause (once a process) and serve them as NAME."""
     with _install_lock:
+        if not _registered[0]:
+            REGISTRY.register(_collector)
+            _registered[0] = True
         if _observe not in gc.callbacks:
             gc.callbacks.append(_observe)
-            REGISTRY.register(_collector)

@@ -222,3 +222,15 @@ def test_cq_svc_imports_no_other_service() -> None:
                 names = [node.module]
             for name in names:
                 assert not name.startswith(("commitlog_svc", "index_svc")), (path.name, name)
+
+
+def test_an_empty_range_of_time_files_is_its_start_read_from_no_file() -> None:
+    """lo == hi at a file's end names no file to read (found by a review: it asked for the
+    next file, which is not there)."""
+    one = struct.pack(">Q", 5 << 16) * 4  # one file of 4 entries, offsets 0-3
+    files = {0: (one, 0)}
+    for right in (False, True):
+        assert bisect_stored_files(files.__getitem__, 4, 4, 4, 5, right=right) == 4
+        assert bisect_stored_files(files.__getitem__, 4, 0, 4, 5, right=right) == (
+            4 if right else 0
+        )

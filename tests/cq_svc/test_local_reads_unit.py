@@ -70,3 +70,21 @@ def test_a_damaged_record_is_refused_and_a_record_elsewhere_is_not_served(tmp_pa
     data[len(record) - 10] ^= 0x01  # inside the record
     path.write_bytes(bytes(data))
     assert local.read(_arr([0]), _arr([len(record)])) is None
+
+
+def test_copies_then_checks_note_the_last_checks_outcome(tmp_path: Path) -> None:
+    """The servicer copies every group of a pull first and checks them after (the copies
+    outside its CPU section): a group that missed, checked last, leaves the reads not serving,
+    whatever an earlier group did (found by a review: the earlier copy's miss was cleared by a
+    later check's hit, and the frames stopped bringing the records the miss needed)."""
+    record = _store(tmp_path, segments=True)
+    local = LocalReads(str(tmp_path))
+    local.on_handshake(STORE, 0)
+    size = _arr([len(record)])
+    here, nowhere = _arr([0]), _arr([1 << 20])  # no segment holds the second
+    copies = [local.copy(here, size), local.copy(nowhere, size)]
+    assert copies[1] is None and local.serving  # a copy notes nothing yet
+    assert local.check(here, size, copies[0]) is not None
+    assert local.check(nowhere, size, copies[1]) is None
+    assert not local.serving
+    assert local.read(here, size) is not None and local.serving  # a hit serves again
