@@ -414,9 +414,9 @@ class FileCqStore:
                 return 0
             st = fq.state
             lo = max(st.min_offset, fq.units.min_offset() // UNIT_BYTES if fq.units.files else 0)
-            checked, raw, raw_bisect = fq.time_readers()
+            checked, raw_bisect = fq.time_readers()
             found = search_offset_by_time(
-                checked, lo, st.max_offset, timestamp_ms, boundary, raw, raw_bisect
+                checked, lo, st.max_offset, timestamp_ms, boundary, raw_bisect
             )
             return min(max(found, st.min_offset), st.max_offset)
 

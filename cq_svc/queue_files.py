@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cq_svc.store import UnitColumns
-from cq_svc.time_file import TIME_BYTES, TIME_STORED_BYTES, decode_time, encode_time
+from cq_svc.time_file import TIME_BYTES, decode_time, encode_time
 from cq_svc.unit_file import (
     BLANK_SIZE,
     UNIT,
@@ -53,7 +53,7 @@ from cq_svc.unit_file import (
 )
 from mqstore.dispatch import Column
 from mqstore.errors import check
-from mqstore.formats.cq_time import bisect_stored_files, encode_times
+from mqstore.formats.cq_time import RawBisect, bisect_stored_files, encode_times
 from mqstore.formats.cq_unit import UNIT_DTYPE, encode_unit_columns
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import MappedFile
@@ -299,16 +299,12 @@ class FileQueue:
                 return t
         return self.state.last_time_ms
 
-    def time_readers(
-        self,
-    ) -> tuple[
-        Callable[[int], int], Callable[[int], int], Callable[[int, int, int, bool], int | None]
-    ]:
-        """(time_at, raw time, raw bisect) for one search (a lookup's ~20 probes, mostly in one
-        file): each file pair is located once, not once a probe. The first checks each entry
-        against its unit (what fails goes to time_at's fallback); the second reads the stored
-        time unchecked, for search_offset_by_time to find a candidate with; the third finds
-        that candidate reading the time files' bytes directly (bisect_stored_files)."""
+    def time_readers(self) -> tuple[Callable[[int], int], RawBisect]:
+        """(time_at, raw bisect) for one search (a lookup's ~20 probes, mostly in one file):
+        each file pair is located once, not once a probe. The first checks each entry against
+        its unit (what fails goes to time_at's fallback); the second bisects the stored times
+        unchecked, reading the time files' bytes (bisect_stored_files), for
+        search_offset_by_time to find a candidate with."""
         per_file = self.units_per_file
         files: dict[int, tuple[MappedFile, MappedFile]] = {}
 
@@ -330,19 +326,14 @@ class FileQueue:
             )
             return self.time_at(offset) if found is None else found
 
-        def raw(offset: int) -> int:
-            times = pair(offset)[1]
-            t = offset * TIME_BYTES - times.file_from_offset
-            return int.from_bytes(times.read_buf[t : t + TIME_STORED_BYTES], "big")
-
         def time_file(n: int) -> tuple[mmap.mmap | bytearray, int]:
             times = pair(n * per_file)[1]
             return times.read_buf, times.file_from_offset // TIME_BYTES
 
-        def raw_bisect(lo: int, hi: int, target_ms: int, right: bool) -> int | None:
+        def raw_bisect(lo: int, hi: int, target_ms: int, right: bool) -> int:
             return bisect_stored_files(time_file, per_file, lo, hi, target_ms, right=right)
 
-        return checked, raw, raw_bisect
+        return checked, raw_bisect
 
     def read_units(self, offset: int, max_units: int, *, one_file: bool) -> list[Unit] | None:
         """Units from `offset` (below max), in one file when `one_file`, with their indexed

@@ -464,8 +464,7 @@ class PolledBatch(Sequence[Message]):
         return self._run[index]
 
     def __iter__(self) -> Iterator[Message]:
-        run = self._run
-        return (run[i] for i in range(len(self.bodies)))
+        return self._run.iter_from(0)
 
     def __repr__(self) -> str:
         return f"PolledBatch({len(self.bodies)} messages)"

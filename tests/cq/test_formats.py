@@ -16,7 +16,7 @@ from cq_svc import rocks_layout as layout
 from cq_svc.time_file import Boundary, decode_time, encode_time, search_offset_by_time
 from cq_svc.unit_file import BLANK_UNIT, UNIT, count_valid, encode_units
 from mqstore.errors import CorruptFile
-from mqstore.formats.cq_time import bisect_stored_files
+from mqstore.formats.cq_time import bisect_series, bisect_stored_files
 
 
 def test_a_unit_is_rocketmqs_20_big_endian_bytes() -> None:
@@ -124,8 +124,8 @@ def test_a_search_led_by_unchecked_times_answers_as_the_checked_search(
 
     for boundary in Boundary:
         want = search_offset_by_time(checked, lo, hi, target, boundary)
-        assert search_offset_by_time(checked, lo, hi, target, boundary, raw) == want
-        assert search_offset_by_time(checked, lo, hi, target, boundary, raw, raw_bisect) == want
+        assert search_offset_by_time(checked, lo, hi, target, boundary, bisect_series(raw)) == want
+        assert search_offset_by_time(checked, lo, hi, target, boundary, raw_bisect) == want
         if not damaged and hi > lo:  # over a series that never goes down: one bisect's answer
             for right, whole in ((False, bisect.bisect_left), (True, bisect.bisect_right)):
                 assert raw_bisect(lo, hi, target, right) == whole(good, target, lo, hi)

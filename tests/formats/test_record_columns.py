@@ -94,6 +94,19 @@ def same(a: CheckedRecords, b: CheckedRecords) -> None:
         assert a.head.dtype == b.head.dtype
 
 
+def all_agree(raws: list[bytes], offsets: list[int] | None, bodies: bool) -> CheckedRecords:
+    """One record at a time, the columns, check_records, and check_records given int arrays
+    (as cq_svc's local reads pass them): the same verdicts, whichever decides."""
+    blob = b"".join(raws)
+    sizes = [len(r) for r in raws]
+    few = _check_few(blob, sizes, offsets, bodies)
+    same(few, _check_columns(blob, sizes, offsets, bodies))
+    same(few, check_records(blob, sizes, offsets, bodies=bodies))
+    arrays = None if offsets is None else np.array(offsets, dtype=np.int64)
+    same(few, check_records(blob, np.array(sizes), arrays, bodies=bodies))
+    return few
+
+
 @settings(max_examples=400, deadline=None)
 @given(
     st.lists(damaged(), min_size=1, max_size=SMALL_BATCH_RECORDS_MAX),
@@ -107,14 +120,8 @@ def test_a_few_records_get_the_verdicts_of_the_columns_and_of_read_record(
     raws = [raw for raw, _ in drawn]
     if short and len(raws) > 1:
         raws[-1] = raws[-1][: 40 + short]  # one too short to gather from: all left over
-    blob = b"".join(raws)
-    sizes = [len(r) for r in raws]
     offsets = [o for _, o in drawn] if with_offsets else None
-    few = _check_few(blob, sizes, offsets, bodies)
-    same(few, _check_columns(blob, sizes, offsets, bodies))
-    same(few, check_records(blob, sizes, offsets, bodies=bodies))
-    arrays = None if offsets is None else np.array(offsets, dtype=np.int64)
-    same(few, check_records(blob, np.array(sizes), arrays, bodies=bodies))  # as arrays
+    few = all_agree(raws, offsets, bodies)
     for i, raw in enumerate(raws):
         if few.ok[i]:
             got = read_record(
@@ -165,13 +172,4 @@ def test_the_columns_of_many_records_give_the_verdicts_of_one_at_a_time(
 ) -> None:
     """Past SMALL_BATCH_RECORDS_MAX the columns decide, reading a batch of like records as a
     matrix; one record at a time decides alike."""
-    raws = [raw for raw, _ in drawn]
-    blob = b"".join(raws)
-    sizes = [len(r) for r in raws]
-    offsets = [o for _, o in drawn] if with_offsets else None
-    columns = _check_columns(blob, sizes, offsets, bodies)
-    same(columns, _check_few(blob, sizes, offsets, bodies))
-    same(columns, check_records(blob, sizes, offsets, bodies=bodies))
-    # Int arrays in, as cq_svc's local reads pass them: the same verdicts.
-    arrays = None if offsets is None else np.array(offsets, dtype=np.int64)
-    same(columns, check_records(blob, np.array(sizes), arrays, bodies=bodies))
+    all_agree([raw for raw, _ in drawn], [o for _, o in drawn] if with_offsets else None, bodies)
