@@ -67,6 +67,7 @@ from mqstore.formats.commitlog_checkpoint import (
     ProducerEntry,
     ProducerRequest,
     QueueKey,
+    StoreMeta,
 )
 from mqstore.formats.record import (
     BLANK_MAGIC,
@@ -92,6 +93,7 @@ from mqstore.formats.record_batch import (
     undo_queue_offsets,
 )
 from mqstore.formats.record_columns import IntArray, check_records, split_records
+from mqstore.history import LogHistory
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
 from mqstore.storage.mapped_file import MappedFile
@@ -185,6 +187,8 @@ class CommitLog:
         self._retention_stop = threading.Event()
         self._floor_offset: Callable[[], int] | None = None
         self.store_id = b""
+        # The log's history (mqstore/history.py): a new epoch at every open.
+        self.history = LogHistory()
         self.recovery: RecoveryReport | None = None
         self._running = False
         self._flush_failed: BaseException | None = None
@@ -241,6 +245,7 @@ class CommitLog:
             self.queue.committed_where = end
             self.queue.flush(0)
             self.queue.flushed_where = end
+            self._begin_epoch(meta, end)
             self._write_checkpoint(end, table_to_pairs(self._queue_offsets))
             self._files.create_abort()
         except BaseException:
@@ -277,6 +282,27 @@ class CommitLog:
             len(report.corrupt),
         )
         return report
+
+    def _begin_epoch(self, meta: StoreMeta, end: int) -> None:
+        """Every start begins a new epoch at the end of what recovery kept (mqstore/history.py),
+        durable before anything is appended or served: whatever a crash may have cut, the next
+        writes are never taken for the bytes a follower saw there. A damaged epoch file leaves
+        the history unknown, so the store takes a new id and every follower rebuilds."""
+        low = self.queue.min_offset()
+        history = self._files.load_history(
+            meta.store_id, min_offset=low, has_data=bool(self.queue.files)
+        )
+        if history is None:
+            meta = self._files.reissue_meta(meta)
+            self.store_id = meta.store_id
+            log.error("the log's history is lost: new store id %s", meta.store_id.hex())
+            history = LogHistory()
+        # Recovery may have cut below where the last epochs began: they wrote nothing that is
+        # left. The new epoch is still newer than all of them (a follower may hold theirs).
+        epoch = history.next_epoch()
+        self.history = history.compacted(low).truncated(end).begin(epoch, end)
+        self._files.save_history(self.store_id, self.history)
+        log.info("epoch %d begins at %d", self.history.last_epoch, end)
 
     def close(self) -> None:
         """Flush, checkpoint and remove the abort marker; the marker stays if anything failed,
@@ -792,6 +818,37 @@ class CommitLog:
         if isinstance(found, Blank) or found.no_record:
             raise InvalidArgument(f"no record starts at offset {offset}", field="offset")
         raise CorruptRecord(offset, found.reason)
+
+    def segment_start(self, offset: int) -> int:
+        """The start of the segment holding `offset`: a record boundary (records never span
+        segments)."""
+        return offset - offset % self.config.file_bytes
+
+    def starts_record(self, offset: int) -> bool:
+        """Whether `offset` is a record boundary: one every reader knows (the log's ends, a
+        segment's start, an epoch's start, a damaged record recovery found), or the start of
+        an intact record (its CRC and its own offset field agree) or of the end-of-file blank."""
+        if (
+            offset in (self.min_offset, self.max_offset)
+            or offset % self.config.file_bytes == 0
+            or offset in self.history.starts
+            or offset in self._corrupt_starts
+        ):
+            return True
+        try:
+            mf = self._file_at(offset)
+        except OutOfRange:
+            return False
+        if not mf.hold():
+            return False
+        try:
+            pos = offset - mf.file_from_offset
+            found = read_record(
+                mf.read_buf, pos, mf.read_position, check_crc=True, expected_offset=offset
+            )
+        finally:
+            mf.release()
+        return isinstance(found, (Record, Blank))
 
     def read_whole_record(self, offset: int) -> bytes:
         """Raw bytes of the record starting at `offset`, CRC-checked (its size unknown to the

@@ -109,6 +109,13 @@ class CommitLogService:
         try:
             registry = SubscriberRegistry(engine.disk, s.data_dir, engine.store_id, engine.clock)
             registry.load()
+            moved = registry.clamp(engine.max_offset)
+            if moved:
+                log.warning(
+                    "%d subscribers had confirmed past the recovered end %d; lowered to it",
+                    moved,
+                    engine.max_offset,
+                )
             self.registry = registry
             engine.set_floor_offset(self._floor)
             engine.add_flush_observer(metrics.FLUSH_SECONDS.observe)

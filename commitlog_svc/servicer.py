@@ -74,10 +74,13 @@ from mqstore.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from mqstore.formats.commitlog_checkpoint import STORE_ID_BYTES
 from mqstore.formats.msgid import decode_offset_msg_id
 from mqstore.formats.record import pack_host
 from mqstore.formats.record_batch import LOCALHOST_V4, MessageBatch
 from mqstore.formats.record_columns import IntArray
+from mqstore.history import LogHistory
+from mqstore.rpc.dispatch_codec import history_from_proto, history_to_proto
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
@@ -479,18 +482,62 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
 
     # -- dispatch -------------------------------------------------------------------------------
 
-    def _handshake(self, request: pb.SubscribeRequest) -> pb.Handshake:
+    def _handshake(self, request: pb.SubscribeRequest, known: bool) -> pb.Handshake:
+        """Where a subscriber's view and the log agree, and where its stream starts.
+
+            another store id        it rebuilds: start at the minimum
+            the same store id       truncate at the last offset where its history and the
+                                    log's agree (mqstore/history.py); start at its confirmed
+                                    offset, or that offset if lower, or the minimum if higher
+            the start is no record  (a confirmed offset inside a record: only a client that
+            boundary                invents offsets sends one) back to its segment's start,
+                                    a boundary every reader knows, and truncate there too
+
+        Refused (nothing registered): a position this log never had, i.e. a confirmed offset
+        past the end that the subscriber's history puts in the log's current epoch, or one
+        from an unknown subscriber without any history."""
         engine = self.engine
         low, high = engine.min_offset, engine.max_offset
+        history = engine.history
         confirmed = request.confirmed_offset
         if request.store_id != engine.store_id:
-            start = low  # a new subscriber, or the log was replaced: rebuild from the minimum
-        elif confirmed > high:
-            start = high  # the log lost a dirty tail: the subscriber truncates to high
+            start = truncate = low  # a new subscriber, or the log was replaced: rebuild
         else:
-            start = max(confirmed, low)  # segments may have expired below it
+            sent = request.HasField("history") and len(request.history.epochs) > 0
+            theirs = history_from_proto(request.history) if sent else LogHistory.legacy()
+            # The log's newest epoch goes on past its end: a subscriber whose history agrees
+            # all the way to a confirmed offset past the end claims bytes it cannot have.
+            agreed = history.agreed_offset(theirs, max(confirmed, high))
+            if confirmed > high and (agreed >= confirmed if sent else not known):
+                raise OutOfRange(
+                    f"confirmed offset {confirmed} is past the log's end {high}, and "
+                    + (
+                        "the subscriber's history says the log's current epoch wrote it"
+                        if sent
+                        else "an unknown subscriber sent no history"
+                    )
+                    + ": not a position of this log"
+                )
+            truncate = min(agreed, high)
+            start = max(min(confirmed, truncate), low)
+            if not engine.starts_record(start):
+                boundary = max(engine.segment_start(start), low)
+                log.warning(
+                    "subscriber %s: confirmed offset %d is not a record boundary; "
+                    "it truncates and replays from %d, its segment's start",
+                    request.subscriber_id,
+                    start,
+                    boundary,
+                )
+                start = boundary
+                truncate = min(truncate, boundary)
         return pb.Handshake(
-            store_id=engine.store_id, min_offset=low, max_offset=high, start_offset=start
+            store_id=engine.store_id,
+            min_offset=low,
+            max_offset=high,
+            start_offset=start,
+            history=history_to_proto(history.compacted(low)),
+            truncate_offset=truncate,
         )
 
     def Subscribe(
@@ -503,6 +550,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             )
         if request.confirmed_offset < 0:
             raise InvalidArgument("confirmed offset is negative", field="confirmed_offset")
+        _check_store_id(request.store_id)
         if request.max_batch_entries < 0 or request.max_batch_bytes < 0:
             raise InvalidArgument("batch bounds must not be negative", field="max_batch_entries")
         if not 0 <= request.linger_ms <= DISPATCH_LINGER_MS_MAX:
@@ -516,7 +564,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         entries_max = min(request.max_batch_entries or s.dispatch_batch_entries,
                           s.dispatch_batch_entries)  # fmt: skip
         bytes_max = min(request.max_batch_bytes or s.dispatch_batch_bytes, s.dispatch_batch_bytes)
-        handshake = self._handshake(request)
+        handshake = self._handshake(request, known=self.registry.get(sid) is not None)
         self.registry.connect(sid, handshake.start_offset)
         if request.include_records:
             self._with_records.add(sid)
@@ -530,12 +578,13 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
 
         context.add_callback(on_end)
         log.info(
-            "subscriber %s: log [%d, %d), confirmed %d (%s store), starting at %d",
+            "subscriber %s: log [%d, %d), confirmed %d (%s store), truncate at %d, starting at %d",
             sid,
             handshake.min_offset,
             handshake.max_offset,
             request.confirmed_offset,
             "same" if request.store_id == handshake.store_id else "another",
+            handshake.truncate_offset,
             handshake.start_offset,
         )
         try:
@@ -625,6 +674,16 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             raise OutOfRange(
                 f"confirmed offset {request.confirmed_offset} is beyond the log's end {high}"
             )
+        if request.HasField("confirmed_epoch"):
+            history = self.engine.history
+            if history.starts and request.confirmed_offset > history.starts[0]:
+                epoch = history.epoch_before(request.confirmed_offset)
+                if request.confirmed_epoch != epoch:
+                    raise FailedPrecondition(
+                        f"offset {request.confirmed_offset} was confirmed in epoch "
+                        f"{request.confirmed_epoch}, but the log's bytes below it are epoch "
+                        f"{epoch}'s: the log was cut since; subscribe again"
+                    )
         floor = self.registry.confirm(sid, request.confirmed_offset)
         if request.HasField("include_records"):
             if request.include_records:
@@ -668,6 +727,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             flush=engine.config.flush.value,
             writable=engine.writable and not self._draining.is_set(),
             store_host=engine.store_host,
+            history=history_to_proto(engine.history.compacted(engine.min_offset)),
         )
         for sub in self.registry.snapshot():
             lag_bytes = max(0, high - sub.confirmed_offset)
@@ -683,6 +743,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                 lag_ms=lag_ms,
                 connected=sub.streams > 0,
                 sent_offset=sub.position if sub.streams > 0 else -1,
+                updated_at_ms=sub.updated_at_ms,
             )
         return response
 
@@ -700,6 +761,15 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             values.dispatch_behind[sub.subscriber_id] = max(0, high - sent)
             values.subscriber_lag[sub.subscriber_id] = max(0, high - sub.confirmed_offset)
         return values
+
+
+def _check_store_id(store_id: bytes) -> None:
+    """Empty (never subscribed) or a store id; anything else is no store's."""
+    if store_id and len(store_id) != STORE_ID_BYTES:
+        raise InvalidArgument(
+            f"a store id is {STORE_ID_BYTES} bytes (or empty), not {len(store_id)}",
+            field="store_id",
+        )
 
 
 def _read_status(offset: int, error: MqstoreError) -> pb.ReadStatus.ValueType:

@@ -3,6 +3,8 @@
     {data_dir}/commitlog/…      segments (mapped_file_queue.py)
     {data_dir}/checkpoint       flushed offset + queue-offset table (commitlog_checkpoint.py)
     {data_dir}/store.meta       store id, written once
+    {data_dir}/epochs           the log's history: an epoch begins at every start
+                                (mqstore/formats/epoch_file.py, mqstore/history.py)
     {data_dir}/abort            exists while the store is open: its presence at start-up means
                                 the last exit was not clean (holds the PID, as RocketMQ's)
     {data_dir}/lock             flock'ed while open: two processes never open one store
@@ -26,8 +28,10 @@ from mqstore.formats.commitlog_checkpoint import (
     encode_checkpoint,
     encode_meta,
 )
+from mqstore.history import LEGACY_EPOCH, LogHistory
 from mqstore.storage import failpoints
 from mqstore.storage.disk import Disk, write_atomic
+from mqstore.storage.epoch_store import EpochStore
 from mqstore.storage.logreader import STORE_META_FILE
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,7 @@ class StoreFiles:
     def __init__(self, disk: Disk, data_dir: str) -> None:
         self.disk = disk
         self.data_dir = data_dir
+        self.epochs = EpochStore(disk, data_dir)
 
     def _path(self, name: str) -> str:
         return os.path.join(self.data_dir, name)
@@ -80,6 +85,43 @@ class StoreFiles:
         meta = StoreMeta(uuid.uuid4().bytes, now_ms, file_bytes)
         write_atomic(self.disk, path, encode_meta(meta))
         return meta
+
+    def reissue_meta(self, meta: StoreMeta) -> StoreMeta:
+        """The same store under a new id: every subscriber rebuilds from the log."""
+        fresh = StoreMeta(uuid.uuid4().bytes, meta.created_at_ms, meta.file_bytes)
+        write_atomic(self.disk, self._path(META_FILE), encode_meta(fresh))
+        return fresh
+
+    # -- history --------------------------------------------------------------------------------
+
+    def load_history(
+        self, store_id: bytes, *, min_offset: int, has_data: bool
+    ) -> LogHistory | None:
+        """The log's history as kept, None when it cannot be trusted (a damaged file).
+
+        no file, no data        an empty history (a new store)
+        no file, data           the data so far is epoch 0 (a store from before histories)
+        the file of another id  an empty history (the meta was reissued; all rebuild)
+        """
+        try:
+            found = self.epochs.load()
+        except CorruptFile as exc:
+            log.error("the epoch file is damaged (%s)", exc)
+            return None
+        if found is None:
+            if not has_data:
+                return LogHistory()
+            log.warning("no epoch file beside existing data: the log so far is epoch 0")
+            return LogHistory([(LEGACY_EPOCH, min_offset)])
+        kept_id, history = found
+        if kept_id != store_id:
+            log.warning("the epoch file belongs to another store id; starting a new history")
+            return LogHistory()
+        return history
+
+    def save_history(self, store_id: bytes, history: LogHistory) -> None:
+        failpoints.hit("epochs.before_write")
+        self.epochs.save(store_id, history)
 
     # -- abort marker ---------------------------------------------------------------------------
 

@@ -147,6 +147,22 @@ class SubscriberRegistry:
         floor = self.floor()
         return offset if floor is None else floor
 
+    def clamp(self, end_offset: int) -> int:
+        """At start: a recovery may have cut the log below offsets subscribers confirmed; none
+        of them holds anything of this log past its end, so their offsets come down to it
+        (status and the floor say so at once, not only after each subscribes again). Returns
+        how many moved."""
+        with self._lock:
+            moved = 0
+            for sub in self._subs.values():
+                if sub.confirmed_offset > end_offset:
+                    sub.confirmed_offset = end_offset
+                    moved += 1
+            if moved:
+                self._version += 1
+        self._persist()
+        return moved
+
     def forget(self, subscriber_id: str) -> bool:
         with self._lock:
             gone = self._subs.pop(subscriber_id, None) is not None

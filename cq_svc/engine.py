@@ -2,7 +2,7 @@
 
     engine = CqEngine(config)            # nothing touched yet
     engine.open()                        # recover the store, load group offsets
-    engine.handshake(store_id, min, max) # the start-up handshake (DESIGN.md)
+    engine.handshake(store_id, min, truncate, history)  # the start-up handshake (DESIGN.md)
     engine.apply(entries, batch_end)     # dispatch batches, in order
     engine.apply_columns(columns, end)   # the same for a frame as columns (the sink's way)
     engine.close()                       # flush, checkpoint, fold journals
@@ -26,6 +26,10 @@ Files of the engine itself, beside the store's:
                          reported; recovery is the same either way: units at or beyond the
                          checkpoint's confirmed offset are cut and replayed from the log)
 
+    {data_dir}/epochs    the log's history as of the last handshake: the epochs of what the
+                         store holds (mqstore/history.py); written after the handshake's
+                         truncation is durable, so it never claims a unit the log cut
+
 (Named cq.* so that a data directory shared with commitlog_svc's lock and abort files is safe.)
 """
 
@@ -47,8 +51,10 @@ from cq_svc.time_file import Boundary
 from cq_svc.unit_file import Unit
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import Unavailable
+from mqstore.history import LogHistory
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
+from mqstore.storage.epoch_store import EpochStore
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +100,8 @@ class CqEngine:
         self._file_lock: FileLock | None = None
         self.failure: BaseException | None = None
         self.unclean_start = False  # the abort marker was there at open
+        self._epochs = EpochStore(self.disk, config.data_dir)
+        self.history = LogHistory()  # of what the store holds; loaded at open
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -109,6 +117,7 @@ class CqEngine:
             if self.unclean_start:
                 log.warning("consume queues were not closed cleanly: recovering")
             report = self.store.open()
+            self.history = self._epochs.load_follower(self.store.store_id)
             self.offsets.open()
             self.disk.write(self._abort_path, b"")
             self.disk.fsync_dir(self.config.data_dir)
@@ -185,33 +194,49 @@ class CqEngine:
 
     # -- the start-up handshake -----------------------------------------------------------------
 
-    def handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> HandshakeAction:
+    def handshake(
+        self,
+        store_id: bytes,
+        min_offset: int,
+        truncate_offset: int,
+        history: LogHistory | None = None,
+    ) -> HandshakeAction:
         """Bring the store into agreement with the commit log (DESIGN.md step 3).
 
-            another store id             drop everything, follow the new log from its minimum
-            applied offset > max_offset  the log lost a tail: cut units at or beyond max_offset
-            applied offset < min_offset  segments expired: delete what points below the minimum
-            otherwise                    correct minimum offsets
+            another store id                  drop everything, follow the new log from its
+                                              minimum
+            applied offset > truncate_offset  the log's history and ours part there (a
+                                              recovery cut the log; what follows may be other
+                                              bytes at the same offsets): cut units at or
+                                              beyond it
+            applied offset < min_offset       segments expired: delete what points below it
+            otherwise                         correct minimum offsets
+
+        Then the log's history (when given) becomes ours, durably, once the cut is (a crash in
+        between leaves the old history over fewer units, which only replays more).
 
         The applied offset decides, not the confirmed one: a subscriber that reconnects
         without restarting may have applied (but not yet flushed) entries past the confirmed
-        offset, and those in [max_offset, applied) would point into the tail the log lost."""
+        offset, and those at or past truncate_offset are not the log's any more."""
         actions = []
         if self.store.store_id != store_id:
             self.store.reset(store_id)
             actions.append("rebuild")
-        if self.store.applied_offset > max_offset:
-            self.store.truncate_dirty(max_offset)
+        if self.store.applied_offset > truncate_offset:
+            self.store.truncate_dirty(truncate_offset)
             actions.append("truncate")
         if self.store.applied_offset < min_offset or actions == ["rebuild"]:
             self.store.delete_expired(min_offset)
             actions.append("correct_min")
         else:
             self.store.correct_min_offset(min_offset)
+        if history is not None and history != self.history:
+            self._epochs.save(store_id, history)
+            self.history = history
         # Nothing below the minimum will ever be sent: without this a subscriber whose log
         # expired everything it had (and holds nothing new) would never count as caught up.
         self.store.advance_applied(min_offset)
-        resume = max(min(self.store.confirmed_offset, max_offset), min_offset)
+        resume = max(min(self.store.confirmed_offset, truncate_offset), min_offset)
         return HandshakeAction("+".join(actions) or "none", resume)
 
     def expire(self, min_offset: int) -> int:

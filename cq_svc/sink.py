@@ -37,6 +37,7 @@ from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import MqstoreError
+from mqstore.history import LogHistory
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 
@@ -83,22 +84,37 @@ class EngineSink:
     def applied_offset(self) -> int:
         return self.engine.store.applied_offset
 
-    def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
+    @property
+    def history(self) -> LogHistory:
+        """The epochs of what the store holds (the last handshake's history)."""
+        return self.engine.history
+
+    def on_handshake(
+        self,
+        store_id: bytes,
+        min_offset: int,
+        max_offset: int,
+        truncate_offset: int,
+        history: LogHistory,
+    ) -> None:
         if self.tail is not None:
             self.tail.clear()  # the log may have lost its tail or been replaced
         if self.local is not None:
             self.local.on_handshake(store_id, min_offset)  # the same: check the files again
-        action = self.engine.handshake(store_id, min_offset, max_offset)
+        action = self.engine.handshake(store_id, min_offset, truncate_offset, history)
         self.last_action = action.action
         self._log_store_id = store_id
         self._log_end = max_offset
         self._log_min = min_offset
         metrics.HANDSHAKES.labels(action.action).inc()
         log.info(
-            "handshake with the commit log: %s; log [%d, %d), applied %d, confirmed %d",
+            "handshake with the commit log: %s; log [%d, %d) in epoch %d, truncate at %d, "
+            "applied %d, confirmed %d",
             action.action,
             min_offset,
             max_offset,
+            history.last_epoch,
+            truncate_offset,
             self.applied_offset,
             self.confirmed_offset,
         )

@@ -11,8 +11,4 @@ from __future__ import annotations
 
 _TESTS = "tests/fuzz/test_known_findings.py::"
 
-KNOWN: dict[str, str] = {
-    # commitlog_svc: the Subscribe handshake trusts a confirmed offset inside a record
-    "commitlog.Subscribe.false-corruption": _TESTS
-    + "test_a_confirmed_offset_inside_a_record_is_refused_not_reported_as_corruption",
-}
+KNOWN: dict[str, str] = {}

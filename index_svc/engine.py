@@ -2,7 +2,7 @@
 
     engine = IndexEngine(config)             # nothing touched yet
     report = engine.open()                   # lock, recover; report.replay_from_offset
-    start = engine.handshake(store_id, min_offset, max_offset)   # agree with the commit log
+    start = engine.handshake(store_id, min_offset, truncate_offset, history)   # agree with the log
     engine.apply(batch)                      # each dispatch batch, in order; idempotent
     engine.apply_columns(columns)            # the same for a frame as columns (the sink's way)
     engine.confirmed_offset                  # what to send in Confirm after a flush
@@ -61,10 +61,12 @@ from mqstore.errors import (
 from mqstore.formats import sysflag
 from mqstore.formats.javahash import index_key_hash
 from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR, index_hashes_prefixed, message_keys
+from mqstore.history import LogHistory
 from mqstore.sharding import index_key, key_hash64, shard_of_hash
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk, write_atomic
+from mqstore.storage.epoch_store import EpochStore
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,10 @@ class IndexEngine:
         self._open = False
         self._sharded = config.shard_count > 1
         self.recovery: RecoveryReport | None = None
+        # The log's history as of the last handshake: the epochs of what the files hold
+        # ({index_dir}/epochs, written after the handshake's truncation is durable).
+        self._epochs = EpochStore(self.disk, self._dir)
+        self.history = LogHistory()
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -145,6 +151,7 @@ class IndexEngine:
                 self._store_id = ckpt.store_id
                 self._min_offset = ckpt.min_offset
             self._applied = report.replay_from_offset
+            self.history = self._epochs.load_follower(self._store_id)
             if self._files:
                 active = self._files[-1]
                 if not active.sealed:
@@ -695,13 +702,24 @@ class IndexEngine:
             f.destroy()
         self.disk.fsync_dir(self._dir)
 
-    def handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> int:
+    def handshake(
+        self,
+        store_id: bytes,
+        min_offset: int,
+        truncate_offset: int,
+        history: LogHistory | None = None,
+    ) -> int:
         """Agree with the commit log's handshake frame (DESIGN.md, start-up handshake) before
         applying anything; returns the offset dispatch will flow from.
 
-            another store id               drop everything, follow the new log from its start
-            applied offset > max_offset    the log lost a tail: truncate at max_offset
-            min_offset above ours          segments expired: raise the minimum, delete files
+            another store id                  drop everything, follow the new log from its
+                                              start
+            applied offset > truncate_offset  our history and the log's part there (a
+                                              recovery cut the log): truncate at it
+            min_offset above ours             segments expired: raise the minimum, delete
+                                              files
+
+        The log's history (when given) then becomes ours, once the truncation is durable.
         """
         check(len(store_id) == STORE_ID_BYTES, "store ids are 16 bytes")
         with self._mutex:
@@ -713,11 +731,14 @@ class IndexEngine:
                 else:
                     self._store_id = store_id
                     self._ckpt_stale = True
-            if self._applied > max_offset:
-                self._truncate_locked(max_offset)
+            if self._applied > truncate_offset:
+                self._truncate_locked(truncate_offset)
             self._delete_expired_locked(min_offset)
             if self._applied < min_offset:
                 self._applied = min_offset  # nothing below it will ever be sent
                 self._ckpt_stale = True
             self._flush_locked()
+            if history is not None and history != self.history:
+                self._epochs.save(store_id, history)
+                self.history = history
             return self._applied

@@ -27,6 +27,7 @@ from index_svc.engine import IndexEngine
 from index_svc.formats.checkpoint import NO_STORE_ID
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import FlushFailed
+from mqstore.history import LogHistory
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,29 @@ class IndexSink:
     def known_end_offset(self) -> int:
         return self._known_end
 
-    def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
-        start = self.engine.handshake(store_id, min_offset, max_offset)
+    @property
+    def history(self) -> LogHistory:
+        """The epochs of what the index holds (the last handshake's history)."""
+        return self.engine.history
+
+    def on_handshake(
+        self,
+        store_id: bytes,
+        min_offset: int,
+        max_offset: int,
+        truncate_offset: int,
+        history: LogHistory,
+    ) -> None:
+        start = self.engine.handshake(store_id, min_offset, truncate_offset, history)
         self.handshakes += 1
         self._known_end = max_offset
         log.info(
-            "index agrees with the log [%d, %d): dispatch from %d", min_offset, max_offset, start
+            "index agrees with the log [%d, %d) in epoch %d, truncated at %d: dispatch from %d",
+            min_offset,
+            max_offset,
+            history.last_epoch,
+            truncate_offset,
+            start,
         )
         self._gauges()
 

@@ -89,12 +89,14 @@ def _status_tables(cluster: ClusterStatus) -> list[Table]:
         _yes(cl.writable),
     )
     subs = Table(title="subscribers (dispatch to cq / index replicas)", title_justify="left")
-    for name in ("subscriber", "connected", "confirmed offset", "lag bytes", "lag ms"):
+    for name in ("subscriber", "connected", "last seen", "confirmed offset", "lag bytes",
+                 "lag ms"):  # fmt: skip
         subs.add_column(name, justify="left" if name in ("subscriber", "connected") else "right")
     for s in cluster.commitlog.subscribers:
         subs.add_row(
             _cell(s.subscriber_id),
             _yes(s.connected),
+            _ago(s.last_seen_age_s),
             str(s.confirmed_offset),
             str(s.lag_bytes),
             str(s.lag_ms),
@@ -157,6 +159,16 @@ def topics(state: CliState, as_json: bool) -> None:
         click.echo(name)
 
 
+def _ago(seconds: float | None) -> str:
+    """"12 s ago", "3 min ago", "5 h ago", "2 d ago"; "-" when unknown."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds)} s ago"
+
+
 @click.group("subscribers")
 def subscribers_group() -> None:
     """The commit log's subscribers (consume-queue and index replicas) and their lag.
@@ -175,13 +187,20 @@ def subscribers_group() -> None:
 @json_option
 @pass_state
 def subscribers_list(state: CliState, as_json: bool) -> None:
-    """Every subscriber: confirmed offset, lag in bytes and ms, connected or not."""
+    """Every subscriber: confirmed offset, lag in bytes and ms, connected or not, and when it
+    last subscribed or confirmed (one gone for long still holds retention back: forget it)."""
     lags = _admin(state).lag()
     if as_json:
         echo_json([lag.to_json() for lag in lags])
         return
     table = Table(
-        "subscriber", "confirmed offset", "sent offset", "lag bytes", "lag ms", "connected"
+        "subscriber",
+        "confirmed offset",
+        "sent offset",
+        "lag bytes",
+        "lag ms",
+        "connected",
+        "last seen",
     )
     for lag in lags:
         table.add_row(
@@ -191,6 +210,7 @@ def subscribers_list(state: CliState, as_json: bool) -> None:
             _cell(lag.lag_bytes),
             _cell(lag.lag_ms),
             _yes(lag.connected),
+            _ago(lag.last_seen_age_s),
         )
     stdout_console().print(table)
 

@@ -26,6 +26,7 @@ or moved behind a headless Service are found at the next refresh.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -112,6 +113,15 @@ class SubscriberLag:
     # How far its open stream has sent (-1: not connected): the lag as of now is the log's
     # max offset minus this; confirmed_offset trails it by what is not yet durable there.
     sent_offset: int = -1
+    # When it last subscribed or confirmed (wall clock, ms; 0: unknown). One not seen for long
+    # still holds retention back until it is forgotten (`mqstore subscribers forget`).
+    last_seen_ms: int = 0
+
+    @property
+    def last_seen_age_s(self) -> float | None:
+        if self.last_seen_ms <= 0:
+            return None
+        return max(0.0, time.time() - self.last_seen_ms / 1000)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -129,6 +139,7 @@ class CommitLogStatus:
     flush: str  # "sync" | "async"
     writable: bool
     subscribers: tuple[SubscriberLag, ...] = ()
+    epoch: int = -1  # the log's current epoch (a new one at every start)
 
     def to_json(self) -> dict[str, object]:
         out = asdict(self)
@@ -308,6 +319,7 @@ class Admin:
             flush=response.flush,
             writable=response.writable,
             subscribers=tuple(_lag(s) for s in response.subscribers),
+            epoch=response.history.epochs[-1] if response.history.epochs else -1,
         )
         jobs: list[Callable[[], CqReplicaStatus | IndexReplicaStatus]] = [
             *(partial(self._cq_status, a) for a in settings.cq),
@@ -678,7 +690,13 @@ class Admin:
 
 def _lag(s: cl_pb.SubscriberStatus) -> SubscriberLag:
     return SubscriberLag(
-        s.subscriber_id, s.confirmed_offset, s.lag_bytes, s.lag_ms, s.connected, s.sent_offset
+        s.subscriber_id,
+        s.confirmed_offset,
+        s.lag_bytes,
+        s.lag_ms,
+        s.connected,
+        s.sent_offset,
+        s.updated_at_ms,
     )
 
 

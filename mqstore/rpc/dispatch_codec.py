@@ -9,6 +9,9 @@ name once.
 A frame whose columns disagree in length, whose keys columns are neither empty nor one per
 entry, whose records (when sent) do not add up to its sizes, or whose topic index falls outside
 its table is refused whole (MalformedFrame): a follower never applies a guess.
+
+The handshake's and the Subscribe request's LogHistory (mqstore/history.py) convert here too:
+`history_from_proto` refuses a malformed one (InvalidArgument, field "history").
 """
 
 from __future__ import annotations
@@ -18,8 +21,26 @@ from collections.abc import Sequence
 import numpy as np
 
 from mqstore.dispatch import DispatchColumns, DispatchEntry
-from mqstore.errors import MalformedFrame
+from mqstore.errors import InvalidArgument, MalformedFrame
+from mqstore.history import EPOCHS_MAX, LogHistory
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+
+
+def history_to_proto(history: LogHistory) -> pb.LogHistory:
+    return pb.LogHistory(epochs=history.epochs, start_offsets=history.starts)
+
+
+def history_from_proto(message: pb.LogHistory) -> LogHistory:
+    epochs, starts = message.epochs, message.start_offsets
+    if len(epochs) != len(starts):
+        raise InvalidArgument(
+            f"{len(epochs)} epochs but {len(starts)} start offsets", field="history"
+        )
+    if len(epochs) > EPOCHS_MAX:
+        raise InvalidArgument(
+            f"{len(epochs)} epochs; a history holds at most {EPOCHS_MAX}", field="history"
+        )
+    return LogHistory(zip(epochs, starts, strict=True))
 
 
 def encode_dispatch(

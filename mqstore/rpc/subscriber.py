@@ -1,13 +1,15 @@
 """The subscriber side of the dispatch stream, shared by cq_svc and index_svc.
 
     Subscriber(target, subscriber_id, sink)
-      connect -> Subscribe(subscriber_id, sink.store_id, sink.confirmed_offset)
-      handshake frame -> sink.on_handshake(store_id, min, max)   (agreement before anything)
+      connect -> Subscribe(subscriber_id, sink.store_id, sink.confirmed_offset, sink.history)
+      handshake frame -> sink.on_handshake(store_id, min, max, truncate_offset, history)
+                         (agreement before anything: drop what is at or past truncate_offset,
+                         take the log's history as the sink's own)
       batches         -> sink.on_batch(columns, next_offset)      (replays are expected)
                          (a small frame without records, when the sink asks for it
                          with entries_max: sink.on_batch(entry list, next_offset))
       every CONFIRM_INTERVAL_S, if sink.confirmed_offset moved (or wants_records() changed)
-                      -> Confirm
+                      -> Confirm(confirmed offset, the epoch of its last byte in sink.history)
       stream ends or fails -> reconnect after a backoff (gRPC never retries a stream for us)
 
 The channel is built with the follower's `ChannelSecurity` (TLS, client certificate, its
@@ -31,9 +33,15 @@ from typing import Protocol
 import grpc
 
 from mqstore.dispatch import DispatchEntry
-from mqstore.errors import MalformedFrame
+from mqstore.errors import InvalidArgument, MalformedFrame
+from mqstore.history import LogHistory
 from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity, make_channel
-from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch
+from mqstore.rpc.dispatch_codec import (
+    decode_columns,
+    decode_dispatch,
+    history_from_proto,
+    history_to_proto,
+)
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 
@@ -62,7 +70,19 @@ class DispatchSink(Protocol):
     @property
     def applied_offset(self) -> int: ...
 
-    def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None: ...
+    @property
+    def history(self) -> LogHistory:
+        """The epochs of what the sink holds (empty: none known)."""
+        ...
+
+    def on_handshake(
+        self,
+        store_id: bytes,
+        min_offset: int,
+        max_offset: int,
+        truncate_offset: int,
+        history: LogHistory,
+    ) -> None: ...
 
     def on_batch(self, entries: Sequence[DispatchEntry], next_offset: int) -> None:
         """Apply a batch: a DispatchColumns from the loop (entry lists from other callers)."""
@@ -110,6 +130,9 @@ class Subscriber:
         self._connected = False
         self._call: grpc.Future[object] | None = None
         self._lock = threading.Lock()
+        # Held while a handshake brings the sink into agreement, and while a Confirm reads the
+        # sink's confirmed offset and history: the two must describe one log.
+        self._agree_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._confirm_thread: threading.Thread | None = None
         self._catch_up_to = -1
@@ -207,15 +230,17 @@ class Subscriber:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _follow(self, stub: pb_grpc.CommitLogStub) -> bool:
-        request = pb.SubscribeRequest(
-            subscriber_id=self.subscriber_id,
-            store_id=self.sink.store_id,
-            confirmed_offset=self.sink.confirmed_offset,
-            include_keys=self.include_keys,
-            include_records=self._ask_records(),
-            max_batch_entries=self.max_batch_entries,
-            linger_ms=self.linger_ms,
-        )
+        with self._agree_lock:
+            request = pb.SubscribeRequest(
+                subscriber_id=self.subscriber_id,
+                store_id=self.sink.store_id,
+                confirmed_offset=self.sink.confirmed_offset,
+                include_keys=self.include_keys,
+                include_records=self._ask_records(),
+                max_batch_entries=self.max_batch_entries,
+                linger_ms=self.linger_ms,
+                history=history_to_proto(self.sink.history),
+            )
         call = stub.Subscribe(request)
         with self._lock:
             self._call = call  # type: ignore[assignment]
@@ -227,11 +252,18 @@ class Subscriber:
             which = frame.WhichOneof("frame")
             if which == "handshake":
                 hs = frame.handshake
+                try:
+                    history = history_from_proto(hs.history)
+                except InvalidArgument as err:
+                    raise MalformedFrame(f"the handshake's history: {err}") from err
                 if self.sink.store_id and hs.store_id != self.sink.store_id:
                     # The log was replaced: the sink drops everything and rebuilds, and is not
                     # caught up again until it has replayed the new log.
                     self._set_caught_up(False)
-                self.sink.on_handshake(hs.store_id, hs.min_offset, hs.max_offset)
+                with self._agree_lock:
+                    self.sink.on_handshake(
+                        hs.store_id, hs.min_offset, hs.max_offset, hs.truncate_offset, history
+                    )
                 self._connected = True
                 self._catch_up_to = hs.max_offset
                 log.info(
@@ -285,8 +317,11 @@ class Subscriber:
         wants_records, whether the frames should carry records (when that changed, and at
         least every RECORDS_RESEND_S: idempotent, and it mends a reconnect that raced a
         Confirm)."""
-        confirmed = self.sink.confirmed_offset
-        if self._channel is None or not self.sink.store_id or confirmed < 0:
+        with self._agree_lock:
+            confirmed = self.sink.confirmed_offset
+            history = self.sink.history
+            store_id = self.sink.store_id
+        if self._channel is None or not store_id or confirmed < 0:
             return
         now = time.monotonic()
         wanted: bool | None = None
@@ -300,9 +335,13 @@ class Subscriber:
             return
         request = pb.ConfirmRequest(
             subscriber_id=self.subscriber_id,
-            store_id=self.sink.store_id,
+            store_id=store_id,
             confirmed_offset=confirmed,
         )
+        if len(history):
+            # A Confirm read before a handshake that cut the sink and sent after it names the
+            # old epoch: the log refuses it rather than count bytes the sink no longer holds.
+            request.confirmed_epoch = history.epoch_before(confirmed)
         if wanted is not None:
             request.include_records = wanted
         stub = pb_grpc.CommitLogStub(self._channel)

@@ -484,7 +484,11 @@ def test_subscribers_are_listed_and_a_stopped_one_is_forgotten(store: Store) -> 
     listed = {s["subscriber_id"]: s for s in json.loads(store.ok("subscribers", "list", "--json"))}
     assert {"cq", "index", "scaled-away"} <= set(listed)
     assert listed["cq"]["connected"] and not listed["scaled-away"]["connected"]
-    assert "scaled-away" in store.ok("subscribers", "list")
+    # When each was last seen (a Subscribe or a Confirm), so a gone one can be told apart.
+    now_ms = time.time() * 1000
+    assert all(0 < s["last_seen_ms"] <= now_ms for s in listed.values())
+    table = store.ok("subscribers", "list")
+    assert "scaled-away" in table and "last seen" in table and " s ago" in table
     out = store.ok("subscribers", "forget", "scaled-away")
     assert out.startswith("forgot scaled-away; retention floor now")
     assert "scaled-away" not in {s.subscriber_id for s in store.admin.lag()}

@@ -268,6 +268,14 @@ class FrameReader:
         self.ended.wait(WAIT_S)
 
 
+def fill(svc: Running, messages: int, per_call: int = 10) -> list[pb.AppendResponse]:
+    return [svc.append_ok(batch(i, per_call)) for i in range(0, messages, per_call)]
+
+
+def offsets_of(responses: list[pb.AppendResponse]) -> list[int]:
+    return [o for r in responses for o in r.commit_log_offsets]
+
+
 def dispatched_offsets(batches: Sequence[pb.DispatchBatch]) -> list[int]:
     return [o for b in batches for o in b.commit_log_offsets]
 

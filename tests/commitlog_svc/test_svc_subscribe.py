@@ -20,6 +20,7 @@ from commitlog_svc import metrics
 from commitlog_svc.dispatch_scan import scan_dispatch
 from mqstore.dispatch import DISPATCH_LINGER_MS_MAX, DispatchColumns, DispatchEntry
 from mqstore.formats.javahash import tags_code
+from mqstore.history import LogHistory
 from mqstore.rpc.channel import channel_options
 from mqstore.rpc.dispatch_codec import decode_dispatch
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
@@ -33,19 +34,12 @@ from tests.commitlog_svc.support import (
     batch,
     damage_body,
     dispatched_offsets,
+    fill,
+    offsets_of,
     rpc_error,
     subscribe,
     wait_until,
 )
-
-
-def fill(svc: Running, messages: int, per_call: int = 10) -> list[pb.AppendResponse]:
-    return [svc.append_ok(batch(i, per_call)) for i in range(0, messages, per_call)]
-
-
-def offsets_of(responses: list[pb.AppendResponse]) -> list[int]:
-    return [o for r in responses for o in r.commit_log_offsets]
-
 
 # -- the handshake ------------------------------------------------------------------------------
 
@@ -84,8 +78,11 @@ def test_a_new_subscriber_starts_at_the_minimum_and_gets_every_entry(svc: Runnin
 def test_a_subscriber_of_this_store_resumes_at_its_confirmed_offset(svc: Running) -> None:
     stored = offsets_of(fill(svc, 20))
     hs0 = subscribe(svc, "probe").handshake
-    reader = subscribe(svc, "resume", store_id=hs0.store_id, confirmed_offset=stored[12])
+    reader = subscribe(
+        svc, "resume", store_id=hs0.store_id, confirmed_offset=stored[12], history=hs0.history
+    )
     assert reader.handshake.start_offset == stored[12]
+    assert reader.handshake.truncate_offset == reader.handshake.max_offset
     batches = reader.wait_reaching(reader.handshake.max_offset)
     assert dispatched_offsets(batches) == stored[12:]
     reader.cancel()
@@ -96,14 +93,15 @@ def test_a_subscriber_ahead_of_a_truncated_log_starts_at_the_new_end(
 ) -> None:
     svc = start()
     stored = offsets_of(fill(svc, 10))
-    store_id, old_end = svc.status().store_id, svc.status().max_offset
+    status = svc.status()
+    store_id, old_end, history = status.store_id, status.max_offset, status.history
     svc.stop()
     damage_body(svc.data_dir, stored[-1])  # the durable tail is damaged: the log ends before it
     again = start()
     assert again.status().max_offset == stored[-1] < old_end
-    reader = subscribe(again, "ahead", store_id=store_id, confirmed_offset=old_end)
+    reader = subscribe(again, "ahead", store_id=store_id, confirmed_offset=old_end, history=history)
     hs = reader.handshake
-    assert (hs.max_offset, hs.start_offset) == (stored[-1], stored[-1])
+    assert (hs.max_offset, hs.start_offset, hs.truncate_offset) == (stored[-1],) * 3
     again.append_ok(batch(99, 1))
     [b] = reader.wait_reaching(again.status().max_offset)
     assert b.start_offset == stored[-1]
@@ -116,10 +114,10 @@ def test_a_subscriber_behind_expired_segments_starts_at_the_minimum(
     svc = start(file_reserved_hours=0.0, delete_when_hours=list(range(24)))
     while svc.status().max_offset < 3 * FILE_BYTES:
         svc.append_ok(batch(0, 50))
-    store_id = svc.status().store_id
+    store_id, history = svc.status().store_id, svc.status().history
     assert svc.engine.clean_expired(manual=True).deleted_files >= 2
     low = svc.status().min_offset
-    reader = subscribe(svc, "behind", store_id=store_id, confirmed_offset=100)
+    reader = subscribe(svc, "behind", store_id=store_id, confirmed_offset=100, history=history)
     hs = reader.handshake
     assert hs.min_offset == low > 100 and hs.start_offset == low
     assert reader.wait_reaching(hs.max_offset)[0].start_offset == low
@@ -310,10 +308,19 @@ class RecordingSink:
         self.applied_offset = 0
         self.frames: list[tuple[type, int]] = []
         self.entries: list[DispatchEntry] = []
+        self.history = LogHistory()
 
-    def on_handshake(self, store_id: bytes, min_offset: int, max_offset: int) -> None:
+    def on_handshake(
+        self,
+        store_id: bytes,
+        min_offset: int,
+        max_offset: int,
+        truncate_offset: int,
+        history: LogHistory,
+    ) -> None:
         if store_id != self.store_id:
             self.store_id, self.entries, self.applied_offset = store_id, [], min_offset
+        self.history = history
 
     def on_batch(self, entries: list[DispatchEntry], next_offset: int) -> None:
         self.frames.append((type(entries), len(entries)))

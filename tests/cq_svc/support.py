@@ -26,6 +26,7 @@ from cq_svc.sink import EngineSink
 from cq_svc.watch import QueueWatch
 from mqstore.dispatch import DispatchEntry
 from mqstore.formats.javahash import tags_code
+from mqstore.history import LogHistory
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.errors import error_from_rpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq_pb
@@ -101,7 +102,8 @@ class ApiHarness:
     def handshake(
         self, min_offset: int = 0, max_offset: int = 0, store_id: bytes = STORE_A
     ) -> None:
-        self.sink.on_handshake(store_id, min_offset, max_offset)
+        # As the log's handshake says it: one epoch from the start, truncate at its end.
+        self.sink.on_handshake(store_id, min_offset, max_offset, max_offset, LogHistory([(1, 0)]))
 
     def dispatch(self, entries: Sequence[DispatchEntry]) -> None:
         self.sink.on_batch(list(entries), max(e.end_offset for e in entries))

@@ -673,6 +673,9 @@ def test_after_the_log_restarts_on_a_wiped_dir_only_the_new_records_are_served(
     own.start()
     own.wait_listening()
     with make_channel(own.target) as channel:
+        # The cqs in this process kept reconnecting to the stopped port, and gRPC shares their
+        # connection (in its reconnect backoff) with this channel: wait until it connects.
+        grpc.channel_ready_future(channel).result(timeout=30)
         stub = cl_grpc.CommitLogStub(channel)
         new_id = bytes(stub.GetStatus(cl_pb.GetStatusRequest(), timeout=5).store_id)
         assert new_id != first_id

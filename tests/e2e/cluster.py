@@ -119,6 +119,12 @@ class Cluster:
         self.commitlog.wait_listening()
         wait_ready(self.commitlog)
         self._channels.pop("commitlog", None)
+        # gRPC shares a connection to one address among this process's channels; one made
+        # while the port was closed waits out its reconnect backoff (up to 2 s) before a new
+        # channel can use it.
+        grpc.channel_ready_future(self._channel("commitlog", self.commitlog.target)).result(
+            timeout=READY_TIMEOUT_S
+        )
 
     def stop_all(self) -> None:
         for process in list(self.followers.values()):

@@ -1,5 +1,5 @@
 """What the fuzzers found, each reproduced with the smallest input found. Fixed ones stay as
-regression tests; one still open is a strict xfail (a fix makes it pass, and strict makes the
+regression tests; an open one is a strict xfail (a fix makes it pass, and strict makes the
 suite say so: then drop the xfail and its line in fuzz/known.py). docs/fuzzing.md has each.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from commitlog_svc.store_files import CHECKPOINT_FILE
 from cq_svc import group_offsets
-from fuzz.services import Stack
+from fuzz.services import FILE_BYTES, Stack
 from fuzz.targets import dispatch
 from mqstore.errors import CorruptFile
 from mqstore.formats.commitlog_checkpoint import decode_checkpoint
@@ -101,33 +101,36 @@ def test_an_idempotent_append_refused_whole_does_not_stop_the_store(tmp_path: Pa
         svc.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Subscribe trusts a confirmed offset that is not a record boundary: dispatch starts "
-    "inside a record and reports intact bytes as corrupt (error log, CRC-mismatch metric)",
-)
-def test_a_confirmed_offset_inside_a_record_is_refused_not_reported_as_corruption(
+def test_a_confirmed_offset_inside_a_record_starts_at_a_boundary_not_reported_as_corruption(
     stack: Stack,
 ) -> None:
+    """Finding 4 (docs/fuzzing.md), fixed with the log's history: a subscriber that sends the
+    log's own history and an offset inside a record (only a client that invents offsets does)
+    truncates and starts at its segment's start, a boundary every reader knows; the intact
+    bytes are never reported as a corrupt range. Without a history the handshake takes the
+    subscriber for epoch 0 and replays from the log's start (a boundary too)."""
     status = stack.log.GetStatus(pb.GetStatusRequest(), timeout=TIMEOUT_S)
     inside = stack.stored[0].commit_log_offset + 1
-    stream = stack.log.Subscribe(
-        pb.SubscribeRequest(
-            subscriber_id="inside", store_id=status.store_id, confirmed_offset=inside
-        ),
-        timeout=TIMEOUT_S,
-    )
-    try:
-        handshake = next(stream).handshake
-        batch = next(stream).batch
-    except grpc.RpcError as err:  # refusing the offset is a right answer too
-        code, _, _ = error_from_rpc(err)
-        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
-        return
-    finally:
-        stream.cancel()
-    assert handshake.start_offset != inside
-    assert not batch.corrupt_starts
+    for history in (status.history, pb.LogHistory()):
+        stream = stack.log.Subscribe(
+            pb.SubscribeRequest(
+                subscriber_id="inside",
+                store_id=status.store_id,
+                confirmed_offset=inside,
+                history=history,
+            ),
+            timeout=TIMEOUT_S,
+        )
+        try:
+            handshake = next(stream).handshake
+            batch = next(stream).batch
+        finally:
+            stream.cancel()
+        segment_start = inside - inside % FILE_BYTES
+        assert handshake.start_offset == segment_start
+        assert handshake.truncate_offset <= segment_start
+        assert batch.start_offset == segment_start
+        assert not batch.corrupt_starts
 
 
 # -- names: RocketMQ's pattern matched whole (mqstore/limits.py TOPIC_PATTERN ends in "$") -------

@@ -21,9 +21,13 @@ from index_svc.engine import IndexEngine
 from index_svc.sink import IndexSink
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.formats.keyhash import index_hashes, index_hashes_prefixed
+from mqstore.history import LogHistory
 from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch
 from mqstore.storage.clock import ManualClock
 from tests.rpc.test_dispatch_columns import Stream, dispatch_streams, make_stream
+
+# The log as the handshake gives it: one epoch from its start.
+ONE_EPOCH = LogHistory([(1, 0)])
 
 MODES: dict[str, dict[str, object]] = {
     "plain": {},
@@ -94,7 +98,7 @@ def test_the_sink_applies_columns_and_entry_lists_alike(tmp_path: Path) -> None:
         engine = IndexEngine(IndexConfig.for_tests(str(tmp_path / name)), clock=clock)
         engine.open()
         sink = IndexSink(engine)
-        sink.on_handshake(b"s" * 16, 0, 0)
+        sink.on_handshake(b"s" * 16, 0, 0, 0, ONE_EPOCH)
         sinks.append(sink)
     try:
         for frame in stream.frames:

@@ -12,10 +12,14 @@ from index_svc.config import IndexConfig
 from index_svc.engine import IndexEngine
 from index_svc.sink import Flusher, IndexSink
 from mqstore.dispatch import DispatchEntry
+from mqstore.history import LogHistory
 from mqstore.rpc.subscriber import wait_until
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import SimDisk
 from tests.index_svc.support import STORE_ID, sample
+
+# The log as the handshake gives it: one epoch from its start.
+ONE_EPOCH = LogHistory([(1, 0)])
 
 OTHER_STORE_ID = bytes(16 * [0xEE])
 
@@ -41,7 +45,7 @@ def test_a_new_replica_subscribes_with_an_empty_store_id_and_offset_zero(
 
 def test_batches_are_applied_once_and_replays_change_nothing(engine: IndexEngine) -> None:
     sink = IndexSink(engine)
-    sink.on_handshake(STORE_ID, 0, 150)
+    sink.on_handshake(STORE_ID, 0, 150, 150, ONE_EPOCH)
     assert sink.store_id == STORE_ID
     keys_before = sample("mqstore_index_keys_indexed_total")
     batch = [entry(0), entry(50, "a b"), entry(100, "")]
@@ -55,17 +59,17 @@ def test_batches_are_applied_once_and_replays_change_nothing(engine: IndexEngine
 
 def test_a_handshake_from_another_store_drops_the_index(engine: IndexEngine) -> None:
     sink = IndexSink(engine)
-    sink.on_handshake(STORE_ID, 0, 100)
+    sink.on_handshake(STORE_ID, 0, 100, 100, ONE_EPOCH)
     sink.on_batch([entry(0), entry(50)], 100)
-    sink.on_handshake(OTHER_STORE_ID, 0, 0)
+    sink.on_handshake(OTHER_STORE_ID, 0, 0, 0, ONE_EPOCH)
     assert (sink.store_id, sink.applied_offset, engine.entry_count) == (OTHER_STORE_ID, 0, 0)
 
 
 def test_a_handshake_below_what_was_applied_cuts_the_lost_tail(engine: IndexEngine) -> None:
     sink = IndexSink(engine)
-    sink.on_handshake(STORE_ID, 0, 150)
+    sink.on_handshake(STORE_ID, 0, 150, 150, ONE_EPOCH)
     sink.on_batch([entry(0), entry(50), entry(100)], 150)
-    sink.on_handshake(STORE_ID, 0, 50)  # the log lost its dirty tail in recovery
+    sink.on_handshake(STORE_ID, 0, 50, 50, ONE_EPOCH)  # the log lost its dirty tail in recovery
     assert sink.applied_offset == 50
     assert engine.query("T", "k", 0, 1 << 62, 10) == [0]
 
@@ -74,7 +78,7 @@ def test_the_idle_flusher_confirms_what_was_applied_without_another_batch(
     engine: IndexEngine,
 ) -> None:
     sink = IndexSink(engine)
-    sink.on_handshake(STORE_ID, 0, 0)
+    sink.on_handshake(STORE_ID, 0, 0, 0, ONE_EPOCH)
     confirmed_before = engine.confirmed_offset
     sink.on_batch([entry(0), entry(50)], 100)
     flusher = Flusher(engine)
@@ -93,7 +97,7 @@ def test_a_failed_flush_stops_the_flusher_and_the_engine_for_good() -> None:
     engine = IndexEngine(config, disk=sim, clock=clock)
     engine.open()
     sink = IndexSink(engine)
-    sink.on_handshake(STORE_ID, 0, 0)
+    sink.on_handshake(STORE_ID, 0, 0, 0, ONE_EPOCH)
     sink.on_batch([entry(0)], 50)  # creates the first file, which is flushed at once
     assert engine.confirmed_offset == 50
     failures_before = sample("mqstore_index_flush_failures_total")

@@ -359,6 +359,7 @@ class SubscribeRequest(_message.Message):
     INCLUDE_KEYS_FIELD_NUMBER: _builtins.int
     INCLUDE_RECORDS_FIELD_NUMBER: _builtins.int
     LINGER_MS_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     store_id: _builtins.bytes
     """The commit log this subscriber followed (empty the first time) and the offset below which
@@ -381,6 +382,13 @@ class SubscribeRequest(_message.Message):
     once, so a lingering subscriber never falls behind. For followers that need no low
     latency (the index): fewer, fuller frames cost both sides less. At most 1,000.
     """
+    @_builtins.property
+    def history(self) -> Global___LogHistory:
+        """The history of what the subscriber holds: the log's history as its last handshake gave
+        it (empty the first time). With the same store_id and no history, the subscriber is taken
+        to hold epoch 0 from offset 0.
+        """
+
     def __init__(
         self,
         *,
@@ -392,22 +400,55 @@ class SubscribeRequest(_message.Message):
         include_keys: _builtins.bool = ...,
         include_records: _builtins.bool = ...,
         linger_ms: _builtins.int = ...,
+        history: Global___LogHistory | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["history", b"history"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "include_keys", b"include_keys", "include_records", b"include_records", "linger_ms", b"linger_ms", "max_batch_bytes", b"max_batch_bytes", "max_batch_entries", b"max_batch_entries", "store_id", b"store_id", "subscriber_id", b"subscriber_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "history", b"history", "include_keys", b"include_keys", "include_records", b"include_records", "linger_ms", b"linger_ms", "max_batch_bytes", b"max_batch_bytes", "max_batch_entries", b"max_batch_entries", "store_id", b"store_id", "subscriber_id", b"subscriber_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubscribeRequest: _TypeAlias = SubscribeRequest  # noqa: Y015
 
 @_typing.final
+class LogHistory(_message.Message):
+    """A log's history (DESIGN.md, "The log's history: epochs"): epochs[i] wrote the log from
+    start_offsets[i] up to start_offsets[i + 1] (the last one: on to the end). Epochs increase,
+    starts do not decrease; within one epoch an offset always holds the same bytes. At most
+    10,000 entries.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCHS_FIELD_NUMBER: _builtins.int
+    START_OFFSETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def epochs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def start_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        epochs: _abc.Iterable[_builtins.int] | None = ...,
+        start_offsets: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epochs", b"epochs", "start_offsets", b"start_offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogHistory: _TypeAlias = LogHistory  # noqa: Y015
+
+@_typing.final
 class Handshake(_message.Message):
     """The first frame of a subscription. The subscriber brings itself into agreement before it
     applies anything: a different store_id means the log was replaced (drop everything, rebuild
-    from min_offset); confirmed_offset > max_offset means the log lost a dirty tail (drop
-    entries at or beyond max_offset); confirmed_offset < min_offset means segments expired
-    (correct minimum offsets). Batches then start at start_offset.
+    from min_offset); otherwise it drops every entry at or beyond truncate_offset (the last
+    offset up to which its history and the log's agree: a recovery cut the log there, and
+    what was written after may be other bytes at the same offsets), then takes history as its
+    own; below min_offset segments expired (correct minimum offsets). Batches then start at
+    start_offset (a record boundary, at most truncate_offset).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -416,10 +457,17 @@ class Handshake(_message.Message):
     MIN_OFFSET_FIELD_NUMBER: _builtins.int
     MAX_OFFSET_FIELD_NUMBER: _builtins.int
     START_OFFSET_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
+    TRUNCATE_OFFSET_FIELD_NUMBER: _builtins.int
     store_id: _builtins.bytes
     min_offset: _builtins.int
     max_offset: _builtins.int
     start_offset: _builtins.int
+    truncate_offset: _builtins.int
+    @_builtins.property
+    def history(self) -> Global___LogHistory:
+        """The log's history as of max_offset (entries wholly below min_offset left out)."""
+
     def __init__(
         self,
         *,
@@ -427,10 +475,12 @@ class Handshake(_message.Message):
         min_offset: _builtins.int = ...,
         max_offset: _builtins.int = ...,
         start_offset: _builtins.int = ...,
+        history: Global___LogHistory | None = ...,
+        truncate_offset: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["history", b"history"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "start_offset", b"start_offset", "store_id", b"store_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["history", b"history", "max_offset", b"max_offset", "min_offset", b"min_offset", "start_offset", b"start_offset", "store_id", b"store_id", "truncate_offset", b"truncate_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -562,6 +612,7 @@ class ConfirmRequest(_message.Message):
     STORE_ID_FIELD_NUMBER: _builtins.int
     CONFIRMED_OFFSET_FIELD_NUMBER: _builtins.int
     INCLUDE_RECORDS_FIELD_NUMBER: _builtins.int
+    CONFIRMED_EPOCH_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     store_id: _builtins.bytes
     confirmed_offset: _builtins.int
@@ -570,6 +621,11 @@ class ConfirmRequest(_message.Message):
     does) or not; unset: no change. cq_svc wants them while consumers read its queues, and
     carrying records nobody reads cost commitlog_svc ~1-2.5 us a message at peak produce.
     """
+    confirmed_epoch: _builtins.int
+    """The epoch of the byte just below confirmed_offset in the subscriber's history. A Confirm
+    the log's history contradicts was made against a log since cut (a Confirm racing a
+    restart): FAILED_PRECONDITION, and the subscriber's next handshake sets it right.
+    """
     def __init__(
         self,
         *,
@@ -577,13 +633,19 @@ class ConfirmRequest(_message.Message):
         store_id: _builtins.bytes = ...,
         confirmed_offset: _builtins.int = ...,
         include_records: _builtins.bool | None = ...,
+        confirmed_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_include_records", b"_include_records", "include_records", b"include_records"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_confirmed_epoch", b"_confirmed_epoch", "_include_records", b"_include_records", "confirmed_epoch", b"confirmed_epoch", "include_records", b"include_records"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_include_records", b"_include_records", "confirmed_offset", b"confirmed_offset", "include_records", b"include_records", "store_id", b"store_id", "subscriber_id", b"subscriber_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_confirmed_epoch", b"_confirmed_epoch", "_include_records", b"_include_records", "confirmed_epoch", b"confirmed_epoch", "confirmed_offset", b"confirmed_offset", "include_records", b"include_records", "store_id", b"store_id", "subscriber_id", b"subscriber_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__confirmed_epoch: _TypeAlias = _typing.Literal["confirmed_epoch"]  # noqa: Y015
+    _WhichOneofArgType__confirmed_epoch: _TypeAlias = _typing.Literal["_confirmed_epoch", b"_confirmed_epoch"]  # noqa: Y015
     _WhichOneofReturnType__include_records: _TypeAlias = _typing.Literal["include_records"]  # noqa: Y015
     _WhichOneofArgType__include_records: _TypeAlias = _typing.Literal["_include_records", b"_include_records"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__confirmed_epoch) -> _WhichOneofReturnType__confirmed_epoch | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__include_records) -> _WhichOneofReturnType__include_records | None: ...
 
 Global___ConfirmRequest: _TypeAlias = ConfirmRequest  # noqa: Y015
@@ -672,6 +734,7 @@ class SubscriberStatus(_message.Message):
     LAG_MS_FIELD_NUMBER: _builtins.int
     CONNECTED_FIELD_NUMBER: _builtins.int
     SENT_OFFSET_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_MS_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     confirmed_offset: _builtins.int
     lag_bytes: _builtins.int
@@ -684,6 +747,10 @@ class SubscriberStatus(_message.Message):
     the subscriber applied but has not yet made durable and confirmed (cq_svc confirms at its
     thorough flush, every 10 s by default): the lag as of now is max_offset - sent_offset.
     """
+    updated_at_ms: _builtins.int
+    """When it last subscribed or confirmed (wall clock): a subscriber not seen for long still
+    holds retention back at confirmed_offset until it is forgotten.
+    """
     def __init__(
         self,
         *,
@@ -693,10 +760,11 @@ class SubscriberStatus(_message.Message):
         lag_ms: _builtins.int = ...,
         connected: _builtins.bool = ...,
         sent_offset: _builtins.int = ...,
+        updated_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "connected", b"connected", "lag_bytes", b"lag_bytes", "lag_ms", b"lag_ms", "sent_offset", b"sent_offset", "subscriber_id", b"subscriber_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_offset", b"confirmed_offset", "connected", b"connected", "lag_bytes", b"lag_bytes", "lag_ms", b"lag_ms", "sent_offset", b"sent_offset", "subscriber_id", b"subscriber_id", "updated_at_ms", b"updated_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -715,6 +783,7 @@ class GetStatusResponse(_message.Message):
     WRITABLE_FIELD_NUMBER: _builtins.int
     SUBSCRIBERS_FIELD_NUMBER: _builtins.int
     STORE_HOST_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
     store_id: _builtins.bytes
     min_offset: _builtins.int
     max_offset: _builtins.int
@@ -727,6 +796,10 @@ class GetStatusResponse(_message.Message):
     store_host: _builtins.bytes
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberStatus]: ...
+    @_builtins.property
+    def history(self) -> Global___LogHistory:
+        """The log's history; its last epoch is the current one (a new one at every start)."""
+
     def __init__(
         self,
         *,
@@ -739,10 +812,11 @@ class GetStatusResponse(_message.Message):
         writable: _builtins.bool = ...,
         subscribers: _abc.Iterable[Global___SubscriberStatus] | None = ...,
         store_host: _builtins.bytes = ...,
+        history: Global___LogHistory | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["history", b"history"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirm_offset", b"confirm_offset", "flush", b"flush", "flushed_offset", b"flushed_offset", "max_offset", b"max_offset", "min_offset", b"min_offset", "store_host", b"store_host", "store_id", b"store_id", "subscribers", b"subscribers", "writable", b"writable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirm_offset", b"confirm_offset", "flush", b"flush", "flushed_offset", b"flushed_offset", "history", b"history", "max_offset", b"max_offset", "min_offset", b"min_offset", "store_host", b"store_host", "store_id", b"store_id", "subscribers", b"subscribers", "writable", b"writable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,152 @@
+"""A log that recovery cut and appends regrew past where the followers were (issue 23, item 1),
+step by step as it was reported, with the three services as real processes:
+
+1. produce (async flush); the followers apply and confirm everything; SIGSTOP them;
+2. kill -9 commitlog_svc; zero the last 300 bytes of written data in the newest segment;
+3. restart commitlog_svc: recovery cuts the log; 200 more messages, acknowledged, regrow it
+   past where it was cut and past what the followers confirmed;
+4. SIGCONT the followers.
+
+Before the log had a history, the followers' confirmed offsets still lay inside the regrown
+log, so their handshakes saw nothing wrong: cq_svc kept units of the old tail (answering
+DATA_LOSS) and both lost acknowledged messages appended after the restart. Now every one of
+the 200 is pulled and found by key, and both equal a from-scratch replay of the log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
+
+from .cluster import SMALL_INDEX_ARGS, Cluster
+from .support import Sent, append, eventually, key_snapshot, queue_snapshot
+
+pytestmark = pytest.mark.timeout(300)
+
+TOPIC = "orders"
+QUEUES = 4
+ZEROED_BYTES = 300
+REGROW_MESSAGES = 200
+# Followers confirm within a fraction of a second, so that they confirm past the cut.
+FAST_CONFIRMS = {
+    "cq_svc": ["--flush-thorough-interval-ms", "100"],
+    "index_svc": ["--flush-interval-ms", "100"],
+}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, flush="async", extra=FAST_CONFIRMS)
+    try:
+        c.start_commitlog()
+        c.add("cq_svc", "cq")
+        c.add("index_svc", "index", *SMALL_INDEX_ARGS)
+        c.start("cq")
+        c.start("index")
+        yield c
+    finally:
+        for process in c.followers.values():
+            process.signal(signal.SIGCONT)
+        c.stop_all()
+
+
+def produce(cluster: Cluster, first: int, count: int) -> list[Sent]:
+    sent: list[Sent] = []
+    for start in range(first, first + count, 20):
+        n = min(20, first + count - start)
+        sent += append(
+            cluster.commitlog_stub(),
+            TOPIC,
+            [i % QUEUES for i in range(start, start + n)],
+            [b"message-%06d" % i for i in range(start, start + n)],
+            keys=[f"k{i}" for i in range(start, start + n)],
+        )
+    return sent
+
+
+def status(cluster: Cluster) -> cl.GetStatusResponse:
+    response: cl.GetStatusResponse = cluster.commitlog_stub().GetStatus(
+        cl.GetStatusRequest(), timeout=10
+    )
+    return response
+
+
+def zero_the_tail(data_dir: str, end: int, nbytes: int) -> None:
+    segments = os.path.join(data_dir, "commitlog")
+    newest = max(os.listdir(segments))
+    with open(os.path.join(segments, newest), "r+b") as f:
+        f.seek(end - int(newest) - nbytes)
+        f.write(bytes(nbytes))
+
+
+def test_followers_of_a_log_cut_and_regrown_past_them_lose_nothing_and_keep_nothing_stale(
+    cluster: Cluster,
+) -> None:
+    before = produce(cluster, 0, 600)
+    end = status(cluster).max_offset
+    eventually(
+        lambda: (
+            {s.subscriber_id: s.confirmed_offset for s in status(cluster).subscribers}
+            == {"cq": end, "index": end}
+        ),
+        timeout_s=60,
+    )
+    for process in cluster.followers.values():
+        process.signal(signal.SIGSTOP)
+
+    cluster.commitlog.kill()
+    zero_the_tail(cluster.commitlog.data_dir, end, ZEROED_BYTES)
+    cluster.restart_commitlog()
+    cut = status(cluster).max_offset
+    assert cut <= end - ZEROED_BYTES, "recovery cut the zeroed tail"
+    after = produce(cluster, 10_000, REGROW_MESSAGES)
+    assert status(cluster).max_offset > end, "the log regrew past what the followers confirmed"
+
+    for process in cluster.followers.values():
+        process.signal(signal.SIGCONT)
+
+    kept = [s for s in before if s.commit_log_offset < cut]
+    acked = kept + after
+    expected = {(s.queue_id, s.queue_offset, s.commit_log_offset, s.body) for s in acked}
+
+    def cq_holds_exactly_the_log() -> bool:
+        got = queue_snapshot(cluster.cq_stub("cq"), [TOPIC])
+        held = {(q, qo, o, b) for (_, q), entries in got.items() for qo, o, b in entries}
+        return held == expected
+
+    eventually(cq_holds_exactly_the_log, timeout_s=60)
+    keys = [s.key for s in after]
+    eventually(
+        lambda: (
+            key_snapshot(cluster.index_stub("index"), TOPIC, keys)
+            == {s.key: [s.commit_log_offset] for s in after}
+        ),
+        timeout_s=60,
+    )
+
+    # Both equal what a from-scratch replay of the log builds.
+    cluster.add("cq_svc", "cq-fresh")
+    cluster.add("index_svc", "index-fresh", *SMALL_INDEX_ARGS)
+    cluster.start("cq-fresh")
+    cluster.start("index-fresh")
+    eventually(
+        lambda: (
+            queue_snapshot(cluster.cq_stub("cq-fresh"), [TOPIC])
+            == queue_snapshot(cluster.cq_stub("cq"), [TOPIC])
+        ),
+        timeout_s=60,
+    )
+    all_keys = [s.key for s in before + after]
+    eventually(
+        lambda: (
+            key_snapshot(cluster.index_stub("index-fresh"), TOPIC, all_keys)
+            == key_snapshot(cluster.index_stub("index"), TOPIC, all_keys)
+        ),
+        timeout_s=60,
+    )
