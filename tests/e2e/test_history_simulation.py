@@ -65,7 +65,7 @@ SEGMENT_BYTES = 64 * 1024
 TOPICS = ("t1", "t2")
 QUEUES = 3
 HOT_KEY = "hot"
-STEPS = 40
+STEPS = 30
 CATCH_UP_S = 60.0
 WEIGHTS = {
     "append": 8,

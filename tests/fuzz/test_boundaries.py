@@ -422,18 +422,26 @@ def test_negative_and_huge_offsets_get_their_documented_answers(stack: Stack) ->
     assert failure(lambda: stack.log.Confirm(confirm))[::2] == (INVALID, "confirmed_offset")
     confirm.confirmed_offset = INT64_MAX
     assert failure(lambda: stack.log.Confirm(confirm))[0] == grpc.StatusCode.OUT_OF_RANGE
-    # Subscribe: a confirmed offset past the end means the log lost its tail: start at the end.
-    stream = stack.log.Subscribe(
-        pb.SubscribeRequest(
-            subscriber_id="edge", store_id=status.store_id, confirmed_offset=INT64_MAX
-        ),
-        timeout=TIMEOUT_S,
+    # Subscribe: a confirmed offset past the end is no position of this log unless the
+    # subscriber's history says a cut lost it: an unknown subscriber without a history, or one
+    # whose history puts it in the log's current epoch, is refused; one whose history is of an
+    # earlier epoch truncates and starts at the end.
+    request = pb.SubscribeRequest(
+        subscriber_id="edge", store_id=status.store_id, confirmed_offset=INT64_MAX
     )
+    for history in (pb.LogHistory(), status.history):
+        request.history.CopyFrom(history)
+        code, _, _ = failure(lambda: next(stack.log.Subscribe(request, timeout=TIMEOUT_S)))
+        assert code == grpc.StatusCode.OUT_OF_RANGE
+    request.history.CopyFrom(
+        pb.LogHistory(epochs=[min(status.history.epochs) - 1], start_offsets=[0])
+    )
+    stream = stack.log.Subscribe(request, timeout=TIMEOUT_S)
     try:
         handshake = next(stream).handshake
     finally:
         stream.cancel()
-    assert handshake.start_offset == handshake.max_offset >= end
+    assert handshake.start_offset <= handshake.truncate_offset <= handshake.max_offset
     # Pull: negative is malformed; past the end is a status with the correction.
     code, _, field = failure(lambda: pull(stack, topic="T", queue_id=0, offset=-1))
     assert (code, field) == (INVALID, "offset")
