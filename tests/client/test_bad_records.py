@@ -16,75 +16,32 @@ from __future__ import annotations
 import os
 import pickle
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from commitlog_svc.commitlog import CommitLog
-from commitlog_svc.config import CommitLogConfig
-from commitlog_svc.messages import MessageIn
 from mqstore.client.consumer import Consumer
 from mqstore.client.errors import BadRecord, DataLoss, InvalidArgument
 from mqstore.client.message import Message
-from mqstore.formats import sysflag
-from mqstore.formats.properties import encode_properties
 from tests.client.conftest import settings_for
 from tests.client.test_consumer import commitlog_segment, put
-from tests.e2e.cluster import Cluster, start_all
+from tests.e2e.poison import (
+    GOOD_BODIES,
+    POISON_AT,
+    POISON_BODIES,
+    POISONED_TOPIC,
+    PoisonedStore,
+    start_poisoned,
+)
 
-ZLIB = sysflag.COMPRESSED | sysflag.COMPRESSION_ZLIB
-TOPIC = "Poisoned"
-BODIES = [b"good-0", b"good-1", b"not a zlib stream", b"good-3", b"good-4"]
-POISON_AT = 2
-
-
-@dataclass
-class Store:
-    cluster: Cluster
-    poison_commit_log_offset: int
-
-
-def write_with_the_engine(data_dir: Path) -> int:
-    """TOPIC's queue 0 (BODIES, the third marked zlib) and queue 1 (the same), written by the
-    CommitLog library into what will be commitlog_svc's data dir; the poison's offset."""
-    engine = CommitLog(CommitLogConfig(data_dir=str(data_dir)))
-    engine.open()
-    try:
-        offsets = []
-        for queue_id in (0, 1):
-            for i, body in enumerate(BODIES):
-                result = engine.append(
-                    MessageIn(
-                        TOPIC,
-                        queue_id,
-                        body,
-                        properties=encode_properties({"TAGS": "t"}),
-                        sys_flag=ZLIB if i == POISON_AT else 0,
-                    )
-                )
-                assert result.ok, result.reasons
-                offsets.append(result.offsets[0])
-        return offsets[POISON_AT]
-    finally:
-        engine.close()
-
-
-def start(root: Path, *, local_reads: bool) -> Store:
-    root.mkdir(parents=True)
-    poison = write_with_the_engine(root / "commitlog")
-    # No tail records: a record damaged on disk after its append is then read from the files
-    # (local reads) or through the commit log's Read, never from the appends' own copy.
-    cluster = start_all(
-        Cluster(root, flush="sync", extra={"cq_svc": ["--tail-records-mib", "0"]},
-                local_reads=local_reads)
-    )  # fmt: skip
-    return Store(cluster, poison)
+TOPIC = POISONED_TOPIC
+BODIES = list(POISON_BODIES)
+Store = PoisonedStore
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    s = start(tmp_path_factory.mktemp("poisoned") / "store", local_reads=True)
+    s = start_poisoned(tmp_path_factory.mktemp("poisoned") / "store")
     try:
         yield s
     finally:
@@ -102,8 +59,7 @@ def bodies(messages: list[Message]) -> list[bytes]:
 def check_bad(err: BadRecord, store: Store, queue_id: int = 0) -> None:
     assert isinstance(err, DataLoss)  # `except DataLoss` still catches it
     assert (err.topic, err.queue_id, err.queue_offset) == (TOPIC, queue_id, POISON_AT)
-    if queue_id == 0:
-        assert err.commit_log_offset == store.poison_commit_log_offset
+    assert err.commit_log_offset == store.poison_offsets[queue_id]
     assert "zlib" in err.reason and "does not decompress" in err.reason
 
 
@@ -138,13 +94,11 @@ def test_skip_steps_over_bad_records_counting_them(store: Store) -> None:
         got: list[bytes] = []
         for _ in range(6):  # each queue: the good before, then (bad skipped) the rest
             got += c.poll_batch(timeout_s=0).bodies
-        assert sorted(got) == sorted([b for i, b in enumerate(BODIES) if i != POISON_AT] * 2)
+        assert sorted(got) == sorted(list(GOOD_BODIES) * 2)
         assert c.stats.bad_records == 2
         assert (c.position(0), c.position(1)) == (len(BODIES), len(BODIES))
     with consumer(store, on_bad_record="skip") as c:
-        assert bodies(list(c.messages(follow=False))) == [
-            b for i, b in enumerate(BODIES) if i != POISON_AT
-        ]
+        assert bodies(list(c.messages(follow=False))) == list(GOOD_BODIES)
 
 
 def test_a_commit_after_the_bad_record_covers_it(store: Store) -> None:
@@ -159,7 +113,7 @@ def test_a_commit_after_the_bad_record_covers_it(store: Store) -> None:
 def test_a_raw_pull_lists_bad_records_and_never_raises(store: Store) -> None:
     with consumer(store) as c:
         result = c.pull(0, 0)
-    assert bodies(result.messages) == [b for i, b in enumerate(BODIES) if i != POISON_AT]
+    assert bodies(result.messages) == list(GOOD_BODIES)
     (bad,) = result.bad_records
     check_bad(bad, store)
     assert result.next_offset == len(BODIES)
@@ -168,9 +122,7 @@ def test_a_raw_pull_lists_bad_records_and_never_raises(store: Store) -> None:
 def test_receive_returns_the_good_then_raises_the_bad_delivery_settled(store: Store) -> None:
     with consumer(store, group="g-receive") as c:
         got = c.receive(0, max_messages=10, invisible_duration_ms=60_000)
-        assert bodies([r.message for r in got]) == [
-            b for i, b in enumerate(BODIES) if i != POISON_AT
-        ]
+        assert bodies([r.message for r in got]) == list(GOOD_BODIES)
         with pytest.raises(BadRecord) as info:
             c.receive(0, max_messages=10, invisible_duration_ms=60_000)
         check_bad(info.value, store)
@@ -203,7 +155,7 @@ def test_on_bad_record_takes_raise_or_skip(store: Store) -> None:
 def test_a_record_damaged_on_disk_is_surfaced_at_its_place_and_stepped_over(
     tmp_path: Path, local_reads: bool
 ) -> None:
-    s = start(tmp_path / "store", local_reads=local_reads)
+    s = start_poisoned(tmp_path / "store", local_reads=local_reads)
     try:
         cluster = s.cluster
         sent = put(cluster, "Damaged", 0, [f"intact-{i}".encode() for i in range(5)])
