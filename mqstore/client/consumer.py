@@ -483,11 +483,11 @@ class Consumer:
             )
             for f in failed
         ]
-        reported = (
-            [response.bad_record]
-            if isinstance(response, pb.PullResponse) and response.HasField("bad_record")
-            else list(getattr(response, "bad_records", ()))
-        )
+        reported: Sequence[pb.BadRecord]
+        if isinstance(response, pb.ReceiveResponse):
+            reported = response.bad_records
+        else:
+            reported = [response.bad_record] if response.HasField("bad_record") else []
         bad.extend(
             BadRecord(
                 b.reason,
