@@ -312,7 +312,9 @@ def _pull_all(consumer: Consumer, q: int, problems: Problems) -> list[tuple[int,
         except DataLoss as err:
             problems.corrupt(f"pull of {consumer.topic}/{q} at {offset}: {err}")
             return out
-        if res.status != "FOUND" or not res.messages:
+        for bad in res.bad_records:  # a record the store refuses: the pull steps over it
+            problems.corrupt(f"pull of {consumer.topic}/{q} at {offset}: {bad}")
+        if res.status != "FOUND" or not (res.messages or res.bad_records):
             return out
         out.extend((m.queue_offset, m.commit_log_offset, body_hash(m.body)) for m in res.messages)
         offset = res.next_offset

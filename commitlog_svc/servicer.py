@@ -7,7 +7,9 @@ back column by column; refusals are sparse. What is an error and what is a statu
     request-level problems (no batches, an empty batch, columns of different lengths, a
       born_host that does not parse, the reserved MQS_PSEQ property, too many messages)
                                             INVALID_ARGUMENT naming the field
-    one message over a limit or with a bad topic
+    one message over a limit or with a bad topic, or one that could never be read back (a
+      body marked compressed that does not decompress, properties that are not key 0x01
+      value 0x02 pairs: append_checks.py)
                                             its status (MESSAGE_ILLEGAL, PROPERTIES_SIZE_
                                             EXCEEDED) with reason and field; the others store
     the store refuses (closed, flush failed / disk full / lock busy)
@@ -54,6 +56,7 @@ import grpc
 import numpy as np
 
 from commitlog_svc import metrics
+from commitlog_svc.append_checks import refuse_unreadable, with_refusals, without
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.dispatch_scan import DispatchScan, frame_of_runs, scan_dispatch
 from commitlog_svc.frame_cache import FrameCache
@@ -241,7 +244,19 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
     def _start(self, request: pb.AppendRequest, peer: bytes) -> PendingAppend:
         batches = self._batches(request, peer)
         producer = (request.producer_id, request.sequence) if request.producer_id else None
-        return self.engine.start_append(batches, producer=producer)
+        refused = refuse_unreadable(batches, self._limits.body_bytes_max)
+        if not refused:
+            return self.engine.start_append(batches, producer=producer)
+        # Poison (append_checks.py): stored as if never sent, refused at its index.
+        count = sum(map(len, batches))
+        kept = without(batches, refused)
+        if kept:
+            pending = self.engine.start_append(kept, producer=producer)
+        else:
+            pending = PendingAppend(
+                AppendResult(statuses=[], store_host=self.engine.store_host), -1
+            )
+        return PendingAppend(with_refusals(pending.result, refused, count), pending.end_offset)
 
     def _answer(self, result: AppendResult, sequence: int) -> pb.AppendResponse:
         n = len(result.statuses)

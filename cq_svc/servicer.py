@@ -12,8 +12,12 @@ Pull (RocketMQ's getMessage, rocketmq-store.md §6.2):
                          holds only the tag's hash; a colliding tag is filtered here)
       READ_OUT_OF_RANGE  the log no longer holds it: skipped while nothing is gathered yet
                          (MESSAGE_WAS_REMOVING if nothing else is), else the answer stops there
-      READ_CORRUPT       never served: the answer stops before it; DATA_LOSS naming its offset
-                         when nothing precedes it (the consumer must decide to skip it)
+      READ_CORRUPT       never served. With report_bad_records (the SDK sets it) the answer
+                         names it in bad_record after the records before it and steps over it
+                         (next_begin_offset past it), so a consumer hands out what precedes
+                         it, surfaces it with its offsets and goes on. Without (clients that
+                         predate the field): the answer stops before it; DATA_LOSS naming its
+                         offset when nothing precedes it (the consumer must decide to skip it)
 
     Statuses keep RocketMQ's meaning: an out-of-range offset is a status with a correction in
     next_begin_offset, never an error; malformed input (negative numbers, bad names) is
@@ -114,6 +118,7 @@ class _PullArgs:
     max_bytes: int
     tags: TagFilter | None
     as_blob: bool
+    report_bad: bool  # PullRequest.report_bad_records
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +157,8 @@ class _Gathered:
     removed: int = 0
     blob: bytes = b""
     sizes: list[int] = field(default_factory=list)
+    # With report_bad_records: the damaged record that ends the answer.
+    bad: pb.BadRecord | None = None
 
     @property
     def served(self) -> int:
@@ -406,7 +413,15 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         max_bytes = _limit(request.max_bytes, s.pull_bytes_default, s.pull_bytes_max, "max_bytes")
         tags = TagFilter.parse(request.tags, s.tags_max)
         self._require_caught_up()
-        return _PullArgs(topic, queue_id, max_messages, max_bytes, tags, request.records_as_blob)
+        return _PullArgs(
+            topic,
+            queue_id,
+            max_messages,
+            max_bytes,
+            tags,
+            request.records_as_blob,
+            request.report_bad_records,
+        )
 
     def _pull_many(
         self,
@@ -469,26 +484,22 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         self, a: _PullArgs, response: pb.PullResponse, result: PullResult, answer: _ReadAnswer
     ) -> None:
         """A FOUND pull's response filled from the Read's answer for its units."""
-        got = self._gather(a.topic, a.queue_id, result, a.tags, answer)
+        got = self._gather(a, result, answer)
         if got.blob:
             _put_blob(response, got.blob, got.sizes, a.as_blob)
         else:
             _put_records(response, got.records, a.as_blob)
         response.queue_offsets.extend(got.offsets)
         response.next_begin_offset = got.next_begin
-        if not got.served:
+        if got.bad is not None:
+            response.bad_record.CopyFrom(got.bad)  # FOUND: something is at the offset
+        elif not got.served:
             response.status = pb.MESSAGE_WAS_REMOVING if got.removed else pb.NO_MATCHED_MESSAGE
 
-    def _gather(
-        self,
-        topic: str,
-        queue_id: int,
-        result: PullResult,
-        tags: TagFilter | None,
-        answer: _ReadAnswer,
-    ) -> _Gathered:
+    def _gather(self, a: _PullArgs, result: PullResult, answer: _ReadAnswer) -> _Gathered:
         """The engine's units from the Read's answer for them, in queue order (module
         docstring)."""
+        queue_id, tags = a.queue_id, a.tags
         taken = result.taken
         sizes = taken.size.tolist()
         read_ok = answer.statuses.count(cl_pb.READ_OK)
@@ -509,20 +520,17 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 [queue_offsets[i] for i in kept],
                 result.next_begin_offset,
             )
-        return self._gather_read(
-            topic, queue_id, result, tags, result.units, answer.as_records(), answer.statuses
-        )
+        return self._gather_read(a, result, result.units, answer.as_records(), answer.statuses)
 
     def _gather_read(
         self,
-        topic: str,
-        queue_id: int,
+        a: _PullArgs,
         result: PullResult,
-        tags: TagFilter | None,
         units: list[Unit],
         records: list[bytes],
         statuses: Sequence[int],
     ) -> _Gathered:
+        topic, queue_id, tags = a.topic, a.queue_id, a.tags
         got = _Gathered(next_begin=result.next_begin_offset)
         for unit, record, status in zip(units, records, statuses, strict=True):
             if status == cl_pb.READ_OK and not _is_unit_record(record, unit, queue_id):
@@ -561,6 +569,10 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                     unit.queue_offset,
                     unit.commit_log_offset,
                 )
+                if a.report_bad:
+                    got.bad = _bad_record(unit)
+                    got.next_begin = unit.queue_offset + 1
+                    return got
                 if got.records:
                     got.next_begin = unit.queue_offset
                     return got
@@ -816,9 +828,12 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         self._require_caught_up()
 
         as_blob = request.records_as_blob
+        report_bad = request.report_bad_records
 
         def look(_: pb.ReceiveResponse) -> pb.ReceiveResponse:
-            return self._receive_once(group, topic, queue_id, count, invisible_ms, as_blob, context)
+            return self._receive_once(
+                group, topic, queue_id, count, invisible_ms, as_blob, report_bad, context
+            )
 
         def next_due_s() -> float | None:
             due_ms = self.engine.next_redelivery_ms(group, topic, queue_id)
@@ -828,13 +843,13 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
 
         # queue_offsets has one entry per record served, whichever form the records take.
         response = look(pb.ReceiveResponse())
-        if wait_s > 0 and not response.queue_offsets:
+        if wait_s > 0 and not _delivered(response):
             response = self._long_poll(
                 (topic, queue_id),
                 wait_s,
                 context,
                 look=look,
-                found=lambda r: bool(r.queue_offsets),
+                found=_delivered,
                 at_tail=False,
                 first=response,
                 next_due_s=next_due_s,
@@ -850,6 +865,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         count: int,
         invisible_ms: int,
         as_blob: bool,
+        report_bad: bool,
         context: grpc.ServicerContext,
     ) -> pb.ReceiveResponse:
         response = pb.ReceiveResponse()
@@ -857,8 +873,10 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             got = self.engine.receive(group, topic, queue_id, count, invisible_ms)
             if not got:
                 return response
-            removed = self._serve_received(group, topic, queue_id, got, response, as_blob, context)
-            if response.queue_offsets or not removed:
+            removed = self._serve_received(
+                group, topic, queue_id, got, response, as_blob, report_bad, context
+            )
+            if _delivered(response) or not removed:
                 return response
             # Everything handed out was gone from the log (and is settled now): look again.
         return response
@@ -871,10 +889,13 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         got: list[Received],
         response: pb.ReceiveResponse,
         as_blob: bool,
+        report_bad: bool,
         context: grpc.ServicerContext,
     ) -> int:
         """Fetch the deliveries' records into `response`; returns how many the log no longer
-        held (settled: nobody can ever consume them)."""
+        held (settled: nobody can ever consume them). A damaged record is never served: with
+        `report_bad` its delivery goes into bad_records (receipt included), else it stays
+        invisible and comes back after its invisibility, each time refused."""
         units = [r.unit for r in got]
         offsets, sizes = list(map(_COMMIT_LOG_OFFSET, units)), list(map(_SIZE, units))
         try:
@@ -907,15 +928,29 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 metrics.READ_RECORDS.labels("mismatch").inc()
                 self._release(group, topic, queue_id, [r])  # the log and queue disagree: later
             else:
-                # Never served, never settled: it comes back after its invisibility, each time
-                # refused, until someone commits past it.
+                # Never served, never settled: it comes back after its invisibility until the
+                # group acknowledges it (reported) or commits past it.
                 metrics.READ_RECORDS.labels("corrupt").inc()
+                log.error(
+                    "%s/%d@%d: the commit log refuses the record at %d as corrupt",
+                    topic,
+                    queue_id,
+                    d.queue_offset,
+                    r.unit.commit_log_offset,
+                )
+                if report_bad:
+                    bad = response.bad_records.add()
+                    bad.CopyFrom(_bad_record(r.unit))
+                    bad.receipt_handle = receipts.encode(
+                        group, topic, queue_id, d.queue_offset, d.delivery_count
+                    )
+                    bad.delivery_count = d.delivery_count
                 corrupt = corrupt or r
         metrics.READ_RECORDS.labels("ok").inc(read_ok)
         _put_records(response, served, as_blob)
         if removed:
             self.engine.ack_receipts(group, topic, queue_id, removed)
-        if corrupt is not None and not response.queue_offsets:
+        if corrupt is not None and not _delivered(response):
             raise CorruptRecord(
                 corrupt.unit.commit_log_offset,
                 f"the record of {topic}/{queue_id} queue offset "
@@ -1058,6 +1093,23 @@ def _read_groups(
             groups.append([k])
             total = size
     return groups
+
+
+def _bad_record(unit: Unit) -> pb.BadRecord:
+    return pb.BadRecord(
+        queue_offset=unit.queue_offset,
+        commit_log_offset=unit.commit_log_offset,
+        size=unit.size,
+        reason=(
+            f"the commit log refuses the record at {unit.commit_log_offset} ({unit.size} bytes) "
+            "as damaged: it fails its checks and is never served"
+        ),
+    )
+
+
+def _delivered(response: pb.ReceiveResponse) -> bool:
+    """A receive answered something: a record, or a damaged one reported with its receipt."""
+    return bool(response.queue_offsets) or bool(response.bad_records)
 
 
 def _count_pull(response: pb.PullResponse) -> None:

@@ -30,7 +30,7 @@ from mqstore.client.consumer import (
     Start,
     Timestamp,
 )
-from mqstore.client.errors import ClientError, MessageRefused
+from mqstore.client.errors import BadRecord, ClientError, MessageRefused
 from mqstore.client.message import Message, PolledBatch, ReceivedMessage
 from mqstore.client.producer import (
     AsyncProducer,
@@ -62,6 +62,7 @@ __all__ = [
     "Start",
     "Timestamp",
     "AsyncProducer",
+    "BadRecord",
     "ClientError",
     "ClientSettings",
     "Compression",

@@ -20,7 +20,23 @@ will, and a restart of cq_svc or commitlog_svc costs a pause, never a message or
 poll and messages pull ahead: when an answer leaves more in its queue, the next Pull of that
 queue is sent at once (at most PULLS_AHEAD_MAX in flight), so that cq_svc and commitlog_svc
 fetch the next batch while this one is decoded and handed out. Answers carry their records in
-one blob (PullRequest.records_as_blob), decoded a batch at a time (message.decode_batch).
+one blob (PullRequest.records_as_blob), decoded a batch at a time (message.decode_answer).
+
+A record that can never be handed out (the store refuses it as damaged, or its body does not
+decompress) does not stall its queue: every message before it is handed out, then it is
+surfaced once at its place as BadRecord (client/errors.py: topic, queue id, queue offset,
+commit-log offset), and the queue's position moves past it. `on_bad_record` says how:
+
+    "raise" (default)  messages() raises BadRecord when it reaches the record; poll() and
+                       poll_batch() return the messages before it, and the next call raises
+                       it. Either way once: the position is then past it, and calling again
+                       goes on after it. receive() acknowledges such a delivery when it raises.
+    "skip"             never raised: logged (WARNING), counted in stats.bad_records, stepped
+                       over the same way.
+
+A raw pull() never raises for one: it lists them in PullResult.bad_records. Pulls ask cq_svc
+to report a damaged record (PullRequest.report_bad_records) rather than fail the call; the rest
+of an answer after a record that does not decode here is pulled again after it is handed out.
 
 A pull whose offset the store no longer holds (retention moved the queue's start: answers
 OFFSET_TOO_SMALL, MESSAGE_WAS_REMOVING, OFFSET_FOUND_NULL) moves to the store's correction
@@ -47,6 +63,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -56,6 +73,7 @@ import grpc
 from mqstore import errors as domain
 from mqstore.client.connection import Connection
 from mqstore.client.errors import (
+    BadRecord,
     Cancelled,
     ClientError,
     InvalidArgument,
@@ -69,8 +87,8 @@ from mqstore.client.message import (
     MessageRun,
     PolledBatch,
     ReceivedMessage,
-    decode_batch,
-    decode_run,
+    Undecodable,
+    decode_answer,
 )
 from mqstore.client.settings import LONG_POLL_MS_DEFAULT, ClientSettings
 from mqstore.formats.record import validate_topic
@@ -135,9 +153,11 @@ _LIMITS = MessageLimits()
 _PULL = "ConsumeQueue/Pull"
 _PULL_STREAM = "ConsumeQueue/PullStream"
 _FOLLOW = "ConsumeQueue/Follow"
+_RECEIVE = "ConsumeQueue/Receive"
 
 StartName = Literal["earliest", "latest", "committed"]
 Fallback = Literal["earliest", "latest"]
+OnBadRecord = Literal["raise", "skip"]
 
 _BOUNDARIES = {"lower": common_pb2.LOWER, "upper": common_pb2.UPPER}
 # Statuses after which the offsets stepped over are gone for good (retention, removed files).
@@ -191,6 +211,9 @@ class PullResult:
     next_offset: int
     min_offset: int
     max_offset: int
+    # Records of the answer that can never be handed out, in queue order; `messages` holds the
+    # others, and next_offset is past them all.
+    bad_records: list[BadRecord] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -218,7 +241,8 @@ class ConsumerStats:
     longer held when they were asked for (retention): messages lost to this consumer.
     `reconnects`: outages (every replica UNAVAILABLE) that ended in an answer; `retries`:
     calls repeated during them. `pulls` counts pulls' answers; `follows` the Follow streams
-    opened (one watches every caught-up queue)."""
+    opened (one watches every caught-up queue). `bad_records`: records stepped over because
+    they can never be handed out (raised as BadRecord, or skipped)."""
 
     pulls: int = 0
     follows: int = 0
@@ -226,6 +250,7 @@ class ConsumerStats:
     reconnects: int = 0
     retries: int = 0
     skipped: dict[int, int] = field(default_factory=dict)
+    bad_records: int = 0
 
     @property
     def skipped_total(self) -> int:
@@ -242,6 +267,9 @@ class _Queue:
     messages: Sequence[Message] = field(default_factory=list)  # a MessageRun once pulled
     offsets: list[int] = field(default_factory=list)
     taken: int = 0
+    # A record that can never be handed out, right after the buffered messages (fetch_at is
+    # past it): surfaced once they are handed out.
+    bad: BadRecord | None = None
     # The last pull found nothing more at the queue's end (or reached it): a hint for poll,
     # and what messages(follow=False) stops on.
     caught_up: bool = False
@@ -252,7 +280,17 @@ class _Queue:
 
     @property
     def buffered(self) -> bool:
+        return self.taken < len(self.messages) or self.bad is not None
+
+    @property
+    def has_messages(self) -> bool:
         return self.taken < len(self.messages)
+
+    @property
+    def end(self) -> int:
+        """The position once every buffered message is handed out: the bad record's offset
+        when one comes next, else where the next pull starts."""
+        return self.bad.queue_offset if self.bad is not None else self.fetch_at
 
     @property
     def in_flight(self) -> bool:
@@ -287,8 +325,14 @@ class Consumer:
         auto_commit_interval_s: float = AUTO_COMMIT_INTERVAL_S_DEFAULT,
         reconnect_timeout_s: float = RECONNECT_TIMEOUT_S_DEFAULT,
         queue_refresh_interval_s: float = QUEUE_REFRESH_INTERVAL_S_DEFAULT,
+        on_bad_record: OnBadRecord = "raise",
     ) -> None:
         self.topic = _check_topic(topic)
+        if on_bad_record not in ("raise", "skip"):
+            raise InvalidArgument(
+                f"on_bad_record {on_bad_record!r} is not 'raise' or 'skip'", field="on_bad_record"
+            )
+        self.on_bad_record: OnBadRecord = on_bad_record
         self.group = _check_group(group)
         self.start: Start = _check_start(
             ("committed" if group else "earliest") if start is None else start, self.group
@@ -356,6 +400,8 @@ class Consumer:
         self._outage_since: float | None = None
         self._backoff_s = BACKOFF_INITIAL_S
         self._closed = False
+        # Receive: deliveries of damaged records not raised yet, per queue (on_bad_record=raise).
+        self._bad_received: dict[int, deque[BadRecord]] = {}
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -396,8 +442,9 @@ class Consumer:
         long_poll_ms: int = 0,
         tags: Sequence[str] | str | None = None,
     ) -> PullResult:
-        """One Pull of `queue_id` from `offset`. Positions do not move. A corrupt record is
-        never returned: DataLoss (from the server, or from the client's own CRC check)."""
+        """One Pull of `queue_id` from `offset`. Positions do not move. A record that can never
+        be handed out (damaged in the store, or failing the client's own checks) is never
+        returned: it is listed in PullResult.bad_records, and next_offset is past it."""
         self._check_open()
         request = self._pull_request(
             queue_id,
@@ -407,13 +454,54 @@ class Consumer:
             tags=self.tags if tags is None else _check_tags(tags),
         )
         response = self._retry(lambda: self._call_pull(request))
+        run, _, bad, _ = self._read_answer(queue_id, response, _PULL)
         return PullResult(
             status=pb.GetMessageStatus.Name(response.status),
-            messages=_decode(response)[0],
+            messages=run[:],
             next_offset=response.next_begin_offset,
             min_offset=response.min_offset,
             max_offset=response.max_offset,
+            bad_records=bad,
         )
+
+    def _read_answer(
+        self, queue_id: int, response: pb.PullResponse | pb.ReceiveResponse, method: str
+    ) -> tuple[MessageRun, list[int], list[BadRecord], list[Undecodable]]:
+        """An answer's messages and their queue offsets, and its records that can never be
+        handed out as BadRecords in queue order: those that do not decode here (`failed`, by
+        their index in the answer), then the one the server reported (a Pull's ends it)."""
+        run, offsets, failed = _decode_answer(response)
+        bad = [
+            BadRecord(
+                f.reason,
+                topic=self.topic,
+                queue_id=queue_id,
+                queue_offset=response.queue_offsets[f.index],
+                commit_log_offset=f.commit_log_offset,
+                receipt_handle=_receipt_of(response, f.index),
+                method=method,
+            )
+            for f in failed
+        ]
+        reported: Sequence[pb.BadRecord]
+        if isinstance(response, pb.ReceiveResponse):
+            reported = response.bad_records
+        else:
+            reported = [response.bad_record] if response.HasField("bad_record") else []
+        bad.extend(
+            BadRecord(
+                b.reason,
+                topic=self.topic,
+                queue_id=queue_id,
+                queue_offset=b.queue_offset,
+                commit_log_offset=b.commit_log_offset,
+                receipt_handle=b.receipt_handle,
+                method=method,
+            )
+            for b in reported
+        )
+        bad.sort(key=lambda b: b.queue_offset)
+        return run, offsets, bad, failed
 
     def _pull_request(
         self,
@@ -434,6 +522,7 @@ class Consumer:
             tags=tags,
             long_poll_ms=long_poll_ms,
             records_as_blob=True,
+            report_bad_records=True,
         )
 
     def _pull_timeout_s(self, long_poll_ms: int) -> float:
@@ -668,6 +757,9 @@ class Consumer:
                 # A queue's whole batch, then the next queue's: a tight loop that stops when
                 # the batch changes under it (a seek, a poll) or the consumer closes.
                 q, state = found
+                if not state.has_messages:
+                    self._hand_out_bad(state)  # raises (on_bad_record="raise")
+                    continue
                 messages, offsets = state.messages, state.offsets
                 last = len(messages) - 1
                 if isinstance(messages, MessageRun):
@@ -681,7 +773,7 @@ class Consumer:
                     if i != expected or (limit is not None and handed >= limit):
                         break
                     state.taken = expected = i + 1
-                    state.position = offsets[i] + 1 if i < last else state.fetch_at
+                    state.position = offsets[i] + 1 if i < last else state.end
                     stats.messages += 1
                     handed += 1
                     yield message
@@ -1008,11 +1100,21 @@ class Consumer:
         status = response.status
         next_begin = response.next_begin_offset
         if status == pb.FOUND:
-            messages, offsets = _decode_run(response)
-            if messages and not self.tags and offsets[0] > asked:
+            if state.bad is not None:
+                return  # after a bad record still to surface: pulled again once it is
+            run, offsets, bads, failed = self._read_answer(queue_id, response, _PULL)
+            messages: Sequence[Message] = run
+            bad = bads[0] if bads else None
+            if failed:  # the answer's messages before it; the rest is pulled again after it
+                messages = run.head(failed[0].index)
+                offsets = offsets[: failed[0].index]
+            if bad is not None:
+                next_begin = bad.queue_offset + 1
+            first = offsets[0] if offsets else (bad.queue_offset if bad is not None else asked)
+            if not self.tags and first > asked:
                 # Without a filter a gap is messages the log no longer held (the server
                 # steps over them): retention got there first.
-                self._skip(queue_id, asked, offsets[0], "MESSAGE_WAS_REMOVING")
+                self._skip(queue_id, asked, first, "MESSAGE_WAS_REMOVING")
             if state.buffered:  # a follow's next answer; pulls go to queues with nothing buffered
                 if (
                     state.taken == 0
@@ -1028,6 +1130,7 @@ class Consumer:
                     messages = _buffer_then(state.messages, state.taken, messages)
                     offsets = state.offsets[state.taken :] + offsets
             state.messages, state.offsets, state.taken = messages, offsets, 0
+            state.bad = bad
             state.fetch_at = next_begin
             state.caught_up = next_begin >= response.max_offset
             return
@@ -1082,11 +1185,19 @@ class Consumer:
         return out
 
     def _drain_parts(self) -> list[tuple[int, Sequence[Message], list[int]]]:
-        """_drain as (queue id, messages, their queue offsets) a queue, no Message made."""
-        parts: list[tuple[int, Sequence[Message], list[int]]] = []
-        for q in self._rotated(list(self._queues)):
+        """_drain as (queue id, messages, their queue offsets) a queue, no Message made. A bad
+        record a queue has reached is handed out first (raised before anything is drained,
+        with on_bad_record="raise"); one after a queue's messages waits for the next call
+        (or is skipped now, with "skip")."""
+        order = self._rotated(list(self._queues))
+        for q in order:
             state = self._queues[q]
-            if state.buffered:
+            if state.bad is not None and not state.has_messages:
+                self._hand_out_bad(state)
+        parts: list[tuple[int, Sequence[Message], list[int]]] = []
+        for q in order:
+            state = self._queues[q]
+            if state.has_messages:
                 taken, messages = state.taken, state.messages
                 if isinstance(messages, MessageRun):
                     rest: Sequence[Message] = messages.tail(taken)
@@ -1095,8 +1206,22 @@ class Consumer:
                 parts.append((q, rest, state.offsets[taken:]))
                 self.stats.messages += len(messages) - taken
                 state.taken = len(messages)
-                state.position = state.fetch_at
+                state.position = state.end
+                if state.bad is not None and self.on_bad_record == "skip":
+                    self._hand_out_bad(state)
         return parts
+
+    def _hand_out_bad(self, state: _Queue) -> None:
+        """The queue's bad record, reached: the position moves past it, then it is raised
+        (on_bad_record="raise") or logged and skipped."""
+        bad = state.bad
+        assert bad is not None
+        state.bad = None
+        state.position = state.fetch_at
+        self.stats.bad_records += 1
+        if self.on_bad_record == "raise":
+            raise bad
+        log.warning("%s; skipped", bad)
 
     def _rotated(self, queue_ids: list[int]) -> list[int]:
         if not queue_ids:
@@ -1170,9 +1295,18 @@ class Consumer:
         long_poll_ms: int = 0,
     ) -> list[ReceivedMessage]:
         """Messages of `queue_id` for the group, each invisible to the group for
-        `invisible_duration_ms` unless acknowledged (then it is delivered again)."""
+        `invisible_duration_ms` unless acknowledged (then it is delivered again).
+
+        A delivery whose record can never be handed out is acknowledged (settled for the
+        group) and, with on_bad_record="raise", raised as BadRecord: at once when the answer
+        holds nothing else, else by the next receive() of the queue, before it asks for more
+        (the messages received with it are returned first)."""
         self._check_open()
         group = self._require_group()
+        queue_id = _check_queue_id(queue_id)
+        pending = self._bad_received.get(queue_id)
+        if pending:
+            self._raise_bad_received(queue_id, pending)
         if max_messages <= 0:
             raise InvalidArgument("max_messages must be positive", field="max_messages")
         if invisible_duration_ms <= 0:
@@ -1184,29 +1318,50 @@ class Consumer:
         request = pb.ReceiveRequest(
             group=group,
             topic=self.topic,
-            queue_id=_check_queue_id(queue_id),
+            queue_id=queue_id,
             max_messages=max_messages,
             invisible_duration_ms=invisible_duration_ms,
             long_poll_ms=long_poll_ms,
             records_as_blob=True,
+            report_bad_records=True,
         )
         response = self._unary(
             lambda s: s.Receive,
             request,
-            "ConsumeQueue/Receive",
+            _RECEIVE,
             timeout_s=self._pull_timeout_s(long_poll_ms),
         )
+        run, _, bad, failed = self._read_answer(queue_id, response, _RECEIVE)
+        undecodable = {f.index for f in failed}
+        kept = [i for i in range(len(response.queue_offsets)) if i not in undecodable]
         out = [
-            ReceivedMessage(message, handle, count)
-            for message, handle, count in zip(
-                _decode(response)[0],
-                response.receipt_handles,
-                response.delivery_counts,
-                strict=True,
-            )
+            ReceivedMessage(message, response.receipt_handles[i], response.delivery_counts[i])
+            for message, i in zip(run, kept, strict=True)
         ]
         self.stats.messages += len(out)
+        if bad:
+            if self.on_bad_record == "skip":
+                self._settle_bad(queue_id, bad)
+                for b in bad:
+                    log.warning("%s; skipped", b)
+            else:
+                pending = self._bad_received.setdefault(queue_id, deque())
+                pending.extend(bad)
+                if not out:
+                    self._raise_bad_received(queue_id, pending)
         return out
+
+    def _raise_bad_received(self, queue_id: int, pending: deque[BadRecord]) -> None:
+        """Acknowledge the first pending bad delivery of the queue (it can never be consumed),
+        then raise it."""
+        bad = pending[0]
+        self._settle_bad(queue_id, [bad])
+        pending.popleft()
+        raise bad
+
+    def _settle_bad(self, queue_id: int, bad: list[BadRecord]) -> None:
+        self.ack([b.receipt_handle for b in bad], queue_id)
+        self.stats.bad_records += len(bad)
 
     def ack(self, items: Iterable[ReceivedMessage | str], queue_id: int | None = None) -> AckResult:
         """Acknowledge deliveries (ReceivedMessage, or receipt handles of `queue_id`). Stale
@@ -1334,22 +1489,22 @@ class Consumer:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _decode(response: pb.PullResponse | pb.ReceiveResponse) -> tuple[list[Message], list[int]]:
-    """An answer's messages and their queue offsets, from whichever form its records take (a
-    server that predates records_as_blob answers in `records`)."""
+def _decode_answer(
+    response: pb.PullResponse | pb.ReceiveResponse,
+) -> tuple[MessageRun, list[int], list[Undecodable]]:
+    """message.decode_answer of an answer's records, whichever form they take (a server that
+    predates records_as_blob answers in `records`)."""
     if response.record_sizes or response.records_blob:
-        return decode_batch(response.records_blob, response.record_sizes)
+        return decode_answer(response.records_blob, response.record_sizes)
     records = response.records
-    if not records:
-        return [], []
-    return decode_batch(b"".join(records), list(map(len, records)))
+    return decode_answer(b"".join(records), list(map(len, records)))
 
 
-def _decode_run(response: pb.PullResponse) -> tuple[Sequence[Message], list[int]]:
-    """_decode, each Message made when it is handed out (MessageRun)."""
-    if response.record_sizes or response.records_blob:
-        return decode_run(response.records_blob, response.record_sizes)
-    return _decode(response)
+def _receipt_of(response: pb.PullResponse | pb.ReceiveResponse, index: int) -> str:
+    """The receipt of record `index` of a Receive's answer ("" for a Pull's)."""
+    if isinstance(response, pb.ReceiveResponse):
+        return response.receipt_handles[index]
+    return ""
 
 
 def _buffer_then(

@@ -8,6 +8,10 @@
     ├── ResourceExhausted            RESOURCE_EXHAUSTED (disk full, store busy, too big)
     ├── Unavailable                  UNAVAILABLE        retried by the SDK where that is safe
     ├── DataLoss                     DATA_LOSS          the stored bytes failed their checks
+    │   └── BadRecord                                   one record of a queue that can never
+    │                                                   be handed out (.topic .queue_id
+    │                                                   .queue_offset .commit_log_offset):
+    │                                                   the consumer moves past it
     ├── Unauthenticated              UNAUTHENTICATED    no token, or a wrong one (also domain)
     ├── PermissionDenied             PERMISSION_DENIED  the token lacks the scope (also domain)
     ├── DeadlineExceeded             DEADLINE_EXCEEDED  the call's deadline passed
@@ -80,6 +84,71 @@ class Unavailable(ClientError, domain.Unavailable):
 
 class DataLoss(ClientError, domain.DataLoss):
     status = grpc.StatusCode.DATA_LOSS
+
+
+class BadRecord(DataLoss):
+    """A record of a queue that can never be handed out: the store refuses it as damaged (it
+    fails its CRC or layout checks), or it does not decode here (a body marked compressed
+    that does not decompress, a record that fails its checks on arrival).
+
+    The consumer hands out every message before it, then raises this once, at its place in
+    the queue (on_bad_record="raise", the default), and moves past it: the queue's position is
+    `queue_offset + 1` afterwards, and the next call goes on with the messages after it (with
+    auto_commit, a commit covers it). To stop instead, do not call again, or seek back to
+    `queue_offset`. In receive mode the delivery is acknowledged when this is raised (it can
+    never be consumed), `receipt_handle` says which. on_bad_record="skip" never raises it:
+    the record is logged, counted in `Consumer.stats.bad_records` and stepped over the same
+    way. A raw `Consumer.pull` lists these in `PullResult.bad_records` instead of raising.
+
+    `commit_log_offset` is where the record lies in the commit log (-1 when not known)."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        commit_log_offset: int = -1,
+        receipt_handle: str = "",
+        method: str = "",
+    ) -> None:
+        super().__init__(
+            f"{topic}/{queue_id} offset {queue_offset} (commit-log offset {commit_log_offset}) "
+            f"can never be handed out: {reason}",
+            method=method,
+        )
+        self.topic = topic
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.commit_log_offset = commit_log_offset
+        self.reason = reason
+        self.receipt_handle = receipt_handle
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Picklable (Spark ships a task's error to the driver): the fields, not the message.
+        fields = (self.reason, self.topic, self.queue_id, self.queue_offset)
+        return (_bad_record, (*fields, self.commit_log_offset, self.receipt_handle, self.method))
+
+
+def _bad_record(
+    reason: str,
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    commit_log_offset: int,
+    receipt_handle: str,
+    method: str,
+) -> BadRecord:
+    return BadRecord(
+        reason,
+        topic=topic,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        commit_log_offset=commit_log_offset,
+        receipt_handle=receipt_handle,
+        method=method,
+    )
 
 
 class Unauthenticated(ClientError, domain.Unauthenticated):

@@ -17,6 +17,12 @@ A record any vectorised check doubts goes through `read_record` itself, whose ve
 a record it accepts becomes a Message, anything else is DataLoss. Corrupt bytes are never
 handed to the caller.
 
+What a record that fails does to its answer: `decode_records` / `decode_batch` / `decode_run`
+raise DataLoss for the whole answer (one record asked for, a lookup); `decode_answer` (the
+consumer's) keeps every other record and lists the ones that failed with why (`Undecodable`),
+so that the messages before a bad record are handed out and the bad one is surfaced at its
+place (client/errors.BadRecord).
+
 numpy is imported on the first decode, not with the package: it costs 0.3 s to import, and the
 `mqstore` command mostly never decodes a record.
 """
@@ -24,6 +30,7 @@ numpy is imported on the first decode, not with the package: it costs 0.3 s to i
 from __future__ import annotations
 
 import base64
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, overload
@@ -33,7 +40,13 @@ from mqstore.client.errors import DataLoss
 from mqstore.formats import sysflag
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
-from mqstore.formats.record import CheckedFields, Record, checked_fields, read_record
+from mqstore.formats.record import (
+    PHYSICAL_OFFSET_POS,
+    CheckedFields,
+    Record,
+    checked_fields,
+    read_record,
+)
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.messages import host_text
 
@@ -57,6 +70,7 @@ FIELDS: Final = (
 )
 # What a lazily built message decodes from its record on first use.
 _LAZY_FIELDS: Final = frozenset(FIELDS) - {"body"}
+_PHYSICAL_OFFSET: Final = struct.Struct(">q")
 
 
 class Message:
@@ -272,18 +286,38 @@ def decode_record_list(records: Sequence[bytes]) -> list[Message]:
 def decode_batch(blob: bytes, sizes: Iterable[int]) -> tuple[list[Message], list[int]]:
     """`decode_records`, and each record's QUEUEOFFSET (read from the records as they are
     checked, so that a consumer's bookkeeping decodes nothing more)."""
-    bodies, raws, made, queue_offsets = _decoded(blob, sizes)
-    out = _lazy_messages(bodies, raws.cut(0, len(bodies)))
-    for i, m in made.items():
-        out[i] = m
-    return out, queue_offsets
+    run, queue_offsets = decode_run(blob, sizes)
+    return run[:], queue_offsets
 
 
 def decode_run(blob: bytes, sizes: Iterable[int]) -> tuple[MessageRun, list[int]]:
     """`decode_batch`, every record checked now, each Message made when first asked for
     (MessageRun)."""
-    bodies, raws, made, queue_offsets = _decoded(blob, sizes)
-    return MessageRun(bodies, raws, made), queue_offsets
+    run, queue_offsets, failed = decode_answer(blob, sizes)
+    if failed:
+        raise DataLoss(failed[0].reason)
+    return run, queue_offsets
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A record of an answer that cannot become a Message: its place in the answer, where it
+    lies in the commit log (-1 when its bytes do not say), and why."""
+
+    index: int
+    commit_log_offset: int
+    reason: str
+
+
+def decode_answer(
+    blob: bytes, sizes: Iterable[int]
+) -> tuple[MessageRun, list[int], list[Undecodable]]:
+    """The records of an answer as `decode_run` checks them, those that fail left out: (the
+    others' run, their queue offsets, the failed ones in answer order). A record at index i of
+    the answer is at index i - (failed ones before it) of the run. DataLoss only when the
+    answer itself does not hold together (sizes that do not add up to the blob)."""
+    bodies, raws, made, queue_offsets, failed = _decoded(blob, sizes)
+    return MessageRun(bodies, raws, made), queue_offsets, failed
 
 
 class _Raws:
@@ -376,6 +410,16 @@ class MessageRun(Sequence[Message]):
         """This run's messages from `start` on, no Message made."""
         made = {i - start: m for i, m in self._made.items() if i >= start}
         return MessageRun(self._bodies[start:], self._raws.tail(start), made)
+
+    def head(self, stop: int) -> MessageRun:
+        """This run's messages before `stop`, no Message made."""
+        made = {i: m for i, m in self._made.items() if i < stop}
+        raws = self._raws
+        return MessageRun(
+            self._bodies[:stop],
+            _Raws(raws.blobs[:stop], raws.starts[:stop], raws.ends[:stop]),
+            made,
+        )
 
     def extend(self, more: MessageRun) -> None:
         """`more`'s messages added at the end, in place: for a run nothing was handed out of
@@ -472,9 +516,10 @@ class PolledBatch(Sequence[Message]):
 
 def _decoded(
     blob: bytes, sizes: Iterable[int]
-) -> tuple[list[bytes], _Raws, dict[int, Message], list[int]]:
+) -> tuple[list[bytes], _Raws, dict[int, Message], list[int], list[Undecodable]]:
     """The records of `blob` checked: (bodies, raw records, the Messages of records only
-    read_record passed by index, queue offsets). DataLoss when any record fails."""
+    read_record passed by index, queue offsets, the records that failed), the failed ones
+    left out of the others. DataLoss when the sizes do not fit the blob."""
     import numpy as np  # noqa: PLC0415 - see the module docstring
 
     from mqstore.formats.record_columns import check_records  # noqa: PLC0415 - numpy
@@ -486,24 +531,57 @@ def _decoded(
         raise DataLoss(f"an answer's records do not match their sizes: {err}") from None
     n = len(size_list)
     if not n:
-        return [], _Raws([], [], []), {}, []
+        return [], _Raws([], [], []), {}, [], []
     raws = _Raws([blob] * n, checked.starts.tolist(), checked.ends.tolist())
+    why: dict[int, str] = {}
+    made: dict[int, Message] = {}
     if checked.head is None:
         # Too short to gather from: read_record decides, record by record.
-        made = {i: _checked(raws[i]) for i in range(n)}
-        return [m.body for m in made.values()], raws, made, [m.queue_offset for m in made.values()]
-    ok = checked.ok
-    bodies = checked.bodies
-    flags = checked.head["sys_flag"]
-    for i in np.flatnonzero(ok & ((flags & sysflag.COMPRESSED) != 0)).tolist():
-        bodies[i] = decompress(bodies[i], int(flags[i]))
-    queue_offsets = checked.head["queue_offset"].tolist()
-    made = {}
-    for i in np.flatnonzero(~ok).tolist():
-        made[i] = _checked(raws[i])
-        queue_offsets[i] = made[i].queue_offset
-        bodies[i] = made[i].body  # the bodies column holds every record's (PolledBatch.bodies)
-    return bodies, raws, made, queue_offsets
+        for i in range(n):
+            try:
+                made[i] = _checked(raws[i])
+            except DataLoss as err:
+                why[i] = str(err)
+        bodies = [m.body if m is not None else b"" for m in map(made.get, range(n))]
+        queue_offsets = [m.queue_offset if m is not None else -1 for m in map(made.get, range(n))]
+    else:
+        ok = checked.ok
+        bodies = checked.bodies
+        flags = checked.head["sys_flag"]
+        for i in np.flatnonzero(ok & ((flags & sysflag.COMPRESSED) != 0)).tolist():
+            try:
+                bodies[i] = decompress(bodies[i], int(flags[i]))
+            except DataLoss as err:
+                why[i] = str(err)
+        queue_offsets = checked.head["queue_offset"].tolist()
+        for i in np.flatnonzero(~ok).tolist():
+            try:
+                made[i] = _checked(raws[i])
+            except DataLoss as err:
+                why[i] = str(err)
+                continue
+            queue_offsets[i] = made[i].queue_offset
+            bodies[i] = made[i].body  # the bodies column holds every record's (PolledBatch)
+    if not why:
+        return bodies, raws, made, queue_offsets, []
+    failed = [Undecodable(i, _physical_offset(raws[i]), why[i]) for i in sorted(why)]
+    keep = [i for i in range(n) if i not in why]
+    kept = {i: k for k, i in enumerate(keep)}
+    return (
+        [bodies[i] for i in keep],
+        _Raws([blob] * len(keep), [raws.starts[i] for i in keep], [raws.ends[i] for i in keep]),
+        {kept[i]: m for i, m in made.items() if i in kept},
+        [queue_offsets[i] for i in keep],
+        failed,
+    )
+
+
+def _physical_offset(raw: bytes) -> int:
+    """A record's PHYSICALOFFSET field, -1 when it is too short to hold one (the store checked
+    the field against where it read the record before it served it)."""
+    if len(raw) < PHYSICAL_OFFSET_POS + _PHYSICAL_OFFSET.size:
+        return -1
+    return int(_PHYSICAL_OFFSET.unpack_from(raw, PHYSICAL_OFFSET_POS)[0])
 
 
 def _fields_of(r: Record | CheckedFields) -> dict[str, Any]:

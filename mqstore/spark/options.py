@@ -23,6 +23,17 @@ Modelled on the Kafka connector (reference/spark.md §2.1):
     maxRecordsPerPartition   no partition reads more than this many offsets
     failOnDataLoss  "true" (default) | "false": a requested offset that retention removed
                     fails the read, or is skipped
+    mode            what a read does with a record that can never be handed out (damaged in
+                    the store, or a body that does not decompress), as Spark's file sources
+                    treat a malformed record: "FAILFAST" (default) fails the read naming the
+                    record's queue, queue offset and commit-log offset; "DROPMALFORMED" drops
+                    it, logging it and each partition's count (WARNING: the executors' logs,
+                    or spark.tvf.python_worker_logs() with
+                    spark.sql.pyspark.worker.logging.enabled); "PERMISSIVE" keeps a row for it
+                    with its topic, queueId, queueOffset and commitLogOffset, the other
+                    columns null and the error in the corrupt-record column
+    columnNameOfCorruptRecord   that column's name under PERMISSIVE (default
+                    "_corrupt_record"), a string column added at the end of the schema
     maxOffsetsPerTrigger     streaming: at most this many offsets per micro-batch
     pullMessages    messages per Pull on the executors (1..1024)
     writeId, writeBatchMessages, queuesPerTopic       writes (see WriteOptions)
@@ -37,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mqstore.client.settings import ClientSettings, TlsSettings, split_addresses
-from mqstore.errors import InvalidArgument, OutOfRange
+from mqstore.errors import DataLoss, InvalidArgument, OutOfRange
 from mqstore.formats.record import validate_topic
 from mqstore.limits import MessageLimits
 
@@ -61,6 +72,14 @@ QUEUES_PER_TOPIC_DEFAULT = 4  # as the SDK's Producer (RocketMQ's defaultTopicQu
 # 256-byte limit.
 WRITE_ID_CHARS_MAX = 200
 
+# Spark's parse modes (ParseMode): what a read does with a malformed record.
+ParseMode = Literal["PERMISSIVE", "DROPMALFORMED", "FAILFAST"]
+PARSE_MODES: tuple[ParseMode, ...] = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
+# FAILFAST by default, unlike Spark's file sources (PERMISSIVE): PERMISSIVE adds a column to
+# the schema, and a read that stopped at a damaged record before keeps doing so unless asked.
+MODE_DEFAULT: ParseMode = "FAILFAST"
+CORRUPT_RECORD_COLUMN_DEFAULT = "_corrupt_record"  # Spark's columnNameOfCorruptRecord
+
 
 class BadOption(InvalidArgument):
     """An option of format("mqstore") that cannot work; `field` names it."""
@@ -68,6 +87,30 @@ class BadOption(InvalidArgument):
     def __init__(self, option: str, message: str) -> None:
         super().__init__(f"option {option!r}: {message}", field=option)
         self.option = option
+
+
+class MalformedRecord(DataLoss):
+    """A read met a record that can never be handed out, under mode FAILFAST."""
+
+    def __init__(
+        self, topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, reason: str
+    ) -> None:
+        super().__init__(
+            f"topic {topic!r} queue {queue_id}: the record at queue offset {queue_offset} "
+            f"(commit-log offset {commit_log_offset}) can never be read: {reason}. Parse mode: "
+            "FAILFAST; set the option mode to DROPMALFORMED or PERMISSIVE to read past it"
+        )
+        self.topic = topic
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.commit_log_offset = commit_log_offset
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:  # rebuilt from its fields (Spark pickles it)
+        return (
+            MalformedRecord,
+            (self.topic, self.queue_id, self.queue_offset, self.commit_log_offset, self.reason),
+        )
 
 
 class OffsetsRemoved(OutOfRange):
@@ -250,6 +293,8 @@ class ReadOptions:
     fail_on_data_loss: bool
     max_offsets_per_trigger: int | None
     pull_messages: int
+    mode: ParseMode = MODE_DEFAULT
+    corrupt_record_column: str = CORRUPT_RECORD_COLUMN_DEFAULT
 
 
 def _topic(opts: Mapping[str, str], *, required: bool) -> str | None:
@@ -353,6 +398,24 @@ def _ending(opts: Mapping[str, str], topic: str, *, streaming: bool) -> OffsetSp
     )
 
 
+def parse_mode(options: Mapping[str, str]) -> tuple[ParseMode, str]:
+    """(mode, the corrupt-record column's name): what decides a read's schema."""
+    opts = _lower(options)
+    value = _get(opts, "mode")
+    mode = MODE_DEFAULT
+    if value is not None:
+        found = [m for m in PARSE_MODES if m == value.strip().upper()]
+        if not found:
+            raise BadOption("mode", f"{value!r} is not one of {', '.join(PARSE_MODES)}")
+        mode = found[0]
+    column = _get(opts, "columnNameOfCorruptRecord")
+    if column is None:
+        return mode, CORRUPT_RECORD_COLUMN_DEFAULT
+    if not column.strip():
+        raise BadOption("columnNameOfCorruptRecord", "is empty")
+    return mode, column.strip()
+
+
 def read_options(
     options: Mapping[str, str], *, streaming: bool, env: Mapping[str, str] | None = None
 ) -> ReadOptions:
@@ -363,6 +426,7 @@ def read_options(
     if max_offsets is not None and not streaming:
         raise BadOption("maxOffsetsPerTrigger", "is for streaming reads only")
     pull = parse_int(opts, "pullMessages", low=1, high=PULL_MESSAGES_MAX)
+    mode, corrupt_column = parse_mode(opts)
     return ReadOptions(
         settings=client_settings(opts, env),
         topic=topic,
@@ -374,6 +438,8 @@ def read_options(
         fail_on_data_loss=parse_bool(opts, "failOnDataLoss", True),
         max_offsets_per_trigger=max_offsets,
         pull_messages=PULL_MESSAGES_DEFAULT if pull is None else pull,
+        mode=mode,
+        corrupt_record_column=corrupt_column,
     )
 
 

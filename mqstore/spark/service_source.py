@@ -11,6 +11,13 @@ Options: mqstore/spark/options.py (modelled on the Kafka connector). Rows:
     storeTimestamp timestamp, bornTimestamp timestamp, tags string, keys array<string>,
     properties map<string,string>, body binary, msgId string
 
+With the option mode PERMISSIVE, a string column `_corrupt_record` (columnNameOfCorruptRecord)
+comes last, and every column but the first four may be null: a record that can never be
+handed out (the store refuses it as damaged, or its body does not decompress) is a row of its
+topic, queueId, queueOffset and commitLogOffset with the error in that column. FAILFAST (the
+default) fails the read naming the record; DROPMALFORMED drops it and logs how many a
+partition dropped (options.py).
+
 Where the code runs (reference/spark.md §1.4-1.6). `partitions()`, the stream's offsets and
 `writer()` run in Python processes on the driver and ask the consume queues (Admin) for the
 queues' bounds and time lookups; `read()` and `write()` run in executor workers: a read pulls
@@ -79,6 +86,7 @@ from mqstore.client.compression import COMPRESS_OVER_BYTES_DEFAULT, Compression,
 from mqstore.client.connection import Connection
 from mqstore.client.consumer import Consumer
 from mqstore.client.errors import (
+    BadRecord,
     ClientError,
     DeadlineExceeded,
     FailedPrecondition,
@@ -102,11 +110,15 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.spark.options import (
     EARLIEST,
     LATEST,
+    MODE_DEFAULT,
     BadOption,
+    MalformedRecord,
     OffsetSpec,
     OffsetsRemoved,
+    ParseMode,
     ReadOptions,
     WriteOptions,
+    parse_mode,
     read_options,
     write_options,
 )
@@ -135,6 +147,28 @@ SCHEMA = StructType(
     ]
 )
 
+# The columns a PERMISSIVE row of a bad record always has (topic, queueId, queueOffset,
+# commitLogOffset: _bad_values); the others are null in it.
+_KNOWN_FOR_BAD = 4
+
+
+def read_schema(mode: ParseMode, corrupt_column: str) -> StructType:
+    """SCHEMA; under PERMISSIVE every column past the first four nullable and the
+    corrupt-record column (a string) last."""
+    if mode != "PERMISSIVE":
+        return SCHEMA
+    if corrupt_column in SCHEMA.names:
+        raise BadOption("columnNameOfCorruptRecord", f"{corrupt_column!r} is a column already")
+    fields = [
+        f if i < _KNOWN_FOR_BAD else StructField(f.name, f.dataType, True)
+        for i, f in enumerate(SCHEMA.fields)
+    ]
+    return StructType([*fields, StructField(corrupt_column, StringType(), True)])
+
+
+# A DROPMALFORMED partition logs each record it drops, up to this many (then its count alone):
+# a badly damaged log must not flood the executors' logs.
+DROPPED_LOGGED_MAX = 10
 # Statuses of a Pull after which the offsets stepped over are gone (retention).
 _LOST = frozenset({"OFFSET_TOO_SMALL", "MESSAGE_WAS_REMOVING", "OFFSET_FOUND_NULL"})
 # Statuses that say the queue ends before the offset asked for (a replica behind the one that
@@ -256,29 +290,58 @@ def arrow_schema(schema: StructType) -> Any:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def to_batch(messages: Sequence[Message], schema: Any) -> Any:
-    """Messages as one RecordBatch with exactly `schema` (SCHEMA's Arrow form)."""
-    columns = [
-        [m.topic for m in messages],
-        [m.queue_id for m in messages],
-        [m.queue_offset for m in messages],
-        [m.commit_log_offset for m in messages],
-        [m.store_timestamp_ms * 1000 for m in messages],
-        [m.born_timestamp_ms * 1000 for m in messages],
-        [m.tags for m in messages],
-        [m.keys for m in messages],
-        [list(m.properties.items()) for m in messages],
-        [m.body for m in messages],
-        [m.msg_id for m in messages],
-    ]
-    arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)]
+def _values(m: Message) -> tuple[Any, ...]:
+    """A message's row, in SCHEMA's order (timestamps in microseconds, as Arrow wants)."""
+    return (
+        m.topic,
+        m.queue_id,
+        m.queue_offset,
+        m.commit_log_offset,
+        m.store_timestamp_ms * 1000,
+        m.born_timestamp_ms * 1000,
+        m.tags,
+        m.keys,
+        list(m.properties.items()),
+        m.body,
+        m.msg_id,
+    )
+
+
+def _bad_values(b: BadRecord) -> tuple[Any, ...]:
+    """A bad record's PERMISSIVE row: what is known of it, nulls, then its error."""
+    known = (b.topic, b.queue_id, b.queue_offset, b.commit_log_offset)
+    return (*known, *[None] * (len(SCHEMA.fields) - len(known)), str(b))
+
+
+def _record_batch(rows: Sequence[tuple[Any, ...]], schema: Any) -> Any:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    arrays = [pa.array(list(col), type=f.type) for col, f in zip(columns, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def to_batch(messages: Sequence[Message], schema: Any) -> Any:
+    """Messages as one RecordBatch with exactly `schema` (SCHEMA's Arrow form)."""
+    return _record_batch(list(map(_values, messages)), schema)
+
+
+def to_permissive_batch(rows: Sequence[Message | BadRecord], schema: Any) -> Any:
+    """Messages and bad records, in the order given, as one RecordBatch of the PERMISSIVE
+    schema (read_schema): a message's row has no error, a bad record's is _bad_values."""
+    return _record_batch(
+        [(*_values(r), None) if isinstance(r, Message) else _bad_values(r) for r in rows], schema
+    )
+
+
 def read_range(
-    settings: ClientSettings, r: QueueRange, pull_messages: int, schema: Any
+    settings: ClientSettings,
+    r: QueueRange,
+    pull_messages: int,
+    schema: Any,
+    mode: ParseMode = MODE_DEFAULT,
 ) -> Iterator[Any]:
-    """Offsets [r.start, r.end) of one queue as RecordBatches (one per Pull)."""
+    """Offsets [r.start, r.end) of one queue as RecordBatches (one per Pull); a record that
+    can never be handed out as `mode` says (module docstring)."""
+    dropped = 0
     with Consumer(settings, r.topic, queues=[r.queue_id], long_poll_ms=0) as consumer:
         offset = r.start
         waited_ms = 0
@@ -289,8 +352,26 @@ def read_range(
             if res.status == "FOUND":
                 waited_ms = 0
                 got = [m for m in res.messages if offset <= m.queue_offset < r.end]
-                if got:
-                    yield to_batch(got, schema)
+                bad = [b for b in res.bad_records if offset <= b.queue_offset < r.end]
+                if bad and mode == "FAILFAST":
+                    b = bad[0]
+                    raise MalformedRecord(
+                        b.topic, b.queue_id, b.queue_offset, b.commit_log_offset, b.reason
+                    )
+                if bad and mode == "PERMISSIVE":
+                    rows: list[Message | BadRecord] = [*got, *bad]
+                    rows.sort(key=lambda row: row.queue_offset)
+                    yield to_permissive_batch(rows, schema)
+                elif got:
+                    yield (
+                        to_batch(got, schema)
+                        if mode != "PERMISSIVE"
+                        else to_permissive_batch(got, schema)
+                    )
+                for b in bad if mode == "DROPMALFORMED" else ():
+                    dropped += 1
+                    if dropped <= DROPPED_LOGGED_MAX:
+                        log.warning("mode DROPMALFORMED: dropped %s", b)
                 if res.next_offset <= offset:
                     raise ClientError(
                         f"queue {r.queue_id}: a pull at {offset} did not move forward",
@@ -320,22 +401,33 @@ def read_range(
                     f"{res.max_offset})",
                     code=grpc.StatusCode.OUT_OF_RANGE,
                 )
+    if dropped:
+        log.warning(
+            "mode DROPMALFORMED: topic %s queue %d offsets [%d, %d): dropped %d malformed "
+            "record(s)",
+            r.topic,
+            r.queue_id,
+            r.start,
+            r.end,
+            dropped,
+        )
 
 
 def _read_partition(
-    settings: ClientSettings, partition: InputPartition, pull_messages: int, schema: StructType
+    opts: ReadOptions, partition: InputPartition, schema: StructType
 ) -> Iterator[Any]:
     # Spark replaces an empty partition list with [InputPartition(None)] (spark.md §1.4).
     if not isinstance(partition, QueueRange):
         return iter(())
-    return read_range(settings, partition, pull_messages, arrow_schema(schema))
+    return read_range(opts.settings, partition, opts.pull_messages, arrow_schema(schema), opts.mode)
 
 
-def _check_read_schema(schema: StructType) -> None:
-    if schema != SCHEMA:
+def _check_read_schema(schema: StructType, opts: ReadOptions) -> None:
+    expected = read_schema(opts.mode, opts.corrupt_record_column)
+    if schema != expected:
         raise BadOption(
             "schema",
-            f"format('mqstore') reads its own schema ({SCHEMA.simpleString()}); select "
+            f"format('mqstore') reads its own schema ({expected.simpleString()}); select "
             "columns after load() instead of passing a schema",
         )
 
@@ -366,7 +458,7 @@ class MqstoreBatchReader(DataSourceReader):
         return list(split_ranges(ranges, opts.min_partitions, opts.max_records_per_partition))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _read_partition(self.opts.settings, partition, self.opts.pull_messages, self.schema)
+        return _read_partition(self.opts, partition, self.schema)
 
 
 # -- streaming -------------------------------------------------------------------------------
@@ -463,7 +555,7 @@ class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return list(split_ranges(ranges, None, self.opts.max_records_per_partition))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _read_partition(self.opts.settings, partition, self.opts.pull_messages, self.schema)
+        return _read_partition(self.opts, partition, self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to acknowledge: the checkpoint holds the offsets (spark.md §1.5)."""
@@ -705,15 +797,17 @@ class MqstoreDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return read_schema(*parse_mode(self.options))
 
     def reader(self, schema: StructType) -> MqstoreBatchReader:
-        _check_read_schema(schema)
-        return MqstoreBatchReader(read_options(self.options, streaming=False), schema)
+        opts = read_options(self.options, streaming=False)
+        _check_read_schema(schema, opts)
+        return MqstoreBatchReader(opts, schema)
 
     def streamReader(self, schema: StructType) -> MqstoreStreamReader:
-        _check_read_schema(schema)
-        return MqstoreStreamReader(read_options(self.options, streaming=True), schema)
+        opts = read_options(self.options, streaming=True)
+        _check_read_schema(schema, opts)
+        return MqstoreStreamReader(opts, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> MqstoreStreamWriter:
         if overwrite:

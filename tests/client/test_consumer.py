@@ -575,16 +575,20 @@ def test_a_corrupt_record_is_never_handed_out(untailed: Cluster, topic: str) -> 
         f.seek(at)
         f.write(bytes([byte ^ 0x10]))
     with Consumer(settings, topic, queues=[0]) as c:
-        # The pull stops before the damaged record, then refuses it.
-        assert [m.queue_offset for m in c.pull(0, 0).messages] == [0]
-        with pytest.raises(DataLoss) as info:
-            c.pull(0, 1)
-        assert info.value.code is grpc.StatusCode.DATA_LOSS
+        # A raw pull hands out what precedes the damaged record and names it, never its bytes.
+        result = c.pull(0, 0)
+        assert [m.queue_offset for m in result.messages] == [0]
+        assert [(b.queue_offset, b.commit_log_offset) for b in result.bad_records] == [
+            (1, sent[1].commit_log_offset)
+        ]
+        assert result.next_offset == 2
+        # poll: the good one, then the bad one raised once (DataLoss), then past it
+        # (tests/client/test_bad_records.py has the rest).
         assert [m.queue_offset for m in c.poll(timeout_s=0)] == [0]
-        with pytest.raises(DataLoss):
+        with pytest.raises(DataLoss) as info:
             c.poll(timeout_s=0)
-        assert c.position(0) == 1  # stuck on it until the caller decides
-        c.seek(0, 2)
+        assert info.value.code is grpc.StatusCode.DATA_LOSS
+        assert c.position(0) == 2
         assert [m.queue_offset for m in c.poll(timeout_s=0)] == [2]
 
 

@@ -171,3 +171,96 @@ def test_received_messages_the_log_no_longer_holds_are_settled_not_redelivered(
     assert list(got.queue_offsets) == [gone]
     done = api.stub.Ack(pb.AckRequest(group="g", topic="T", receipt_handles=got.receipt_handles))
     assert done.committed_offset == gone + 1
+
+
+def damage_body(log: ServiceProcess, victim: Stored, body: bytes) -> None:
+    """One byte of `victim`'s body changed on disk: its CRC no longer matches (READ_CORRUPT)."""
+    path = segment_path(log, victim.commit_log_offset, EXPIRING_LOG_BYTES)
+    with open(path, "r+b") as f:
+        f.seek(victim.commit_log_offset)
+        raw = f.read(victim.size)
+        os.pwrite(f.fileno(), b"X", victim.commit_log_offset + raw.index(body) + len(body) - 1)
+
+
+def test_with_report_bad_records_a_corrupt_record_is_named_and_stepped_over(
+    api: ApiHarness, log: ServiceProcess, log_stub: cl_grpc.CommitLogStub
+) -> None:
+    """Issue 23 item 3: the records before the damaged one are served, the answer names it
+    with its offsets and moves past it, so no pull repeats forever on it."""
+    stored = append(log_stub, "T", [b"body-0", b"body-1", b"body-2", b"body-3"])
+    fill(api, stored, removed=set())
+    victim = stored[2]
+    damage_body(log, victim, b"body-2")
+
+    r = pull(api, 0, report_bad_records=True)
+    assert (r.status, bodies_of(r), list(r.queue_offsets)) == (
+        pb.FOUND,
+        [b"body-0", b"body-1"],
+        [0, 1],
+    )
+    assert (r.bad_record.queue_offset, r.bad_record.commit_log_offset, r.bad_record.size) == (
+        2,
+        victim.commit_log_offset,
+        victim.size,
+    )
+    assert "damaged" in r.bad_record.reason
+    assert r.next_begin_offset == 3
+
+    # Starting at it: FOUND with nothing served but the bad record, and past it.
+    r = pull(api, 2, report_bad_records=True, records_as_blob=True)
+    assert (r.status, r.record_sizes, r.bad_record.queue_offset, r.next_begin_offset) == (
+        pb.FOUND,
+        [],
+        2,
+        3,
+    )
+    assert bodies_of(pull(api, 3, report_bad_records=True)) == [b"body-3"]
+
+    # A PullStream goes on over it.
+    answers = list(
+        api.stub.PullStream(
+            pb.PullStreamRequest(
+                pull=pb.PullRequest(topic="T", offset=0, max_messages=2, report_bad_records=True)
+            ),
+            timeout=30,
+        )
+    )
+    assert [(list(a.queue_offsets), a.HasField("bad_record")) for a in answers] == [
+        ([0, 1], False),
+        ([], True),
+        ([3], False),
+    ]
+
+
+def test_with_report_bad_records_receive_hands_out_the_corrupt_delivery_to_settle(
+    api: ApiHarness, log: ServiceProcess, log_stub: cl_grpc.CommitLogStub
+) -> None:
+    stored = append(log_stub, "T", [b"body-0", b"body-1", b"body-2"])
+    fill(api, stored, removed=set())
+    damage_body(log, stored[1], b"body-1")
+
+    def receive() -> pb.ReceiveResponse:
+        response: pb.ReceiveResponse = api.stub.Receive(
+            pb.ReceiveRequest(
+                group="g",
+                topic="T",
+                max_messages=3,
+                invisible_duration_ms=60_000,
+                report_bad_records=True,
+            ),
+            timeout=30,
+        )
+        return response
+
+    got = receive()
+    assert list(got.queue_offsets) == [0, 2]
+    (bad,) = got.bad_records
+    assert (bad.queue_offset, bad.commit_log_offset, bad.delivery_count) == (
+        1,
+        stored[1].commit_log_offset,
+        1,
+    )
+    handles = [*got.receipt_handles, bad.receipt_handle]
+    done = api.stub.Ack(pb.AckRequest(group="g", topic="T", receipt_handles=handles))
+    assert (list(done.stale_receipt_handles), done.committed_offset) == ([], 3)
+    assert not receive().bad_records  # settled: never delivered again

@@ -37,6 +37,13 @@ def test_defaults_follow_the_kafka_connector() -> None:
     assert parse(streaming=True).starting.default == "latest"
 
 
+def test_mode_is_spark_parse_mode_failfast_by_default() -> None:
+    assert (parse().mode, parse().corrupt_record_column) == ("FAILFAST", "_corrupt_record")
+    assert parse(mode="dropMalformed").mode == "DROPMALFORMED"
+    got = parse(MODE="permissive", columnNameOfCorruptRecord="bad")
+    assert (got.mode, got.corrupt_record_column) == ("PERMISSIVE", "bad")
+
+
 def test_keys_are_case_insensitive_and_may_carry_the_mqstore_prefix() -> None:
     opts = read_options(
         {
@@ -107,6 +114,8 @@ def test_timestamps_and_queues() -> None:
         (False, {"minPartitions": "0"}, "minPartitions", "outside"),
         (False, {"maxRecordsPerPartition": "0"}, "maxRecordsPerPartition", "outside"),
         (False, {"failOnDataLoss": "maybe"}, "failOnDataLoss", "true or false"),
+        (False, {"mode": "lenient"}, "mode", "not one of PERMISSIVE, DROPMALFORMED, FAILFAST"),
+        (False, {"columnNameOfCorruptRecord": " "}, "columnNameOfCorruptRecord", "is empty"),
         (False, {"pullMessages": "5000"}, "pullMessages", "outside"),
         (False, {"maxOffsetsPerTrigger": "10"}, "maxOffsetsPerTrigger", "streaming reads only"),
         (False, {"timeoutS": "-1"}, "timeoutS", "positive"),

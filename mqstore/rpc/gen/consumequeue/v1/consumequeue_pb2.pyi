@@ -79,6 +79,7 @@ class PullRequest(_message.Message):
     TAGS_FIELD_NUMBER: _builtins.int
     LONG_POLL_MS_FIELD_NUMBER: _builtins.int
     RECORDS_AS_BLOB_FIELD_NUMBER: _builtins.int
+    REPORT_BAD_RECORDS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     queue_id: _builtins.int
     offset: _builtins.int
@@ -96,6 +97,14 @@ class PullRequest(_message.Message):
     the whole batch (a field per record costs a Python client and server about a microsecond
     each to build and to read). A server that predates the field answers in records.
     """
+    report_bad_records: _builtins.bool
+    """A record the commit log refuses as damaged (READ_CORRUPT: it fails its CRC or layout
+    checks) is never served. Without this the answer stops before it, and a pull that starts
+    at it fails with DATA_LOSS (so a consumer that does not know better stops there). With it
+    the answer names it in bad_record after the records before it and steps over it
+    (next_begin_offset past it), whether or not records precede it: a caller that sets it
+    must surface bad_record, or the record is skipped without a word.
+    """
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Only messages whose TAGS is one of these (empty = every message)."""
@@ -111,14 +120,56 @@ class PullRequest(_message.Message):
         tags: _abc.Iterable[_builtins.str] | None = ...,
         long_poll_ms: _builtins.int = ...,
         records_as_blob: _builtins.bool = ...,
+        report_bad_records: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["long_poll_ms", b"long_poll_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "records_as_blob", b"records_as_blob", "tags", b"tags", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["long_poll_ms", b"long_poll_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "records_as_blob", b"records_as_blob", "report_bad_records", b"report_bad_records", "tags", b"tags", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PullRequest: _TypeAlias = PullRequest  # noqa: Y015
+
+@_typing.final
+class BadRecord(_message.Message):
+    """A record a pull or receive met and does not serve: the commit log refuses it as damaged."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
+    COMMIT_LOG_OFFSET_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    DELIVERY_COUNT_FIELD_NUMBER: _builtins.int
+    queue_offset: _builtins.int
+    commit_log_offset: _builtins.int
+    """where the consume queue says the record is"""
+    size: _builtins.int
+    """its size there, in bytes"""
+    reason: _builtins.str
+    receipt_handle: _builtins.str
+    """Receive only: the delivery's receipt (acknowledge it to settle the record for the group;
+    left alone it is delivered again after its invisibility) and its delivery count.
+    """
+    delivery_count: _builtins.int
+    def __init__(
+        self,
+        *,
+        queue_offset: _builtins.int = ...,
+        commit_log_offset: _builtins.int = ...,
+        size: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        receipt_handle: _builtins.str = ...,
+        delivery_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offset", b"commit_log_offset", "delivery_count", b"delivery_count", "queue_offset", b"queue_offset", "reason", b"reason", "receipt_handle", b"receipt_handle", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BadRecord: _TypeAlias = BadRecord  # noqa: Y015
 
 @_typing.final
 class PullStreamRequest(_message.Message):
@@ -211,6 +262,7 @@ class PullResponse(_message.Message):
     RECORDS_BLOB_FIELD_NUMBER: _builtins.int
     RECORD_SIZES_FIELD_NUMBER: _builtins.int
     PULL_INDEX_FIELD_NUMBER: _builtins.int
+    BAD_RECORD_FIELD_NUMBER: _builtins.int
     status: Global___GetMessageStatus.ValueType
     next_begin_offset: _builtins.int
     min_offset: _builtins.int
@@ -227,6 +279,12 @@ class PullResponse(_message.Message):
     def queue_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def record_sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def bad_record(self) -> Global___BadRecord:
+        """With report_bad_records: the damaged record that ends this answer (every record served
+        comes before it; next_begin_offset is past it). The status is FOUND, records or none.
+        """
+
     def __init__(
         self,
         *,
@@ -239,10 +297,11 @@ class PullResponse(_message.Message):
         records_blob: _builtins.bytes = ...,
         record_sizes: _abc.Iterable[_builtins.int] | None = ...,
         pull_index: _builtins.int = ...,
+        bad_record: Global___BadRecord | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bad_record", b"bad_record"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "pull_index", b"pull_index", "queue_offsets", b"queue_offsets", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_record", b"bad_record", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "pull_index", b"pull_index", "queue_offsets", b"queue_offsets", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -519,6 +578,7 @@ class ReceiveRequest(_message.Message):
     INVISIBLE_DURATION_MS_FIELD_NUMBER: _builtins.int
     LONG_POLL_MS_FIELD_NUMBER: _builtins.int
     RECORDS_AS_BLOB_FIELD_NUMBER: _builtins.int
+    REPORT_BAD_RECORDS_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -528,6 +588,11 @@ class ReceiveRequest(_message.Message):
     long_poll_ms: _builtins.int
     records_as_blob: _builtins.bool
     """As PullRequest.records_as_blob: records_blob and record_sizes instead of records."""
+    report_bad_records: _builtins.bool
+    """As PullRequest.report_bad_records: a delivery whose record the commit log refuses as
+    damaged comes in bad_records (with its receipt) instead of staying invisible unserved, and
+    the call no longer fails with DATA_LOSS when nothing else is served.
+    """
     def __init__(
         self,
         *,
@@ -538,10 +603,11 @@ class ReceiveRequest(_message.Message):
         invisible_duration_ms: _builtins.int = ...,
         long_poll_ms: _builtins.int = ...,
         records_as_blob: _builtins.bool = ...,
+        report_bad_records: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "long_poll_ms", b"long_poll_ms", "max_messages", b"max_messages", "queue_id", b"queue_id", "records_as_blob", b"records_as_blob", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "long_poll_ms", b"long_poll_ms", "max_messages", b"max_messages", "queue_id", b"queue_id", "records_as_blob", b"records_as_blob", "report_bad_records", b"report_bad_records", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -557,6 +623,7 @@ class ReceiveResponse(_message.Message):
     DELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
     RECORDS_BLOB_FIELD_NUMBER: _builtins.int
     RECORD_SIZES_FIELD_NUMBER: _builtins.int
+    BAD_RECORDS_FIELD_NUMBER: _builtins.int
     records_blob: _builtins.bytes
     """With records_as_blob: the records laid end to end, and each one's size in bytes."""
     @_builtins.property
@@ -575,6 +642,10 @@ class ReceiveResponse(_message.Message):
 
     @_builtins.property
     def record_sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def bad_records(self) -> _containers.RepeatedCompositeFieldContainer[Global___BadRecord]:
+        """With report_bad_records: the deliveries whose records are damaged (never served)."""
+
     def __init__(
         self,
         *,
@@ -584,10 +655,11 @@ class ReceiveResponse(_message.Message):
         delivery_counts: _abc.Iterable[_builtins.int] | None = ...,
         records_blob: _builtins.bytes = ...,
         record_sizes: _abc.Iterable[_builtins.int] | None = ...,
+        bad_records: _abc.Iterable[Global___BadRecord] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_counts", b"delivery_counts", "queue_offsets", b"queue_offsets", "receipt_handles", b"receipt_handles", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_records", b"bad_records", "delivery_counts", b"delivery_counts", "queue_offsets", b"queue_offsets", "receipt_handles", b"receipt_handles", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
