@@ -160,7 +160,7 @@ def topics(state: CliState, as_json: bool) -> None:
 
 
 def _ago(seconds: float | None) -> str:
-    """"12 s ago", "3 min ago", "5 h ago", "2 d ago"; "-" when unknown."""
+    """How long ago, in its largest whole unit ("12 s ago", "3 min ago"); "-" when unknown."""
     if seconds is None:
         return "-"
     for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
