@@ -94,8 +94,9 @@ from mqstore.formats.record_batch import (
 from mqstore.formats.record_columns import IntArray, check_records, split_records
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
+from mqstore.storage.log_repair import repair_hint
 from mqstore.storage.mapped_file import MappedFile
-from mqstore.storage.mapped_file_queue import MappedFileQueue
+from mqstore.storage.mapped_file_queue import MappedFileQueue, ShortSegment, ShortSegmentError
 from mqstore.storage.segment_reads import copy_runs
 from mqstore.storage.transient_pool import TransientStorePool
 from mqstore.storage.warmer import SegmentWarmer
@@ -211,7 +212,7 @@ class CommitLog:
         self._lock = self.disk.lock(self._files.lock_path())
         try:
             clean_exit = not self._files.abort_exists()
-            self.queue.load()
+            short = self._load_segments()
             meta = self._files.load_or_create_meta(
                 has_data=bool(self.queue.files),
                 now_ms=self.clock.now_ms(),
@@ -223,6 +224,9 @@ class CommitLog:
                 log.error("checkpoint belongs to another store id; ignoring it")
                 ckpt = None
             result = recover(self.queue, ckpt, clean_exit=clean_exit)
+            if short is not None:
+                result.report.short_segment = short.path
+                result.report.short_segment_bytes = short.found_bytes
             self.recovery = result.report
             self._queue_offsets = result.queue_offsets
             partial = self._rebuild_producers(ckpt, result.report.end_offset)
@@ -276,7 +280,30 @@ class CommitLog:
             report.truncated_bytes,
             len(report.corrupt),
         )
+        if report.short_segment:
+            log.warning(
+                "the newest segment %s was %d bytes, not %d: extended with zeros and recovered "
+                "as a torn tail; the log now ends at %d (%d durable bytes lost)",
+                report.short_segment,
+                report.short_segment_bytes,
+                self.config.file_bytes,
+                end,
+                report.durable_bytes_lost,
+            )
         return report
+
+    def _load_segments(self) -> ShortSegment | None:
+        """Map the segments; a short newest one is extended (returned, for the report), a
+        short older one refuses the start naming it, with the way to repair it."""
+        try:
+            return self.queue.load(restore_short_last=True)
+        except ShortSegmentError as err:
+            raise ShortSegmentError(
+                f"{err}. {repair_hint(self.config.data_dir)}",
+                path=err.path,
+                found_bytes=err.found_bytes,
+                file_bytes=err.file_bytes,
+            ) from err
 
     def close(self) -> None:
         """Flush, checkpoint and remove the abort marker; the marker stays if anything failed,

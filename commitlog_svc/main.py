@@ -39,6 +39,7 @@ from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.servicer import CommitLogServicer
 from commitlog_svc.settings import CommitLogSettings
 from commitlog_svc.subscribers import SubscriberRegistry
+from mqstore.errors import MqstoreError
 from mqstore.formats.record import pack_host
 from mqstore.rpc import logs
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
@@ -211,7 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
     service = CommitLogService(settings)
-    service.start()
+    try:
+        service.start()
+    except MqstoreError as err:  # expected: the lock is held, the files cannot be loaded, ...
+        log.error("commitlog_svc cannot start: %s", err)
+        service.host.shutdown()
+        return 1
     while not stop.wait(0.5):
         pass
     service.stop()

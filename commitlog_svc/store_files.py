@@ -28,14 +28,14 @@ from mqstore.formats.commitlog_checkpoint import (
 )
 from mqstore.storage import failpoints
 from mqstore.storage.disk import Disk, write_atomic
-from mqstore.storage.logreader import STORE_META_FILE
+from mqstore.storage.logreader import STORE_LOCK_FILE, STORE_META_FILE
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint"
 META_FILE = STORE_META_FILE
 ABORT_FILE = "abort"
-LOCK_FILE = "lock"
+LOCK_FILE = STORE_LOCK_FILE
 
 
 class StoreFiles:
