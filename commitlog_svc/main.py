@@ -45,6 +45,7 @@ from mqstore.rpc import logs
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.server import READINESS, ServiceHost
+from mqstore.storage import data_mode
 from mqstore.storage.clock import Clock
 from mqstore.storage.disk import Disk
 
@@ -203,6 +204,8 @@ class CommitLogService:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = CommitLogSettings.load(list(argv) if argv is not None else None)
     logs.configure(settings.log_level, settings.log_format, service=SERVICE_NAME)
+    # Before anything is created: every file of the store is born private (data_mode.py).
+    data_mode.apply(settings.data_dir, settings.data_mode)
     stop = threading.Event()
 
     def handle(signum: int, _: FrameType | None) -> None:
