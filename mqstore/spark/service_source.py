@@ -675,7 +675,8 @@ class MqstoreStreamWriter(DataSourceStreamArrowWriter):
 def _rows(
     opts: WriteOptions, partition: int, batches: Iterator[Any], digest: WriteDigest
 ) -> Iterator[_Row]:
-    """The rows as messages to append, each added to `digest` as the DataFrame holds it."""
+    """The rows as messages to append, each added to `digest` as the DataFrame holds it
+    (hashed with a writeId, only counted without one)."""
     ids = UniqIdGenerator()
     index = itertools.count()
     for batch in batches:
@@ -703,7 +704,10 @@ def _rows(
             raw_keys = cols["keys"][i] if "keys" in cols else None
             keys = raw_keys.split() if isinstance(raw_keys, str) else list(raw_keys or ())
             queue_id = cols["queueId"][i] if "queueId" in cols else None
-            digest.add(topic, queue_id, body, tags or None, keys, props)
+            if opts.write_id:
+                digest.add(topic, queue_id, body, tags or None, keys, props)
+            else:
+                digest.count(topic)
             if tags:
                 props[TAGS] = tags
             if keys:
