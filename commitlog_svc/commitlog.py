@@ -96,8 +96,9 @@ from mqstore.formats.record_columns import IntArray, check_records, split_record
 from mqstore.history import LogHistory
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
+from mqstore.storage.log_repair import repair_hint
 from mqstore.storage.mapped_file import MappedFile
-from mqstore.storage.mapped_file_queue import MappedFileQueue
+from mqstore.storage.mapped_file_queue import MappedFileQueue, ShortSegment, ShortSegmentError
 from mqstore.storage.segment_reads import copy_runs
 from mqstore.storage.transient_pool import TransientStorePool
 from mqstore.storage.warmer import SegmentWarmer
@@ -215,7 +216,7 @@ class CommitLog:
         self._lock = self.disk.lock(self._files.lock_path())
         try:
             clean_exit = not self._files.abort_exists()
-            self.queue.load()
+            short = self._load_segments()
             meta = self._files.load_or_create_meta(
                 has_data=bool(self.queue.files),
                 now_ms=self.clock.now_ms(),
@@ -227,6 +228,9 @@ class CommitLog:
                 log.error("checkpoint belongs to another store id; ignoring it")
                 ckpt = None
             result = recover(self.queue, ckpt, clean_exit=clean_exit)
+            if short is not None:
+                result.report.short_segment = short.path
+                result.report.short_segment_bytes = short.found_bytes
             self.recovery = result.report
             self._queue_offsets = result.queue_offsets
             partial = self._rebuild_producers(ckpt, result.report.end_offset)
@@ -281,6 +285,16 @@ class CommitLog:
             report.truncated_bytes,
             len(report.corrupt),
         )
+        if report.short_segment:
+            log.warning(
+                "the newest segment %s was %d bytes, not %d: extended with zeros and recovered "
+                "as a torn tail; the log now ends at %d (%d durable bytes lost)",
+                report.short_segment,
+                report.short_segment_bytes,
+                self.config.file_bytes,
+                end,
+                report.durable_bytes_lost,
+            )
         return report
 
     def _begin_epoch(self, meta: StoreMeta, end: int) -> None:
@@ -303,6 +317,19 @@ class CommitLog:
         self.history = history.compacted(low).truncated(end).begin(epoch, end)
         self._files.save_history(self.store_id, self.history)
         log.info("epoch %d begins at %d", self.history.last_epoch, end)
+
+    def _load_segments(self) -> ShortSegment | None:
+        """Map the segments; a short newest one is extended (returned, for the report), a
+        short older one refuses the start naming it, with the way to repair it."""
+        try:
+            return self.queue.load(restore_short_last=True)
+        except ShortSegmentError as err:
+            raise ShortSegmentError(
+                f"{err}. {repair_hint(self.config.data_dir)}",
+                path=err.path,
+                found_bytes=err.found_bytes,
+                file_bytes=err.file_bytes,
+            ) from err
 
     def close(self) -> None:
         """Flush, checkpoint and remove the abort marker; the marker stays if anything failed,

@@ -39,11 +39,13 @@ from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.servicer import CommitLogServicer
 from commitlog_svc.settings import CommitLogSettings
 from commitlog_svc.subscribers import SubscriberRegistry
+from mqstore.errors import MqstoreError
 from mqstore.formats.record import pack_host
 from mqstore.rpc import logs
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.server import READINESS, ServiceHost
+from mqstore.storage import data_mode
 from mqstore.storage.clock import Clock
 from mqstore.storage.disk import Disk
 
@@ -209,6 +211,8 @@ class CommitLogService:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = CommitLogSettings.load(list(argv) if argv is not None else None)
     logs.configure(settings.log_level, settings.log_format, service=SERVICE_NAME)
+    # Before anything is created: every file of the store is born private (data_mode.py).
+    data_mode.apply(settings.data_dir, settings.data_mode)
     stop = threading.Event()
 
     def handle(signum: int, _: FrameType | None) -> None:
@@ -218,7 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
     service = CommitLogService(settings)
-    service.start()
+    try:
+        service.start()
+    except MqstoreError as err:  # expected: the lock is held, the files cannot be loaded, ...
+        log.error("commitlog_svc cannot start: %s", err)
+        service.host.shutdown()
+        return 1
     while not stop.wait(0.5):
         pass
     service.stop()

@@ -76,6 +76,11 @@ class RecoveryReport:
     corrupt: list[CorruptRange] = field(default_factory=list)
     checkpoint_found: bool = False
     duration_ms: float = 0.0
+    # The newest segment was shorter than the segment size (a file system that lost its tail,
+    # a partial copy): its path and size as found; it was extended with zeros before the scan,
+    # which then met them as a torn tail.
+    short_segment: str = ""
+    short_segment_bytes: int = 0
 
 
 @dataclass(slots=True)

@@ -24,8 +24,12 @@ back column by column; refusals are sparse. What is an error and what is a statu
 AppendStream is pipelined: a reader thread writes requests in arrival order (so a producer's
 sequences are stored in order) and the call answers them in the same order once durable; up to
 `append_stream_window` requests are written ahead of their answers, so under sync flush one
-flush covers several of them. A request-level error ends the stream with its status after the
-answers to the requests before it.
+flush covers several of them. A malformed request (INVALID_ARGUMENT) is answered in its turn
+with AppendResponse.error (code, message, field), nothing of it stored, and the stream goes on
+with the next request. Any other request-level error (a sequence that goes backwards:
+FAILED_PRECONDITION) ends the stream with its status after the answers to the requests before
+it: the requests behind it carry the producer's later sequences, and storing them past a
+refused one would put them out of order.
 
 Subscribe follows DESIGN.md's handshake: start at max(confirmed, min) when the store id
 matches (at max when confirmed is beyond it), at min otherwise. Then DispatchBatch frames built
@@ -84,6 +88,7 @@ from mqstore.formats.record_batch import LOCALHOST_V4, MessageBatch
 from mqstore.formats.record_columns import IntArray
 from mqstore.history import LogHistory
 from mqstore.rpc.dispatch_codec import history_from_proto, history_to_proto
+from mqstore.rpc.errors import status_code
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
@@ -134,6 +139,19 @@ def peer_host(peer: str) -> bytes:
         except InvalidArgument:
             pass
     return LOCALHOST_V4
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A request of an AppendStream refused as a whole, answered in its turn."""
+
+    sequence: int
+    error: InvalidArgument
+
+
+# What the reader hands the answering generator, in request order: a request written (its
+# pending answer and sequence), one refused, an error that ends the call, or None: the end.
+_StreamItem = tuple[PendingAppend, int] | _Refused | BaseException | None
 
 
 @dataclass(slots=True)
@@ -309,9 +327,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             raise Unavailable("the commit log is shutting down")
         self._wait_started()
         peer = self._peer(context)
-        window: queue.Queue[tuple[PendingAppend, int] | BaseException | None] = queue.Queue(
-            self.settings.append_stream_window
-        )
+        window: queue.Queue[_StreamItem] = queue.Queue(self.settings.append_stream_window)
         stream = _Stream(threading.Lock())
         reader = threading.Thread(
             target=self._read_stream,
@@ -337,6 +353,9 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                     return
                 if isinstance(item, BaseException):
                     raise item
+                if isinstance(item, _Refused):
+                    yield _refused_answer(item)
+                    continue
                 pending, sequence = item
                 yield self._answer(self.engine.finish_append(pending), sequence)
         finally:
@@ -347,12 +366,12 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         self,
         requests: Iterator[pb.AppendRequest],
         peer: bytes,
-        window: queue.Queue[tuple[PendingAppend, int] | BaseException | None],
+        window: queue.Queue[_StreamItem],
         stream: _Stream,
     ) -> None:
         """Write each request as it arrives; hand the pending answers over in order."""
 
-        def hand_over(item: tuple[PendingAppend, int] | BaseException | None) -> bool:
+        def hand_over(item: _StreamItem) -> bool:
             while True:
                 try:
                     window.put(item, timeout=_STREAM_PUT_S)
@@ -373,10 +392,10 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                         return
                     stream.busy = True
                 try:
-                    item: tuple[PendingAppend, int] | BaseException = (
-                        self._start(request, peer),
-                        request.sequence,
-                    )
+                    item: _StreamItem = (self._start(request, peer), request.sequence)
+                except InvalidArgument as err:
+                    # Malformed: refused alone, nothing stored; the stream goes on.
+                    item = _Refused(request.sequence, err)
                 except MqstoreError as err:
                     item = err
                 ok = hand_over(item)
@@ -785,6 +804,17 @@ def _check_store_id(store_id: bytes) -> None:
             f"a store id is {STORE_ID_BYTES} bytes (or empty), not {len(store_id)}",
             field="store_id",
         )
+
+
+def _refused_answer(refused: _Refused) -> pb.AppendResponse:
+    """An AppendStream's answer to a request refused as a whole: its sequence and error only."""
+    err = refused.error
+    return pb.AppendResponse(
+        sequence=refused.sequence,
+        error=pb.RequestError(
+            code=status_code(err).value[0], message=str(err), field=err.field or ""
+        ),
+    )
 
 
 def _read_status(offset: int, error: MqstoreError) -> pb.ReadStatus.ValueType:

@@ -32,14 +32,14 @@ from mqstore.history import LEGACY_EPOCH, LogHistory
 from mqstore.storage import failpoints
 from mqstore.storage.disk import Disk, write_atomic
 from mqstore.storage.epoch_store import EpochStore
-from mqstore.storage.logreader import STORE_META_FILE
+from mqstore.storage.logreader import STORE_LOCK_FILE, STORE_META_FILE
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint"
 META_FILE = STORE_META_FILE
 ABORT_FILE = "abort"
-LOCK_FILE = "lock"
+LOCK_FILE = STORE_LOCK_FILE
 
 
 class StoreFiles:

@@ -39,6 +39,7 @@ from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
 from mqstore.rpc.server import READINESS, ServiceHost
 from mqstore.rpc.subscriber import Subscriber
+from mqstore.storage import data_mode
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,8 @@ class CqService:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = CqSettings.load(list(sys.argv[1:] if argv is None else argv))
     logs.configure(settings.log_level, settings.log_format, service="cq_svc")
+    # Before anything is created: every file of the store is born private (data_mode.py).
+    data_mode.apply(settings.data_dir, settings.data_mode)
     service = CqService(settings)
     service.start()
     service.host.install_signal_handlers()

@@ -11,6 +11,11 @@ A key query matches a record whose topic is equal and whose KEYS property holds 
 of its space-separated tokens (what RocketMQ's client compares). A unique-id query matches a
 record whose topic is equal and whose UNIQ_KEY is the id. A candidate with no record (expired or
 lost from the log) is dropped. The candidates' order (newest first) is kept.
+
+A key query's time window is applied here too, to the record's own store time, to the
+millisecond: the index keeps an entry's time in whole seconds from its file's begin, so its
+candidates are those of every second the window touches (engine.query), and `within` drops the
+ones stored outside the window itself.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ class KeyedRecord(Protocol):
     @property
     def uniq_key(self) -> str: ...
 
+    @property
+    def store_timestamp_ms(self) -> int: ...
+
 
 def key_matches(record: KeyedRecord, topic: str, key: str) -> bool:
     return bool(key) and record.topic == topic and key in record.keys.split(KEY_TOKEN_SEPARATOR)
@@ -53,6 +61,18 @@ def confirm_key(
     for offset in candidates:
         record = records.get(offset)
         if record is not None and key_matches(record, topic, key):
+            out.append(offset)
+    return out
+
+
+def within(
+    candidates: Sequence[int], records: Mapping[int, KeyedRecord], begin_ms: int, end_ms: int
+) -> list[int]:
+    """The candidates whose record was stored within [begin_ms, end_ms], both inclusive."""
+    out = []
+    for offset in candidates:
+        record = records.get(offset)
+        if record is not None and begin_ms <= record.store_timestamp_ms <= end_ms:
             out.append(offset)
     return out
 

@@ -7,7 +7,8 @@
     engine.apply_columns(columns)            # the same for a frame as columns (the sink's way)
     engine.confirmed_offset                  # what to send in Confirm after a flush
     engine.query(topic, key, begin, end, n)  # candidate commit-log offsets, newest first
-    engine.lookup(topic, key, begin, end, n, fetch)   # candidates confirmed against records
+    engine.lookup(topic, key, begin, end, n, fetch)   # candidates confirmed against records,
+                                             # and their store times against [begin, end]
     engine.close()                           # flush, checkpoint as clean, unlock
 
 What gets indexed (RocketMQ's buildIndex, §4.3): for every dispatch entry that is not a
@@ -37,7 +38,7 @@ import numpy as np
 
 from index_svc import keyhash
 from index_svc.config import IndexConfig
-from index_svc.confirm import KeyedRecord, confirm_key, confirm_uniq
+from index_svc.confirm import KeyedRecord, confirm_key, confirm_uniq, within
 from index_svc.formats import index_file as fmt
 from index_svc.formats.checkpoint import (
     FILE_HEAD_CRC,
@@ -73,6 +74,9 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint"
 LOCK_FILE = "lock"
 TIME_MAX_MS = (1 << 63) - 1
+# An entry keeps its store time in whole seconds from its file's begin (RocketMQ's layout): the
+# time read back lies up to this much less one below the true one.
+ENTRY_TIME_UNIT_MS = 1_000
 
 Fetch = Callable[[Sequence[int]], Mapping[int, KeyedRecord]]
 
@@ -542,15 +546,20 @@ class IndexEngine:
         return index_key_hash(indexed), h64
 
     def query(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[int]:
-        """Candidate commit-log offsets for `key` of `topic` stored within [begin_ms, end_ms]
-        (1-second resolution), newest first, distinct, at most min(max_count, max_candidates),
-        none below the minimum offset. Candidates may include other keys with an equal hash
-        (fewer in exact mode): confirm them (confirm.py) or use `lookup`."""
+        """Candidate commit-log offsets for `key` of `topic` that may have been stored within
+        [begin_ms, end_ms], newest first, distinct, at most min(max_count, max_candidates),
+        none below the minimum offset. An entry's time is kept in whole seconds, so the walk
+        takes every entry whose second overlaps the range (up to 999 ms before begin_ms).
+        Candidates may include other keys with an equal hash (fewer in exact mode) and times
+        just outside the range: `lookup` confirms both against the records."""
         if not key:
             raise InvalidArgument("empty key", field="key")
         limit = min(max_count, self.config.max_candidates)
         if limit <= 0 or begin_ms > end_ms:
             return []
+        # An entry read as second s was stored in [s, s + 999 ms]: it may lie in the range
+        # when s + 999 >= begin_ms.
+        walk_begin_ms = max(0, begin_ms - (ENTRY_TIME_UNIT_MS - 1))
         key_hash, h64 = self._key_hashes(topic, key)
         out: list[int] = []
         seen: set[int] = set()
@@ -560,8 +569,8 @@ class IndexEngine:
                 raise Unavailable("index engine is not open")
             for f in reversed(self._files):
                 header = f.header
-                if fmt.is_time_matched(header, begin_ms, end_ms):
-                    for phy in f.select(key_hash, h64, begin_ms, end_ms):
+                if fmt.is_time_matched(header, walk_begin_ms, end_ms):
+                    for phy in f.select(key_hash, h64, walk_begin_ms, end_ms):
                         if phy < floor or phy in seen:
                             continue
                         seen.add(phy)
@@ -586,15 +595,18 @@ class IndexEngine:
         max_count: int,
         fetch: Fetch,
     ) -> list[int]:
-        """Offsets of messages whose topic and key really match, newest first, at most
-        min(max_count, max_results). `fetch` reads the records of a list of offsets in one
-        batched call (offsets it cannot read are left out of its answer). When confirmation
-        drops candidates, the walk is widened (x4, up to max_candidates) and only the new
-        candidates are fetched."""
+        """Offsets of messages whose topic and key really match and whose store time lies in
+        [begin_ms, end_ms] to the millisecond, newest first, at most min(max_count,
+        max_results). `fetch` reads the records of a list of offsets in one batched call
+        (offsets it cannot read are left out of its answer). When confirmation drops
+        candidates, the walk is widened (x4, up to max_candidates) and only the new candidates
+        are fetched."""
         want = min(max_count, self.config.max_results)
         return self._lookup(
             lambda n: self.query(topic, key, begin_ms, end_ms, n),
-            lambda cands, recs: confirm_key(cands, recs, topic, key),
+            lambda cands, recs: within(
+                confirm_key(cands, recs, topic, key), recs, begin_ms, end_ms
+            ),
             want,
             fetch,
         )

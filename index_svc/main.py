@@ -38,6 +38,7 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.index.v1 import index_pb2, index_pb2_grpc
 from mqstore.rpc.server import READINESS, ServiceHost
 from mqstore.rpc.subscriber import Subscriber
+from mqstore.storage import data_mode
 from mqstore.storage.disk import Disk
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,8 @@ class IndexService:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = IndexSettings.load(list(sys.argv[1:] if argv is None else argv))
     logs.configure(settings.log_level, settings.log_format, service=SERVICE_NAME)
+    # Before anything is created: every file of the store is born private (data_mode.py).
+    data_mode.apply(settings.data_dir, settings.data_mode)
     service = IndexService(settings)
     try:
         service.run()

@@ -62,6 +62,10 @@ class FetchedRecord:
     def uniq_key(self) -> str:
         return self.message.uniq_key
 
+    @property
+    def store_timestamp_ms(self) -> int:
+        return self.message.store_timestamp_ms
+
 
 @dataclass
 class ReadOutcome:

@@ -13,12 +13,15 @@ A query, in order:
     4. candidates       the engine's chain walk, newest first
     5. confirm          ONE commit-log Read of all candidates (records.py), decoded, kept only
                         when the topic is equal and the key is one of the KEYS tokens (or the
-                        UNIQ_KEY is the id); when collisions were dropped the engine widens the
+                        UNIQ_KEY is the id) and, for a key query, the store time lies in the
+                        window; when candidates were dropped the engine widens the
                         walk and reads only the new candidates (engine.lookup)
     6. answer           common.v1.Message per match, newest first, at most the maximum
 
-QueryByKey: begin/end are store times in ms, inclusive, matched at the index's 1-second
-resolution (an entry's time is its file's begin time plus whole seconds), as RocketMQ's index;
+QueryByKey: begin/end are store times in ms, both inclusive, matched exactly to the millisecond:
+the index keeps an entry's time in whole seconds from its file's begin (RocketMQ's layout), so
+the walk takes every entry of the seconds the window touches, and step 5 keeps only the records
+whose own store time lies in the window (RocketMQ's index answers at its 1-second resolution);
 end 0 means now. max_messages 0 means the server's default (default_results, 64); any value
 is capped at max_results (1,024, the bound of the candidate walk); nothing is allocated for the
 maximum asked.

@@ -8,6 +8,7 @@
 # NAMESPACE (default data), LOG_PVC (claim holding the commit log, mounted read-only).
 set -euo pipefail
 
+here=$(cd "$(dirname "$0")" && pwd)
 target=${1:?local or k8s}
 log_dir=${2:?commit-log directory}
 out=${3:?output directory}
@@ -29,6 +30,8 @@ k8s)
         --conf spark.executor.instances=2 --conf spark.executor.cores=2 \
         --conf spark.executor.memory=2g --conf spark.driver.memory=1g \
         --conf spark.sql.session.timeZone=UTC \
+        --conf spark.kubernetes.driver.podTemplateFile="$here/pod-template.yaml" \
+        --conf spark.kubernetes.executor.podTemplateFile="$here/pod-template.yaml" \
         --conf spark.kubernetes.driver.volumes.persistentVolumeClaim.log.options.claimName="${LOG_PVC:?}" \
         --conf spark.kubernetes.driver.volumes.persistentVolumeClaim.log.mount.path=/data \
         --conf spark.kubernetes.driver.volumes.persistentVolumeClaim.log.mount.readOnly=true \

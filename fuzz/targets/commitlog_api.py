@@ -3,7 +3,8 @@
 Input: a method selector, then the request drawn field by field (or, in raw mode, the request
 bytes as they are). Rules, beyond "an answer or a typed status" (api.py):
 
-    Append / AppendStream  one status, offset, size and queue offset per message; a refused
+    Append / AppendStream  one status, offset, size and queue offset per message, or (a stream's
+                           malformed request) an INVALID_ARGUMENT error alone; a refused
                            request, or a request whose messages were all refused, leaves the
                            log's end where it was; otherwise the log ends where the last stored
                            record ends, and each stored record holds what was sent
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+
+import grpc
 
 from fuzz.draw import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, UINT64_MAX, Draw
 from fuzz.findings import Finding, check
@@ -51,6 +54,9 @@ SUBSCRIBE_WAIT_S = 5.0
 SUBSCRIBERS = ("fz-a", "fz-b")
 # The rule a topic name follows, written independently of mqstore.limits.TOPIC_PATTERN.
 TOPIC_RULE = re.compile(r"[%|a-zA-Z0-9_-]+")
+
+# A malformed request's code in an AppendStream answer (AppendResponse.error).
+INVALID_ARGUMENT_CODE = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
 class CommitLogApi:
@@ -212,6 +218,15 @@ class CommitLogApi:
         if answer.duplicate:
             # The first answer to this (producer id, sequence), whatever this request held:
             # nothing is stored again.
+            return before
+        if answer.HasField("error"):
+            # A malformed request answered in its turn on a stream: nothing of it is stored.
+            check(
+                answer.error.code == INVALID_ARGUMENT_CODE and not answer.statuses,
+                f"{where}.request-error",
+                f"a request refused with code {answer.error.code} and "
+                f"{len(answer.statuses)} statuses",
+            )
             return before
         messages = [(b, i) for b in request.batches for i in range(len(b.bodies))]
         n = len(messages)

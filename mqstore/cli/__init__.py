@@ -7,7 +7,7 @@
     mqstore status | topics | queues TOPIC  what the store holds and how its services are
     mqstore offsets show|reset GROUP TOPIC  a consumer group's committed offsets
     mqstore subscribers list|forget [ID]    the commit log's subscribers, and forgetting one
-    mqstore log dump|verify DIR             offline tools over commit-log files
+    mqstore log dump|verify|repair DIR      offline tools over commit-log files
 
 Nouns are groups and verbs their commands (`mqstore <noun> <verb>`), so later tools slot in;
 the everyday verbs (produce, consume, status) sit at the top. The connection options belong to
@@ -23,6 +23,7 @@ import click
 
 from mqstore.cli.consume import consume
 from mqstore.cli.log import log_group
+from mqstore.cli.log_repair import repair as log_repair
 from mqstore.cli.options import ClientGroup, CliState, connection_options
 from mqstore.cli.produce import produce
 from mqstore.cli.query import query_group
@@ -90,6 +91,7 @@ for command in (
     subscribers_group,
 ):
     cli.add_command(command)
+log_group.add_command(log_repair)
 cli.add_command(log_group)
 cli.add_command(token_group)
 cli.add_command(spark_group)

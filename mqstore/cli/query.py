@@ -77,8 +77,8 @@ def query_key(
 ) -> None:
     """Messages of TOPIC whose KEYS hold KEY, newest first.
 
-    One line each: queue:offset, store time, keys, body (shortened), [message id]. The index
-    keeps times to the second, so --begin/--end are that precise.
+    One line each: queue:offset, store time, keys, body (shortened), [message id].
+    --begin/--end bound the store time, both inclusive, to the millisecond.
 
     \b
     Examples:

@@ -23,6 +23,8 @@ import click
 
 from mqstore.cli.security import SecretFiles, prepare_secrets
 from mqstore.launcher import DEFAULT_PORTS, ServiceProcess
+from mqstore.storage.data_mode import DATA_MODES, DataMode
+from mqstore.storage.data_mode import apply as apply_data_mode
 
 SERVICES = ("commitlog_svc", "cq_svc", "index_svc")
 
@@ -61,16 +63,36 @@ def _ports_args(package: str, base: int) -> list[str]:
     help="TLS and bearer tokens, with a CA, certificates and tokens made in DATA_DIR/secrets",
 )
 @click.option("--mtls", is_flag=True, help="--secure, and require client certificates too")
-def up(data_dir: str, flush: str, cq_store: str, base_port: int, secure: bool, mtls: bool) -> None:
+@click.option(
+    "--data-mode",
+    type=click.Choice(DATA_MODES),
+    default="private",
+    show_default=True,
+    help="who may read DATA_DIR: private (directories 0700, files 0600) or group (0750, 0640)",
+)
+def up(
+    data_dir: str,
+    flush: str,
+    cq_store: str,
+    base_port: int,
+    secure: bool,
+    mtls: bool,
+    data_mode: DataMode,
+) -> None:
     """Run the store here: commit log, consume queues and index, until Ctrl-C.
 
     \b
     Each service listens on three ports: its API (gRPC, with reflection), a plaintext
     grpc.health.v1 port for probes, and Prometheus metrics. Logs: DATA_DIR/logs/*.log.
     With --secure the API ports speak TLS and want a token; the lines to paste into a shell
-    are printed (MQSTORE_TLS_CA, MQSTORE_TOKEN_FILE, ...).
+    are printed (MQSTORE_TLS_CA, MQSTORE_TOKEN_FILE, ...). Everything under DATA_DIR is
+    readable by this user only (--data-mode), with or without --secure.
     """
     data_dir = os.path.abspath(data_dir)
+    # Before anything is made: the logs, secrets and the services' directories are born
+    # private too (the services apply the same mode to their own directories).
+    apply_data_mode(data_dir, data_mode)
+    mode_args = ["--data-mode", data_mode]
     logs = os.path.join(data_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     secrets = prepare_secrets(os.path.join(data_dir, "secrets")) if secure or mtls else None
@@ -87,7 +109,12 @@ def up(data_dir: str, flush: str, cq_store: str, base_port: int, secure: bool, m
         commitlog = ServiceProcess(
             "commitlog_svc",
             os.path.join(data_dir, "commitlog_svc"),
-            args=[*_ports_args("commitlog_svc", base_port), "--flush", flush, *server_args],
+            args=[
+                *_ports_args("commitlog_svc", base_port),
+                *("--flush", flush),
+                *mode_args,
+                *server_args,
+            ],
             log_path=os.path.join(logs, "commitlog_svc.log"),
         )
         commitlog.start()
@@ -97,7 +124,7 @@ def up(data_dir: str, flush: str, cq_store: str, base_port: int, secure: bool, m
             ServiceProcess(
                 "cq_svc",
                 os.path.join(data_dir, "cq_svc"),
-                args=[*_ports_args("cq_svc", base_port), "--cq-store", cq_store,
+                args=[*_ports_args("cq_svc", base_port), "--cq-store", cq_store, *mode_args,
                       "--commitlog-target", commitlog.target, *server_args, *follower_args,
                       # One host: pulls read the log's segment files, not a Read per pull.
                       "--commitlog-dir", commitlog.data_dir],
@@ -106,7 +133,7 @@ def up(data_dir: str, flush: str, cq_store: str, base_port: int, secure: bool, m
             ServiceProcess(
                 "index_svc",
                 os.path.join(data_dir, "index_svc"),
-                args=[*_ports_args("index_svc", base_port),
+                args=[*_ports_args("index_svc", base_port), *mode_args,
                       "--commitlog-target", commitlog.target, *server_args, *follower_args],
                 log_path=os.path.join(logs, "index_svc.log"),
             ),

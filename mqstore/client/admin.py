@@ -87,7 +87,9 @@ INDEX_RESULTS_MAX = 1_024
 # re-reads at its boundary (see iter_key).
 ITER_PAGE_SIZE_DEFAULT = 256
 # The index stores an entry's time in whole seconds from its file's begin time: an entry's
-# indexed time lies in (store time - 1 s, store time].
+# indexed time lies in (store time - 1 s, store time]. index_svc answers a window exactly to the
+# millisecond (it checks the records' store times), but one that predates that matched at this
+# resolution; iter_key pages safely against both.
 INDEX_TIME_RESOLUTION_MS = 1_000
 # Replica GetStatus calls in flight at once for status() and shard discovery.
 STATUS_FANOUT_MAX = 16
@@ -531,7 +533,7 @@ class Admin:
         max_messages: int = 64,
     ) -> list[Message]:
         """Messages of `topic` whose KEYS hold `key`, stored within [begin_ms, end_ms] (end 0:
-        now) at the index's 1-second resolution, newest first. The index answers at most
+        now; both inclusive, to the millisecond), newest first. The index answers at most
         1,024 (its max_results) whatever max_messages says: iter_key has no such cap."""
         request = ix_pb.QueryByKeyRequest(
             topic=topic,
@@ -558,9 +560,9 @@ class Admin:
         each once, with no cap: queries page backwards in time.
 
         Paging. The index walks newest first and answers at most 1,024; the next page asks for
-        messages up to the oldest store time seen. The index keeps times in whole seconds
-        (an entry's indexed time lies in (store time - 1 s, store time]), so a page re-reads
-        the matches of about the last second already yielded: they are skipped by commit-log
+        messages up to the oldest store time seen, so it re-reads the matches stored at that
+        millisecond (and, from an index_svc that matched windows at its files' 1-second
+        resolution, those of about the last second) already yielded: they are skipped by commit-log
         offset, and the page asks for page_size plus that many (up to 1,024), so that it
         reaches past them. Memory holds only those boundary matches, not everything yielded.
 

@@ -22,8 +22,11 @@ sent again under sequences moved far ahead (`_rebase`), never acknowledged for w
 did not take. Order across such a move is kept among the requests not yet answered.
 
 A request the store refuses as a whole (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) fails the
-futures of its messages; a message the store refuses alone (a PutStatus other than PUT_OK)
-fails its own future with MessageRefused. Everything else resolves to a SendResult.
+futures of its messages: a malformed one is answered in its turn on the stream
+(AppendResponse.error), which goes on with the requests behind it; any other such error ends
+the stream, and only that request fails. A message the store refuses alone (a PutStatus other
+than PUT_OK) fails its own future with MessageRefused. Everything else resolves to a
+SendResult.
 
 Threads: `send` only touches the open batch under the lock; one sender thread seals batches
 and writes them; one receiver thread per stream reads the answers. AsyncProducer puts an
@@ -68,6 +71,7 @@ from mqstore.client.errors import (
     InvalidArgument,
     ResourceExhausted,
     Unavailable,
+    error_for,
     from_rpc_error,
     refusal,
 )
@@ -388,6 +392,22 @@ def results_of(request: _Request, response: pb.AppendResponse) -> list[SendResul
         name = pb.PutStatus.Name(status)
         out.append(refusal(name, r.reason if r else "", field=r.field if r else "", index=i))
     return out
+
+
+def request_error(response: pb.AppendResponse) -> ClientError | None:
+    """The error of a request the store refused as a whole, answered in its turn on an
+    AppendStream (AppendResponse.error); None for an answer with results."""
+    if not response.HasField("error"):
+        return None
+    err = response.error
+    try:
+        code = _STATUS_BY_NUMBER[err.code]
+    except KeyError:
+        code = grpc.StatusCode.UNKNOWN
+    return error_for(code, err.message, field=err.field, method="CommitLog/AppendStream")
+
+
+_STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class _Stream:
@@ -943,15 +963,19 @@ class Producer:
                     self._inflight.popleft()
                     self._failing_since = None
                     self._backoff_s = BACKOFF_FIRST_S
-                    if response.duplicate and head.attempts == 1:
-                        # Answered from the table before this life sent it: not stored.
-                        self._stale.append(head)
-                        self._cond.notify_all()
-                        continue
-                    self.stats.requests += 1
-                    if response.duplicate:
-                        self.stats.duplicates += 1
-                self._finish(head, response)
+                    # A request refused alone (malformed): it fails, the stream goes on.
+                    answer: pb.AppendResponse = response
+                    refused = request_error(answer)
+                    if refused is None:
+                        if answer.duplicate and head.attempts == 1:
+                            # Answered from the table before this life sent it: not stored.
+                            self._stale.append(head)
+                            self._cond.notify_all()
+                            continue
+                        self.stats.requests += 1
+                        if answer.duplicate:
+                            self.stats.duplicates += 1
+                self._finish(head, answer if refused is None else refused)
         except grpc.RpcError as err:
             error = from_rpc_error(err, "CommitLog/AppendStream")
         self._stream_ended(stream, error)

@@ -42,6 +42,7 @@ from pydantic_settings import (
 )
 
 from mqstore.rpc.channel import ChannelSecurity
+from mqstore.storage.data_mode import DataMode
 
 CONFIG_ENV = "MQSTORE_CONFIG"
 
@@ -58,6 +59,9 @@ class ServiceSettings(BaseSettings):
     health_port: int = Field(0, ge=0, le=65535, description="plaintext grpc.health.v1 port")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: a free one)")
     data_dir: str = Field("./data", description="where this service keeps its files")
+    # Who may read them (mqstore/storage/data_mode.py): "private" 0700 directories and 0600
+    # files, or "group" 0750 / 0640 for a group that must read them too (an fsGroup, a backup).
+    data_mode: DataMode = Field("private", description="private (0700/0600) or group (0750/0640)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     # SIGTERM: health NOT_SERVING, wait drain_delay_s for endpoints to go, finish calls in

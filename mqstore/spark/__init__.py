@@ -4,13 +4,20 @@
     df.write.format("mqstore")         rows appended through the SDK, idempotent per task
     spark.read.format("mqstore-log")   commit-log segment files read directly, no service running
 
-`register(spark)` registers every source with a session; pyspark is imported only here and in
-the modules below, so the rest of mqstore never needs it.
+`register(spark)` registers every source with a session; `write(df, ...)` writes a DataFrame
+and returns what it stored (WriteReport). pyspark is imported only here and in the modules
+below, so the rest of mqstore never needs it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mqstore.spark.write_ledger import WriteReport
 
 
 def register(spark: Any) -> None:
@@ -21,3 +28,22 @@ def register(spark: Any) -> None:
 
     spark.dataSource.register(MqstoreDataSource)
     spark.dataSource.register(MqstoreLogDataSource)
+
+
+def write(df: Any, **options: Any) -> WriteReport:
+    """`df.write.format("mqstore").mode("append")` with `options` (topic, writeId, the
+    connection, ...), and what it did: rows, stored, already stored (a rerun), per topic.
+
+    The report travels from the write's commit, which runs on the driver's host, through a
+    file there (the `reportFile` option)."""
+    from mqstore.spark.write_ledger import WriteReport  # noqa: PLC0415 (keeps the import light)
+
+    register(df.sparkSession)
+    with tempfile.TemporaryDirectory(prefix="mqstore-write-") as directory:
+        path = os.path.join(directory, "report.json")
+        writer = df.write.format("mqstore").mode("append")
+        for name, value in options.items():
+            writer = writer.option(name, str(value))
+        writer.option("reportFile", path).save()
+        with open(path, encoding="utf-8") as f:
+            return WriteReport.from_json(json.load(f))

@@ -36,7 +36,8 @@ Modelled on the Kafka connector (reference/spark.md §2.1):
                     "_corrupt_record"), a string column added at the end of the schema
     maxOffsetsPerTrigger     streaming: at most this many offsets per micro-batch
     pullMessages    messages per Pull on the executors (1..1024)
-    writeId, writeBatchMessages, queuesPerTopic       writes (see WriteOptions)
+    writeId, writeBatchMessages, queuesPerTopic,      writes (see WriteOptions)
+    ledgerTopic, reportFile
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ WRITE_BATCH_MESSAGES_DEFAULT = 500
 # partition) dominates, and a typo ("minPartitions=1000000") would stall the driver.
 PARTITIONS_MAX = 100_000
 QUEUES_PER_TOPIC_DEFAULT = 4  # as the SDK's Producer (RocketMQ's defaultTopicQueueNums)
+# Where batch writes with a writeId keep their manifests (mqstore/spark/write_ledger.py; kept
+# here too, so that parsing options needs no client import).
+LEDGER_TOPIC_DEFAULT = "MQSTORE_SPARK_WRITES"
 # Longest write id: the producer id "spark:<writeId>:<partition>" stays within the store's
 # 256-byte limit.
 WRITE_ID_CHARS_MAX = 200
@@ -448,15 +452,19 @@ def read_options(
 
 @dataclass(frozen=True)
 class WriteOptions:
-    """`write_id`: names this write in the store's producer table (with the partition id),
-    so that a retried task's appends are recognised; None: the driver makes one per write.
-    Give one to make a whole job re-runnable without duplicates."""
+    """`write_id`: names this write, so that a rerun stores nothing more, whatever its
+    partitioning, and a reuse for other rows fails (mqstore/spark/write_ledger.py); None: the
+    driver makes one per write, and a rerun stores the rows again. `ledger_topic`: where the
+    manifests of writes with an id go. `report_file`: a path on the driver where the write
+    leaves its WriteReport as JSON (what `mqstore.spark.write` returns)."""
 
     settings: ClientSettings
     topic: str | None  # every row's topic when given (as Kafka's sink); else the topic column
     write_id: str | None
     batch_messages: int
     queues_per_topic: int
+    ledger_topic: str = LEDGER_TOPIC_DEFAULT
+    report_file: str | None = None
 
 
 def write_options(options: Mapping[str, str], env: Mapping[str, str] | None = None) -> WriteOptions:
@@ -472,10 +480,17 @@ def write_options(options: Mapping[str, str], env: Mapping[str, str] | None = No
     for name in ("startingOffsets", "endingOffsets", "maxOffsetsPerTrigger", "queues"):
         if _get(opts, name) is not None:
             raise BadOption(name, "is a read option; a write does not take it")
+    ledger = _get(opts, "ledgerTopic") or LEDGER_TOPIC_DEFAULT
+    try:
+        validate_topic(ledger, _LIMITS)
+    except InvalidArgument as err:
+        raise BadOption("ledgerTopic", str(err)) from None
     return WriteOptions(
         settings=client_settings(opts, env),
         topic=_topic(opts, required=False),
         write_id=write_id,
         batch_messages=WRITE_BATCH_MESSAGES_DEFAULT if batch is None else batch,
         queues_per_topic=QUEUES_PER_TOPIC_DEFAULT if queues is None else queues,
+        ledger_topic=ledger,
+        report_file=_get(opts, "reportFile") or None,
     )

@@ -38,17 +38,25 @@ happen when an earlier attempt stored it (sequences are sent in order), so both 
 already written and nothing is stored twice. Limits: the store remembers 10,000 producers
 (LRU); a retry after that many other producers wrote since is stored again. Rows must come in
 the same order on a retry (a deterministic upstream, as Spark's own retries assume).
+
+A write with a writeId is idempotent as a whole too (write_ledger.py): once it completed, its
+manifest (the rows' count and digest) is in the ledger topic, and a rerun, in any partitioning,
+sends nothing and reports the rows as already stored; a rerun with other rows fails before
+sending anything, naming what differs. Every write computes the digest of its rows as it goes
+and reports what it stored (`WriteReport`: the log, the `reportFile` option,
+`mqstore.spark.write`).
 """
 
 from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import logging
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -107,6 +115,7 @@ from mqstore.formats.properties import (
     encode_properties,
 )
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
+from mqstore.spark import write_ledger
 from mqstore.spark.options import (
     EARLIEST,
     LATEST,
@@ -122,6 +131,7 @@ from mqstore.spark.options import (
     read_options,
     write_options,
 )
+from mqstore.spark.write_ledger import Manifest, WriteDigest, WriteIdReused, WriteReport
 
 # ruff: noqa: N802, N803 (Spark's names: initialOffset, latestOffset, batchId, ...)
 
@@ -596,12 +606,13 @@ def _check_write_schema(schema: StructType, opts: WriteOptions) -> None:
 @dataclass
 class WriteSummary(WriterCommitMessage):
     """What one task wrote: `stored` messages appended now, `duplicates` answered as already
-    stored (a retried task), in `requests` appends."""
+    stored (a retried task), in `requests` appends; `digest` of its rows (write_ledger)."""
 
     partition: int
     stored: int
     duplicates: int
     requests: int
+    digest: WriteDigest = field(default_factory=WriteDigest)
 
 
 @dataclass(frozen=True)
@@ -614,13 +625,24 @@ class _Row:
 
 
 class MqstoreWriter(DataSourceArrowWriter):
+    """A batch write. On the driver, before any task: with a writeId, the ledger's manifest of
+    an earlier run of it, if any (then the tasks only digest their rows). In the tasks: the
+    rows, appended (write_partition). On the driver after them: the digests compared with the
+    manifest (a rerun, or a reuse that fails), or the manifest appended; the report."""
+
     def __init__(self, opts: WriteOptions, schema: StructType) -> None:
         _check_write_schema(schema, opts)
         self.opts = opts
         self.schema = schema
         # Made on the driver, pickled with the writer into every task (and every retry).
         self.write_id = opts.write_id or uuid.uuid4().hex
+        self.earlier = (
+            write_ledger.find(opts.settings, opts.ledger_topic, opts.write_id)
+            if opts.write_id
+            else None
+        )
         self.summaries: list[WriteSummary] = []
+        self.report: WriteReport | None = None
 
     def producer_id(self, partition: int) -> str:
         return f"spark:{self.write_id}:{partition}"
@@ -628,15 +650,64 @@ class MqstoreWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[Any]) -> WriteSummary:
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
-        return write_partition(self.opts, self.producer_id(partition), partition, iterator)
+        return write_partition(
+            self.opts,
+            self.producer_id(partition),
+            partition,
+            iterator,
+            send=self.earlier is None,
+        )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self.summaries = [m for m in messages if isinstance(m, WriteSummary)]
+        digest = write_ledger.merged(s.digest for s in self.summaries)
+        stored = sum(s.stored for s in self.summaries)
+        duplicates = sum(s.duplicates for s in self.summaries)
+        earlier = self.earlier
+        if earlier is None and self.opts.write_id:
+            mine = Manifest(self.write_id, digest, stored, duplicates, int(time.time() * 1000))
+            with Connection(self.opts.settings) as conn:
+                kept = write_ledger.append_manifest(conn, self.opts.ledger_topic, mine)
+            if kept is not mine:  # another run of this id completed first
+                self._check_same(digest, kept, sent=True)
+        elif earlier is not None:
+            self._check_same(digest, earlier, sent=False)
+            duplicates = digest.rows
+        report = WriteReport(
+            write_id=self.write_id if self.opts.write_id else "",
+            rows=digest.rows,
+            stored=stored,
+            already_stored=duplicates,
+            topics=dict(sorted(digest.topics.items())),
+            rerun=earlier is not None,
+        )
+        self.report = report
         log.info(
-            "write %s: %d stored, %d already stored",
+            "write %s: %d rows, %d stored, %d already stored%s",
             self.write_id,
-            sum(s.stored for s in self.summaries),
-            sum(s.duplicates for s in self.summaries),
+            report.rows,
+            report.stored,
+            report.already_stored,
+            " (a rerun of a completed write: nothing sent)" if report.rerun else "",
+        )
+        if self.opts.report_file:
+            with open(self.opts.report_file, "w", encoding="utf-8") as f:
+                json.dump(report.to_json(), f)
+
+    def _check_same(self, digest: WriteDigest, earlier: Manifest, *, sent: bool) -> None:
+        differs = digest.differences(earlier.digest)
+        if not differs:
+            return
+        done = (
+            "this run's rows were stored all the same (the earlier run completed while it ran)"
+            if sent
+            else "nothing of this run was stored"
+        )
+        raise WriteIdReused(
+            f"writeId {self.write_id!r} was used by an earlier write of other rows "
+            f"({'; '.join(differs)}): {done}. A rerun of that write needs the same rows "
+            "(in any partitioning); other rows need a new writeId",
+            method="CommitLog/Append",
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -693,7 +764,11 @@ class MqstoreStreamWriter(DataSourceStreamArrowWriter):
         log.warning("stream batch %d failed; its replay stores only what is missing", batchId)
 
 
-def _rows(opts: WriteOptions, partition: int, batches: Iterator[Any]) -> Iterator[_Row]:
+def _rows(
+    opts: WriteOptions, partition: int, batches: Iterator[Any], digest: WriteDigest
+) -> Iterator[_Row]:
+    """The rows as messages to append, each added to `digest` as the DataFrame holds it
+    (hashed with a writeId, only counted without one)."""
     ids = UniqIdGenerator()
     index = itertools.count()
     for batch in batches:
@@ -718,14 +793,18 @@ def _rows(opts: WriteOptions, partition: int, batches: Iterator[Any]) -> Iterato
                 if k not in _RESERVED_PROPERTIES and v is not None:
                     props[k] = v
             tags = cols["tags"][i] if "tags" in cols else None
-            if tags:
-                props[TAGS] = tags
             raw_keys = cols["keys"][i] if "keys" in cols else None
             keys = raw_keys.split() if isinstance(raw_keys, str) else list(raw_keys or ())
+            queue_id = cols["queueId"][i] if "queueId" in cols else None
+            if opts.write_id:
+                digest.add(topic, queue_id, body, tags or None, keys, props)
+            else:
+                digest.count(topic)
+            if tags:
+                props[TAGS] = tags
             if keys:
                 props[KEYS] = KEY_SEPARATOR.join(keys)
             props.setdefault(UNIQ_KEY, ids.next_id())
-            queue_id = cols["queueId"][i] if "queueId" in cols else None
             if queue_id is None:
                 # Deterministic, so that a retried task sends the very same requests.
                 spread = abs(java_string_hash(keys[0])) if keys else partition + n
@@ -758,11 +837,21 @@ def _append(conn: Connection, request: Any) -> Any | None:
 
 
 def write_partition(
-    opts: WriteOptions, producer_id: str, partition: int, batches: Iterator[Any]
+    opts: WriteOptions,
+    producer_id: str,
+    partition: int,
+    batches: Iterator[Any],
+    *,
+    send: bool = True,
 ) -> WriteSummary:
-    """Append one task's rows, `opts.batch_messages` per request, sequences 0, 1, 2, ..."""
+    """Append one task's rows, `opts.batch_messages` per request, sequences 0, 1, 2, ...
+    With `send` False (a rerun of a completed write), only digest them."""
     summary = WriteSummary(partition, 0, 0, 0)
-    rows = _rows(opts, partition, batches)
+    rows = _rows(opts, partition, batches, summary.digest)
+    if not send:
+        for _ in rows:
+            pass
+        return summary
     with Connection(opts.settings) as conn:
         for sequence in itertools.count():
             chunk = list(itertools.islice(rows, opts.batch_messages))

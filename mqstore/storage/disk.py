@@ -108,6 +108,10 @@ class Disk(Protocol):
     def truncate(self, path: str, size: int) -> None:
         """Shrink an append file (a torn journal tail); durable on return."""
 
+    def extend(self, path: str, size: int) -> None:
+        """Grow a file to `size` bytes with zeros after its content, preallocated as `create`
+        does (DiskFull when there is no room); the new size is durable on return."""
+
     def rename(self, src: str, dst: str) -> None: ...
 
     def remove(self, path: str) -> None: ...
@@ -423,6 +427,21 @@ class OsDisk:
         fd = os.open(path, os.O_WRONLY)
         try:
             os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def extend(self, path: str, size: int) -> None:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno in _ENOSPC:
+                    raise DiskFull(f"no space to preallocate {size} bytes for {path}") from exc
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                os.ftruncate(fd, size)  # a file system without fallocate: best effort
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -54,6 +54,8 @@ SEGMENT_NAME_DIGITS: Final = 20
 COMMITLOG_SUBDIR: Final = "commitlog"
 # commitlog_svc's store identity beside the segments (formats/commitlog_checkpoint.py StoreMeta).
 STORE_META_FILE: Final = "store.meta"
+# ... and the file it holds locked while it runs (store_files.py; log_repair.py takes it too).
+STORE_LOCK_FILE: Final = "lock"
 # Zero checks compare this much at a time: large enough to run at memory speed, small enough
 # not to matter next to a 1 GiB mapping.
 _ZERO_CHUNK_BYTES: Final = 1 << 20

@@ -9,6 +9,18 @@ Used by the commit log (1 GiB files), consume queues (6,000,000-byte files) and 
 that appends fixed-size segments. Load rules are RocketMQ's (MappedFileQueue.doLoad): files
 sorted by name, directories skipped, a zero-length last file deleted, any other size mismatch
 refuses the load. The file list is copy-on-write: readers take `self.files` without a lock.
+
+One addition, asked for by the caller (`load(restore_short_last=True)`: the commit log):
+
+    the newest file is shorter than the file size   extended with zeros back to its size (and
+      (a file system that lost its tail, a partial   preallocated); returned as a ShortSegment,
+      copy), but not empty                           so that recovery treats the zeros as a
+                                                     torn tail and the caller can say so
+    an older file is shorter                         ShortSegmentError naming it: its tail is
+                                                     lost data between records that are not,
+                                                     which no restart can mend
+
+Without it a short file refuses the load like any other size mismatch.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from mqstore.errors import StorageError, check
 from mqstore.storage import failpoints
@@ -32,6 +45,26 @@ _I64_BYTES = 8
 
 class StoreLoadError(StorageError):
     """The files on disk do not form a queue this code can open (sizes, names)."""
+
+
+class ShortSegmentError(StoreLoadError):
+    """A segment other than the newest is shorter than the file size: lost data."""
+
+    def __init__(self, message: str, *, path: str, found_bytes: int, file_bytes: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.found_bytes = found_bytes
+        self.file_bytes = file_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ShortSegment:
+    """The newest segment as `load` found it (`found_bytes`) before extending it with zeros to
+    `file_bytes`."""
+
+    path: str
+    found_bytes: int
+    file_bytes: int
 
 
 class MappedFileQueue:
@@ -55,8 +88,11 @@ class MappedFileQueue:
 
     # -- load -----------------------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Map every segment on disk, each counted as full until recovery sets positions."""
+    def load(self, *, restore_short_last: bool = False) -> ShortSegment | None:
+        """Map every segment on disk, each counted as full until recovery sets positions.
+        With `restore_short_last`, a newest file shorter than the file size is extended with
+        zeros to it and returned (see the module docstring); nothing is changed on disk before
+        every file has passed its size check."""
         self.disk.makedirs(self.store_path)
         names = [
             n
@@ -64,20 +100,51 @@ class MappedFileQueue:
             if not self.disk.isdir(os.path.join(self.store_path, n))
         ]
         segments = [n for n in names if file_name_to_offset(n) is not None]
-        files: list[MappedFile] = []
-        for i, name in enumerate(segments):
+        sizes = [self.disk.size(os.path.join(self.store_path, n)) for n in segments]
+        newest = len(segments) - 1
+        # A zero-length newest file is an interrupted creation (deleted below): the newest
+        # file with data is the one before it.
+        newest_data = newest - 1 if sizes and sizes[newest] == 0 else newest
+        short: ShortSegment | None = None
+        for i, (name, size) in enumerate(zip(segments, sizes, strict=True)):
             path = os.path.join(self.store_path, name)
-            size = self.disk.size(path)
-            if size == 0 and i == len(segments) - 1:
-                log.warning("deleting zero-length last file %s", path)
-                self.disk.remove(path)
-                self.disk.fsync_dir(self.store_path)
+            if size == self.file_size or (size == 0 and i == newest):
                 continue
-            if size != self.file_size:
-                raise StoreLoadError(
-                    f"{path} is {size} bytes but this queue's files are {self.file_size}; "
-                    "refusing to load (was the file size configuration changed?)"
+            if size < self.file_size and restore_short_last:
+                if i == newest_data:
+                    short = ShortSegment(path, size, self.file_size)
+                    continue
+                raise ShortSegmentError(
+                    f"{path} is {size} bytes, shorter than the {self.file_size} of this "
+                    f"queue's files, and it is not the newest: the {self.file_size - size} "
+                    "bytes past its end are lost, between records that are not; refusing to "
+                    "load",
+                    path=path,
+                    found_bytes=size,
+                    file_bytes=self.file_size,
                 )
+            raise StoreLoadError(
+                f"{path} is {size} bytes but this queue's files are {self.file_size}; "
+                "refusing to load (was the file size configuration changed?)"
+            )
+        if sizes and sizes[newest] == 0:
+            log.warning("deleting zero-length last file %s", segments[newest])
+            self.disk.remove(os.path.join(self.store_path, segments[newest]))
+            self.disk.fsync_dir(self.store_path)
+            segments.pop()
+        if short is not None:
+            log.warning(
+                "the newest segment %s is %d bytes, shorter than %d (a file system that lost "
+                "its tail, a partial copy): extended with zeros to its size; recovery cuts the "
+                "log after its last whole record",
+                short.path,
+                short.found_bytes,
+                short.file_bytes,
+            )
+            self.disk.extend(short.path, self.file_size)
+        files: list[MappedFile] = []
+        for name in segments:
+            path = os.path.join(self.store_path, name)
             try:
                 files.append(MappedFile(self.disk, path, self.file_size, loaded=True))
             except BaseException:
@@ -86,6 +153,7 @@ class MappedFileQueue:
                 raise
         self.files = files
         self.check_self()
+        return short
 
     def check_self(self) -> bool:
         """True if neighbouring files are exactly one file size apart (logged if not)."""

@@ -316,6 +316,18 @@ class SimDisk:
         del ino.live[size:]
         del ino.durable[size:]
 
+    def extend(self, path: str, size: int) -> None:
+        ino = self._inode(path)
+        self._maybe_fail("extend", _norm(path))
+        grow = size - len(ino.live)
+        if grow <= 0:
+            return
+        if self.free_bytes() < grow:
+            raise DiskFull(f"simulated disk full: cannot preallocate {size} bytes for {path}")
+        ino.live += bytes(grow)
+        # Durable on return: the durable copy is what was durable, zeros to the new size.
+        ino.durable += bytes(size - len(ino.durable))
+
     def rename(self, src: str, dst: str) -> None:
         src, dst = _norm(src), _norm(dst)
         self._maybe_fail("rename", src)

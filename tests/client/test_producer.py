@@ -256,18 +256,24 @@ def test_a_request_the_store_refuses_fails_its_messages_and_the_producer_goes_on
     settings: ClientSettings, topic: str
 ) -> None:
     """A producer whose limits are wider than the store's (12,000 messages a request against
-    its 10,000): the store refuses the request whole. (The reserved MQS_PSEQ property, the other
-    way a caller's input could cause that, is refused at the call now.)"""
+    its 10,000): the store refuses the request whole, answering it in its turn on the stream,
+    which goes on: the sends after it travel on the same stream (no reconnect, no retry).
+    (The reserved MQS_PSEQ property, the other way a caller's input could cause that, is
+    refused at the call now.)"""
     wide = MessageLimits(batch_messages_max=20_000)
     with Producer(settings, linger_ms=10_000, batch_messages=12_000, limits=wide) as p:
+        before = p.send_sync(topic, b"before")
         bad = [p.send(topic, b"x") for _ in range(12_000)]  # one request, sealed when full
         p.flush()
         good = p.send_sync(topic, b"after")
+        assert (p.stats.reconnects, p.stats.retries) == (0, 0)
     with pytest.raises(InvalidArgument) as info:
         bad[0].result()
     assert "over the 10000 limit" in info.value.details and info.value.field == "batches"
     assert all(f.exception() is not None for f in bad)
-    assert good.queue_offset >= 0 and p.stats.failed == 12_000
+    # Nothing of the refused request was stored between the two good ones.
+    assert good.commit_log_offset == before.commit_log_offset + before.size
+    assert p.stats.failed == 12_000
 
 
 def test_a_full_disk_fails_sends_with_resource_exhausted_and_sends_resume_after(

@@ -48,9 +48,11 @@ from commitlog_testlib import (
 
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig
-from mqstore.errors import CorruptRecord, DataLoss, StorageError
+from mqstore.errors import CorruptRecord, DataLoss, StoreLocked
 from mqstore.formats.record import Record
+from mqstore.storage import log_repair
 from mqstore.storage.mapped_file import offset_to_file_name
+from mqstore.storage.mapped_file_queue import ShortSegmentError
 
 FILE = 4096
 COUNT = 30
@@ -165,17 +167,121 @@ def test_durable_bytes_lost_counts_every_byte_between_the_cut_and_f(
         log.close()
 
 
-def test_segment_file_physically_truncated_refuses_to_load_and_releases_the_lock(
+# -- segment files shorter than the segment size ------------------------------------------
+
+
+def _segment(config: CommitLogConfig, index: int) -> str:
+    return os.path.join(config.commitlog_dir, offset_to_file_name(index * FILE))
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [
+        1,  # nothing whole is left in it: the log ends where it begins
+        SIZE,  # exactly its first record
+        SIZE + 100,  # in the middle of its second record
+        5 * SIZE,  # at a record boundary
+        11 * SIZE + 221,  # one byte short of its last record
+        FILE - 100,  # past every record: only zeros were lost
+    ],
+)
+def test_a_short_newest_segment_is_a_torn_tail_extended_recovered_and_reported(
+    pristine: tuple[Path, list[Stored]], tmp_path: Path, kept: int
+) -> None:
+    """A file system that lost the newest segment's tail (or an operator's partial copy): the
+    segment is extended with zeros to its size and recovered as a torn tail; the records whole
+    in what is left survive, the report and a log line say so, appends resume. (Before: the
+    store refused to load.)"""
+    config, stored = _copy(pristine, tmp_path)
+    newest = _segment(config, 1)
+    os.truncate(newest, kept)
+    survivors = [s for s in stored if s.end <= FILE + kept]
+    end = survivors[-1].end if survivors[-1].offset >= FILE else FILE
+
+    log = _open(config)
+    report = log.recovery
+    assert report is not None
+    assert os.path.getsize(newest) == FILE
+    assert (report.short_segment, report.short_segment_bytes) == (newest, kept)
+    assert log.max_offset == report.end_offset == end
+    assert report.durable_bytes_lost == stored[LAST].end - end  # F was the last record's end
+    assert_log_holds(log, survivors, f"kept {kept}")
+    assert_appends_resume(log, survivors)
+    log.close()
+    log = _open(config)  # and it stays mended
+    assert log.recovery is not None and log.recovery.short_segment == ""
+    log.close()
+
+
+def test_a_short_older_segment_refuses_to_load_naming_it_and_the_repair(
     pristine: tuple[Path, list[Stored]], tmp_path: Path
 ) -> None:
-    """A segment shorter than the configured size is not a tail to repair but a configuration
-    or file-system problem: the load is refused (RocketMQ's doLoad), and the lock is free
-    again so that an operator's second attempt sees the same error, not StoreLocked."""
+    """Not the newest: the lost bytes lie between records that are not, no restart can mend
+    that. The start is refused, naming the file and `mqstore log repair`; nothing on disk
+    changes, and the lock is free again so that a second attempt says the same."""
     config, _ = _copy(pristine, tmp_path)
-    os.truncate(os.path.join(config.commitlog_dir, offset_to_file_name(FILE)), FILE - 100)
+    older = _segment(config, 0)
+    os.truncate(older, 2_000)
+    sizes = {
+        n: os.path.getsize(os.path.join(config.commitlog_dir, n)) for n in segment_names(config)
+    }
     for _ in range(2):
-        with pytest.raises(StorageError, match="bytes"):
+        with pytest.raises(ShortSegmentError) as refused:
             _open(config)
+        assert older in str(refused.value) and "2000 bytes" in str(refused.value)
+        assert f"mqstore log repair {config.data_dir}" in str(refused.value)
+    after = {
+        n: os.path.getsize(os.path.join(config.commitlog_dir, n)) for n in segment_names(config)
+    }
+    assert after == sizes
+
+
+def test_the_repair_ends_the_log_in_the_short_older_segment_and_keeps_what_it_moves(
+    pristine: tuple[Path, list[Stored]], tmp_path: Path
+) -> None:
+    """`log_repair.repair`: the later segments move aside (with a copy of the damaged one), the
+    next start mends the damaged one as a torn tail: the log ends after its last whole record,
+    the loss of durable bytes is reported, queue offsets are rebuilt, appends resume."""
+    config, stored = _copy(pristine, tmp_path)
+    older = _segment(config, 0)
+    os.truncate(older, 2_000)
+    survivors = [s for s in stored if s.end <= 2_000]
+    assert len(survivors) == 9
+
+    plan = log_repair.plan(config.data_dir)
+    assert plan.damaged is not None and plan.damaged.path == older
+    assert [f.name for f in plan.moved] == [offset_to_file_name(FILE)]
+    assert (plan.end_offset, plan.old_end_offset) == (survivors[-1].end, stored[LAST].end)
+    assert plan.records_lost == COUNT - 18  # the later segment's; file 0's lost tail is unknown
+    assert segment_names(config) == [offset_to_file_name(0), offset_to_file_name(FILE)]
+
+    done, aside = log_repair.repair(config.data_dir)
+    assert done.damaged == plan.damaged
+    assert segment_names(config) == [offset_to_file_name(0)]
+    assert sorted(os.listdir(aside)) == [offset_to_file_name(0), offset_to_file_name(FILE)]
+    assert os.path.getsize(os.path.join(aside, offset_to_file_name(FILE))) == FILE
+
+    log = _open(config)
+    report = log.recovery
+    assert report is not None and report.short_segment == older
+    assert log.max_offset == survivors[-1].end
+    assert report.durable_bytes_lost == stored[LAST].end - survivors[-1].end
+    assert_log_holds(log, survivors, "repaired")
+    assert_appends_resume(log, survivors)
+    log.close()
+    assert not log_repair.plan(config.data_dir).needed
+
+
+def test_the_repair_refuses_a_running_store(
+    pristine: tuple[Path, list[Stored]], tmp_path: Path
+) -> None:
+    config, _ = _copy(pristine, tmp_path)
+    log = _open(config)
+    try:
+        with pytest.raises(StoreLocked):
+            log_repair.repair(config.data_dir)
+    finally:
+        log.close()
 
 
 # -- a zeroed page in the middle of the last segment ------------------------------------------

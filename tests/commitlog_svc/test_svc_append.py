@@ -102,27 +102,6 @@ def test_append_stream_answers_pipelined_requests_in_order(
         assert status.flushed_offset >= status.max_offset  # answered = durable
 
 
-def test_a_bad_request_ends_an_append_stream_after_answering_the_ones_before_it(
-    svc: Running,
-) -> None:
-    requests = [
-        pb.AppendRequest(batches=[batch(0, 2)], sequence=1),
-        pb.AppendRequest(batches=[batch(2, 2)], sequence=2),
-        pb.AppendRequest(batches=[], sequence=3),
-        pb.AppendRequest(batches=[batch(4, 2)], sequence=4),
-    ]
-    call = svc.stub.AppendStream(iter(requests), timeout=30)
-    answered: list[pb.AppendResponse] = []
-    with pytest.raises(grpc.RpcError) as failure:
-        for response in call:
-            answered.append(response)
-    assert [r.sequence for r in answered] == [1, 2]
-    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    # the request after the bad one was never stored
-    last = answered[-1]
-    assert svc.status().max_offset == last.commit_log_offsets[-1] + last.sizes[-1]
-
-
 def _too_many() -> pb.AppendRequest:
     return pb.AppendRequest(
         batches=[pb.MessageBatch(topic=TOPIC, queue_ids=[0] * 10_001, bodies=[b"x"] * 10_001)]
@@ -200,6 +179,47 @@ def test_a_bad_append_request_is_invalid_argument_naming_the_field_and_stores_no
     assert code == grpc.StatusCode.INVALID_ARGUMENT, message
     assert got_field == field
     assert svc.status().max_offset == end
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_a_malformed_request_on_an_append_stream_is_answered_alone_and_the_stream_goes_on(
+    svc: Running, case: str
+) -> None:
+    """Good, malformed, good on one stream: both good requests are stored and answered in
+    order; the malformed one is answered in its turn with INVALID_ARGUMENT naming the field,
+    nothing of it stored (before: the stream ended there and the request after it was never
+    answered nor stored)."""
+    make, field = BAD_REQUESTS[case]
+    bad = make()
+    bad.sequence = 2
+    requests = [
+        pb.AppendRequest(batches=[batch(0, 2)], sequence=1),
+        bad,
+        pb.AppendRequest(batches=[batch(2, 3)], sequence=3),
+    ]
+    before = svc.status().max_offset
+    answered = list(svc.stub.AppendStream(iter(requests), timeout=30))
+
+    assert [r.sequence for r in answered] == [1, 2, 3]
+    first, refused, last = answered
+    for good, n in ((first, 2), (last, 3)):
+        assert not good.HasField("error")
+        assert list(good.statuses) == [pb.PUT_OK] * n
+    assert refused.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert refused.error.field == field
+    assert refused.error.message
+    assert list(refused.statuses) == [] and list(refused.commit_log_offsets) == []
+    # Both good requests, and nothing else, were stored: contiguous, in request order.
+    assert first.commit_log_offsets[0] == before
+    assert last.commit_log_offsets[0] == first.commit_log_offsets[-1] + first.sizes[-1]
+    assert svc.status().max_offset == last.commit_log_offsets[-1] + last.sizes[-1]
+    stored = svc.stub.Read(
+        pb.ReadRequest(
+            offsets=[*first.commit_log_offsets, *last.commit_log_offsets],
+            sizes=[*first.sizes, *last.sizes],
+        )
+    )
+    assert [parse(r).body for r in stored.records] == [body_for(i) for i in range(5)]
 
 
 def test_a_property_merely_ending_in_the_reserved_name_is_accepted(svc: Running) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,15 @@ from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
-from tests.commitlog_svc.support import batch, parse, start_process, wait_until
+from mqstore.storage.mapped_file import offset_to_file_name
+from tests.commitlog_svc.support import (
+    FILE_BYTES,
+    PROCESS_ARGS,
+    batch,
+    parse,
+    start_process,
+    wait_until,
+)
 
 PRODUCERS = 3
 PER_CALL = 10
@@ -204,3 +214,107 @@ def test_the_process_refuses_a_second_instance_on_the_same_data_dir(tmp_path: Pa
     finally:
         assert process.stop() == 0
     assert os.path.exists(data / "checkpoint")
+
+
+def _append_segments(stub: pb_grpc.CommitLogStub, segments: int) -> list[tuple[int, int, bytes]]:
+    """(offset, size, body) of every message appended until the log spans `segments` files."""
+    stored: list[tuple[int, int, bytes]] = []
+    first = 0
+    while not stored or stored[-1][0] < (segments - 1) * FILE_BYTES + FILE_BYTES // 2:
+        request = batch(first, 50)
+        response = stub.Append(pb.AppendRequest(batches=[request]), timeout=30)
+        assert set(response.statuses) == {pb.PUT_OK}
+        stored += zip(response.commit_log_offsets, response.sizes, request.bodies, strict=True)
+        first += 50
+    return stored
+
+
+def _segment_path(data: Path, index: int) -> Path:
+    return data / "commitlog" / offset_to_file_name(index * FILE_BYTES)
+
+
+def _assert_log_holds(stub: pb_grpc.CommitLogStub, kept: list[tuple[int, int, bytes]]) -> None:
+    status = stub.GetStatus(pb.GetStatusRequest(), timeout=30)
+    assert status.max_offset == kept[-1][0] + kept[-1][1]
+    read = stub.Read(
+        pb.ReadRequest(offsets=[o for o, _, _ in kept], sizes=[s for _, s, _ in kept]), timeout=30
+    )
+    assert set(read.statuses) == {pb.READ_OK}
+    assert [parse(raw).body for raw in read.records] == [b for _, _, b in kept]
+    after = stub.Append(pb.AppendRequest(batches=[batch(10**6, 3)]), timeout=30)
+    assert set(after.statuses) == {pb.PUT_OK}
+    assert after.commit_log_offsets[0] in (
+        status.max_offset,
+        status.max_offset // FILE_BYTES * FILE_BYTES + FILE_BYTES,
+    )
+
+
+def test_a_short_newest_segment_is_mended_at_start_and_a_short_older_one_needs_the_repair(
+    tmp_path: Path,
+) -> None:
+    """A real `python -m commitlog_svc` start over segment files that lost their tails.
+    Newest: extended with zeros, recovered as a torn tail, said in the log; the records whole
+    in what was left are served, appends resume. Older: the start is refused naming the file
+    and `mqstore log repair`; the repair (dry run: exit 1, nothing changed; --yes: segments
+    moved aside) lets it start, the log ending in that segment. (Before: both refused.)"""
+    data = tmp_path / "log"
+    process = start_process(data)
+    try:
+        with make_channel(process.target) as channel:
+            stored = _append_segments(pb_grpc.CommitLogStub(channel), 3)
+    finally:
+        assert process.stop() == 0
+    newest = max(o for o, _, _ in stored) // FILE_BYTES
+
+    # The newest segment lost its tail in the middle of its third record.
+    in_newest = [m for m in stored if m[0] >= newest * FILE_BYTES]
+    cut = in_newest[2][0] - newest * FILE_BYTES + 50
+    os.truncate(_segment_path(data, newest), cut)
+    again = start_process(data, log_name="short-newest.log")
+    try:
+        with make_channel(again.target) as channel:
+            kept = [m for m in stored if m[0] + m[1] <= newest * FILE_BYTES + cut]
+            assert len(stored) - len(kept) == len(in_newest) - 2
+            _assert_log_holds(pb_grpc.CommitLogStub(channel), kept)
+    finally:
+        assert again.stop() == 0
+    said = (tmp_path / "short-newest.log").read_text()
+    assert str(_segment_path(data, newest)) in said and "extended with zeros" in said
+    assert os.path.getsize(_segment_path(data, newest)) == FILE_BYTES
+
+    # An older segment lost its tail: refused, named, with the repair to run.
+    older = newest - 1
+    cut = 1_000
+    os.truncate(_segment_path(data, older), cut)
+    refused = ServiceProcess(
+        "commitlog_svc",
+        str(data),
+        args=list(PROCESS_ARGS),
+        ports_file=str(tmp_path / "refused.ports.json"),
+        log_path=str(tmp_path / "refused.log"),
+    )
+    refused.start()
+    assert refused.proc is not None
+    assert refused.proc.wait(60) != 0
+    said = (tmp_path / "refused.log").read_text()
+    assert str(_segment_path(data, older)) in said and "not the newest" in said
+    assert f"mqstore log repair {data}" in said
+
+    repair = [sys.executable, "-m", "mqstore.cli", "log", "repair", str(data)]
+    dry = subprocess.run(repair, check=False, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 1, dry.stdout + dry.stderr
+    assert "Lost to the store" in dry.stdout and "--yes" in dry.stdout
+    assert os.path.exists(_segment_path(data, newest))
+    done = subprocess.run(
+        [*repair, "--yes"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not os.path.exists(_segment_path(data, newest))
+
+    repaired = start_process(data, log_name="repaired.log")
+    try:
+        with make_channel(repaired.target) as channel:
+            kept = [m for m in stored if m[0] + m[1] <= older * FILE_BYTES + cut]
+            _assert_log_holds(pb_grpc.CommitLogStub(channel), kept)
+    finally:
+        assert repaired.stop() == 0

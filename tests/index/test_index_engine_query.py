@@ -1,5 +1,6 @@
-"""Key queries: RocketMQ's IndexServiceTest (a huge maximum), chains with collisions, time edges
-at 1-second resolution, the newest-to-oldest file walk, confirmation (#3613) and exact mode."""
+"""Key queries: RocketMQ's IndexServiceTest (a huge maximum), chains with collisions, time windows
+(candidates at the index's 1-second resolution, lookups exact to the millisecond), the
+newest-to-oldest file walk, confirmation (#3613) and exact mode."""
 
 from __future__ import annotations
 
@@ -135,28 +136,55 @@ def test_exact_mode_survives_a_reopen(make_engine: EngineFactory) -> None:
     assert engine.query("T", "Aa", *ALL, 100) == [1100, 900, 700, 500, 300, 100]
 
 
-def test_time_ranges_have_one_second_resolution_from_the_file_begin(
-    make_engine: EngineFactory,
-) -> None:
+TIMED = [
+    msg(0, T0, keys="first"),
+    msg(100, T0 + 999, keys="k"),
+    msg(200, T0 + 1_000, keys="k"),
+    msg(300, T0 + 1_999, keys="k"),
+    msg(400, T0 + 2_000, keys="k"),
+]
+
+
+def test_candidates_cover_every_second_the_range_touches(make_engine: EngineFactory) -> None:
+    """The index keeps whole seconds from the file's begin (1_999 ms reads as 1 s): the walk
+    takes every entry whose second overlaps the range, a superset of the exact answer."""
     engine = make_engine(entry_num=64)
-    # stored times: begin + whole seconds. 1_999 ms after begin reads as begin + 1 s.
-    engine.apply(
-        [
-            msg(0, T0, keys="first"),
-            msg(100, T0 + 999, keys="k"),
-            msg(200, T0 + 1_000, keys="k"),
-            msg(300, T0 + 1_999, keys="k"),
-            msg(400, T0 + 2_000, keys="k"),
-        ]
-    )
+    engine.apply(TIMED)
     k = ("T", "k")
     assert engine.query(*k, T0, T0, 10) == [100]  # 999 ms reads as begin + 0 s
-    assert engine.query(*k, T0 + 1, T0 + 999, 10) == []  # nothing reads inside (0 s, 1 s)
+    assert engine.query(*k, T0 + 1, T0 + 999, 10) == [100]
     assert engine.query(*k, T0 + 1_000, T0 + 1_000, 10) == [300, 200]
-    assert engine.query(*k, T0 + 1_001, T0 + 2_000, 10) == [400]  # 1_999 ms is not found
-    assert engine.query(*k, T0 + 2_000, TIME_MAX_MS, 10) == [400]
+    assert engine.query(*k, T0 + 1_500, T0 + 1_999, 10) == [300, 200]
+    assert engine.query(*k, T0 + 2_001, TIME_MAX_MS, 10) == [400]
     assert engine.query(*k, 0, T0 - 1, 10) == []
-    assert engine.query(*k, T0 + 2_001, TIME_MAX_MS, 10) == []
+    assert engine.query(*k, T0 + 3_000, TIME_MAX_MS, 10) == []
+
+
+@pytest.mark.parametrize(
+    ("begin", "end", "expected"),
+    [
+        (T0, T0, []),  # nothing stored at begin itself but "first"
+        (T0 + 999, T0 + 999, [100]),
+        (T0 + 1, T0 + 999, [100]),
+        (T0 + 1_000, T0 + 1_000, [200]),
+        (T0 + 1_001, T0 + 1_999, [300]),  # 1_999 ms: lost at one-second resolution
+        (T0 + 1_999, T0 + 1_999, [300]),
+        (T0 + 1_500, T0 + 1_998, []),
+        (T0 + 999, T0 + 2_000, [400, 300, 200, 100]),
+        (T0 + 2_000, TIME_MAX_MS, [400]),
+        (T0 + 2_001, TIME_MAX_MS, []),
+        (0, T0 - 1, []),
+    ],
+)
+def test_a_lookup_window_is_exact_to_the_millisecond(
+    make_engine: EngineFactory, begin: int, end: int, expected: list[int]
+) -> None:
+    """A key lookup answers exactly the messages stored within [begin, end], both inclusive, to
+    the millisecond: the candidates' records are read to confirm them, and their store times
+    decide (RocketMQ's one-second resolution, from the file's begin, lost 1_999 ms here)."""
+    engine = make_engine(entry_num=64)
+    engine.apply(TIMED)
+    assert engine.lookup("T", "k", begin, end, 10, CountingFetch(TIMED)) == expected
 
 
 def test_files_are_searched_newest_first_and_only_when_their_times_overlap(

@@ -99,11 +99,14 @@ def test_answers_are_newest_first_and_at_most_the_maximum(
     assert offsets_of(huge) == newest_first[:100]  # the replica's cap, not an allocation
 
 
-def test_time_ranges_select_by_store_time_at_one_second_resolution(
+def test_time_windows_are_exact_to_the_millisecond(
     commitlog_stub: CommitLog, replica: Replica
 ) -> None:
+    """QueryByKey's window holds exactly the messages whose store time lies in it, both ends
+    inclusive, to the millisecond (index.proto). The index keeps whole seconds from its file's
+    begin, as RocketMQ's does: a window of the store time alone found nothing before."""
     early = append(commitlog_stub, "Timed", [("t", "")] * 3)
-    # The next batch is stored at least two seconds later: clear of the index's resolution.
+    # The next batch is stored at least two seconds later.
     assert wait_until(lambda: time.time() * 1000 >= early.store_timestamp_ms + 2_000, 10)
     late = append(commitlog_stub, "Timed", [("t", "")] * 2)
     wait_applied(replica.stub, late.end_offset)
@@ -112,18 +115,25 @@ def test_time_ranges_select_by_store_time_at_one_second_resolution(
 
     everything = sorted(early.offsets + late.offsets, reverse=True)
     assert offsets_of(by_key(replica, "Timed", "t")) == everything
-    assert offsets_of(by_key(replica, "Timed", "t", end_timestamp_ms=t_early)) == sorted(
-        early.offsets, reverse=True
-    )
-    # An entry's time is read in whole seconds from its file's begin, so it lies within the
-    # second up to its store time: a range from 999 ms before the store time finds it.
-    assert offsets_of(by_key(replica, "Timed", "t", begin_timestamp_ms=t_late - 999)) == sorted(
-        late.offsets, reverse=True
-    )
     for stored in (early, late):
         t = stored.store_timestamp_ms
-        found = by_key(replica, "Timed", "t", begin_timestamp_ms=t - 999, end_timestamp_ms=t)
-        assert offsets_of(found) == sorted(stored.offsets, reverse=True)
+        newest_first = sorted(stored.offsets, reverse=True)
+        exact = by_key(replica, "Timed", "t", begin_timestamp_ms=t, end_timestamp_ms=t)
+        assert offsets_of(exact) == newest_first
+        assert offsets_of(by_key(replica, "Timed", "t", begin_timestamp_ms=t)) == sorted(
+            [o for o in everything if o >= stored.offsets[0]], reverse=True
+        )
+        assert offsets_of(by_key(replica, "Timed", "t", end_timestamp_ms=t)) == sorted(
+            [o for o in everything if o <= stored.offsets[-1]], reverse=True
+        )
+        # A millisecond either side of the store time leaves the batch out.
+        assert offsets_of(by_key(replica, "Timed", "t", begin_timestamp_ms=t + 1)) == sorted(
+            [o for o in everything if o > stored.offsets[-1]], reverse=True
+        )
+        before = by_key(replica, "Timed", "t", begin_timestamp_ms=1, end_timestamp_ms=t - 1)
+        assert offsets_of(before) == sorted(
+            [o for o in everything if o < stored.offsets[0]], reverse=True
+        )
     # A range before anything was stored finds nothing.
     assert offsets_of(by_key(replica, "Timed", "t", begin_timestamp_ms=1, end_timestamp_ms=2)) == []
 

@@ -164,3 +164,66 @@ def test_rebuilt_files_audit_clean_too(spark: Any, log_store: LogStore, rebuilt:
         units_per_file=UNITS_PER_FILE,
     )
     assert report.ok, [f.line() for f in report.findings]
+
+
+def test_one_zeroed_unit_is_one_finding_and_the_units_after_it_compare_as_they_are(
+    spark: Any, log_store: LogStore, tmp_path: Path
+) -> None:
+    """A consume-queue unit zeroed in the middle of a file: exactly one finding, missing, that
+    says the unit is invalid (before: reading stopped there and every later unit of the file
+    was reported missing)."""
+    cq = tmp_path / "cq"
+    shutil.copytree(log_store.cq_dir, cq)
+    _poke(cq / "consumequeue" / "orders" / "0" / offset_to_file_name(0), 3 * 20, bytes(20))
+    report = audit.audit(
+        spark, str(log_store.log_dir), cq_dir=str(cq), index_dir=None, units_per_file=UNITS_PER_FILE
+    )
+    assert [(f.kind, f.location) for f in report.findings] == [("missing", "orders/0@3")]
+    assert "invalid" in report.findings[0].detail
+    assert [report.count(k) for k in audit.KINDS] == [1, 0, 0]
+    assert audit.summary(report).endswith("1 missing, 0 extra, 0 mismatched")
+
+
+def test_counts_are_exact_when_the_listing_is_capped() -> None:
+    """A queue with more findings of a kind than are listed: the rest of each kind is one line
+    of that kind, and the summary counts every finding (before: 1,000 of any kind were counted,
+    and the rest as one "mismatched")."""
+    cap = audit.FINDINGS_PER_GROUP_MAX
+    out = audit._Capped("cq", "t/0")
+    for i in range(cap + 500):
+        out.add("missing", f"@{i}", "unit not in the files")
+    for i in range(3):
+        out.add("mismatched", f"@{10_000 + i}", "unit differs")
+    report = audit.AuditReport(findings=out.findings())
+    assert [report.count(k) for k in audit.KINDS] == [cap + 500, 0, 3]
+    assert sum(1 for f in report.findings if f.kind == "missing") == cap + 1
+    assert report.findings[-1].line() == "cq missing t/0: 500 more missing not listed"
+    # The same through the frame Spark carries between the tasks and the driver.
+    rows = out.frame().itertuples(index=False)
+    again = audit.AuditReport(findings=[audit.Finding(*r) for r in rows])
+    assert [again.count(k) for k in audit.KINDS] == [cap + 500, 0, 3]
+    assert f"{cap + 500} missing, 0 extra, 3 mismatched" in audit.summary(again)
+
+
+@pytest.mark.parametrize("wrong", ["empty dir", "commit log's dir", "no such dir"])
+def test_a_wrong_cq_path_is_a_usage_error_not_a_damaged_store(
+    log_store: LogStore, tmp_path: Path, wrong: str
+) -> None:
+    path = {
+        "empty dir": tmp_path,
+        "commit log's dir": log_store.log_dir,
+        "no such dir": tmp_path / "nowhere",
+    }[wrong]
+    result = CliRunner().invoke(cli, ["spark", "audit", str(log_store.log_dir), "--cq", str(path)])
+    assert result.exit_code == audit.EXIT_USAGE, result.output
+    assert str(path) in result.output and "DIFFERENCES" not in result.output
+
+
+def test_a_wrong_log_or_index_path_is_a_usage_error(log_store: LogStore, tmp_path: Path) -> None:
+    for args in (
+        [str(tmp_path), "--cq", str(log_store.cq_dir)],
+        [str(log_store.log_dir), "--index", str(tmp_path)],
+    ):
+        result = CliRunner().invoke(cli, ["spark", "audit", *args])
+        assert result.exit_code == audit.EXIT_USAGE, result.output
+        assert str(tmp_path) in result.output

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import mqstore.spark as mqstore_spark
 from mqstore.client import Admin, Consumer, Producer
 from tests.e2e.cluster import Cluster
 from tests.spark.conftest import connection_options
@@ -207,3 +208,62 @@ def test_a_read_topic_written_to_another_keeps_messages_and_properties(
         for column in ("queueId", "tags", "keys", "body"):
             assert row[column] == a[uniq][column]
         assert row["properties"]["p"] == a[uniq]["properties"]["p"]
+
+
+def _rows(spark: Any, n: int, partitions: int, *, changed: dict[int, str] | None = None) -> Any:
+    changed = changed or {}
+    rows = [(changed.get(i, f"row-{i}").encode(), [f"k-{i % 7}"]) for i in range(n)]
+    return spark.createDataFrame(rows, "body binary, keys array<string>").repartition(partitions)
+
+
+def test_a_rerun_in_another_partitioning_stores_nothing_more_and_says_so(
+    spark: Any, mqstore_cluster: Cluster
+) -> None:
+    """The same rows under the same writeId, split 2 ways, then 5, then 1: stored once (before:
+    a rerun in another partitioning stored every row again). Each run reports what it did."""
+    topic = "spark-write-repartitioned"
+    options = {**connection_options(mqstore_cluster), "topic": topic, "writeId": "parts-1"}
+    first = mqstore_spark.write(_rows(spark, 300, 2), **options, writeBatchMessages="40")
+    assert (first.rows, first.stored, first.already_stored, first.rerun) == (300, 300, 0, False)
+    assert first.topics == {topic: 300} and first.write_id == "parts-1"
+    for partitions in (5, 1):
+        again = mqstore_spark.write(_rows(spark, 300, partitions), **options)
+        assert (again.rows, again.stored, again.already_stored, again.rerun) == (300, 0, 300, True)
+    bodies = all_bodies(mqstore_cluster, topic)
+    assert sorted(bodies) == sorted(f"row-{i}".encode() for i in range(300))
+
+
+@pytest.mark.parametrize(
+    ("n", "changed", "named"),
+    [
+        (300, {17: "another body"}, "the bodies differ"),
+        (301, {}, "300 rows then, 301 now"),
+    ],
+)
+def test_a_write_id_reused_for_other_rows_fails_naming_the_difference(
+    spark: Any, mqstore_cluster: Cluster, n: int, changed: dict[int, str], named: str
+) -> None:
+    """Before: the store answered the reused id's requests as duplicates, stored none of the
+    new rows and said nothing. Now the write fails, naming what differs, and sends nothing."""
+    topic = f"spark-write-reused-{n}"
+    options = {**connection_options(mqstore_cluster), "topic": topic, "writeId": f"reuse-{n}"}
+    mqstore_spark.write(_rows(spark, 300, 2), **options)
+    with pytest.raises(Exception, match=f"writeId 'reuse-{n}' was used by an earlier write") as e:
+        mqstore_spark.write(_rows(spark, n, 3, changed=changed), **options)
+    assert named in str(e.value) and "nothing of this run was stored" in str(e.value)
+    bodies = all_bodies(mqstore_cluster, topic)
+    assert sorted(bodies) == sorted(f"row-{i}".encode() for i in range(300))
+
+
+def test_without_a_write_id_each_run_is_a_write_of_its_own(
+    spark: Any, mqstore_cluster: Cluster
+) -> None:
+    """No writeId: nothing tells a rerun from a second write of equal rows, so each run
+    stores its rows (README: give a writeId to make a job re-runnable)."""
+    topic = "spark-write-no-id"
+    options = {**connection_options(mqstore_cluster), "topic": topic}
+    for _ in range(2):
+        report = mqstore_spark.write(_rows(spark, 20, 2), **options)
+        assert (report.rows, report.stored, report.already_stored) == (20, 20, 0)
+        assert report.write_id == ""
+    assert len(all_bodies(mqstore_cluster, topic)) == 40

@@ -18,7 +18,7 @@ import pytest
 from mqstore.errors import DiskFull, InvariantViolation
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import MappedFile, offset_to_file_name
-from mqstore.storage.mapped_file_queue import MappedFileQueue, StoreLoadError
+from mqstore.storage.mapped_file_queue import MappedFileQueue, ShortSegmentError, StoreLoadError
 from mqstore.storage.simdisk import SimDisk
 
 from .helpers import PAGE, append_stream, make_full_files, pattern, queue_bytes, set_mtime_ms
@@ -319,6 +319,59 @@ def test_load_refuses_any_other_wrong_sized_file(
         queue.load()
     assert queue.files == []
     assert disk.listdir(store_dir) == names_before  # nothing deleted on a refused load
+
+
+def put_short_file(disk: Disk, store_dir: str, name: str, content: bytes) -> str:
+    """A segment that lost its tail: `content`, nothing after it."""
+    disk.makedirs(store_dir)
+    path = os.path.join(store_dir, name)
+    disk.write(path, content)
+    disk.fsync_dir(store_dir)
+    return path
+
+
+@pytest.mark.parametrize("trailing_empty", [False, True])
+def test_a_short_newest_file_is_extended_with_zeros_when_asked(
+    disk: Disk, store_dir: str, trailing_empty: bool
+) -> None:
+    """restore_short_last (the commit log's load): the newest file with data, short, is
+    extended to the file size with zeros after what it held, and returned; a zero-length file
+    after it is still an interrupted creation, deleted."""
+    put_file(disk, store_dir, offset_to_file_name(0), FS)
+    content = bytes(range(1, 201))
+    short = put_short_file(disk, store_dir, offset_to_file_name(FS), content)
+    if trailing_empty:
+        put_file(disk, store_dir, offset_to_file_name(2 * FS), 0)
+    queue = MappedFileQueue(disk, store_dir, FS)
+    found = queue.load(restore_short_last=True)
+    assert found is not None
+    assert (found.path, found.found_bytes, found.file_bytes) == (short, 200, FS)
+    assert [mf.file_from_offset for mf in queue.files] == [0, FS]
+    assert disk.size(short) == FS
+    assert disk.read(short) == content + bytes(FS - 200)
+    assert disk.listdir(store_dir) == [offset_to_file_name(0), offset_to_file_name(FS)]
+    queue.shutdown()
+    again = MappedFileQueue(disk, store_dir, FS)
+    assert again.load(restore_short_last=True) is None
+    again.shutdown()
+
+
+@pytest.mark.parametrize("size", [0, 1, FS // 2, FS - 1])
+def test_a_short_older_file_refuses_naming_it_and_changes_nothing(
+    disk: Disk, store_dir: str, size: int
+) -> None:
+    put_file(disk, store_dir, offset_to_file_name(0), FS)
+    older = put_short_file(disk, store_dir, offset_to_file_name(FS), bytes(size))
+    put_short_file(disk, store_dir, offset_to_file_name(2 * FS), b"\x01" * 10)  # short too
+    names = disk.listdir(store_dir)
+    queue = MappedFileQueue(disk, store_dir, FS)
+    with pytest.raises(ShortSegmentError) as refused:
+        queue.load(restore_short_last=True)
+    assert refused.value.path == older and refused.value.found_bytes == size
+    assert older in str(refused.value) and "not the newest" in str(refused.value)
+    assert queue.files == []
+    assert disk.listdir(store_dir) == names
+    assert disk.size(os.path.join(store_dir, offset_to_file_name(2 * FS))) == 10
 
 
 def test_loaded_files_count_as_full_until_set_positions(disk: Disk, store_dir: str) -> None:

@@ -4,15 +4,21 @@
         [--units-per-file 300000] [--end-offset N] [--findings-max 1000] [--master URL]
 
 Exit status: 0 when nothing differs, 1 when any entry is missing, extra or mismatched, 2 on
-bad arguments. One line per finding (up to --findings-max), then a summary.
+bad arguments (a LOG_DIR that is no commit log, a --cq that is no cq_svc data dir of the FILE
+store, an --index without an index checkpoint: a wrong path is never reported as a damaged
+store). One line per finding (up to --findings-max), then a summary whose counts are exact:
+a queue or index file lists at most 1,000 findings of each kind, then one line saying how many
+more of that kind it has, and the summary counts them all.
 
 What the log says each file should hold is built as the rebuild job builds it (derived.py),
 in memory, one consume queue or one index file per task, and compared with the files the
 services wrote (read-only; a running service may be writing beside the audit):
 
     structure  finding     meaning
-    cq         missing     a unit the log implies is not in the queue's files (or is invalid,
-                           which ends the queue for cq_svc's recovery)
+    cq         missing     a unit the log implies is not in the queue's files, or is invalid
+                           there (zeroed, say: a pull finds no message and cq_svc's recovery
+                           would end the queue there); the units after it are compared as they
+                           are, so one damaged unit is one finding
     cq         extra       a valid unit at a queue offset the log does not fill
     cq         mismatched  the unit at that queue offset differs (offset, size, tags code), or
                            its time entry fails its check or holds another time
@@ -31,6 +37,7 @@ is (a retention that deleted segments and index files makes the oldest differ).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -54,10 +61,13 @@ from mqstore.spark.jobs.rebuild import (
     queue_entries_df,
     queue_entries_of,
 )
+from mqstore.storage.logreader import list_segments
 
-FINDINGS_SCHEMA: Final = "structure STRING, kind STRING, location STRING, detail STRING"
-# Findings kept per queue or index file: a queue whose file was lost would otherwise list every
-# unit; the count of the rest is still reported in one more finding.
+FINDINGS_SCHEMA: Final = (
+    "structure STRING, kind STRING, location STRING, detail STRING, findings LONG"
+)
+# Findings listed per kind in a queue or index file: a queue whose file was lost would
+# otherwise list every unit; the rest are counted in one more line of that kind.
 FINDINGS_PER_GROUP_MAX: Final = 1_000
 FINDINGS_PRINTED_DEFAULT: Final = 1_000
 KINDS: Final = ("missing", "extra", "mismatched")
@@ -72,10 +82,14 @@ pd: Any = importlib.import_module("pandas")
 
 @dataclass(frozen=True, slots=True)
 class Finding:
+    """One line of the report: one finding, or (`findings` > 1) the count of those of its
+    kind and location that were not listed one by one."""
+
     structure: str
     kind: str
     location: str
     detail: str
+    findings: int = 1
 
     def line(self) -> str:
         return f"{self.structure} {self.kind} {self.location}: {self.detail}"
@@ -90,7 +104,8 @@ class AuditReport:
     findings: list[Finding] = field(default_factory=list)
 
     def count(self, kind: str) -> int:
-        return sum(1 for f in self.findings if f.kind == kind)
+        """Every finding of `kind`, listed or not."""
+        return sum(f.findings for f in self.findings if f.kind == kind)
 
     @property
     def ok(self) -> bool:
@@ -98,24 +113,37 @@ class AuditReport:
 
 
 class _Capped:
+    """The findings of one queue or index file: listed up to FINDINGS_PER_GROUP_MAX per kind,
+    every one counted."""
+
     def __init__(self, structure: str, location: str) -> None:
         self.structure = structure
         self.location = location
-        self.rows: list[list[str]] = []
-        self.dropped = 0
+        self.rows: list[Finding] = []
+        self.listed: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.unlisted: dict[str, int] = dict.fromkeys(KINDS, 0)
 
     def add(self, kind: str, where: str, detail: str) -> None:
-        if len(self.rows) < FINDINGS_PER_GROUP_MAX:
-            self.rows.append([self.structure, kind, f"{self.location}{where}", detail])
+        if self.listed[kind] < FINDINGS_PER_GROUP_MAX:
+            self.listed[kind] += 1
+            self.rows.append(Finding(self.structure, kind, f"{self.location}{where}", detail))
         else:
-            self.dropped += 1
+            self.unlisted[kind] += 1
+
+    def findings(self) -> list[Finding]:
+        out = list(self.rows)
+        for kind, n in self.unlisted.items():
+            if n:
+                out.append(
+                    Finding(self.structure, kind, self.location, f"{n} more {kind} not listed", n)
+                )
+        return out
 
     def frame(self) -> Any:
-        rows = list(self.rows)
-        if self.dropped:
-            rows.append([self.structure, "mismatched", self.location,
-                         f"{self.dropped} more findings not listed"])  # fmt: skip
-        return pd.DataFrame(rows, columns=["structure", "kind", "location", "detail"])
+        return pd.DataFrame(
+            [dataclasses.astuple(f) for f in self.findings()],
+            columns=["structure", "kind", "location", "detail", "findings"],
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +159,8 @@ def audit_queue(
     end_offset: int,
     out: _Capped,
 ) -> None:
-    live = derived.read_queue_units(cq_dir, topic, queue_id, units_per_file)
+    found = derived.read_queue_units(cq_dir, topic, queue_id, units_per_file)
+    live = found.units
     want: dict[int, tuple[int, int, int, int]] = {}
     if expected is not None:
         for i, row in enumerate(expected.rows):
@@ -140,7 +169,12 @@ def audit_queue(
         phy, size, tags, t = want[off]
         got = live.get(off)
         if got is None:
-            out.add("missing", f"@{off}", f"unit ({phy}, {size}, {tags}) not in the files")
+            where = (
+                "invalid in the files (zeroed?): a pull finds no message there"
+                if off in found.invalid
+                else "not in the files"
+            )
+            out.add("missing", f"@{off}", f"unit ({phy}, {size}, {tags}) {where}")
             continue
         if got[:3] != (phy, size, tags):
             out.add("mismatched", f"@{off}", f"unit {got[:3]}, the log says {(phy, size, tags)}")
@@ -152,6 +186,8 @@ def audit_queue(
         blank = phy == 0 and size == BLANK_SIZE
         if phy < end_offset or blank:
             out.add("extra", f"@{off}", f"unit ({phy}, {size}, {tags}) the log does not imply")
+    for off in sorted(found.invalid - set(want)):
+        out.add("extra", f"@{off}", "an invalid unit (zeroed?) where the log implies none")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +325,7 @@ def _audit_cqs(log_df: Any, cq_dir: str, upf: int, end: int, report: AuditReport
         if (topic, qid) not in in_log:
             out = _Capped("cq", f"{topic}/{qid}")
             audit_queue(cq_dir, topic, qid, None, upf, end, out)
-            found.extend(Finding(*r) for r in out.rows)
+            found.extend(out.findings())
     report.findings.extend(sorted(found, key=lambda f: (f.location, f.kind)))
 
 
@@ -313,7 +349,7 @@ def _audit_index(
     for file_no in range(implied, len(paths)):
         out = _Capped("index", os.path.basename(paths[file_no]))
         audit_index_file(paths[file_no], None, geometry, end, out)
-        found.extend(Finding(*r) for r in out.rows)
+        found.extend(out.findings())
     report.findings.extend(sorted(found, key=lambda f: (f.location, f.kind)))
 
 
@@ -353,15 +389,30 @@ def summary(report: AuditReport) -> str:
 def print_report(report: AuditReport, findings_max: int) -> None:
     for finding in report.findings[:findings_max]:
         print(finding.line())
-    if len(report.findings) > findings_max:
-        print(f"... {len(report.findings) - findings_max} more findings")
+    rest = report.findings[findings_max:]
+    if rest:
+        print(f"... {sum(f.findings for f in rest)} more findings not printed (--findings-max)")
     print(summary(report))
+
+
+def check_paths(log_dir: str, cq_dir: str | None, index_dir: str | None) -> None:
+    """InvalidArgument for a path that is not what its argument names (before any Spark)."""
+    list_segments(log_dir)
+    if cq_dir is not None:
+        derived.check_cq_data_dir(cq_dir)
+    if index_dir is not None:
+        live_index_files(index_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.cq is None and args.index is None:
         print("audit: give --cq, --index or both", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        check_paths(args.log_dir, args.cq, args.index)
+    except InvalidArgument as err:
+        print(f"audit: {err}", file=sys.stderr)
         return EXIT_USAGE
     spark, owned = session_for_main("mqstore-audit", args.master)
     try:

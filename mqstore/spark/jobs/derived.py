@@ -46,6 +46,7 @@ from mqstore.storage.mapped_file import file_name_to_offset, offset_to_file_name
 
 CQ_UNITS_TREE = "consumequeue"
 CQ_TIMES_TREE = "consumequeue_time"
+CQ_ROCKSDB_DIR = "cq_rocksdb"  # cq_svc's RocksDB store (not read here)
 INDEX_SUBDIR = "index"
 INDEX_CHECKPOINT = "checkpoint"
 # cq_svc's default (RocketMQ's mappedFileSizeConsumeQueue / 20).
@@ -157,13 +158,23 @@ def write_queue(cq_dir: str, topic: str, queue_id: int, image: QueueImage) -> in
     return n
 
 
-def read_queue_units(
-    cq_dir: str, topic: str, queue_id: int, units_per_file: int
-) -> dict[int, tuple[int, int, int, int | None]]:
-    """What a cq_svc data dir holds for a queue: queue offset -> (phy, size, tags, indexed time
-    or None when the time entry fails its check or is missing), every valid unit (blanks
-    included; reading stops at a file's first invalid unit, as recovery would)."""
-    out: dict[int, tuple[int, int, int, int | None]] = {}
+@dataclass(slots=True)
+class LiveUnits:
+    """What a cq_svc data dir holds for a queue. `units`: queue offset -> (phy, size, tags,
+    indexed time or None when the time entry fails its check or is missing), every valid unit,
+    blanks included. `invalid`: the queue offsets of units that are not valid (zeroed, say)
+    yet lie below a valid unit of the same file: damage in the middle, where a pull finds no
+    message and cq_svc's recovery would end the queue. Invalid units after a file's last valid
+    one are its unwritten space, not listed."""
+
+    units: dict[int, tuple[int, int, int, int | None]] = field(default_factory=dict)
+    invalid: set[int] = field(default_factory=set)
+
+
+def read_queue_units(cq_dir: str, topic: str, queue_id: int, units_per_file: int) -> LiveUnits:
+    """Every unit a cq_svc data dir holds for a queue (LiveUnits): each file is read whole, past
+    an invalid unit too, so that one damaged unit is one finding, not the rest of its file."""
+    out = LiveUnits()
     udir = os.path.join(cq_dir, CQ_UNITS_TREE, topic, str(queue_id))
     tdir = os.path.join(cq_dir, CQ_TIMES_TREE, topic, str(queue_id))
     if not os.path.isdir(udir):
@@ -180,15 +191,37 @@ def read_queue_units(
         if os.path.exists(tpath):
             with open(tpath, "rb") as f:
                 times = f.read()
+        invalid: list[int] = []
         for i in range(min(len(units) // UNIT_BYTES, units_per_file)):
             phy, size, tags = UNIT.unpack_from(units, i * UNIT_BYTES)
             if not cq_unit.is_valid(phy, size):
-                break
+                invalid.append(first + i)
+                continue
             unit = units[i * UNIT_BYTES : (i + 1) * UNIT_BYTES]
             entry = times[i * TIME_BYTES : (i + 1) * TIME_BYTES]
             t = decode_time(unit, entry) if len(entry) == TIME_BYTES else None
-            out[first + i] = (phy, size, tags, t)
+            out.units[first + i] = (phy, size, tags, t)
+            out.invalid.update(invalid)  # below this valid unit: damage, not unwritten space
+            invalid.clear()
     return out
+
+
+def check_cq_data_dir(cq_dir: str) -> None:
+    """InvalidArgument unless `cq_dir` is a cq_svc data dir of the FILE store (what the audit
+    reads): a wrong path must not read as a store whose every unit is missing."""
+    if not os.path.isdir(cq_dir):
+        raise InvalidArgument(f"{cq_dir} is not a directory")
+    units = os.path.isdir(os.path.join(cq_dir, CQ_UNITS_TREE))
+    if not units and os.path.isdir(os.path.join(cq_dir, CQ_ROCKSDB_DIR)):
+        raise InvalidArgument(
+            f"{cq_dir} holds a RocksDB consume-queue store ({CQ_ROCKSDB_DIR}/): the audit reads "
+            "the FILE store's files"
+        )
+    if not units and not os.path.exists(os.path.join(cq_dir, cq_checkpoint.FILE_NAME)):
+        raise InvalidArgument(
+            f"{cq_dir} is not a cq_svc data dir: it holds neither {CQ_UNITS_TREE}/ nor "
+            f"{cq_checkpoint.FILE_NAME}"
+        )
 
 
 def list_queues(cq_dir: str) -> list[tuple[str, int]]:

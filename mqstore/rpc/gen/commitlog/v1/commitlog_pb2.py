@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mqstore.rpc.gen.common.v1 import common_pb2 as mqstore_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$mqstore/commitlog/v1/commitlog.proto\x12\x14mqstore.commitlog.v1\x1a\x1emqstore/common/v1/common.proto\"\xea\x01\n\x0cMessageBatch\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tqueue_ids\x18\x02 \x03(\x05\x12\x0e\n\x06\x62odies\x18\x03 \x03(\x0c\x12\x12\n\nproperties\x18\x04 \x03(\x0c\x12\x11\n\tsys_flags\x18\x05 \x03(\x05\x12\x10\n\x08sys_flag\x18\x06 \x01(\x05\x12\x0c\n\x04\x66lag\x18\x07 \x01(\x05\x12\x19\n\x11\x62orn_timestamp_ms\x18\x08 \x01(\x03\x12\x11\n\tborn_host\x18\t \x01(\t\x12\x17\n\x0freconsume_times\x18\n \x01(\x05\x12\x1a\n\x12prepared_tx_offset\x18\x0b \x01(\x03\"k\n\rAppendRequest\x12\x33\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\".mqstore.commitlog.v1.MessageBatch\x12\x13\n\x0bproducer_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"h\n\x07Refusal\x12\r\n\x05index\x18\x01 \x01(\x05\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.mqstore.commitlog.v1.PutStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x66ield\x18\x04 \x01(\t\"\x8b\x02\n\x0e\x41ppendResponse\x12\x31\n\x08statuses\x18\x01 \x03(\x0e\x32\x1f.mqstore.commitlog.v1.PutStatus\x12\x1a\n\x12\x63ommit_log_offsets\x18\x02 \x03(\x03\x12\r\n\x05sizes\x18\x03 \x03(\x05\x12\x15\n\rqueue_offsets\x18\x04 \x03(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x05 \x01(\x03\x12\x12\n\nstore_host\x18\x06 \x01(\x0c\x12/\n\x08refusals\x18\x07 \x03(\x0b\x32\x1d.mqstore.commitlog.v1.Refusal\x12\x11\n\tduplicate\x18\x08 \x01(\x08\x12\x10\n\x08sequence\x18\t \x01(\x04\"F\n\x0bReadRequest\x12\x0f\n\x07offsets\x18\x01 \x03(\x03\x12\r\n\x05sizes\x18\x02 \x03(\x05\x12\x17\n\x0frecords_as_blob\x18\x03 \x01(\x08\"\x7f\n\x0cReadResponse\x12\x0f\n\x07records\x18\x01 \x03(\x0c\x12\x32\n\x08statuses\x18\x02 \x03(\x0e\x32 .mqstore.commitlog.v1.ReadStatus\x12\x14\n\x0crecords_blob\x18\x03 \x01(\x0c\x12\x14\n\x0crecord_sizes\x18\x04 \x03(\x05\"#\n\x11GetMessageRequest\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\"\xfe\x01\n\x10SubscribeRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x10\n\x08store_id\x18\x02 \x01(\x0c\x12\x18\n\x10\x63onfirmed_offset\x18\x03 \x01(\x03\x12\x19\n\x11max_batch_entries\x18\x04 \x01(\x05\x12\x17\n\x0fmax_batch_bytes\x18\x05 \x01(\x05\x12\x14\n\x0cinclude_keys\x18\x06 \x01(\x08\x12\x17\n\x0finclude_records\x18\x07 \x01(\x08\x12\x11\n\tlinger_ms\x18\x08 \x01(\x05\x12\x31\n\x07history\x18\t \x01(\x0b\x32 .mqstore.commitlog.v1.LogHistory\"3\n\nLogHistory\x12\x0e\n\x06\x65pochs\x18\x01 \x03(\x03\x12\x15\n\rstart_offsets\x18\x02 \x03(\x03\"\xa7\x01\n\tHandshake\x12\x10\n\x08store_id\x18\x01 \x01(\x0c\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x04 \x01(\x03\x12\x31\n\x07history\x18\x05 \x01(\x0b\x32 .mqstore.commitlog.v1.LogHistory\x12\x17\n\x0ftruncate_offset\x18\x06 \x01(\x03\"\xda\x02\n\rDispatchBatch\x12\x14\n\x0cstart_offset\x18\x01 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x15\n\rtopic_indexes\x18\x04 \x03(\x05\x12\x11\n\tqueue_ids\x18\x05 \x03(\x05\x12\x15\n\rqueue_offsets\x18\x06 \x03(\x03\x12\x1a\n\x12\x63ommit_log_offsets\x18\x07 \x03(\x03\x12\r\n\x05sizes\x18\x08 \x03(\x05\x12\x12\n\ntags_codes\x18\t \x03(\x03\x12\x1b\n\x13store_timestamps_ms\x18\n \x03(\x03\x12\x11\n\tsys_flags\x18\x0b \x03(\x05\x12\x0c\n\x04keys\x18\x0c \x03(\t\x12\x11\n\tuniq_keys\x18\r \x03(\t\x12\x16\n\x0e\x63orrupt_starts\x18\x0e \x03(\x03\x12\x14\n\x0c\x63orrupt_ends\x18\x0f \x03(\x03\x12\x0f\n\x07records\x18\x10 \x01(\x0c\"\x88\x01\n\x11SubscribeResponse\x12\x34\n\thandshake\x18\x01 \x01(\x0b\x32\x1f.mqstore.commitlog.v1.HandshakeH\x00\x12\x34\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32#.mqstore.commitlog.v1.DispatchBatchH\x00\x42\x07\n\x05\x66rame\"\xb7\x01\n\x0e\x43onfirmRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x10\n\x08store_id\x18\x02 \x01(\x0c\x12\x18\n\x10\x63onfirmed_offset\x18\x03 \x01(\x03\x12\x1c\n\x0finclude_records\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1c\n\x0f\x63onfirmed_epoch\x18\x05 \x01(\x03H\x01\x88\x01\x01\x42\x12\n\x10_include_recordsB\x12\n\x10_confirmed_epoch\"*\n\x0f\x43onfirmResponse\x12\x17\n\x0fretention_floor\x18\x01 \x01(\x03\"0\n\x17\x46orgetSubscriberRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\"3\n\x18\x46orgetSubscriberResponse\x12\x17\n\x0fretention_floor\x18\x01 \x01(\x03\"\x12\n\x10GetStatusRequest\"\xa5\x01\n\x10SubscriberStatus\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x18\n\x10\x63onfirmed_offset\x18\x02 \x01(\x03\x12\x11\n\tlag_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06lag_ms\x18\x04 \x01(\x03\x12\x11\n\tconnected\x18\x05 \x01(\x08\x12\x13\n\x0bsent_offset\x18\x06 \x01(\x03\x12\x15\n\rupdated_at_ms\x18\x07 \x01(\x03\"\xa2\x02\n\x11GetStatusResponse\x12\x10\n\x08store_id\x18\x01 \x01(\x0c\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x04 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x05 \x01(\x03\x12\r\n\x05\x66lush\x18\x06 \x01(\t\x12\x10\n\x08writable\x18\x07 \x01(\x08\x12;\n\x0bsubscribers\x18\x08 \x03(\x0b\x32&.mqstore.commitlog.v1.SubscriberStatus\x12\x12\n\nstore_host\x18\t \x01(\x0c\x12\x31\n\x07history\x18\n \x01(\x0b\x32 .mqstore.commitlog.v1.LogHistory*\xac\x02\n\tPutStatus\x12\x1a\n\x16PUT_STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06PUT_OK\x10\x01\x12\x16\n\x12\x46LUSH_DISK_TIMEOUT\x10\x02\x12\x17\n\x13\x46LUSH_SLAVE_TIMEOUT\x10\x03\x12\x17\n\x13SLAVE_NOT_AVAILABLE\x10\x04\x12\x19\n\x15SERVICE_NOT_AVAILABLE\x10\x05\x12\x1d\n\x19\x43REATE_MAPPED_FILE_FAILED\x10\x06\x12\x13\n\x0fMESSAGE_ILLEGAL\x10\x07\x12\x1c\n\x18PROPERTIES_SIZE_EXCEEDED\x10\x08\x12\x16\n\x12OS_PAGE_CACHE_BUSY\x10\t\x12\x11\n\rUNKNOWN_ERROR\x10\n\x12\x15\n\x11\x46LUSH_DISK_FAILED\x10\x0b*B\n\nReadStatus\x12\x0b\n\x07READ_OK\x10\x00\x12\x15\n\x11READ_OUT_OF_RANGE\x10\x01\x12\x10\n\x0cREAD_CORRUPT\x10\x02\x32\xea\x05\n\tCommitLog\x12S\n\x06\x41ppend\x12#.mqstore.commitlog.v1.AppendRequest\x1a$.mqstore.commitlog.v1.AppendResponse\x12]\n\x0c\x41ppendStream\x12#.mqstore.commitlog.v1.AppendRequest\x1a$.mqstore.commitlog.v1.AppendResponse(\x01\x30\x01\x12M\n\x04Read\x12!.mqstore.commitlog.v1.ReadRequest\x1a\".mqstore.commitlog.v1.ReadResponse\x12Q\n\nGetMessage\x12\'.mqstore.commitlog.v1.GetMessageRequest\x1a\x1a.mqstore.common.v1.Message\x12^\n\tSubscribe\x12&.mqstore.commitlog.v1.SubscribeRequest\x1a\'.mqstore.commitlog.v1.SubscribeResponse0\x01\x12V\n\x07\x43onfirm\x12$.mqstore.commitlog.v1.ConfirmRequest\x1a%.mqstore.commitlog.v1.ConfirmResponse\x12\\\n\tGetStatus\x12&.mqstore.commitlog.v1.GetStatusRequest\x1a\'.mqstore.commitlog.v1.GetStatusResponse\x12q\n\x10\x46orgetSubscriber\x12-.mqstore.commitlog.v1.ForgetSubscriberRequest\x1a..mqstore.commitlog.v1.ForgetSubscriberResponseB\x1b\n\x17io.mqstore.commitlog.v1P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$mqstore/commitlog/v1/commitlog.proto\x12\x14mqstore.commitlog.v1\x1a\x1emqstore/common/v1/common.proto\"\xea\x01\n\x0cMessageBatch\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tqueue_ids\x18\x02 \x03(\x05\x12\x0e\n\x06\x62odies\x18\x03 \x03(\x0c\x12\x12\n\nproperties\x18\x04 \x03(\x0c\x12\x11\n\tsys_flags\x18\x05 \x03(\x05\x12\x10\n\x08sys_flag\x18\x06 \x01(\x05\x12\x0c\n\x04\x66lag\x18\x07 \x01(\x05\x12\x19\n\x11\x62orn_timestamp_ms\x18\x08 \x01(\x03\x12\x11\n\tborn_host\x18\t \x01(\t\x12\x17\n\x0freconsume_times\x18\n \x01(\x05\x12\x1a\n\x12prepared_tx_offset\x18\x0b \x01(\x03\"k\n\rAppendRequest\x12\x33\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\".mqstore.commitlog.v1.MessageBatch\x12\x13\n\x0bproducer_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\"h\n\x07Refusal\x12\r\n\x05index\x18\x01 \x01(\x05\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.mqstore.commitlog.v1.PutStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x66ield\x18\x04 \x01(\t\"\xbe\x02\n\x0e\x41ppendResponse\x12\x31\n\x08statuses\x18\x01 \x03(\x0e\x32\x1f.mqstore.commitlog.v1.PutStatus\x12\x1a\n\x12\x63ommit_log_offsets\x18\x02 \x03(\x03\x12\r\n\x05sizes\x18\x03 \x03(\x05\x12\x15\n\rqueue_offsets\x18\x04 \x03(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x05 \x01(\x03\x12\x12\n\nstore_host\x18\x06 \x01(\x0c\x12/\n\x08refusals\x18\x07 \x03(\x0b\x32\x1d.mqstore.commitlog.v1.Refusal\x12\x11\n\tduplicate\x18\x08 \x01(\x08\x12\x10\n\x08sequence\x18\t \x01(\x04\x12\x31\n\x05\x65rror\x18\n \x01(\x0b\x32\".mqstore.commitlog.v1.RequestError\"<\n\x0cRequestError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\"F\n\x0bReadRequest\x12\x0f\n\x07offsets\x18\x01 \x03(\x03\x12\r\n\x05sizes\x18\x02 \x03(\x05\x12\x17\n\x0frecords_as_blob\x18\x03 \x01(\x08\"\x7f\n\x0cReadResponse\x12\x0f\n\x07records\x18\x01 \x03(\x0c\x12\x32\n\x08statuses\x18\x02 \x03(\x0e\x32 .mqstore.commitlog.v1.ReadStatus\x12\x14\n\x0crecords_blob\x18\x03 \x01(\x0c\x12\x14\n\x0crecord_sizes\x18\x04 \x03(\x05\"#\n\x11GetMessageRequest\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\"\xfe\x01\n\x10SubscribeRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x10\n\x08store_id\x18\x02 \x01(\x0c\x12\x18\n\x10\x63onfirmed_offset\x18\x03 \x01(\x03\x12\x19\n\x11max_batch_entries\x18\x04 \x01(\x05\x12\x17\n\x0fmax_batch_bytes\x18\x05 \x01(\x05\x12\x14\n\x0cinclude_keys\x18\x06 \x01(\x08\x12\x17\n\x0finclude_records\x18\x07 \x01(\x08\x12\x11\n\tlinger_ms\x18\x08 \x01(\x05\x12\x31\n\x07history\x18\t \x01(\x0b\x32 .mqstore.commitlog.v1.LogHistory\"3\n\nLogHistory\x12\x0e\n\x06\x65pochs\x18\x01 \x03(\x03\x12\x15\n\rstart_offsets\x18\x02 \x03(\x03\"\xa7\x01\n\tHandshake\x12\x10\n\x08store_id\x18\x01 \x01(\x0c\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x04 \x01(\x03\x12\x31\n\x07history\x18\x05 \x01(\x0b\x32 .mqstore.commitlog.v1.LogHistory\x12\x17\n\x0ftruncate_offset\x18\x06 \x01(\x03\"\xda\x02\n\rDispatchBatch\x12\x14\n\x0cstart_offset\x18\x01 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x15\n\rtopic_indexes\x18\x04 \x03(\x05\x12\x11\n\tqueue_ids\x18\x05 \x03(\x05\x12\x15\n\rqueue_offsets\x18\x06 \x03(\x03\x12\x1a\n\x12\x63ommit_log_offsets\x18\x07 \x03(\x03\x12\r\n\x05sizes\x18\x08 \x03(\x05\x12\x12\n\ntags_codes\x18\t \x03(\x03\x12\x1b\n\x13store_timestamps_ms\x18\n \x03(\x03\x12\x11\n\tsys_flags\x18\x0b \x03(\x05\x12\x0c\n\x04keys\x18\x0c \x03(\t\x12\x11\n\tuniq_keys\x18\r \x03(\t\x12\x16\n\x0e\x63orrupt_starts\x18\x0e \x03(\x03\x12\x14\n\x0c\x63orrupt_ends\x18\x0f \x03(\x03\x12\x0f\n\x07records\x18\x10 \x01(\x0c\"\x88\x01\n\x11SubscribeResponse\x12\x34\n\thandshake\x18\x01 \x01(\x0b\x32\x1f.mqstore.commitlog.v1.HandshakeH\x00\x12\x34\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32#.mqstore.commitlog.v1.DispatchBatchH\x00\x42\x07\n\x05\x66rame\"\xb7\x01\n\x0e\x43onfirmRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x10\n\x08store_id\x18\x02 \x01(\x0c\x12\x18\n\x10\x63onfirmed_offset\x18\x03 \x01(\x03\x12\x1c\n\x0finclude_records\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1c\n\x0f\x63onfirmed_epoch\x18\x05 \x01(\x03H\x01\x88\x01\x01\x42\x12\n\x10_include_recordsB\x12\n\x10_confirmed_epoch\"*\n\x0f\x43onfirmResponse\x12\x17\n\x0fretention_floor\x18\x01 \x01(\x03\"0\n\x17\x46orgetSubscriberRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\"3\n\x18\x46orgetSubscriberResponse\x12\x17\n\x0fretention_floor\x18\x01 \x01(\x03\"\x12\n\x10GetStatusRequest\"\xa5\x01\n\x10SubscriberStatus\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x18\n\x10\x63onfirmed_offset\x18\x02 \x01(\x03\x12\x11\n\tlag_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06lag_ms\x18\x04 \x01(\x03\x12\x11\n\tconnected\x18\x05 \x01(\x08\x12\x13\n\x0bsent_offset\x18\x06 \x01(\x03\x12\x15\n\rupdated_at_ms\x18\x07 \x01(\x03\"\xa2\x02\n\x11GetStatusResponse\x12\x10\n\x08store_id\x18\x01 \x01(\x0c\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x04 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x05 \x01(\x03\x12\r\n\x05\x66lush\x18\x06 \x01(\t\x12\x10\n\x08writable\x18\x07 \x01(\x08\x12;\n\x0bsubscribers\x18\x08 \x03(\x0b\x32&.mqstore.commitlog.v1.SubscriberStatus\x12\x12\n\nstore_host\x18\t \x01(\x0c\x12\x31\n\x07history\x18\n \x01(\x0b\x32 .mqstore.commitlog.v1.LogHistory*\xac\x02\n\tPutStatus\x12\x1a\n\x16PUT_STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06PUT_OK\x10\x01\x12\x16\n\x12\x46LUSH_DISK_TIMEOUT\x10\x02\x12\x17\n\x13\x46LUSH_SLAVE_TIMEOUT\x10\x03\x12\x17\n\x13SLAVE_NOT_AVAILABLE\x10\x04\x12\x19\n\x15SERVICE_NOT_AVAILABLE\x10\x05\x12\x1d\n\x19\x43REATE_MAPPED_FILE_FAILED\x10\x06\x12\x13\n\x0fMESSAGE_ILLEGAL\x10\x07\x12\x1c\n\x18PROPERTIES_SIZE_EXCEEDED\x10\x08\x12\x16\n\x12OS_PAGE_CACHE_BUSY\x10\t\x12\x11\n\rUNKNOWN_ERROR\x10\n\x12\x15\n\x11\x46LUSH_DISK_FAILED\x10\x0b*B\n\nReadStatus\x12\x0b\n\x07READ_OK\x10\x00\x12\x15\n\x11READ_OUT_OF_RANGE\x10\x01\x12\x10\n\x0cREAD_CORRUPT\x10\x02\x32\xea\x05\n\tCommitLog\x12S\n\x06\x41ppend\x12#.mqstore.commitlog.v1.AppendRequest\x1a$.mqstore.commitlog.v1.AppendResponse\x12]\n\x0c\x41ppendStream\x12#.mqstore.commitlog.v1.AppendRequest\x1a$.mqstore.commitlog.v1.AppendResponse(\x01\x30\x01\x12M\n\x04Read\x12!.mqstore.commitlog.v1.ReadRequest\x1a\".mqstore.commitlog.v1.ReadResponse\x12Q\n\nGetMessage\x12\'.mqstore.commitlog.v1.GetMessageRequest\x1a\x1a.mqstore.common.v1.Message\x12^\n\tSubscribe\x12&.mqstore.commitlog.v1.SubscribeRequest\x1a\'.mqstore.commitlog.v1.SubscribeResponse0\x01\x12V\n\x07\x43onfirm\x12$.mqstore.commitlog.v1.ConfirmRequest\x1a%.mqstore.commitlog.v1.ConfirmResponse\x12\\\n\tGetStatus\x12&.mqstore.commitlog.v1.GetStatusRequest\x1a\'.mqstore.commitlog.v1.GetStatusResponse\x12q\n\x10\x46orgetSubscriber\x12-.mqstore.commitlog.v1.ForgetSubscriberRequest\x1a..mqstore.commitlog.v1.ForgetSubscriberResponseB\x1b\n\x17io.mqstore.commitlog.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mqstore.commitlog.v1.commit
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\027io.mqstore.commitlog.v1P\001'
-  _globals['_PUTSTATUS']._serialized_start=2837
-  _globals['_PUTSTATUS']._serialized_end=3137
-  _globals['_READSTATUS']._serialized_start=3139
-  _globals['_READSTATUS']._serialized_end=3205
+  _globals['_PUTSTATUS']._serialized_start=2950
+  _globals['_PUTSTATUS']._serialized_end=3250
+  _globals['_READSTATUS']._serialized_start=3252
+  _globals['_READSTATUS']._serialized_end=3318
   _globals['_MESSAGEBATCH']._serialized_start=95
   _globals['_MESSAGEBATCH']._serialized_end=329
   _globals['_APPENDREQUEST']._serialized_start=331
@@ -44,37 +44,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REFUSAL']._serialized_start=440
   _globals['_REFUSAL']._serialized_end=544
   _globals['_APPENDRESPONSE']._serialized_start=547
-  _globals['_APPENDRESPONSE']._serialized_end=814
-  _globals['_READREQUEST']._serialized_start=816
-  _globals['_READREQUEST']._serialized_end=886
-  _globals['_READRESPONSE']._serialized_start=888
-  _globals['_READRESPONSE']._serialized_end=1015
-  _globals['_GETMESSAGEREQUEST']._serialized_start=1017
-  _globals['_GETMESSAGEREQUEST']._serialized_end=1052
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=1055
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1309
-  _globals['_LOGHISTORY']._serialized_start=1311
-  _globals['_LOGHISTORY']._serialized_end=1362
-  _globals['_HANDSHAKE']._serialized_start=1365
-  _globals['_HANDSHAKE']._serialized_end=1532
-  _globals['_DISPATCHBATCH']._serialized_start=1535
-  _globals['_DISPATCHBATCH']._serialized_end=1881
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=1884
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=2020
-  _globals['_CONFIRMREQUEST']._serialized_start=2023
-  _globals['_CONFIRMREQUEST']._serialized_end=2206
-  _globals['_CONFIRMRESPONSE']._serialized_start=2208
-  _globals['_CONFIRMRESPONSE']._serialized_end=2250
-  _globals['_FORGETSUBSCRIBERREQUEST']._serialized_start=2252
-  _globals['_FORGETSUBSCRIBERREQUEST']._serialized_end=2300
-  _globals['_FORGETSUBSCRIBERRESPONSE']._serialized_start=2302
-  _globals['_FORGETSUBSCRIBERRESPONSE']._serialized_end=2353
-  _globals['_GETSTATUSREQUEST']._serialized_start=2355
-  _globals['_GETSTATUSREQUEST']._serialized_end=2373
-  _globals['_SUBSCRIBERSTATUS']._serialized_start=2376
-  _globals['_SUBSCRIBERSTATUS']._serialized_end=2541
-  _globals['_GETSTATUSRESPONSE']._serialized_start=2544
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2834
-  _globals['_COMMITLOG']._serialized_start=3208
-  _globals['_COMMITLOG']._serialized_end=3954
+  _globals['_APPENDRESPONSE']._serialized_end=865
+  _globals['_REQUESTERROR']._serialized_start=867
+  _globals['_REQUESTERROR']._serialized_end=927
+  _globals['_READREQUEST']._serialized_start=929
+  _globals['_READREQUEST']._serialized_end=999
+  _globals['_READRESPONSE']._serialized_start=1001
+  _globals['_READRESPONSE']._serialized_end=1128
+  _globals['_GETMESSAGEREQUEST']._serialized_start=1130
+  _globals['_GETMESSAGEREQUEST']._serialized_end=1165
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1168
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1422
+  _globals['_LOGHISTORY']._serialized_start=1424
+  _globals['_LOGHISTORY']._serialized_end=1475
+  _globals['_HANDSHAKE']._serialized_start=1478
+  _globals['_HANDSHAKE']._serialized_end=1645
+  _globals['_DISPATCHBATCH']._serialized_start=1648
+  _globals['_DISPATCHBATCH']._serialized_end=1994
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=1997
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=2133
+  _globals['_CONFIRMREQUEST']._serialized_start=2136
+  _globals['_CONFIRMREQUEST']._serialized_end=2319
+  _globals['_CONFIRMRESPONSE']._serialized_start=2321
+  _globals['_CONFIRMRESPONSE']._serialized_end=2363
+  _globals['_FORGETSUBSCRIBERREQUEST']._serialized_start=2365
+  _globals['_FORGETSUBSCRIBERREQUEST']._serialized_end=2413
+  _globals['_FORGETSUBSCRIBERRESPONSE']._serialized_start=2415
+  _globals['_FORGETSUBSCRIBERRESPONSE']._serialized_end=2466
+  _globals['_GETSTATUSREQUEST']._serialized_start=2468
+  _globals['_GETSTATUSREQUEST']._serialized_end=2486
+  _globals['_SUBSCRIBERSTATUS']._serialized_start=2489
+  _globals['_SUBSCRIBERSTATUS']._serialized_end=2654
+  _globals['_GETSTATUSRESPONSE']._serialized_start=2657
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2947
+  _globals['_COMMITLOG']._serialized_start=3321
+  _globals['_COMMITLOG']._serialized_end=4067
 # @@protoc_insertion_point(module_scope)

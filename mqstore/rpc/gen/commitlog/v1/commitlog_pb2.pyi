@@ -221,6 +221,7 @@ class AppendResponse(_message.Message):
     REFUSALS_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     store_timestamp_ms: _builtins.int
     store_host: _builtins.bytes
     """packed: IPv4 (4) or IPv6 (16) bytes, then the port as i32"""
@@ -236,6 +237,14 @@ class AppendResponse(_message.Message):
     def queue_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___Refusal]: ...
+    @_builtins.property
+    def error(self) -> Global___RequestError:
+        """AppendStream only: the store refused this request as a whole and stored none of it (a
+        malformed request: code INVALID_ARGUMENT, the field named). The stream stays open and the
+        requests behind it are answered as usual. Every per-message field above is then empty;
+        sequence is the request's. (Append ends the call with the same status instead.)
+        """
+
     def __init__(
         self,
         *,
@@ -248,14 +257,44 @@ class AppendResponse(_message.Message):
         refusals: _abc.Iterable[Global___Refusal] | None = ...,
         duplicate: _builtins.bool = ...,
         sequence: _builtins.int = ...,
+        error: Global___RequestError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offsets", b"commit_log_offsets", "duplicate", b"duplicate", "queue_offsets", b"queue_offsets", "refusals", b"refusals", "sequence", b"sequence", "sizes", b"sizes", "statuses", b"statuses", "store_host", b"store_host", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offsets", b"commit_log_offsets", "duplicate", b"duplicate", "error", b"error", "queue_offsets", b"queue_offsets", "refusals", b"refusals", "sequence", b"sequence", "sizes", b"sizes", "statuses", b"statuses", "store_host", b"store_host", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AppendResponse: _TypeAlias = AppendResponse  # noqa: Y015
+
+@_typing.final
+class RequestError(_message.Message):
+    """Why the store refused a whole request, in an AppendStream's answer to it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    FIELD_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """the gRPC status code (google.rpc.Code numbers): 3 = INVALID_ARGUMENT"""
+    message: _builtins.str
+    field: _builtins.str
+    """the request's field at fault, e.g. "batches[0].queue_ids"; may be empty"""
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        field: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "field", b"field", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestError: _TypeAlias = RequestError  # noqa: Y015
 
 @_typing.final
 class ReadRequest(_message.Message):

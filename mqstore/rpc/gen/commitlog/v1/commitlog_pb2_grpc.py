@@ -89,7 +89,10 @@ class CommitLogServicer:
 
     def AppendStream(self, request_iterator, context):
         """The same over one stream: requests are answered in order, so a producer can keep several
-        in flight. Each response carries the request's sequence.
+        in flight. Each response carries the request's sequence. A malformed request is answered
+        with its error (AppendResponse.error) and the stream goes on; a sequence that goes
+        backwards (FAILED_PRECONDITION) still ends the stream, since the requests behind it would
+        be stored out of their order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

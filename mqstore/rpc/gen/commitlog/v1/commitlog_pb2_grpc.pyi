@@ -39,7 +39,10 @@ class CommitLogStub:
     """A batch of messages in, one result per message, in order."""
     AppendStream: _grpc.StreamStreamMultiCallable[_commitlog_pb2.AppendRequest, _commitlog_pb2.AppendResponse]
     """The same over one stream: requests are answered in order, so a producer can keep several
-    in flight. Each response carries the request's sequence.
+    in flight. Each response carries the request's sequence. A malformed request is answered
+    with its error (AppendResponse.error) and the stream goes on; a sequence that goes
+    backwards (FAILED_PRECONDITION) still ends the stream, since the requests behind it would
+    be stored out of their order.
     """
     Read: _grpc.UnaryUnaryMultiCallable[_commitlog_pb2.ReadRequest, _commitlog_pb2.ReadResponse]
     """Raw records for a list of (commit-log offset, size), each checked against its CRC."""
@@ -62,7 +65,10 @@ class CommitLogAsyncStub(CommitLogStub):
     """A batch of messages in, one result per message, in order."""
     AppendStream: _aio.StreamStreamMultiCallable[_commitlog_pb2.AppendRequest, _commitlog_pb2.AppendResponse]  # type: ignore[assignment]
     """The same over one stream: requests are answered in order, so a producer can keep several
-    in flight. Each response carries the request's sequence.
+    in flight. Each response carries the request's sequence. A malformed request is answered
+    with its error (AppendResponse.error) and the stream goes on; a sequence that goes
+    backwards (FAILED_PRECONDITION) still ends the stream, since the requests behind it would
+    be stored out of their order.
     """
     Read: _aio.UnaryUnaryMultiCallable[_commitlog_pb2.ReadRequest, _commitlog_pb2.ReadResponse]  # type: ignore[assignment]
     """Raw records for a list of (commit-log offset, size), each checked against its CRC."""
@@ -94,7 +100,10 @@ class CommitLogServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_commitlog_pb2.AppendResponse], _abc.AsyncIterator[_commitlog_pb2.AppendResponse]]:
         """The same over one stream: requests are answered in order, so a producer can keep several
-        in flight. Each response carries the request's sequence.
+        in flight. Each response carries the request's sequence. A malformed request is answered
+        with its error (AppendResponse.error) and the stream goes on; a sequence that goes
+        backwards (FAILED_PRECONDITION) still ends the stream, since the requests behind it would
+        be stored out of their order.
         """
 
     @_abc_1.abstractmethod

@@ -35,7 +35,11 @@ class QueryByKeyRequest(_message.Message):
     topic: _builtins.str
     key: _builtins.str
     begin_timestamp_ms: _builtins.int
-    """store time range, inclusive"""
+    """The messages' store time range in ms since the epoch, both ends inclusive, exact to the
+    millisecond: a message stored at end_timestamp_ms is in, one stored a millisecond later is
+    not. (The index files keep times in whole seconds, as RocketMQ's do; the service checks each
+    answer's own store time, which RocketMQ's index does not.)
+    """
     end_timestamp_ms: _builtins.int
     """0 = now"""
     max_messages: _builtins.int
