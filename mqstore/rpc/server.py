@@ -2,12 +2,15 @@
 
     ServiceHost(name, settings, register=..., on_stop=...)
       main port     the API (thread pool server), reflection, interceptors: logs, metrics,
-                    errors -> status codes, auth (with a tokens file: auth.py); TLS when
+                    errors -> status codes, admission (the caller's token with a tokens file,
+                    then the request's bytes parsed, then the scopes: admission.py); TLS when
                     settings give a certificate and key, mutual TLS when they also give a CA
                     for client certificates (server_credentials below)
       health port   its own plaintext server: grpc.health.v1 with "", "startup", "readiness",
                     "liveness", and nothing else (no API, no reflection, no token); separate so
-                    that an overloaded API never fails a probe and probes need no TLS material
+                    that an overloaded API never fails a probe and probes need no TLS material;
+                    its requests' bytes are parsed by admission.py too, errors mapped as on
+                    the main port
       metrics port  Prometheus /metrics
       SIGTERM/INT   readiness NOT_SERVING (health.enter_graceful_shutdown), wait drain_delay_s,
                     on_drain() (waiting calls answer now), stop accepting and finish calls
@@ -38,8 +41,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from mqstore.rpc.admission import AdmissionInterceptor
 from mqstore.rpc.allocator import keep_large_blocks
-from mqstore.rpc.auth import AuthInterceptor, TokenTable
+from mqstore.rpc.auth import TokenGate, TokenTable
 from mqstore.rpc.channel import http2_options
 from mqstore.rpc.collector import measure_pauses
 from mqstore.rpc.errors import ErrorInterceptor
@@ -155,7 +159,8 @@ class ServiceHost:
             self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         self._health_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"{self.name}-health")
+            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"{self.name}-health"),
+            interceptors=[ErrorInterceptor(), AdmissionInterceptor()],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self.health_port = self._health_server.add_insecure_port(f"{s.host}:{s.health_port}")
@@ -168,15 +173,16 @@ class ServiceHost:
         s = self.settings
         if self._health_server is None:
             self.start_health()
-        # Outermost first: auth runs inside the error interceptor, which turns its typed
-        # refusals into UNAUTHENTICATED / PERMISSION_DENIED like every other error.
+        # Outermost first: admission runs inside the error interceptor, which turns its typed
+        # refusals into UNAUTHENTICATED / INVALID_ARGUMENT / PERMISSION_DENIED like every other
+        # error; it is the innermost, so every handler takes its request as bytes.
+        gate = TokenGate(self._tokens) if self._tokens is not None else None
         interceptors: list[grpc.ServerInterceptor] = [
             LoggingInterceptor(),
             MetricsInterceptor(),
             ErrorInterceptor(),
+            AdmissionInterceptor(gate),
         ]
-        if self._tokens is not None:
-            interceptors.append(AuthInterceptor(self._tokens))
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=s.max_workers, thread_name_prefix=f"{self.name}-rpc"
