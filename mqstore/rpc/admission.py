@@ -42,7 +42,7 @@ from mqstore.rpc.logs import RateLimitedLog
 from mqstore.rpc.metrics import MALFORMED_REQUESTS, split_method
 
 log = logging.getLogger(__name__)
-# Bad bytes can come as fast as a caller sends them: a few lines, then one every 15 s.
+# Bad bytes can come as fast as a caller sends them: a few lines, then one a minute.
 _MALFORMED_LOG = RateLimitedLog(log)
 
 Metadata = tuple[tuple[str, str | bytes], ...] | None
