@@ -127,8 +127,8 @@ UNWATCHED_WAIT_MS = 1_000
 # With long polling off (long_poll_ms=0), a caught-up poll pauses this long between rounds
 # instead of spinning on the server.
 IDLE_PAUSE_S = 0.1
-# After RESOURCE_EXHAUSTED on a long poll (the server's waiters are all taken), pause before
-# looking again.
+# After RESOURCE_EXHAUSTED on a long poll or a follow (the server's waiters or follow streams
+# are all taken), pause before looking again.
 BUSY_PAUSE_S = 0.2
 
 _LIMITS = MessageLimits()
@@ -941,8 +941,12 @@ class Consumer:
         elif error.code is grpc.StatusCode.CANCELLED:
             pass
         elif isinstance(error, ResourceExhausted):
-            log.warning("%s: follow refused (%s); looking again shortly", self.topic, error)
+            # Every follow stream of the server is taken (follow_streams_max): pull until one
+            # is free, a round of quick pulls first (the stream answered nothing).
+            log.warning("%s: follow refused (%s); pulling instead", self.topic, error)
             time.sleep(BUSY_PAUSE_S)
+            for state in self._queues.values():
+                state.caught_up = False
         elif not (isinstance(error, Unavailable) and self._buffered()):
             raise error
 

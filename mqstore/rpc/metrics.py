@@ -14,7 +14,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 import grpc
-from prometheus_client import Counter, Histogram, MetricsHandler
+from prometheus_client import Counter, Gauge, Histogram, MetricsHandler
 
 from mqstore.rpc.errors import WrappingInterceptor, wrap_handler
 
@@ -37,6 +37,16 @@ HANDLING = Histogram(
 MALFORMED_REQUESTS = Counter(
     "mqstore_rpc_malformed_requests_total",
     "Requests whose bytes do not parse as the method's message (answered INVALID_ARGUMENT).",
+    ["grpc_service", "grpc_method"],
+)
+STREAMS_OPEN = Gauge(
+    "mqstore_rpc_streams_open",
+    "Streaming calls holding one of their method's slots now (streams.py).",
+    ["grpc_service", "grpc_method"],
+)
+STREAMS_REFUSED = Counter(
+    "mqstore_rpc_streams_refused_total",
+    "Streaming calls refused RESOURCE_EXHAUSTED: every slot of their method was taken.",
     ["grpc_service", "grpc_method"],
 )
 

@@ -3,7 +3,8 @@
     ServiceHost(name, settings, register=..., on_stop=...)
       main port     the API (thread pool server), reflection, interceptors: logs, metrics,
                     errors -> status codes, admission (the caller's token with a tokens file,
-                    then the request's bytes parsed, then the scopes: admission.py); TLS when
+                    then the request's bytes parsed, then the scopes: admission.py), caps on
+                    streaming calls (`stream_caps`, streams.py); TLS when
                     settings give a certificate and key, mutual TLS when they also give a CA
                     for client certificates (server_credentials below)
       health port   its own plaintext server: grpc.health.v1 with "", "startup", "readiness",
@@ -32,7 +33,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from types import FrameType
 from typing import Any
@@ -50,6 +51,7 @@ from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.logs import LoggingInterceptor
 from mqstore.rpc.metrics import MetricsInterceptor, MetricsServer
 from mqstore.rpc.settings import ServiceSettings
+from mqstore.rpc.streams import StreamCap, StreamCapsInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +126,10 @@ class ServiceHost:
         on_stop: Callable[[], None] = lambda: None,
         alive: Callable[[], bool] = lambda: True,
         ports_file: str = "",
+        stream_caps: Mapping[str, StreamCap] | None = None,
     ) -> None:
         self.name = name
+        self.stream_caps = StreamCapsInterceptor(stream_caps or {})
         self.settings = settings
         if settings.keep_large_blocks:
             keep_large_blocks()  # megabyte messages reuse heap memory (allocator.py)
@@ -175,13 +179,15 @@ class ServiceHost:
             self.start_health()
         # Outermost first: admission runs inside the error interceptor, which turns its typed
         # refusals into UNAUTHENTICATED / INVALID_ARGUMENT / PERMISSION_DENIED like every other
-        # error; it is the innermost, so every handler takes its request as bytes.
+        # error; every handler takes its request as bytes from it. The stream caps come last:
+        # only an admitted call may take a slot.
         gate = TokenGate(self._tokens) if self._tokens is not None else None
         interceptors: list[grpc.ServerInterceptor] = [
             LoggingInterceptor(),
             MetricsInterceptor(),
             ErrorInterceptor(),
             AdmissionInterceptor(gate),
+            self.stream_caps,
         ]
         server = grpc.server(
             futures.ThreadPoolExecutor(
