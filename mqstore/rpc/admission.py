@@ -133,9 +133,13 @@ def _admitted(
         yield request
 
 
+_UNBOUND: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()  # reusable
+
+
 def _bound(caller: Caller) -> contextlib.AbstractContextManager[Any]:
+    """`caller=<name>` on the log lines of the call; nothing for anyone."""
     if not caller.name:
-        return contextlib.nullcontext()
+        return _UNBOUND
     return structlog.contextvars.bound_contextvars(caller=caller.name)
 
 
