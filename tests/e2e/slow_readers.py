@@ -10,9 +10,10 @@ meanwhile and samples the service's anonymous memory.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
 
@@ -20,6 +21,7 @@ import grpc
 
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as cq_grpc
+from tests.e2e.malformed import anon_bytes
 
 # Follow calls per channel (HTTP/2 connection): a client with many streams opens a few.
 STREAMS_PER_CHANNEL = 10
@@ -30,7 +32,10 @@ PULL_TIMEOUT_S = 5.0
 def _read_slowly(
     target: str, topic: str, queues: int, streams: int, read_every_s: float, stop: Event
 ) -> None:
-    """The child process: `streams` threads, each following every queue of `topic` from 0."""
+    """The child process: `streams` threads, each following every queue of `topic` from 0.
+    At a lower priority: in production the readers run elsewhere, and here their CPU would
+    otherwise be taken from the service whose latency is measured."""
+    os.nice(10)
     channels = [grpc.insecure_channel(target) for _ in range(-(-streams // STREAMS_PER_CHANNEL))]
     request = cq.FollowRequest(
         pulls=[
@@ -88,13 +93,23 @@ class SlowReaders:
             self._process.join()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Probe:
-    """Pull latencies (seconds, sorted), failures by code, and the memory samples (bytes)."""
+    """Pull latencies (seconds, sorted), failures by code, the memory samples (bytes) and the
+    service's CPU time over the probe (seconds, of `seconds`)."""
 
     latencies_s: list[float] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
     anon: list[int] = field(default_factory=list)
+    cpu_s: float = 0.0
+    seconds: float = 0.0
 
     def quantile_ms(self, q: float) -> float:
         if not self.latencies_s:
@@ -111,7 +126,8 @@ class Probe:
         return (
             f"{name}: {len(self.latencies_s)} pulls, p50 {self.quantile_ms(0.5):.1f} ms, "
             f"p99 {self.quantile_ms(0.99):.1f} ms, max {self.quantile_ms(1.0):.0f} ms, "
-            f"failed {self.failures}; cq_svc anon peak {self.peak_anon / (1 << 20):.0f} MiB"
+            f"failed {self.failures}; cq_svc anon peak {self.peak_anon / (1 << 20):.0f} MiB, "
+            f"CPU {self.cpu_s / self.seconds if self.seconds else 0:.2f} cores"
         )
 
 
@@ -119,18 +135,20 @@ def probe_pulls(
     stub: cq_grpc.ConsumeQueueStub,
     request: cq.PullRequest,
     seconds: float,
-    anon: Callable[[], int],
+    pid: int,
     *,
     pause_s: float = 0.01,
     sample_every_s: float = 0.25,
 ) -> Probe:
-    """Pulls one after another for `seconds` (a pause between), the service's memory sampled."""
-    probe = Probe()
+    """Pulls one after another for `seconds` (a pause between), the memory of the service
+    (process `pid`) sampled and its CPU time taken."""
+    probe = Probe(seconds=seconds)
+    cpu_before = cpu_seconds(pid)
     end = time.monotonic() + seconds
     next_sample = 0.0
     while (now := time.monotonic()) < end:
         if now >= next_sample:
-            probe.anon.append(anon())
+            probe.anon.append(anon_bytes(pid))
             next_sample = now + sample_every_s
         began = time.monotonic()
         try:
@@ -140,7 +158,8 @@ def probe_pulls(
             name = err.code().name
             probe.failures[name] = probe.failures.get(name, 0) + 1
         time.sleep(pause_s)
-    probe.anon.append(anon())
+    probe.anon.append(anon_bytes(pid))
+    probe.cpu_s = cpu_seconds(pid) - cpu_before
     probe.latencies_s.sort()
     return probe
 

@@ -22,7 +22,7 @@ from .conftest import Material
 pytestmark = pytest.mark.timeout(1_800)
 
 # Calls per service and token case in `make test` (the unsecured test has the reasoning).
-MALFORMED_CALLS_SHORT = 2_000
+MALFORMED_CALLS_SHORT = 1_000
 
 
 def process_of(c: Cluster, name: str) -> ServiceProcess:
