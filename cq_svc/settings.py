@@ -138,8 +138,6 @@ class CqSettings(FollowerSettings):
                 "follow_streams_max": self.follow_streams_max,
             },
         )
-        if self.stream_answer_bytes_max > self.pull_bytes_max:
-            raise ValueError("stream_answer_bytes_max must not exceed pull_bytes_max")
         if self.pull_bytes_max > self.max_message_bytes // 2:
             raise ValueError("pull_bytes_max must be at most half of max_message_bytes")
         for default, top in (

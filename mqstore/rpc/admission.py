@@ -3,8 +3,9 @@
     a call      -> the caller (a Gate: auth.py's bearer tokens; without one, anyone)
                      no or a bad token                     UNAUTHENTICATED, before any parsing
                 -> the request's bytes parsed as the method's message, here
-                     bytes that do not parse               INVALID_ARGUMENT (MalformedRequest),
-                                                           counted, logged a few times at most
+                     bytes that do not parse               INVALID_ARGUMENT (MalformedRequest,
+                                                           field "request"), counted, logged a
+                                                           few times at most
                 -> the caller's scopes checked against the request
                      not covered                           PERMISSION_DENIED
                 -> the handler, with `caller` bound to its log lines
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 _MALFORMED_LOG = RateLimitedLog(log)
 
 Metadata = tuple[tuple[str, str | bytes], ...] | None
+# The BadRequest field of a MalformedRequest: no field of it could be read, the request is bad.
+REQUEST = "request"
 
 
 class Caller(Protocol):
@@ -100,7 +103,7 @@ class Decoder:
             self.message,
             reason,
         )
-        raise MalformedRequest(f"the request bytes do not parse as {self.message}")
+        raise MalformedRequest(f"the request bytes do not parse as {self.message}", field=REQUEST)
 
 
 class _Stop:

@@ -45,7 +45,6 @@ def test_flags_and_environment_reach_the_engine_config(monkeypatch: pytest.Monke
     [
         (["--long-polls-max", "64", "--max-workers", "64"], "long_polls_max"),
         (["--follow-streams-max", "9"], "follow_streams_max"),  # 32 + 16 + 9 + 8 > 64
-        (["--stream-answer-bytes-max", str(64 << 20)], "stream_answer_bytes_max"),
         (["--pull-bytes-max", str(40 << 20)], "pull_bytes_max"),
         (["--pull-messages-default", "100", "--pull-messages-max", "50"], "pull_messages_default"),
         (["--cq-store", "leveldb"], "cq_store"),
