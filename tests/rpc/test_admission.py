@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from mqstore.rpc.admission import AdmissionInterceptor
-from mqstore.rpc.errors import ErrorInterceptor
+from mqstore.rpc.errors import ErrorInterceptor, error_from_rpc
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.logs import RateLimitedLog
 
@@ -63,8 +63,9 @@ def test_a_unary_request_that_does_not_parse_is_invalid_argument_naming_its_mess
     assert cl.ConfirmResponse.FromString(call(GOOD, timeout=5)).retention_floor == 7
     with pytest.raises(grpc.RpcError) as err:
         call(BAD, timeout=5)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "mqstore.commitlog.v1.ConfirmRequest" in (err.value.details() or "")
+    code, message, field = error_from_rpc(err.value)
+    assert (code, field) == (grpc.StatusCode.INVALID_ARGUMENT, "request")
+    assert "mqstore.commitlog.v1.ConfirmRequest" in message
 
 
 def test_a_stream_answers_the_requests_before_one_that_does_not_parse_then_ends(
