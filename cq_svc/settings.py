@@ -85,8 +85,10 @@ class CqSettings(FollowerSettings):
     # RocketMQ's broker holds a pull up to the client's 15 s suspend time; 30 s at most here.
     long_poll_max_ms: int = Field(30_000, ge=0)
     # Each waiting call holds a server thread: past this many at once, RESOURCE_EXHAUSTED.
-    # Long polls and streams together leave UNARY_WORKERS_MIN threads to other calls.
-    long_polls_max: int = Field(32, ge=1)
+    # Long polls and streams together leave UNARY_WORKERS_MIN threads to other calls: 24 + 16
+    # + 16 + 8 = 64. A caught-up SDK consumer follows (below); unary long polls are Receive's
+    # and those of consumers of more than 1,024 queues.
+    long_polls_max: int = Field(24, ge=1)
     # A pull stream holds a server thread while its caller reads: at most this many at once,
     # each at most this many answers long (then the caller opens the next one).
     pull_streams_max: int = Field(16, ge=1)
@@ -95,7 +97,7 @@ class CqSettings(FollowerSettings):
     # it is open, reading or waiting: at most this many at once (a caught-up consumer refused
     # one pulls instead). It answers at most this many batches, then the caller opens the
     # next; it names at most this many queues.
-    follow_streams_max: int = Field(8, ge=1)
+    follow_streams_max: int = Field(16, ge=1)
     follow_batches_max: int = Field(4_096, ge=1)
     follow_queues_max: int = Field(1_024, ge=1)
     # A streamed answer (a PullStream batch, a Follow round over its queues) carries at most

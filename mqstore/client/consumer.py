@@ -118,7 +118,7 @@ RECONNECT_TIMEOUT_S_DEFAULT = 30.0
 # at once), doubling, to 1 s (a consumer costs one call a second while it waits).
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_MAX_S = 1.0
-# Long polls one consumer keeps waiting at once: cq_svc serves 32 at most (long_polls_max),
+# Long polls one consumer keeps waiting at once: cq_svc serves 24 at most (long_polls_max),
 # so one consumer of a wide topic must not take them all.
 LONG_POLLS_MAX = 8
 # When more queues are caught up than are watched by long polls, the wait is cut to this, so

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cq_svc.settings import CqSettings
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from tests.e2e.cluster import Cluster
@@ -97,5 +98,5 @@ def test_slow_follow_readers_keep_memory_bounded_and_pulls_answered(cluster: Clu
     assert loaded.peak_anon < ANON_BYTES_MAX, loaded.figures("loaded")
     assert loaded.latencies_s and not loaded.failures, loaded.figures("loaded")
     # The cap held, and it is what turned the other readers away.
-    assert 1 <= open_streams <= 8  # cq_svc's default follow_streams_max
+    assert 1 <= open_streams <= CqSettings.load([]).follow_streams_max  # cq_svc's default
     assert follow_metric(cluster, "mqstore_rpc_streams_refused_total") > refused_before
