@@ -27,9 +27,9 @@ from tests.e2e.malformed import HEALTH, MALFORMED, Flood, api_methods, calls_fro
 
 pytestmark = pytest.mark.timeout(1_800)
 
-# Calls per service in `make test`: enough that the old ~19 KB a call (76 MiB) and ~500 B of
-# log a call (2 MB) are far past the bounds, in about 5 s a service.
-MALFORMED_CALLS_SHORT = 4_000
+# Calls per service in `make test`: enough that the old ~19 KB a call (38 MiB) and ~500 B of
+# log a call (1 MB) are far past the bounds, in a few seconds a service.
+MALFORMED_CALLS_SHORT = 2_000
 ANON_GROWTH_BYTES_MAX = 10 << 20  # the bound
 LOG_GROWTH_BYTES_MAX = 8 << 10  # "a few KB": a burst of lines, then one a minute
 MALFORMED_METRIC = "mqstore_rpc_malformed_requests_total"

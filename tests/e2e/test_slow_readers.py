@@ -35,7 +35,7 @@ QUEUES = 4
 # 4 queues of 4,096 messages of 1 KiB: a Follow round of max_messages 1,024 asked 4 MiB before.
 MESSAGES_PER_QUEUE = 4_096
 BODY = b"s" * 1_024
-SECONDS = float(os.environ.get("MQSTORE_SLOW_READERS_S", "10"))
+SECONDS = float(os.environ.get("MQSTORE_SLOW_READERS_S", "6"))
 BASELINE_S = min(SECONDS / 2, 10.0)
 
 
