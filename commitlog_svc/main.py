@@ -77,6 +77,7 @@ class CommitLogService:
             on_stop=self._on_stop,
             alive=self.alive,
             ports_file=settings.ports_file,
+            stream_caps=settings.stream_caps(),
         )
         self.engine: CommitLog | None = None
         self.registry: SubscriberRegistry | None = None

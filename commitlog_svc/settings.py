@@ -14,18 +14,20 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from commitlog_svc.config import CommitLogConfig, FlushMode
 from mqstore.launcher import DEFAULT_PORTS
-from mqstore.rpc.settings import ServiceSettings
+from mqstore.rpc.settings import ServiceSettings, check_worker_budget
+from mqstore.rpc.streams import StreamCap
 
 _API_PORT, _HEALTH_PORT, _METRICS_PORT = DEFAULT_PORTS["commitlog_svc"]
 _ENGINE = CommitLogConfig(data_dir=".")
 POD_IP_ENV = "POD_IP"
+_API_METHOD = "/mqstore.commitlog.v1.CommitLog/"
 
 
 class CommitLogSettings(ServiceSettings):
@@ -75,7 +77,31 @@ class CommitLogSettings(ServiceSettings):
     # ... and their records, sent to subscribers that ask (cq_svc's tail); 0: frames carry none.
     dispatch_records_bytes: int = Field(_ENGINE.append_records_bytes, ge=0)
     # AppendStream: requests written but not yet answered, per stream (the pipelining window).
+    # The answers wait to be sent one at a time (a slow reader holds one), and a full window
+    # stops the stream's reading (HTTP/2 flow control then holds the producer back).
     append_stream_window: int = Field(16, ge=1, le=1_024)
+    # AppendStream calls at once: each holds a server thread, and a reader thread of its own,
+    # for as long as it is open; past this, RESOURCE_EXHAUSTED (the SDK's producer retries with
+    # backoff). 0: a quarter of max_workers (16 of 64), at least 1.
+    append_streams_max: int = Field(0, ge=0)
+
+    @property
+    def append_streams_cap(self) -> int:
+        return self.append_streams_max or max(1, self.max_workers // 4)
+
+    @model_validator(mode="after")
+    def _check_streams(self) -> Self:
+        check_worker_budget(self.max_workers, {"append_streams_max": self.append_streams_cap})
+        return self
+
+    def stream_caps(self) -> dict[str, StreamCap]:
+        """The API's streams and their caps (mqstore/rpc/streams.py). Subscribe has none: its
+        callers are the followers, and it holds one frame while one is slow."""
+        return {
+            _API_METHOD + "AppendStream": StreamCap(
+                self.append_streams_cap, "append streams", "append_streams_max", "retry later"
+            ),
+        }
 
     def store_address(self, bound_port: int) -> tuple[str, int]:
         """(ip, port) that records and msg ids name as the store host."""

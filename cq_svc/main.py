@@ -87,6 +87,7 @@ class CqService:
             on_stop=self._on_stop,
             alive=self.alive,
             ports_file=settings.ports_file,
+            stream_caps=settings.stream_caps(),
         )
         self._ready_thread: threading.Thread | None = None
         self._stopped = False

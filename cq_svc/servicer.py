@@ -35,6 +35,12 @@ message of the queue becomes receivable again. Follow is one long poll over many
 answers each as it gets something, on one stream (one waiter for all, watch.KeysWaiter, which
 keeps the queues a dispatch woke so only those are looked at again).
 
+Streams (PullStream, Follow) hold a server thread from start to end, also while their reader
+is slow (gRPC asks for the next answer once the last is written, as HTTP/2 flow control lets
+it): at most pull_streams_max and follow_streams_max at once, refused RESOURCE_EXHAUSTED before
+they start (settings.stream_caps, mqstore/rpc/streams.py), and each answer carries at most
+stream_answer_bytes_max of records, so a slow reader holds one bounded answer and one thread.
+
 Reads of queue positions (Pull, GetOffsetByTime, GetQueueInfo, ListQueues, Receive) answer
 UNAVAILABLE until the subscription has caught up with the log after start-up: a queue being
 replayed would answer OFFSET_OVERFLOW_BADLY and move consumers backwards. Group offsets and
@@ -50,7 +56,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -226,7 +232,6 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         self.watch = watch
         self._log = cl_grpc.CommitLogStub(commitlog)
         self._caught_up = caught_up
-        self._pull_streams = threading.BoundedSemaphore(settings.pull_streams_max)
 
     # -- Pull --------------------------------------------------------------------------------------
 
@@ -261,32 +266,26 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     ) -> Iterator[pb.PullResponse]:
         """Consecutive Pulls of one queue, each from the previous answer's next_begin_offset
         (the proto's contract). The stream holds a server thread while the caller reads, as a
-        long poll does: at most pull_streams_max at once (RESOURCE_EXHAUSTED beyond), each at
-        most pull_stream_batches_max answers long."""
+        long poll does: at most pull_streams_max at once (RESOURCE_EXHAUSTED beyond, taken
+        before this runs: settings.stream_caps), each at most pull_stream_batches_max answers
+        long, each answer at most stream_answer_bytes_max of records."""
         s = self.settings
         if request.max_batches < 0:
             raise InvalidArgument("max_batches must not be negative", field="max_batches")
         batches = min(request.max_batches or s.pull_stream_batches_max, s.pull_stream_batches_max)
-        look = self._pull_look(request.pull, context)
-        if not self._pull_streams.acquire(blocking=False):
-            raise ResourceExhausted(
-                f"{s.pull_streams_max} pull streams are open; pull one batch at a time"
-            )
-        try:
-            offset = request.pull.offset
-            for _ in range(batches):
-                response = look(offset)
-                _count_pull(response)
-                yield response
-                if (
-                    response.status not in _STREAM_GOES_ON
-                    or response.next_begin_offset >= response.max_offset
-                    or not context.is_active()
-                ):
-                    return
-                offset = response.next_begin_offset
-        finally:
-            self._pull_streams.release()
+        args = self._stream_args(request.pull)
+        offset = request.pull.offset
+        for _ in range(batches):
+            response = self._pull_many([args], [offset], context)[0]
+            _count_pull(response)
+            yield response
+            if (
+                response.status not in _STREAM_GOES_ON
+                or response.next_begin_offset >= response.max_offset
+                or not context.is_active()
+            ):
+                return
+            offset = response.next_begin_offset
 
     def Follow(
         self, request: pb.FollowRequest, context: grpc.ServicerContext
@@ -294,7 +293,9 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         """Pulls of several queues on one stream, answered as each queue gets something new
         (the proto's contract). One waiter watches every queue and keeps the ones a dispatch
         touched: after the first look of each, a queue is looked at again only when woken or
-        when its last answer left more to read."""
+        when its last answer left more to read. At most follow_streams_max at once (taken
+        before this runs: settings.stream_caps); a round answers at most
+        stream_answer_bytes_max of records, the queues it leaves answered in the next."""
         s = self.settings
         pulls = request.pulls
         if not pulls:
@@ -311,22 +312,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             raise InvalidArgument("a follow names each queue once", field="pulls")
         batches = min(request.max_batches or s.follow_batches_max, s.follow_batches_max)
         idle_s = self._long_poll_s(request.long_poll_ms, context)
-        args = [self._pull_args(p) for p in pulls]
+        args = [self._stream_args(p) for p in pulls]
         offsets = [p.offset for p in pulls]
         index_of = {key: i for i, key in enumerate(keys)}
         ready = set(range(len(pulls)))
-        try:
-            waiter = self.watch.register_many(keys)
-        except ResourceExhausted:
-            metrics.LONG_POLLS_REFUSED.inc()
-            # Only the wait is refused: what the queues hold already is answered, as a unary
-            # Pull answers its first look (the stream ends after it).
-            first = self._follow_round(args, offsets, sorted(ready), ready, context)
-            if not first.answers:
-                raise
-            del first.answers[batches:]
-            yield first
-            return
+        waiter = self.watch.register_many(keys)
         self._waiting_at_tail(+1)
         try:
             if not context.add_callback(waiter.wake):
@@ -376,8 +366,13 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         all: 0.45 ns a byte, eight times what sending it costs)."""
         out = pb.FollowResponse()
         looked = self._pull_many(
-            [args[i] for i in order], [offsets[i] for i in order], context, out.answers
+            [args[i] for i in order],
+            [offsets[i] for i in order],
+            context,
+            out.answers,
+            budget_bytes=self.settings.stream_answer_bytes_max,
         )
+        order = order[: len(looked)]  # the rest stay ready: the budget is spent
         unsent = []
         for k, (i, response) in enumerate(zip(order, looked, strict=True)):
             if response.next_begin_offset == offsets[i] and not response.queue_offsets:
@@ -400,6 +395,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         """A Pull's arguments checked, as a function of the offset to pull from."""
         args = self._pull_args(request)
         return lambda offset: self._pull_many([args], [offset], context)[0]
+
+    def _stream_args(self, request: pb.PullRequest) -> _PullArgs:
+        """_pull_args for a stream: an answer of at most stream_answer_bytes_max."""
+        args = self._pull_args(request)
+        return replace(args, max_bytes=min(args.max_bytes, self.settings.stream_answer_bytes_max))
 
     def _pull_args(self, request: pb.PullRequest) -> _PullArgs:
         s = self.settings
@@ -429,25 +429,37 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         offsets: Sequence[int],
         context: grpc.ServicerContext,
         into: RepeatedCompositeFieldContainer[pb.PullResponse] | None = None,
+        *,
+        budget_bytes: int | None = None,
     ) -> list[pb.PullResponse]:
         """Pulls of several queues (each args[i] from offsets[i]) with one commit-log Read for
         all of them (several when their records pass pull_bytes_max together): a Follow cycle
-        over the queues a dispatch woke costs one Read, not one a queue."""
+        over the queues a dispatch woke costs one Read, not one a queue. With `budget_bytes`,
+        the pulls together take at most that many bytes of records (the first pull at least one
+        record, whatever its size): the answers are those of the first pulls that fit."""
         began = time.perf_counter()
-        started = []
+        started: list[tuple[pb.PullResponse, PullResult]] = []
+        left = budget_bytes
         # The computation in CPU_SECTION (mqstore/cpu_section.py: handler threads in numpy at
         # once hand the GIL to each other at every call); outside it what may wait: the copy
         # out of the segment files (a page not in memory is a disk read), the commit-log Read.
         with CPU_SECTION:
             for a, offset in zip(args, offsets, strict=True):
+                if left is not None and left <= 0:
+                    break
                 result = self.engine.pull(
                     a.topic,
                     a.queue_id,
                     offset,
                     a.max_messages,
-                    a.max_bytes,
+                    a.max_bytes if left is None else min(a.max_bytes, left),
                     a.tags.codes if a.tags is not None else (),
                 )
+                if left is not None and result.status is PullStatus.FOUND:
+                    taken_bytes = int(result.taken.size.sum())
+                    if started and taken_bytes > left:
+                        break  # its first record alone is past the budget: the next round's
+                    left -= taken_bytes
                 response = pb.PullResponse() if into is None else into.add()
                 response.status = _STATUS[result.status]
                 response.next_begin_offset = result.next_begin_offset

@@ -20,10 +20,12 @@ from pydantic_settings import SettingsConfigDict
 from cq_svc.config import AckFlush, CqConfig, StoreKind
 from cq_svc.tail_records import TAIL_RECORDS_MIB_DEFAULT
 from mqstore.launcher import DEFAULT_PORTS
-from mqstore.rpc.settings import FollowerSettings
+from mqstore.rpc.settings import FollowerSettings, check_worker_budget
+from mqstore.rpc.streams import StreamCap
 
 _API, _HEALTH, _METRICS = DEFAULT_PORTS["cq_svc"]
 _COMMITLOG_PORT = DEFAULT_PORTS["commitlog_svc"][0]
+_API_METHOD = "/mqstore.consumequeue.v1.ConsumeQueue/"
 
 
 def _default_subscriber_id() -> str:
@@ -79,19 +81,30 @@ class CqSettings(FollowerSettings):
     # Tag strings per request: a subscription names a handful; 256 bounds the set we hash.
     tags_max: int = Field(256, ge=1)
 
-    # -- long polling ------------------------------------------------------------------------------
+    # -- long polling and streams ----------------------------------------------------------------
     # RocketMQ's broker holds a pull up to the client's 15 s suspend time; 30 s at most here.
     long_poll_max_ms: int = Field(30_000, ge=0)
     # Each waiting call holds a server thread: past this many at once, RESOURCE_EXHAUSTED.
-    long_polls_max: int = Field(32, ge=1)
+    # Long polls and streams together leave UNARY_WORKERS_MIN threads to other calls: 24 + 16
+    # + 16 + 8 = 64. A caught-up SDK consumer follows (below); unary long polls are Receive's
+    # and those of consumers of more than 1,024 queues.
+    long_polls_max: int = Field(24, ge=1)
     # A pull stream holds a server thread while its caller reads: at most this many at once,
     # each at most this many answers long (then the caller opens the next one).
     pull_streams_max: int = Field(16, ge=1)
     pull_stream_batches_max: int = Field(64, ge=1)
-    # A Follow stream (one long poll over several queues) answers at most this many batches,
-    # then the caller opens the next; it names at most this many queues.
+    # A Follow stream (one long poll over several queues) holds a server thread for as long as
+    # it is open, reading or waiting: at most this many at once (a caught-up consumer refused
+    # one pulls instead). It answers at most this many batches, then the caller opens the
+    # next; it names at most this many queues.
+    follow_streams_max: int = Field(16, ge=1)
     follow_batches_max: int = Field(4_096, ge=1)
     follow_queues_max: int = Field(1_024, ge=1)
+    # A streamed answer (a PullStream batch, a Follow round over its queues) carries at most
+    # this many bytes of records, and at least one record. A stream holds its one answer until
+    # its reader takes it, so this bounds what a slow reader costs (times the stream caps):
+    # 1 MiB is 1,024 records of 1 KiB, past where a bigger answer buys anything.
+    stream_answer_bytes_max: int = Field(1 << 20, ge=1)
     # The newest records, brought by the dispatch frames, held to answer tail pulls without a
     # commit-log Read (tail_records.py); 0 turns it off.
     tail_records_mib: int = Field(TAIL_RECORDS_MIB_DEFAULT, ge=0, le=4_096)
@@ -119,12 +132,14 @@ class CqSettings(FollowerSettings):
 
     @model_validator(mode="after")
     def _check_relations(self) -> Self:
-        if self.long_polls_max + self.pull_streams_max >= self.max_workers:
-            raise ValueError(
-                f"long_polls_max ({self.long_polls_max}) and pull_streams_max "
-                f"({self.pull_streams_max}) must leave server threads free: together below "
-                f"max_workers ({self.max_workers})"
-            )
+        check_worker_budget(
+            self.max_workers,
+            {
+                "long_polls_max": self.long_polls_max,
+                "pull_streams_max": self.pull_streams_max,
+                "follow_streams_max": self.follow_streams_max,
+            },
+        )
         if self.pull_bytes_max > self.max_message_bytes // 2:
             raise ValueError("pull_bytes_max must be at most half of max_message_bytes")
         for default, top in (
@@ -136,6 +151,17 @@ class CqSettings(FollowerSettings):
             if getattr(self, default) > getattr(self, top):
                 raise ValueError(f"{default} must not exceed {top}")
         return self
+
+    def stream_caps(self) -> dict[str, StreamCap]:
+        """The API's server streams and their caps (mqstore/rpc/streams.py)."""
+        return {
+            _API_METHOD + "PullStream": StreamCap(
+                self.pull_streams_max, "pull streams", "pull_streams_max", "pull one at a time"
+            ),
+            _API_METHOD + "Follow": StreamCap(
+                self.follow_streams_max, "follow streams", "follow_streams_max", "pull instead"
+            ),
+        }
 
     def engine_config(self) -> CqConfig:
         return CqConfig(

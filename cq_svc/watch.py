@@ -14,9 +14,12 @@ A Follow stream waits on several queues with one waiter (`register_many`): the w
 the keys that woke it, so the stream looks again only at those (`take` hands them over and
 re-arms the waiter in one step: a wake after it is never lost).
 
-Every waiting call holds a server thread, so waiters are bounded by `max_waiters`; one more
-is refused with ResourceExhausted. `close()` (shutdown) wakes every waiter and makes later
-waits return at once, so long polls answer promptly when the service drains.
+Every waiting call holds a server thread, so long polls (`register`) are bounded by
+`max_waiters`; one more is refused with ResourceExhausted. A Follow's waiter (`register_many`)
+is not counted there: Follow streams have a cap of their own (follow_streams_max, taken before
+the stream starts, mqstore/rpc/streams.py). `waiting` counts both. `close()` (shutdown) wakes
+every waiter and makes later waits return at once, so long polls answer promptly when the
+service drains.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ class QueueWatch:
         self.max_waiters = max_waiters
         self._lock = threading.Lock()
         self._by_key: dict[Key, set[Waiter]] = {}
-        self._count = 0
+        self._count = 0  # every waiter
+        self._bounded: set[Waiter] = set()  # the long polls', counted against max_waiters
         self._closed = False
 
     @property
@@ -95,21 +99,24 @@ class QueueWatch:
         return self._closed
 
     def register(self, key: Key) -> Waiter:
-        return self._add(Waiter((key,)))
+        """A long poll's waiter, one of max_waiters."""
+        return self._add(Waiter((key,)), bounded=True)
 
     def register_many(self, keys: Sequence[Key]) -> KeysWaiter:
-        """One waiter (one of max_waiters) for every key in `keys` (distinct)."""
+        """One waiter for every key in `keys` (distinct): a Follow's, bounded by its caller."""
         waiter = KeysWaiter(keys)
-        self._add(waiter)
+        self._add(waiter, bounded=False)
         return waiter
 
-    def _add(self, waiter: W) -> W:
+    def _add(self, waiter: W, *, bounded: bool) -> W:
         with self._lock:
-            if self._count >= self.max_waiters:
-                raise ResourceExhausted(
-                    f"{self._count} long polls are waiting already (the bound); "
-                    "poll again later or without long_poll_ms"
-                )
+            if bounded:
+                if len(self._bounded) >= self.max_waiters:
+                    raise ResourceExhausted(
+                        f"{len(self._bounded)} long polls are waiting already (the bound); "
+                        "poll again later or without long_poll_ms"
+                    )
+                self._bounded.add(waiter)
             for key in waiter.keys:
                 self._by_key.setdefault(key, set()).add(waiter)
             self._count += 1
@@ -130,6 +137,7 @@ class QueueWatch:
                     del self._by_key[key]
             if found:
                 self._count -= 1
+                self._bounded.discard(waiter)
 
     def notify(self, keys: Iterable[Key]) -> int:
         """Wake the waiters of `keys`; returns how many were woken."""

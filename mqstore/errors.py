@@ -3,7 +3,8 @@
     MqstoreError                      (base; never raised itself)
     ├── InvalidArgument               INVALID_ARGUMENT  bad input from a caller
     │   ├── MessageIllegal            a field over its limit, a bad topic, an empty batch
-    │   └── PropertiesTooLarge        encoded properties over 32,767 bytes
+    │   ├── PropertiesTooLarge        encoded properties over 32,767 bytes
+    │   └── MalformedRequest          request bytes that do not parse as the method's message
     ├── OutOfRange                    OUT_OF_RANGE      an offset outside what is stored
     ├── NotFound                      NOT_FOUND         an unknown id or queue
     ├── FailedPrecondition            FAILED_PRECONDITION  asked of the wrong place (shard)
@@ -50,6 +51,10 @@ class MessageIllegal(InvalidArgument):
 
 class PropertiesTooLarge(InvalidArgument):
     pass
+
+
+class MalformedRequest(InvalidArgument):
+    """Request bytes that are not the method's protobuf message (mqstore/rpc/admission.py)."""
 
 
 class OutOfRange(MqstoreError):

@@ -6,9 +6,9 @@ as INTERNAL "internal error" (the interceptor's text for a bug); UNKNOWN means a
 escaped even that; a unary call that hangs past its deadline is a finding too. INVALID_ARGUMENT
 must name the field (BadRequest), as T13 asks.
 
-Bytes that are not a request at all fail to deserialize: gRPC answers INTERNAL "Exception
-deserializing request!" before any handler runs (E8: acceptable, if noisy). Only the raw-bytes
-mode of a target sends such bytes, and only there is that answer accepted.
+Bytes that are not a request at all are INVALID_ARGUMENT with the field "request": the services
+parse the bytes themselves (mqstore/rpc/admission.py; gRPC's own parse answered INTERNAL and
+kept memory, issue 23), so that answer is typed like any other.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ TYPED = frozenset(
 )
 # The error interceptor's answer for an untyped exception (mqstore/rpc/errors.py).
 BUG_DETAILS = "internal error"
-DESERIALIZE_DETAILS = "Exception deserializing request!"
 CALL_TIMEOUT_S = 10.0
 
 _STACKS: list[Stack] = []
@@ -66,21 +65,19 @@ class Failed(Exception):
         self.field = field
 
 
-def call(where: str, fn: Callable[[], T], *, raw: bool = False) -> T | Failed:
+def call(where: str, fn: Callable[[], T]) -> T | Failed:
     """The answer, or the failure after checking that its status is a typed one."""
     try:
         return fn()
     except grpc.RpcError as err:
         code, message, field = error_from_rpc(err)
     failed = Failed(code, message, field)
-    check_failure(where, failed, raw=raw)
+    check_failure(where, failed)
     return failed
 
 
-def check_failure(where: str, failed: Failed, *, raw: bool = False) -> None:
+def check_failure(where: str, failed: Failed) -> None:
     code = failed.code
-    if raw and code is grpc.StatusCode.INTERNAL and failed.message == DESERIALIZE_DETAILS:
-        return
     check(code in TYPED, f"{where}.{code.name}", failed.message)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
         check(bool(failed.field), f"{where}.invalid-argument-without-field", failed.message)

@@ -413,9 +413,7 @@ class CommitLogApi:
         payload = draw.rest()
         before = self.stack.engine.max_offset
         send = raw_unary(self.channel, SERVICE, method)
-        got = call(
-            f"commitlog.raw.{method}", lambda: send(payload, timeout=CALL_TIMEOUT_S), raw=True
-        )
+        got = call(f"commitlog.raw.{method}", lambda: send(payload, timeout=CALL_TIMEOUT_S))
         if isinstance(got, Failed) and method == "Append":
             self.check_unchanged("commitlog.raw.Append", before)
 

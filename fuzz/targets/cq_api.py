@@ -373,7 +373,7 @@ class CqApi:
         method = draw.choice(RAW_METHODS)
         payload = draw.rest()
         send = raw_unary(self.channel, SERVICE, method)
-        call(f"cq.raw.{method}", lambda: send(payload, timeout=CALL_TIMEOUT_S), raw=True)
+        call(f"cq.raw.{method}", lambda: send(payload, timeout=CALL_TIMEOUT_S))
 
 
 def setup() -> Callable[[bytes], None]:

@@ -132,7 +132,7 @@ class IndexApi:
         method = draw.choice(RAW_METHODS)
         payload = draw.rest()
         send = raw_unary(self.channel, SERVICE, method)
-        call(f"index.raw.{method}", lambda: send(payload, timeout=CALL_TIMEOUT_S), raw=True)
+        call(f"index.raw.{method}", lambda: send(payload, timeout=CALL_TIMEOUT_S))
 
 
 def setup() -> Callable[[bytes], None]:

@@ -136,7 +136,7 @@ RECONNECT_TIMEOUT_S_DEFAULT = 30.0
 # at once), doubling, to 1 s (a consumer costs one call a second while it waits).
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_MAX_S = 1.0
-# Long polls one consumer keeps waiting at once: cq_svc serves 32 at most (long_polls_max),
+# Long polls one consumer keeps waiting at once: cq_svc serves 24 at most (long_polls_max),
 # so one consumer of a wide topic must not take them all.
 LONG_POLLS_MAX = 8
 # When more queues are caught up than are watched by long polls, the wait is cut to this, so
@@ -145,8 +145,8 @@ UNWATCHED_WAIT_MS = 1_000
 # With long polling off (long_poll_ms=0), a caught-up poll pauses this long between rounds
 # instead of spinning on the server.
 IDLE_PAUSE_S = 0.1
-# After RESOURCE_EXHAUSTED on a long poll (the server's waiters are all taken), pause before
-# looking again.
+# After RESOURCE_EXHAUSTED on a long poll or a follow (the server's waiters or follow streams
+# are all taken), pause before looking again.
 BUSY_PAUSE_S = 0.2
 
 _LIMITS = MessageLimits()
@@ -1033,8 +1033,12 @@ class Consumer:
         elif error.code is grpc.StatusCode.CANCELLED:
             pass
         elif isinstance(error, ResourceExhausted):
-            log.warning("%s: follow refused (%s); looking again shortly", self.topic, error)
+            # Every follow stream of the server is taken (follow_streams_max): pull until one
+            # is free, a round of quick pulls first (the stream answered nothing).
+            log.warning("%s: follow refused (%s); pulling instead", self.topic, error)
             time.sleep(BUSY_PAUSE_S)
+            for state in self._queues.values():
+                state.caught_up = False
         elif not (isinstance(error, Unavailable) and self._buffered()):
             raise error
 

@@ -118,13 +118,16 @@ _PROPERTY_END = PROPERTY_SEPARATOR.encode()
 _PUT_OK = pb.PUT_OK
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-# Stream failures after which the unanswered requests are sent again.
+# Stream failures after which the unanswered requests are sent again. RESOURCE_EXHAUSTED ends
+# an AppendStream only when the server refused it for its cap (append_streams_max) or its call
+# queue, before reading a request (a full disk is a per-message status).
 _RETRYABLE = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.ABORTED,
         grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
 

@@ -31,13 +31,17 @@
                   stored)
                -> the handler, with `caller=<entry name>` bound to its log lines
 
+The token is checked before the request's bytes are parsed (admission.py: a caller without a
+valid token is UNAUTHENTICATED whatever it sent), the scopes after. Refusals are logged at most
+a few lines at a time (logs.RateLimitedLog) and counted by code in grpc_server_handled_total.
+
 Health is not here: it is served by a plaintext server of its own (server.py) that holds
 nothing but grpc.health.v1. Reflection is open to any valid token. A method missing from the
 table needs `admin` (fail closed); a test checks that the table names every method.
 
 Errors are the typed `Unauthenticated` / `PermissionDenied` of mqstore/errors.py, mapped to
-their codes by the ErrorInterceptor, which sits outside this one. Neither the token nor its
-hash appears in an error or a log line.
+their codes by the ErrorInterceptor, which sits outside the AdmissionInterceptor. Neither the
+token nor its hash appears in an error or a log line.
 """
 
 from __future__ import annotations
@@ -48,19 +52,17 @@ import hashlib
 import hmac
 import logging
 import tomllib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import grpc
-import structlog
-
 from mqstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from mqstore.rpc.channel import AUTHORIZATION_KEY
-from mqstore.rpc.errors import WrappingInterceptor, wrap_handler
+from mqstore.rpc.logs import RateLimitedLog
 
 log = logging.getLogger(__name__)
+Metadata = tuple[tuple[str, str | bytes], ...] | None
 
 PRODUCE: Final = "produce"
 CONSUME: Final = "consume"
@@ -329,83 +331,61 @@ def presented_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     return token
 
 
-# -- the interceptor ----------------------------------------------------------------------------
+# -- the gate ------------------------------------------------------------------------------------
 
 
-class AuthInterceptor(WrappingInterceptor):
-    """Authenticates every call and checks its method's requirement against the request.
+class TokenGate:
+    """Who calls, by bearer token, for the AdmissionInterceptor (admission.py): it authenticates
+    a call from its metadata before the request's bytes are parsed, and checks the method's
+    requirement against each request once they are. Both run in the handler's thread.
 
-    The work runs in the handler's thread (wrapped behaviours), not in intercept_service,
-    which gRPC runs on its serving thread."""
+    Refusals are logged through RateLimitedLogs: one for every UNAUTHENTICATED call (whoever
+    it is, it is not a name of ours), one per token name for PERMISSION_DENIED (the tokens file
+    bounds the names): a flood of refused calls writes a few lines, and one token's refusals
+    never hide another's."""
 
     def __init__(self, table: TokenTable) -> None:
-        super().__init__()
         self.table = table
+        self._unknown_log = RateLimitedLog(log)
+        self._denied_logs = {grant.name: RateLimitedLog(log) for grant in table.grants}
 
-    def wrap(
-        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
-    ) -> grpc.RpcMethodHandler[Any, Any]:
+    def door(self, method: str) -> Callable[[Metadata], _Caller]:
         requirement = requirement_for(method)
-        streaming = handler.request_streaming
         table = self.table
+        unknown_log = self._unknown_log
+        denied_logs = self._denied_logs
 
-        def admit(request: Any, context: grpc.ServicerContext) -> tuple[Grant, Any, _Refusal]:
-            refusal = _Refusal()
+        def admit(metadata: Metadata) -> _Caller:
             try:
-                grant = table.authenticate(presented_token(context.invocation_metadata()))
-                if streaming:
-                    request = _checked(grant, requirement, request, refusal)
-                else:
-                    grant.check(requirement, request)
-            except (Unauthenticated, PermissionDenied) as err:
-                log.warning("refused %s: %s", method, err)
+                grant = table.authenticate(presented_token(metadata))
+            except Unauthenticated as err:
+                unknown_log.warning("refused %s: %s", method, err)
                 raise
-            return grant, request, refusal
+            return _Caller(grant, requirement, method, denied_logs[grant.name])
 
-        def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
-            def call(request: Any, context: grpc.ServicerContext) -> Any:
-                grant, request, refusal = admit(request, context)
-                with structlog.contextvars.bound_contextvars(caller=grant.name):
-                    response = behavior(request, context)
-                refusal.raise_if_any(method)
-                return response
-
-            return call
-
-        def stream(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
-            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                grant, request, refusal = admit(request, context)
-                with structlog.contextvars.bound_contextvars(caller=grant.name):
-                    yield from behavior(request, context)
-                refusal.raise_if_any(method)
-
-            return call
-
-        return wrap_handler(handler, unary, stream)
+        return admit
 
 
-class _Refusal:
-    """A request of a stream that the scopes did not cover: the stream ended before it, and
-    the call ends with its PERMISSION_DENIED once the handler has answered the earlier ones."""
+class _Caller:
+    """A call's grant and its method's requirement."""
 
-    def __init__(self) -> None:
-        self.error: PermissionDenied | None = None
+    __slots__ = ("denied_log", "grant", "method", "requirement")
 
-    def raise_if_any(self, method: str) -> None:
-        if self.error is not None:
-            log.warning("refused %s: %s", method, self.error)
-            raise self.error
+    def __init__(
+        self, grant: Grant, requirement: Requirement, method: str, denied_log: RateLimitedLog
+    ) -> None:
+        self.grant = grant
+        self.requirement = requirement
+        self.method = method
+        self.denied_log = denied_log
 
+    @property
+    def name(self) -> str:
+        return self.grant.name
 
-def _checked(
-    grant: Grant, requirement: Requirement, requests: Iterator[Any], refusal: _Refusal
-) -> Iterator[Any]:
-    """The requests of a stream, each checked as it arrives; the first refused one ends the
-    stream for the handler (it never sees it) and is remembered in `refusal`."""
-    for request in requests:
+    def check(self, request: Any) -> None:
         try:
-            grant.check(requirement, request)
+            self.grant.check(self.requirement, request)
         except PermissionDenied as err:
-            refusal.error = err
-            return
-        yield request
+            self.denied_log.warning("refused %s: %s", self.method, err)
+            raise

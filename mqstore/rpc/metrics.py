@@ -14,7 +14,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 import grpc
-from prometheus_client import Counter, Histogram, MetricsHandler
+from prometheus_client import Counter, Gauge, Histogram, MetricsHandler
 
 from mqstore.rpc.errors import WrappingInterceptor, wrap_handler
 
@@ -34,6 +34,21 @@ HANDLING = Histogram(
     buckets=LATENCY_BUCKETS_S,
 )
 
+MALFORMED_REQUESTS = Counter(
+    "mqstore_rpc_malformed_requests_total",
+    "Requests whose bytes do not parse as the method's message (answered INVALID_ARGUMENT).",
+    ["grpc_service", "grpc_method"],
+)
+STREAMS_OPEN = Gauge(
+    "mqstore_rpc_streams_open",
+    "Streaming calls holding one of their method's slots now (streams.py).",
+    ["grpc_service", "grpc_method"],
+)
+STREAMS_REFUSED = Counter(
+    "mqstore_rpc_streams_refused_total",
+    "Streaming calls refused RESOURCE_EXHAUSTED: every slot of their method was taken.",
+    ["grpc_service", "grpc_method"],
+)
 
 # How often the HTTP server's loop looks for a stop request: what a stop waits at most.
 METRICS_POLL_S = 0.05
@@ -65,7 +80,8 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-def _split(method: str) -> tuple[str, str]:
+def split_method(method: str) -> tuple[str, str]:
+    """("mqstore.consumequeue.v1.ConsumeQueue", "Pull") of "/mqstore...ConsumeQueue/Pull"."""
     service, _, name = method.lstrip("/").partition("/")
     return service, name
 
@@ -81,7 +97,7 @@ class MetricsInterceptor(WrappingInterceptor):
     def wrap(
         self, handler: grpc.RpcMethodHandler[Any, Any], method: str
     ) -> grpc.RpcMethodHandler[Any, Any]:
-        service, name = _split(method)
+        service, name = split_method(method)
         timer = HANDLING.labels(service, name)
         counters: dict[str, Any] = {}  # status code -> HANDLED child (a lookup takes a lock)
 

@@ -2,12 +2,16 @@
 
     ServiceHost(name, settings, register=..., on_stop=...)
       main port     the API (thread pool server), reflection, interceptors: logs, metrics,
-                    errors -> status codes, auth (with a tokens file: auth.py); TLS when
+                    errors -> status codes, admission (the caller's token with a tokens file,
+                    then the request's bytes parsed, then the scopes: admission.py), caps on
+                    streaming calls (`stream_caps`, streams.py); TLS when
                     settings give a certificate and key, mutual TLS when they also give a CA
                     for client certificates (server_credentials below)
       health port   its own plaintext server: grpc.health.v1 with "", "startup", "readiness",
                     "liveness", and nothing else (no API, no reflection, no token); separate so
-                    that an overloaded API never fails a probe and probes need no TLS material
+                    that an overloaded API never fails a probe and probes need no TLS material;
+                    its requests' bytes are parsed by admission.py too, errors mapped as on
+                    the main port
       metrics port  Prometheus /metrics
       SIGTERM/INT   readiness NOT_SERVING (health.enter_graceful_shutdown), wait drain_delay_s,
                     on_drain() (waiting calls answer now), stop accepting and finish calls
@@ -29,7 +33,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from types import FrameType
 from typing import Any
@@ -38,14 +42,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from mqstore.rpc.admission import AdmissionInterceptor
 from mqstore.rpc.allocator import keep_large_blocks
-from mqstore.rpc.auth import AuthInterceptor, TokenTable
+from mqstore.rpc.auth import TokenGate, TokenTable
 from mqstore.rpc.channel import http2_options
 from mqstore.rpc.collector import measure_pauses
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.logs import LoggingInterceptor
 from mqstore.rpc.metrics import MetricsInterceptor, MetricsServer
 from mqstore.rpc.settings import ServiceSettings
+from mqstore.rpc.streams import StreamCap, StreamCapsInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +126,10 @@ class ServiceHost:
         on_stop: Callable[[], None] = lambda: None,
         alive: Callable[[], bool] = lambda: True,
         ports_file: str = "",
+        stream_caps: Mapping[str, StreamCap] | None = None,
     ) -> None:
         self.name = name
+        self.stream_caps = StreamCapsInterceptor(stream_caps or {})
         self.settings = settings
         if settings.keep_large_blocks:
             keep_large_blocks()  # megabyte messages reuse heap memory (allocator.py)
@@ -155,7 +163,8 @@ class ServiceHost:
             self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         self._health_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"{self.name}-health")
+            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"{self.name}-health"),
+            interceptors=[ErrorInterceptor(), AdmissionInterceptor()],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self.health_port = self._health_server.add_insecure_port(f"{s.host}:{s.health_port}")
@@ -168,15 +177,18 @@ class ServiceHost:
         s = self.settings
         if self._health_server is None:
             self.start_health()
-        # Outermost first: auth runs inside the error interceptor, which turns its typed
-        # refusals into UNAUTHENTICATED / PERMISSION_DENIED like every other error.
+        # Outermost first: admission runs inside the error interceptor, which turns its typed
+        # refusals into UNAUTHENTICATED / INVALID_ARGUMENT / PERMISSION_DENIED like every other
+        # error; every handler takes its request as bytes from it. The stream caps come last:
+        # only an admitted call may take a slot.
+        gate = TokenGate(self._tokens) if self._tokens is not None else None
         interceptors: list[grpc.ServerInterceptor] = [
             LoggingInterceptor(),
             MetricsInterceptor(),
             ErrorInterceptor(),
+            AdmissionInterceptor(gate),
+            self.stream_caps,
         ]
-        if self._tokens is not None:
-            interceptors.append(AuthInterceptor(self._tokens))
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=s.max_workers, thread_name_prefix=f"{self.name}-rpc"

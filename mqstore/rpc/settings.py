@@ -29,6 +29,7 @@ import argparse
 import contextvars
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
@@ -45,6 +46,27 @@ from mqstore.rpc.channel import ChannelSecurity
 from mqstore.storage.data_mode import DataMode
 
 CONFIG_ENV = "MQSTORE_CONFIG"
+# Workers that no stream or long poll may hold (each service's settings check its caps against
+# max_workers): unary calls (pulls, appends, acks, status) always find a thread. Calls of ~1 ms
+# on 2 cores need a few threads at once; 8 keep them busy with room for a slow disk read.
+UNARY_WORKERS_MIN = 8
+
+
+def unary_workers_min(max_workers: int) -> int:
+    """Workers no stream or long poll may hold: UNARY_WORKERS_MIN, or half of a smaller pool."""
+    return min(UNARY_WORKERS_MIN, max_workers // 2)
+
+
+def check_worker_budget(max_workers: int, held: Mapping[str, int]) -> None:
+    """`held` (setting name -> calls that may each hold a worker at once) leaves
+    unary_workers_min of max_workers free; ValueError naming the settings otherwise."""
+    reserve = unary_workers_min(max_workers)
+    if sum(held.values()) + reserve > max_workers:
+        names = " + ".join(f"{name} ({n})" for name, n in held.items())
+        raise ValueError(
+            f"{names} must leave {reserve} of max_workers ({max_workers}) to unary calls: "
+            "lower them or raise max_workers"
+        )
 
 
 class ServiceSettings(BaseSettings):
@@ -68,7 +90,8 @@ class ServiceSettings(BaseSettings):
     # grace_period_s, then flush and checkpoint.
     drain_delay_s: float = Field(0.0, ge=0)
     grace_period_s: float = Field(10.0, ge=0)
-    # A sync server holds a thread per call in flight (streams and long polls included).
+    # A sync server holds a thread per call in flight (streams and long polls included; their
+    # caps leave UNARY_WORKERS_MIN of these to unary calls).
     max_workers: int = Field(64, ge=2, le=1024)
     max_message_bytes: int = Field(64 << 20, ge=1 << 20)
     # glibc keeps megabyte buffers in the heap between messages instead of fresh pages for each

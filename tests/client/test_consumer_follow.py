@@ -4,9 +4,10 @@ Consumer._fill_once / _open_follow / _follow_take), against real service process
 What is observable from outside the client is cq_svc's metrics port: the gauge
 mqstore_cq_long_polls_waiting (a Follow holds one waiter for as long as it is open, a unary
 long poll one per queue), grpc_server_handled_total by method (a Follow is counted when it
-ends) and mqstore_cq_long_polls_refused_total. Messages go in through the commit log's Append
-(tests/e2e/support.py), from a thread of their own where the consumer is meant to be waiting
-when they come. Every test checks each queue's messages arrive exactly once, in order.
+ends) and mqstore_rpc_streams_refused_total (Follow streams past follow_streams_max). Messages
+go in through the commit log's Append (tests/e2e/support.py), from a thread of their own where
+the consumer is meant to be waiting when they come. Every test checks each queue's messages
+arrive exactly once, in order.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tests.e2e.support import CALL_TIMEOUT_S, append, eventually
 pytestmark = pytest.mark.timeout(60)
 
 WAITING = "mqstore_cq_long_polls_waiting"
-REFUSED = "mqstore_cq_long_polls_refused_total"
+REFUSED = "mqstore_rpc_streams_refused_total"
 HANDLED = "grpc_server_handled_total"
 FOLLOW_THREAD = "mqstore-follow"  # the reader thread's name (follow.py)
 
@@ -57,7 +58,12 @@ def waiting(cluster: Cluster) -> float:
 
 
 def refused(cluster: Cluster) -> float:
-    return scrape(cluster).get((REFUSED, ()), 0.0)
+    """Follow streams cq_svc refused: every one was taken."""
+    return sum(
+        value
+        for (name, labels), value in scrape(cluster).items()
+        if name == REFUSED and ("grpc_method", "Follow") in labels
+    )
 
 
 def follows_ended(cluster: Cluster) -> float:
@@ -194,9 +200,9 @@ def short_follow_cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def one_waiter_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A cq_svc that lets one call wait at a time: a second consumer's follow is refused."""
+    """A cq_svc that lets one follow stream run at a time: a second consumer's is refused."""
     c = start_store(
-        tmp_path_factory.mktemp("one_waiter"), extra={"cq_svc": ["--long-polls-max", "1"]}
+        tmp_path_factory.mktemp("one_waiter"), extra={"cq_svc": ["--follow-streams-max", "1"]}
     )
     try:
         yield c
@@ -337,7 +343,7 @@ def test_consumption_continues_across_many_follow_stream_ends(
 
 
 def _hold_the_only_waiter(cluster: Cluster, topic: str) -> Consumer:
-    """A consumer of `topic`, caught up and following: it holds cq_svc's one waiter."""
+    """A consumer of `topic`, caught up and following: it holds cq_svc's one follow stream."""
     seed(cluster, topic, 1, 1)
     holder = Consumer(settings_for(cluster), topic, start="earliest")
     try:
@@ -348,9 +354,12 @@ def _hold_the_only_waiter(cluster: Cluster, topic: str) -> Consumer:
     return holder
 
 
-def test_a_refused_follow_is_retried_and_its_messages_arrive_once_the_waiter_is_free(
+def test_a_refused_follow_pulls_instead_and_follows_once_a_stream_is_free(
     one_waiter_cluster: Cluster,
 ) -> None:
+    """Issue 23, item 4: past follow_streams_max a follow is refused before it answers
+    anything; the consumer pulls instead (its messages arrive meanwhile), tries to follow
+    again after a pause, and follows once a stream is free."""
     cluster = one_waiter_cluster
     nobody_waits(cluster)
     holder = _hold_the_only_waiter(cluster, "follow_holder_a")
@@ -361,22 +370,25 @@ def test_a_refused_follow_is_retried_and_its_messages_arrive_once_the_waiter_is_
             refused_before = refused(cluster)
             sent = produce(cluster, "follow_refused_b", [0, 1, 1, 0, 1], "b")
             wait_dispatched(cluster, "follow_refused_b", {0: 3, 1: 4})
-            # The follow is refused, and tried again after a pause: more than once.
+            # The follow is refused, and tried again after a pause: more than once, while
+            # the messages arrive by pulls.
             got: list[Message] = []
             deadline = time.monotonic() + 10
             while refused(cluster) < refused_before + 2 and time.monotonic() < deadline:
                 got += c.poll(timeout_s=0.3)
             assert refused(cluster) >= refused_before + 2
-            holder.close()
             got += poll_until(c, 5 - len(got))
             assert by_queue(got) == sent
             check_in_order(got, {q: len(b) for q, b in seeded.items()})
+            holder.close()
+            more = produce(cluster, "follow_refused_b", [1, 0], "c")
+            assert by_queue(poll_until(c, 2)) == more
             eventually(lambda: waiting(cluster) == 1, timeout_s=5)  # now it follows itself
     finally:
         holder.close()
 
 
-def test_messages_already_stored_arrive_while_another_consumer_holds_every_waiter(
+def test_messages_already_stored_arrive_while_another_consumer_holds_every_follow_stream(
     one_waiter_cluster: Cluster,
 ) -> None:
     cluster = one_waiter_cluster

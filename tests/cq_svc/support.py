@@ -79,7 +79,13 @@ class ApiHarness:
             pb_grpc.add_ConsumeQueueServicer_to_server(self.servicer, server)
             return [SERVICE_NAME]
 
-        self.host = ServiceHost("cq_svc", self.settings, register=register, on_stop=self._closed)
+        self.host = ServiceHost(
+            "cq_svc",
+            self.settings,
+            register=register,
+            on_stop=self._closed,
+            stream_caps=self.settings.stream_caps(),
+        )
         self.host.start()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.host.port}")
         self.stub = pb_grpc.ConsumeQueueStub(self.channel)

@@ -2,7 +2,9 @@
 a unary Pull of its queue (pull_index) from that queue's previous answer's next_begin_offset
 gives; queues are served in turn; the stream waits while nothing is new, wakes on a dispatch
 to one of its queues, and ends after max_batches answers, after long_poll_ms idle, on the
-caller's deadline, on cancel and on shutdown; it holds one long poll of long_polls_max.
+caller's deadline, on cancel and on shutdown; at most follow_streams_max run at once (the
+unary long polls' bound is their own), and a round answers at most stream_answer_bytes_max of
+records.
 
 Real commit log process; the consume queue is fed directly (real sink and engine) with the
 dispatch entries of real appends, as in test_pull_stream.py. Each test writes its own topic.
@@ -32,6 +34,7 @@ from tests.cq_svc.support import ApiHarness, rpc_error, wait_for
 
 LONG_MS = 20_000  # a wait that no passing test sits through
 LONG_POLLS_MAX = 3
+FOLLOWS_MAX = 3  # the server's cap on follow streams
 BATCHES_MAX = 20  # the server's cap on a follow's answers
 QUEUES_MAX = 4  # the server's cap on a follow's queues
 
@@ -49,6 +52,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, log: ServiceProcess) -> Iterat
         tmp_path_factory.mktemp("follow") / "cq",
         commitlog_target=log.target,
         long_polls_max=LONG_POLLS_MAX,
+        follow_streams_max=FOLLOWS_MAX,
         follow_batches_max=BATCHES_MAX,
         follow_queues_max=QUEUES_MAX,
     )
@@ -395,31 +399,77 @@ def test_a_follow_is_refused_before_the_log_is_caught_up(api: ApiHarness) -> Non
     assert code == grpc.StatusCode.UNAVAILABLE
 
 
-def test_follows_past_the_long_polls_bound_are_refused_until_they_end(api: ApiHarness) -> None:
+def test_follows_past_their_bound_are_refused_at_once_and_leave_long_polls_alone(
+    api: ApiHarness,
+) -> None:
+    """Issue 23, item 4: a follow stream holds a server thread for as long as it is open, so
+    past follow_streams_max one is refused before it looks at anything (it used to answer its
+    first look anyway, and hold a thread while a slow reader took it); the unary long polls
+    keep their own bound."""
     feed(api, "R", [0])
     at_end = pull("R", 0, 1)
     long_poll = pb.PullRequest(topic="R", offset=1, long_poll_ms=300)
     waiting = [
         follow_call(api, follow(at_end, pull("R", q, 0), long_poll_ms=LONG_MS), timeout=30)
-        for q in range(1, LONG_POLLS_MAX + 1)
+        for q in range(1, FOLLOWS_MAX + 1)
     ]
     try:
-        assert wait_for(lambda: api.watch.waiting == LONG_POLLS_MAX)
-        extra = follow_call(api, follow(at_end, long_poll_ms=LONG_MS), timeout=30)
-        code, message, _ = rpc_error(lambda: next(extra))
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "long polls" in message
-        # Only the wait is refused: a follow whose queue holds something new gets it, once,
-        # and its stream ends (as a unary Pull answers its first look).
-        has_new = list(follow_call(api, follow(pull("R", 0, 0), long_poll_ms=LONG_MS), timeout=30))
-        assert [(a.status, list(a.queue_offsets)) for a in has_new] == [(pb.FOUND, [0])]
-        # They are the unary long polls' bound too.
-        code, _, _ = rpc_error(lambda: api.stub.Pull(long_poll, timeout=30))
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert wait_for(lambda: api.watch.waiting == FOLLOWS_MAX)
+        for extra in (at_end, pull("R", 0, 0)):  # the second has something new: refused too
+            stream = follow_call(api, follow(extra, long_poll_ms=LONG_MS), timeout=30)
+            code, message, _ = rpc_error(lambda s=stream: next(s))  # type: ignore[misc]
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "follow streams" in message and "follow_streams_max" in message
+        # The follows hold none of the long polls' bound: a unary long poll still waits.
+        began = time.monotonic()
+        assert api.stub.Pull(long_poll, timeout=30).status == pb.OFFSET_OVERFLOW_ONE
+        assert time.monotonic() - began >= 0.25
     finally:
         for stream in waiting:
             stream.cancel()
     assert wait_for(lambda: api.watch.waiting == 0, timeout_s=5)
-    began = time.monotonic()
-    assert api.stub.Pull(long_poll, timeout=30).status == pb.OFFSET_OVERFLOW_ONE
-    assert time.monotonic() - began >= 0.25  # it waited: a long poll again
-    assert list(follow_call(api, follow(at_end, long_poll_ms=100), timeout=30)) == []
+    # Slots come back as the streams end (a cancelled one once its thread sees the cancel).
+    assert wait_for(
+        lambda: _follows_again(api, follow(pull("R", 0, 0), long_poll_ms=100)), timeout_s=5
+    )
+
+
+def _follows_again(api: ApiHarness, request: pb.FollowRequest) -> bool:
+    try:
+        answers = list(follow_call(api, request, timeout=30))
+    except grpc.RpcError as err:
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        return False
+    assert [(a.status, list(a.queue_offsets)) for a in answers] == [(pb.FOUND, [0])]
+    return True
+
+
+def test_a_round_answers_at_most_stream_answer_bytes_max_and_the_rest_in_the_next(
+    log: ServiceProcess, tmp_path: Path
+) -> None:
+    """Issue 23, item 4: a follow holds one answer while its reader takes it, so a round over
+    many queues stops at stream_answer_bytes_max of records (the first at least one record);
+    the queues it left are answered next, every message once and in order."""
+    budget = 2_000
+    small = ApiHarness(tmp_path / "cq", commitlog_target=log.target, stream_answer_bytes_max=budget)
+    try:
+        small.handshake()
+        queues = [q for _ in range(4) for q in range(4)]  # 4 messages in each of 4 queues
+        stub = cl_grpc.CommitLogStub(small.log_channel)
+        bodies = [b"%d-%d-" % (q, i) + b"b" * 600 for i, q in enumerate(queues)]
+        stored = append(stub, "B", bodies, queue_ids=queues)
+        small.dispatch([s.entry("B") for s in stored])
+        record_bytes = stored[0].size
+        assert 2 * record_bytes <= budget < 3 * record_bytes
+        pulls = [pull("B", q, 0, max_messages=4, records_as_blob=True) for q in range(4)]
+        messages = list(small.stub.Follow(follow(*pulls), timeout=30))
+    finally:
+        small.stop()
+    got: dict[int, list[int]] = {}
+    for message in messages:
+        sizes = [size for answer in message.answers for size in answer.record_sizes]
+        assert sum(sizes) <= budget or len(sizes) == 1, sizes
+        for answer in message.answers:
+            got.setdefault(answer.pull_index, []).extend(answer.queue_offsets)
+    assert got == {q: [0, 1, 2, 3] for q in range(4)}
+    assert len(messages) >= 8  # 16 records, at most 2 a round

@@ -1,6 +1,7 @@
 """PullStream: consecutive Pulls of one queue over one server stream. Each answer must be what
 a unary Pull from the previous answer's next_begin_offset gives, byte for byte; the stream
-ends where the proto says; bad input, and too many open streams, get their status.
+ends where the proto says; bad input, and too many open streams, get their status; an answer
+holds at most stream_answer_bytes_max of records.
 
 Real commit log process; the consume queue is fed directly (real sink and engine) with the
 dispatch entries of real appends, as in test_pull_blob.py."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -138,3 +140,32 @@ def test_past_the_open_streams_limit_a_stream_is_refused_until_one_ends(api: Api
             time.sleep(0.05)
     else:
         raise AssertionError("a slot never came free")
+
+
+def test_each_answer_carries_at_most_stream_answer_bytes_max_of_records(
+    log: ServiceProcess, tmp_path: Path
+) -> None:
+    """Issue 23, item 4: a stream holds its answer while a slow reader takes it, so an answer
+    is at most stream_answer_bytes_max of records (whatever the pull's max_bytes), at least one
+    record; the stream goes on from there."""
+    budget = 1_000
+    small = ApiHarness(tmp_path / "cq", commitlog_target=log.target, stream_answer_bytes_max=budget)
+    try:
+        small.handshake()
+        stub = cl_grpc.CommitLogStub(small.log_channel)
+        stored = append(stub, "Big", [b"%03d" % i + b"x" * 300 for i in range(12)])
+        small.dispatch([s.entry("Big") for s in stored])
+        pull = pb.PullRequest(
+            topic="Big", max_messages=1_000, max_bytes=1 << 20, records_as_blob=True
+        )
+        answers = list(small.stub.PullStream(pb.PullStreamRequest(pull=pull), timeout=30))
+        unary = small.stub.Pull(pull, timeout=30)  # a unary Pull keeps its own max_bytes
+    finally:
+        small.stop()
+    assert len(unary.queue_offsets) == 12
+    assert all(sum(a.record_sizes) <= budget for a in answers)
+    assert [len(a.queue_offsets) for a in answers][:-1] == [budget // stored[0].size] * (
+        len(answers) - 1
+    )
+    assert [o for a in answers for o in a.queue_offsets] == list(range(12))
+    assert b"".join(a.records_blob for a in answers) == unary.records_blob

@@ -111,10 +111,16 @@ def test_one_waiter_over_many_queues_keeps_the_ones_woken_and_counts_once() -> N
     watch.notify_entries([_entry("T", 0)])
     assert waiter.wait(10.0)
     assert waiter.take() == {("T", 0)}
+    # The long polls' bound is theirs: a follow's waiter takes none of it (its stream has a
+    # cap of its own), and is refused none.
     watch.register(("T", 5))
+    watch.register(("T", 6))
     with pytest.raises(ResourceExhausted):
-        watch.register_many([("W", 0)])
+        watch.register(("T", 7))
+    other = watch.register_many([("W", 0)])
+    assert watch.waiting == 4
+    watch.unregister(other)
     watch.unregister(waiter)
     watch.unregister(waiter)  # twice: harmless
-    assert watch.waiting == 1
+    assert watch.waiting == 2
     assert watch.notify_entries([_entry("T", 1)]) == 0  # no longer registered anywhere

@@ -1,7 +1,7 @@
 """Review of 5781cd7 (cq_svc makes a Follow round's answers inside its FollowResponse and
 deletes the ones not worth sending): the answers left must be the right ones, named by the
-right pull_index, on the usual path and on the path where the long poll is refused
-(ResourceExhausted: the first round is answered, cut to max_batches, and the stream ends).
+right pull_index, also when a round is cut to max_batches. (A follow past follow_streams_max
+used to answer its first round anyway; since issue 23 it is refused before it looks.)
 
 Real commit log process; the consume queue is fed directly (real sink and engine), as in
 test_follow.py, whose helpers these tests use."""
@@ -26,7 +26,9 @@ LONG_MS = 20_000  # a wait that no passing test sits through
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiHarness]:
     root = tmp_path_factory.mktemp("review")
     log: ServiceProcess = start_commitlog(root / "log")
-    harness = ApiHarness(root / "cq", commitlog_target=log.target, long_polls_max=1)
+    harness = ApiHarness(
+        root / "cq", commitlog_target=log.target, long_polls_max=1, follow_streams_max=1
+    )
     harness.handshake()
     try:
         yield harness
@@ -51,25 +53,35 @@ def test_a_round_drops_the_queues_with_nothing_new_and_names_the_others_rightly(
     assert [len(a.queue_offsets) for a in messages[0].answers] == [2, 3]
 
 
-def test_a_follow_refused_its_long_poll_answers_the_queues_with_something_cut_to_max_batches(
+def test_a_follow_past_the_cap_answers_nothing_and_a_round_is_cut_to_max_batches(
     api: ApiHarness,
 ) -> None:
     feed(api, "Busy", [0])
     feed(api, "Cut", [1, 2, 3, 1])
+    pulls = [pull("Cut", q, 0, records_as_blob=True) for q in range(4)]  # 0: empty
+    request = follow(*pulls, long_poll_ms=LONG_MS, max_batches=2)
     holder = follow_call(api, follow(pull("Busy", 0, 1), long_poll_ms=LONG_MS), timeout=30)
     try:
         assert wait_for(lambda: api.watch.waiting == 1)
-        pulls = [pull("Cut", q, 0, records_as_blob=True) for q in range(4)]  # 0: empty
-        request = follow(*pulls, long_poll_ms=LONG_MS, max_batches=2)
-        answers = list(follow_call(api, request, timeout=30))
-        assert [a.pull_index for a in answers] == [1, 2]
-        for a in answers:
-            assert unindexed(a).SerializeToString() == unary(api, pulls[a.pull_index])
-        # Nothing new in any of its queues: the refusal stands.
-        code, _, _ = rpc_error(
-            lambda: list(follow_call(api, follow(pulls[0], long_poll_ms=LONG_MS), timeout=30))
-        )
+        # Its queues hold something new: refused all the same, nothing answered.
+        code, _, _ = rpc_error(lambda: list(follow_call(api, request, timeout=30)))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         holder.cancel()
     assert wait_for(lambda: api.watch.waiting == 0, timeout_s=5)
+    got: list[pb.PullResponse] = []
+
+    def answered() -> bool:
+        try:
+            got.extend(follow_call(api, request, timeout=30))
+        except grpc.RpcError as err:  # the holder's slot comes back once its thread ends
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            return False
+        return True
+
+    assert wait_for(answered, timeout_s=5)
+    # Two answers (max_batches), of two of the queues with something, in turn.
+    assert len(got) == 2 and len({a.pull_index for a in got}) == 2
+    assert {a.pull_index for a in got} <= {1, 2, 3}
+    for a in got:
+        assert unindexed(a).SerializeToString() == unary(api, pulls[a.pull_index])

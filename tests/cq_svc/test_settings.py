@@ -44,6 +44,7 @@ def test_flags_and_environment_reach_the_engine_config(monkeypatch: pytest.Monke
     ("flags", "field"),
     [
         (["--long-polls-max", "64", "--max-workers", "64"], "long_polls_max"),
+        (["--follow-streams-max", "17"], "follow_streams_max"),  # 24 + 16 + 17 + 8 > 64
         (["--pull-bytes-max", str(40 << 20)], "pull_bytes_max"),
         (["--pull-messages-default", "100", "--pull-messages-max", "50"], "pull_messages_default"),
         (["--cq-store", "leveldb"], "cq_store"),
