@@ -84,22 +84,42 @@ class CommitLogSettings(ServiceSettings):
     # for as long as it is open; past this, RESOURCE_EXHAUSTED (the SDK's producer retries with
     # backoff). 0: a quarter of max_workers (16 of 64), at least 1.
     append_streams_max: int = Field(0, ge=0)
+    # Subscribe calls at once (cq_svc and index_svc replicas, one stream each): each holds a
+    # server thread for as long as it is open, and one frame while its reader is slow; past
+    # this, RESOURCE_EXHAUSTED (the subscriber reconnects with backoff). 0: a quarter of
+    # max_workers (16 of 64), at least 1.
+    subscribe_streams_max: int = Field(0, ge=0)
 
     @property
     def append_streams_cap(self) -> int:
         return self.append_streams_max or max(1, self.max_workers // 4)
 
+    @property
+    def subscribe_streams_cap(self) -> int:
+        return self.subscribe_streams_max or max(1, self.max_workers // 4)
+
     @model_validator(mode="after")
     def _check_streams(self) -> Self:
-        check_worker_budget(self.max_workers, {"append_streams_max": self.append_streams_cap})
+        check_worker_budget(
+            self.max_workers,
+            {
+                "append_streams_max": self.append_streams_cap,
+                "subscribe_streams_max": self.subscribe_streams_cap,
+            },
+        )
         return self
 
     def stream_caps(self) -> dict[str, StreamCap]:
-        """The API's streams and their caps (mqstore/rpc/streams.py). Subscribe has none: its
-        callers are the followers, and it holds one frame while one is slow."""
+        """The API's streams and their caps (mqstore/rpc/streams.py)."""
         return {
             _API_METHOD + "AppendStream": StreamCap(
                 self.append_streams_cap, "append streams", "append_streams_max", "retry later"
+            ),
+            _API_METHOD + "Subscribe": StreamCap(
+                self.subscribe_streams_cap,
+                "subscriptions",
+                "subscribe_streams_max",
+                "forget subscribers that are gone, or raise the bound",
             ),
         }
 

@@ -84,7 +84,7 @@ def test_append_streams_past_the_cap_are_refused_at_once_and_appends_go_on(
 
 def test_the_default_cap_is_a_quarter_of_the_workers_and_leaves_unary_calls_workers() -> None:
     assert CommitLogSettings.load([], max_workers=64).append_streams_cap == 16
-    assert CommitLogSettings.load([], max_workers=2).append_streams_cap == 1
+    assert CommitLogSettings.load([], max_workers=4).append_streams_cap == 1
     with pytest.raises(ValueError, match="append_streams_max"):
         CommitLogSettings.load([], max_workers=64, append_streams_max=60)
 
@@ -104,3 +104,36 @@ def test_a_producer_refused_a_stream_retries_and_stores_once_a_slot_is_free(
         result = sent.result(timeout=WAIT_S)
     read = svc.stub.Read(pb.ReadRequest(offsets=[result.commit_log_offset], sizes=[result.size]))
     assert list(read.statuses) == [pb.READ_OK] and b"waits for a slot" in read.records[0]
+
+
+def test_subscriptions_past_the_cap_are_refused_and_leave_no_subscriber_behind(
+    start: Callable[..., Running],
+) -> None:
+    """Subscribe holds a server thread a stream too: past subscribe_streams_max it is refused
+    at once, registers nobody (nothing more holds retention back), and a slot comes back when
+    a stream ends."""
+    svc = start(subscribe_streams_max=STREAMS_MAX)
+    svc.append_ok(batch(0, 3))
+    held = [svc.stub.Subscribe(pb.SubscribeRequest(subscriber_id=f"s{i}")) for i in range(2)]
+    for stream in held:
+        assert next(stream).WhichOneof("frame") == "handshake"
+    extra = svc.stub.Subscribe(pb.SubscribeRequest(subscriber_id="one-too-many"), timeout=10)
+    with pytest.raises(grpc.RpcError) as err:
+        next(extra)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "subscribe_streams_max" in (err.value.details() or "")
+    assert svc.subscriber("one-too-many") is None
+    held[0].cancel()
+    deadline = time.monotonic() + WAIT_S
+    while True:  # the slot comes back once the cancelled stream's handler returns
+        again = svc.stub.Subscribe(pb.SubscribeRequest(subscriber_id="later"), timeout=10)
+        try:
+            assert next(again).WhichOneof("frame") == "handshake"
+            break
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert time.monotonic() < deadline, "a slot never came back"
+            time.sleep(0.05)
+    again.cancel()
+    held[1].cancel()
+    assert CommitLogSettings.load([], max_workers=64).subscribe_streams_cap == 16

@@ -383,7 +383,8 @@ def test_the_shared_subscriber_hands_small_frames_as_entry_lists(
 
 
 def test_cancelled_subscribers_free_their_worker_threads(start: Callable[..., Running]) -> None:
-    svc = start(max_workers=2)  # two worker threads: one leaked stream would starve the server
+    # Two subscriptions at once at most: one leaked stream a round would reach the bound.
+    svc = start(max_workers=6, subscribe_streams_max=2)
     fill(svc, 10)
     for _ in range(5):
         reader = subscribe(svc, "fickle")
@@ -410,7 +411,7 @@ SUBSCRIBER_SCRIPT = textwrap.dedent(
 def test_a_subscriber_killed_mid_stream_is_let_go_and_the_server_keeps_serving(
     start: Callable[..., Running], tmp_path: Path
 ) -> None:
-    svc = start(max_workers=2)
+    svc = start(max_workers=6, subscribe_streams_max=2)
     fill(svc, 10)
     child = subprocess.Popen(
         [sys.executable, "-c", SUBSCRIBER_SCRIPT, svc.target],
