@@ -86,7 +86,9 @@ from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import TAGS
 from mqstore.formats.record import Bad, Blank, read_record, validate_topic
 from mqstore.formats.record_columns import record_heads, split_records
+from mqstore.history import LogHistory
 from mqstore.limits import MessageLimits, validate_group
+from mqstore.rpc.dispatch_codec import history_from_proto
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
@@ -573,6 +575,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                     return got
                 got.removed += 1  # RocketMQ steps over removed messages too
             else:
+                self._raise_if_cut(unit.commit_log_offset)
                 metrics.READ_RECORDS.labels("corrupt").inc()
                 log.error(
                     "%s/%d@%d: the commit log refuses the record at %d as corrupt",
@@ -647,6 +650,33 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         metrics.TAIL_RECORDS.labels("hit").inc(n)
         self._tail_read_at = time.monotonic()
         return _ReadAnswer([cl_pb.READ_OK] * n, blob, sizes.tolist())
+
+    def _raise_if_cut(self, offset: int) -> None:
+        """The commit log refuses the record at `offset`, which a unit points at: damaged, or
+        the log was cut since these queues last agreed with it (a restart whose recovery cut
+        the tail, appends that regrew it with other records, and this replica's handshake with
+        it still to come). Only the second is no damage: Unavailable then, so the consumer
+        retries after the handshake instead of taking a new message for a bad one. A rare path:
+        it asks the log for its history."""
+        try:
+            status = self._log.GetStatus(
+                cl_pb.GetStatusRequest(), timeout=self.settings.read_timeout_ms / 1000.0
+            )
+        except grpc.RpcError as err:
+            raise Unavailable(
+                f"the commit log refuses the record at {offset} and its history cannot be asked "
+                f"({err.code().name}): a cut log and a damaged record cannot be told apart"
+            ) from err
+        store = self.engine.store
+        if status.store_id != store.store_id:
+            raise Unavailable("the commit log was replaced since these queues last agreed with it")
+        ours = self.engine.history if len(self.engine.history) else LogHistory.legacy()
+        agreed = history_from_proto(status.history).agreed_offset(ours, offset + 1)
+        if agreed <= offset:
+            raise Unavailable(
+                f"the commit log was cut at {agreed} since these queues last agreed with it; "
+                "they agree again at the next handshake"
+            )
 
     def _read(
         self, offsets: list[int], sizes: list[int], context: grpc.ServicerContext
@@ -942,6 +972,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             else:
                 # Never served, never settled: it comes back after its invisibility until the
                 # group acknowledges it (reported) or commits past it.
+                try:
+                    self._raise_if_cut(r.unit.commit_log_offset)
+                except Unavailable:
+                    self._release(group, topic, queue_id, got)
+                    raise
                 metrics.READ_RECORDS.labels("corrupt").inc()
                 log.error(
                     "%s/%d@%d: the commit log refuses the record at %d as corrupt",

@@ -28,7 +28,10 @@ from mqstore.dispatch import DispatchEntry
 from mqstore.formats.javahash import tags_code
 from mqstore.history import LogHistory
 from mqstore.rpc.channel import make_channel
+from mqstore.rpc.dispatch_codec import history_from_proto
 from mqstore.rpc.errors import error_from_rpc
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq_pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
 from mqstore.rpc.server import ServiceHost
@@ -110,6 +113,20 @@ class ApiHarness:
     ) -> None:
         # As the log's handshake says it: one epoch from the start, truncate at its end.
         self.sink.on_handshake(store_id, min_offset, max_offset, max_offset, LogHistory([(1, 0)]))
+
+    def agree_with_log(self) -> None:
+        """Handshake as the real commit log at `commitlog_target` would: its store id and
+        history (a record it refuses is then damaged, not cut since the handshake)."""
+        status = cl_grpc.CommitLogStub(self.log_channel).GetStatus(
+            cl_pb.GetStatusRequest(), timeout=10
+        )
+        self.sink.on_handshake(
+            status.store_id,
+            status.min_offset,
+            status.max_offset,
+            status.max_offset,
+            history_from_proto(status.history),
+        )
 
     def dispatch(self, entries: Sequence[DispatchEntry]) -> None:
         self.sink.on_batch(list(entries), max(e.end_offset for e in entries))
