@@ -24,13 +24,28 @@ from mqstore.formats.record_columns import (
 V6_HOST = bytes(range(16)) + b"\x00\x00\x10\x00"
 
 
+# The last pair of a record written without the whole-record CRC may look like its property:
+# its own key or one a byte off (read as a property with a wrong CRC, or a damaged one), or a
+# key two bytes off (not the property: the record reads with its body CRC).
+LOOKALIKES = [
+    b"__CRC32#\x010123456789\x02",
+    b"__CRC32!\x010123456789\x02",
+    b"_xCRC3x#\x010123456789\x02",
+]
+
+
 @st.composite
 def records(draw: st.DrawFn) -> tuple[bytes, int]:
     """(a whole record, the offset it claims), of any shape the format allows: long (V2)
-    topics, IPv6 hosts, empty bodies and properties, large bodies."""
+    topics, IPv6 hosts, empty bodies and properties, large bodies, with the whole-record CRC
+    (the store's default) or without it (older and RocketMQ's records, whose last property may
+    look like the CRC's)."""
     topic = draw(st.sampled_from(["T", "orders", "%RETRY%" + "t" * 130, "a-b_c|d"]))
     body = draw(st.sampled_from([b"", b"x", b"body-%d", bytes(600)]))
     props = draw(st.sampled_from([b"", b"TAGS\x01a\x02", b"UNIQ_KEY\x01" + b"A" * 32 + b"\x02"]))
+    record_crc = draw(st.booleans())
+    if not record_crc and draw(st.integers(0, 3)) == 0:
+        props += draw(st.sampled_from(LOOKALIKES))
     offset = draw(st.integers(0, 1 << 40))
     v6 = draw(st.booleans())
     raw = encode_record(
@@ -41,18 +56,20 @@ def records(draw: st.DrawFn) -> tuple[bytes, int]:
         physical_offset=offset,
         sys_flag=sysflag.BORNHOST_V6 if v6 else 0,
         born_host=V6_HOST if v6 else b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+        record_crc=record_crc,
     )
     return raw, offset
 
 
 @st.composite
 def damaged(draw: st.DrawFn) -> tuple[bytes, int]:
-    """A record as records() makes it, then maybe one byte changed, a field rewritten or the
-    offset asked for moved."""
+    """A record as records() makes it, then maybe one byte changed (anywhere, or in the last
+    20 bytes, where the CRC property sits), a field rewritten or the offset asked for moved."""
     raw, offset = draw(records())
-    kind = draw(st.sampled_from(["none", "flip", "field", "offset"]))
-    if kind == "flip":
-        at = draw(st.integers(0, len(raw) - 1))
+    kind = draw(st.sampled_from(["none", "flip", "flip_tail", "field", "offset"]))
+    if kind in ("flip", "flip_tail"):
+        lowest = len(raw) - 20 if kind == "flip_tail" else 0
+        at = draw(st.integers(lowest, len(raw) - 1))
         raw = raw[:at] + bytes([raw[at] ^ draw(st.integers(1, 255))]) + raw[at + 1 :]
     elif kind == "field":
         at = draw(st.sampled_from([0, 4, 8, 36, 84]))  # size, magic, CRC, SYSFLAG, body length
@@ -77,7 +94,7 @@ def like_batch(draw: st.DrawFn) -> list[tuple[bytes, int]]:
         out.append((bytes(one), offset + i * len(raw)))
     if draw(st.booleans()):
         k = draw(st.integers(0, n - 1))
-        at = draw(st.integers(0, len(raw) - 1))
+        at = draw(st.integers(draw(st.sampled_from([0, len(raw) - 20])), len(raw) - 1))
         bad = bytearray(out[k][0])
         bad[at] ^= draw(st.integers(1, 255))
         out[k] = (bytes(bad), out[k][1])
