@@ -387,6 +387,9 @@ _HEAD_BYTES: Final = len(RECORD_CRC_HEAD)
 _HEAD: Final = np.frombuffer(RECORD_CRC_HEAD, dtype=np.uint8)
 _KEY_BYTES: Final = 8  # "__CRC32#", compared as one big-endian 64-bit number
 _KEY: Final = int.from_bytes(RECORD_CRC_HEAD[:_KEY_BYTES], "big")
+# Its halves: a damaged property (one fixed byte off) keeps one of them whole.
+_KEY_HIGH: Final = _KEY >> 32
+_KEY_LOW: Final = _KEY & 0xFFFFFFFF
 assert _HEAD_BYTES == _KEY_BYTES + 1
 _POWERS_OF_TEN: Final = 10 ** np.arange(RECORD_CRC_DIGITS, dtype=np.int64)
 # The digits of every number below 10**5, least significant first: a CRC (below 2**31) is two
@@ -442,16 +445,22 @@ def write_record_crcs(blob: bytearray, sizes: Sequence[int]) -> None:
 def stored_crcs(tails: npt.NDArray[np.uint8]) -> IntArray:
     """record.stored_record_crc of each record, from the last 20 bytes of each (one row each,
     its bytes contiguous; the caller sets NO_RECORD_CRC where the properties are shorter than
-    20 bytes). A well-formed property is told by three column compares and a digit check; only
-    the rows that are not one are counted byte by byte (damaged, or records without it)."""
+    20 bytes). Rows are told apart by column compares: the key, 0x01 and 0x02 in place (then
+    the ten digits are checked and read), or neither half of the key in place (no property:
+    at most one of its fixed bytes may differ in a damaged one); only what is left, damaged
+    properties and rare look-alikes, is compared byte by byte."""
     key = tails[:, :_KEY_BYTES].view(">u8")[:, 0]
-    exact = (key == _KEY) & (tails[:, _KEY_BYTES] == 0x01) & (tails[:, -1] == PROPERTIES_END_BYTE)
-    digits = tails[:, _HEAD_BYTES:-1] - np.uint8(ord("0"))  # a non-digit wraps past 9
-    for column in range(RECORD_CRC_DIGITS):  # column by column: faster than all(axis=1)
-        exact &= digits[:, column] <= 9
-    found: IntArray = np.where(exact, digits.astype(np.int64) @ _POWERS_OF_TEN, NO_RECORD_CRC)
-    if not bool(exact.all()):
-        rest = np.flatnonzero(~exact)
+    formed = (key == _KEY) & (tails[:, _KEY_BYTES] == 0x01) & (tails[:, -1] == PROPERTIES_END_BYTE)
+    if bool(formed.all()):  # the usual batch: every record has the property
+        return _read_digits(tails)
+    found: IntArray = np.full(len(tails), NO_RECORD_CRC, dtype=np.int64)
+    rows = np.flatnonzero(formed)
+    if len(rows):
+        found[rows] = _read_digits(tails[rows])
+    halves = tails[:, :_KEY_BYTES].view(">u4")
+    near = ~formed & ((halves[:, 0] == _KEY_HIGH) | (halves[:, 1] == _KEY_LOW))
+    rest = np.flatnonzero(near)
+    if len(rest):
         kept = (tails[rest, :_HEAD_BYTES] == _HEAD).sum(axis=1) + (
             tails[rest, -1] == PROPERTIES_END_BYTE
         )
@@ -459,3 +468,15 @@ def stored_crcs(tails: npt.NDArray[np.uint8]) -> IntArray:
             kept >= RECORD_CRC_FIXED_BYTES_KEPT_MIN, DAMAGED_RECORD_CRC, NO_RECORD_CRC
         )
     return found
+
+
+def _read_digits(tails: npt.NDArray[np.uint8]) -> IntArray:
+    """The CRC in the ten digits of each row, or DAMAGED_RECORD_CRC where one is no digit."""
+    digits = tails[:, _HEAD_BYTES:-1] - np.uint8(ord("0"))  # a non-digit wraps past 9
+    digit_ok = digits[:, 0] <= 9
+    for column in range(1, RECORD_CRC_DIGITS):  # column by column: faster than all(axis=1)
+        digit_ok &= digits[:, column] <= 9
+    value: IntArray = np.where(
+        digit_ok, digits.astype(np.int64) @ _POWERS_OF_TEN, DAMAGED_RECORD_CRC
+    )
+    return value
