@@ -172,28 +172,41 @@ def _check_columns(
     tails = _fields(buf, rows, starts, ends - RECORD_CRC_BYTES, RECORD_CRC_BYTES)
     stored = np.where(ok & (props_len >= RECORD_CRC_BYTES), stored_crcs(tails), NO_RECORD_CRC)
     whole = stored >= 0
+    every_whole = bool(whole.all())
 
-    body_at = np.where(ok, starts + header, 0)
-    body_end = body_at + np.where(ok, body_len, 0)
-    # A list comprehension of slices: twice as fast as mapping slice objects (measured). A
-    # view costs more than copying a small body and half as much as copying a 1 KiB one.
-    a, b = body_at.tolist(), body_end.tolist()
     body_list: list[bytes] = []
-    if bodies:
-        body_list = [blob[x:y] for x, y in zip(a, b, strict=True)]
-    if whole.any():
-        a = np.where(whole, starts, body_at).tolist()
-        b = np.where(whole, ends - RECORD_CRC_BYTES, body_end).tolist()
-    elif bodies:
-        a = b = []  # the CRCs are the bodies'
-    if len(blob) >= n * VIEW_CRC_RECORD_BYTES_MIN:
-        view = memoryview(blob)
-        crcs = map(crc32, [view[x:y] for x, y in zip(a, b, strict=True)] or body_list)
+    if bodies or not every_whole:
+        body_at = np.where(ok, starts + header, 0)
+        body_end = body_at + np.where(ok, body_len, 0)
+        # A list comprehension of slices: twice as fast as mapping slice objects (measured).
+        a, b = body_at.tolist(), body_end.tolist()
+        if bodies:
+            body_list = [blob[x:y] for x, y in zip(a, b, strict=True)]
+    if every_whole and rows is not None:
+        # Records of one size, each with its CRC property: copies of all but their last 20
+        # bytes cut by struct in C, no Python step a record.
+        cut = struct.Struct(f"{rows.shape[1] - RECORD_CRC_BYTES}s{RECORD_CRC_BYTES}x")
+        crcs = map(crc32, map(_FIRST, cut.iter_unpack(blob)))
     else:
-        crcs = map(crc32, [blob[x:y] for x, y in zip(a, b, strict=True)] or body_list)
+        if every_whole:
+            a, b = starts.tolist(), (ends - RECORD_CRC_BYTES).tolist()
+        elif whole.any():
+            a = np.where(whole, starts, body_at).tolist()
+            b = np.where(whole, ends - RECORD_CRC_BYTES, body_end).tolist()
+        elif bodies:
+            a = b = []  # the CRCs are the bodies'
+        # A view costs more than copying a small range and half as much as copying 1 KiB.
+        if len(blob) >= n * VIEW_CRC_RECORD_BYTES_MIN:
+            view = memoryview(blob)
+            crcs = map(crc32, [view[x:y] for x, y in zip(a, b, strict=True)] or body_list)
+        else:
+            crcs = map(crc32, [blob[x:y] for x, y in zip(a, b, strict=True)] or body_list)
     crc = np.fromiter(crcs, dtype=np.int64, count=n) & _CRC_MASK
-    ok &= np.where(whole, crc == stored, (crc == head["body_crc"]) | (body_len == 0))
-    ok &= stored != DAMAGED_RECORD_CRC  # (after the bodies: a CRC failure keeps its body)
+    if every_whole:
+        ok &= crc == stored
+    else:
+        ok &= np.where(whole, crc == stored, (crc == head["body_crc"]) | (body_len == 0))
+        ok &= stored != DAMAGED_RECORD_CRC  # (after the bodies: a CRC failure keeps its body)
     return CheckedRecords(ok, head, starts, ends, body_list if bodies else [])
 
 
