@@ -773,7 +773,7 @@ def field_spans(raw: Buffer) -> list[tuple[str, int, int]]:
     spans.append(("PROPERTIESLENGTH", props_at, props_at + 2))
     props_end = props_at + 2 + max(props_len, 0)
     crc_at = props_end
-    if stored_record_crc(raw, props_end, props_len) != NO_RECORD_CRC:
+    if props_end <= total and stored_record_crc(raw, props_end, props_len) != NO_RECORD_CRC:
         crc_at = props_end - RECORD_CRC_BYTES
     spans.append(("PROPERTIES", props_at + 2, crc_at))
     if crc_at < props_end:
