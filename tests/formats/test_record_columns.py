@@ -12,13 +12,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqstore.formats import sysflag
-from mqstore.formats.record import Record, encode_record, read_record
+from mqstore.formats.record import (
+    Record,
+    encode_record,
+    read_record,
+    record_crc_property,
+    stored_record_crc,
+)
 from mqstore.formats.record_columns import (
     SMALL_BATCH_RECORDS_MAX,
     CheckedRecords,
     _check_columns,
     _check_few,
     check_records,
+    stored_crcs,
 )
 
 V6_HOST = bytes(range(16)) + b"\x00\x00\x10\x00"
@@ -190,3 +197,36 @@ def test_the_columns_of_many_records_give_the_verdicts_of_one_at_a_time(
     """Past SMALL_BATCH_RECORDS_MAX the columns decide, reading a batch of like records as a
     matrix; one record at a time decides alike."""
     all_agree([raw for raw, _ in drawn], [o for _, o in drawn] if with_offsets else None, bodies)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**31 - 1),
+            st.lists(st.tuples(st.integers(0, 19), st.integers(0, 255)), max_size=3),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    st.booleans(),
+)
+def test_the_crc_property_columns_read_what_stored_record_crc_reads(
+    drawn: list[tuple[int, list[tuple[int, int]]]], strided: bool
+) -> None:
+    """stored_crcs (numpy, many records) against record.stored_record_crc (one), over
+    properties as written, with bytes changed, and unlike any (as a strided view of records
+    too, as the recovery walk passes them)."""
+    tails = []
+    for crc, changes in drawn:
+        tail = bytearray(record_crc_property(crc))
+        for at, value in changes:
+            tail[at] = value
+        tails.append(bytes(tail))
+    want = [stored_record_crc(t, 20, 20) for t in tails]
+    if strided:
+        rows = np.frombuffer(b"".join(b"pad" + t for t in tails), dtype=np.uint8)
+        matrix = rows.reshape(len(tails), 23)[:, 3:]
+    else:
+        matrix = np.frombuffer(b"".join(tails), dtype=np.uint8).reshape(len(tails), 20)
+    assert stored_crcs(matrix).tolist() == want
