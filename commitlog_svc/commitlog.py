@@ -12,10 +12,12 @@ durable. A pipelined stream writes request N+1 while request N waits, so one flu
 With `producer=(id, sequence)` an append is idempotent (producers.py): a retry of a stored
 request returns the first result and stores nothing.
 
-Appends take one lock (RocketMQ's putMessageLock). Everything that can be computed without it
-(limits, CRC, the record's tail) is computed before it; under it the store assigns queue
-offsets, the store timestamp and physical offsets, writes the batch in place and publishes it
-with one position update, so a reader sees a batch whole or not at all.
+Appends take one lock (RocketMQ's putMessageLock). Under it the store assigns queue offsets,
+the store timestamp and physical offsets, encodes the batch (record_batch.BatchEncoder: the
+limits, the body CRC and, once those fields are final, each record's whole-record CRC), writes
+it in place and publishes it with one position update, so a reader sees a batch whole or not at
+all. The whole-record CRC covers fields only the lock assigns, so it is computed there, in the
+encoder's pass over the batch (C calls through map, no Python step a record).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from mqstore.formats.record import (
     END_FILE_MIN_BLANK_BYTES,
     MAGIC_V1_BYTES,
     MAGIC_V2_BYTES,
+    PHYSICAL_OFFSET_POS,
     Bad,
     Blank,
     Buffer,
@@ -113,6 +116,7 @@ DISK_FULL_RETRY_MS = 1_000
 READ_COLUMNS_MIN_RECORDS = 8
 
 _I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
 _BLANK_MAGIC_BYTES = _I32.pack(BLANK_MAGIC)
 # A store-level refusal: the status every message of the call gets, and why.
 Refusal = tuple[PutStatus, str]
@@ -178,7 +182,7 @@ class CommitLog:
         self._limits = config.limits
         self._put_lock = threading.Lock()
         self._put_lock_timeout_s = config.put_lock_timeout_ms / 1000.0
-        self._encoder = BatchEncoder(self._store_host, self._limits)
+        self._encoder = BatchEncoder(self._store_host, self._limits, record_crc=config.record_crc)
         self._queue_offsets: QueueTable = {}
         self._lock: FileLock | None = None
         self._flusher: FlushService | None = None
@@ -797,7 +801,7 @@ class CommitLog:
     def set_store_host(self, store_host: bytes) -> None:
         """Change the host written into new records and msg ids (a service learns its port
         only once it listens, after recovery)."""
-        encoder = BatchEncoder(store_host, self._limits)
+        encoder = BatchEncoder(store_host, self._limits, record_crc=self.config.record_crc)
         with self._put_lock:
             self._store_host = store_host
             self._encoder = encoder
@@ -826,7 +830,8 @@ class CommitLog:
 
     def read_record(self, offset: int) -> Record:
         """The record starting at `offset`, CRC-checked. InvalidArgument if no record starts
-        there, CorruptRecord (DATA_LOSS) if the one there fails its checks."""
+        there, CorruptRecord (DATA_LOSS) if the one there fails its checks (a record whose
+        magic code was damaged too: its PHYSICALOFFSET field still says it started there)."""
         mf = self._file_at(offset)
         if not mf.hold():
             raise DataLoss(f"the segment holding {offset} was deleted")
@@ -835,6 +840,7 @@ class CommitLog:
             found = read_record(
                 mf.read_buf, pos, mf.read_position, check_crc=True, expected_offset=offset
             )
+            own_offset = _holds_own_offset(mf.read_buf, pos, mf.read_position, offset)
         finally:
             mf.release()
         if isinstance(found, Record):
@@ -842,7 +848,7 @@ class CommitLog:
         known = self._corrupt_starts.get(offset)
         if known is not None:
             raise CorruptRecord(offset, known)
-        if isinstance(found, Blank) or found.no_record:
+        if isinstance(found, Blank) or (found.no_record and not own_offset):
             raise InvalidArgument(f"no record starts at offset {offset}", field="offset")
         raise CorruptRecord(offset, found.reason)
 
@@ -1028,10 +1034,12 @@ class CommitLog:
         max_records: int = 1024,
         max_bytes: int = 4 << 20,
         end_offset: int | None = None,
-        check_crc: bool = False,
+        check_crc: bool = True,
     ) -> ScanBatch:
         """Records from `from_offset` (a record boundary) up to `end_offset` (default: the
-        confirm offset), at most `max_records` / about `max_bytes`. The dispatch source.
+        confirm offset), at most `max_records` / about `max_bytes`, each checked as
+        read_record checks it (CRCs too unless `check_crc` is False). The reference dispatch
+        source (dispatch_scan.py makes the same frames faster).
 
         Blanks move on to the next file. A bad record is skipped to the next valid one and
         reported in `corrupt`, so one damaged record never stalls the stream.
@@ -1297,6 +1305,13 @@ def _with_property(batches: Sequence[MessageBatch], index: int, extra: bytes) ->
     raise InvalidArgument(f"message {index} is not in the batch")
 
 
+def _holds_own_offset(buf: Buffer, pos: int, readable: int, offset: int) -> bool:
+    """The PHYSICALOFFSET field at `pos` holds `offset`: a record was written there, whatever
+    became of its magic code (only the record at that place writes that number there)."""
+    at = pos + PHYSICAL_OFFSET_POS
+    return at + 8 <= readable and _I64.unpack_from(buf, at)[0] == offset
+
+
 def _last_record_in(buf: Buffer, limit: int, base: int, file_size: int) -> Record | None:
     """The record ending exactly at `limit` in one segment (its newest), found from the end:
     magic codes are searched backwards and each candidate must parse as a whole record whose
@@ -1319,7 +1334,7 @@ def _last_record_in(buf: Buffer, limit: int, base: int, file_size: int) -> Recor
         if p < 4:
             return None
         start = p - 4
-        found = read_record(view, start, limit, check_crc=False, expected_offset=base + start)
+        found = read_record(view, start, limit, check_crc=True, expected_offset=base + start)
         if isinstance(found, Record) and start + found.total_size == limit:
             return found
         hi = p + 3

@@ -56,6 +56,11 @@ class CommitLogConfig:
     # Of those, the newest appends' records too, for subscribers that ask (include_records).
     append_records_bytes: int = 16 << 20
 
+    # Every record ends with RocketMQ's whole-record CRC property (__CRC32#, its
+    # enabledAppendPropCRC, off by default there): a changed byte anywhere in a record is found,
+    # not only in its body. Off: the body CRC alone, as RocketMQ writes by default.
+    record_crc: bool = True
+
     # The checkpoint (flushed offset + queue-offset table) is rewritten at most this often;
     # recovery checks everything written after it, so this bounds the scan after a crash.
     checkpoint_interval_ms: int = 1_000

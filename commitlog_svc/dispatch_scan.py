@@ -7,8 +7,9 @@ several hundred thousand. This module produces the same frame (a test pins the t
 output, corruption and end-of-file blanks included) without the objects:
 
 - each record is validated as `scan_run` does (record.py): the same checks in the same order,
-  with the body CRC, reading only the fields a dispatch entry needs; on any doubt the record
-  goes to `read_record` and its verdict stands, so the two paths can never disagree;
+  with the whole-record CRC (or, for a record without it, the body CRC), reading only the
+  fields a dispatch entry needs; on any doubt the record goes to `read_record` and its verdict
+  stands, so the two paths can never disagree;
 - of the properties only TAGS, KEYS and UNIQ_KEY are looked for (`property_value`, with the
   parser's own rules: the value of the last well-formed segment whose name matches);
 - entries go into the frame's columns directly, topics once per frame.
@@ -35,12 +36,15 @@ from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, property_value
 from mqstore.formats.record import (
     BLANK_MAGIC,
+    DAMAGED_RECORD_CRC,
     HEADER_V4_V4,
     MAGIC_V1,
     MAGIC_V2,
     PROPERTIES_END_BYTE,
+    RECORD_CRC_BYTES,
     Record,
     read_record,
+    stored_record_crc,
 )
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.storage.mapped_file import MappedFile
@@ -296,7 +300,7 @@ def _fast(
     cols: DispatchColumns,
     topics: dict[bytes, str],
 ) -> int:
-    """Take the record at `pos` if it passes scan_run's checks and its CRC: its size; 0 when it
+    """Take the record at `pos` if it passes scan_run's checks and its CRCs: its size; 0 when it
     is valid but ends past `limit`; -1 on any doubt (the caller asks read_record)."""
     remaining = readable - pos
     if remaining < _PREFIX.size:
@@ -343,12 +347,20 @@ def _fast(
         if not topic or "\x00" in topic:
             return -1
         topics[raw_topic] = topic
-    body_start = pos + header_size
-    if body_len and crc32(view[body_start:topic_at]) & 0x7FFFFFFF != crc:
+    # The whole-record CRC where the record carries it, else the body CRC (record.py).
+    stored = stored_record_crc(buf, record_end, props_len)
+    if stored >= 0:
+        got, crc = crc32(view[pos : record_end - RECORD_CRC_BYTES]), stored
+    elif stored == DAMAGED_RECORD_CRC:
+        return -1
+    else:
+        got = crc32(view[pos + header_size : topic_at]) if body_len else crc
+    if got & 0x7FFFFFFF != crc:
         return -1
     if record_end > limit:
         return 0
     (store_ts,) = _I64.unpack_from(buf, pos + _BORN_HOST_POS + 8 + born_extra)
-    props = bytes(view[props_at + 2 : record_end]) if props_len else b""
+    props_end = record_end - (RECORD_CRC_BYTES if stored >= 0 else 0)  # as read_record
+    props = bytes(view[props_at + 2 : props_end]) if props_end > props_at + 2 else b""
     cols.add(topic, queue_id, queue_offset, base + pos, total, store_ts, flags, props)
     return total

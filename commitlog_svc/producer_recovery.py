@@ -131,7 +131,7 @@ def lower_queue_offsets(queue: MappedFileQueue, table: QueueTable, start: int, e
     base = mf.file_from_offset
     pos = start - base
     while pos < end - base:
-        found = read_record(mf.read_buf, pos, end - base, check_crc=False)
+        found = read_record(mf.read_buf, pos, end - base, check_crc=True)  # trusted fields only
         if not isinstance(found, Record):
             break
         if sysflag.gets_queue_offset(found.sys_flag):

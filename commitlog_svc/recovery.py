@@ -4,8 +4,9 @@ Where the scan starts. RocketMQ picks the abnormal-recovery start file by compar
 timestamps with checkpoint timestamps, so a clock jump can make it skip or rescan data. mqstore
 uses the checkpoint's `flushed_offset` F instead (every byte below F was durable when the
 checkpoint was written): the scan starts at the beginning of the file holding F - 1, after a
-clean exit and after a crash alike, and checks every record from there with its CRC. Without a
-checkpoint it starts at the first file.
+clean exit and after a crash alike, and checks every record from there with its CRC: the
+whole-record CRC, which covers every field, or for a record written without it the body CRC
+(record.py). Without a checkpoint it starts at the first file.
 
 What the scan finds at offset X, and what recovery does (a test walks every row):
 
@@ -19,6 +20,10 @@ What the scan finds at offset X, and what recovery does (a test walks every row)
     a bad record at X < F, nothing valid      the durable tail is damaged: the data ends at X
       after it                                (RocketMQ's testRecover rolls back the same way);
                                               logged as loss of durable bytes
+
+"A bad record" is any record read_record refuses: a torn or zeroed tail, a changed byte in any
+field of a record with the whole-record CRC (tests/commitlog/test_commitlog_corruption.py walks
+each field), a stale copy at the wrong place.
 
 "Cut" means: later files are deleted and the rest of the file holding X is zeroed, so stale bytes
 can never be read as records again. Above F a bad record is taken as a write the crash tore, and

@@ -5,7 +5,7 @@ are (lists of the proto's columns); an empty born_host means the caller's addres
 back column by column; refusals are sparse. What is an error and what is a status:
 
     request-level problems (no batches, an empty batch, columns of different lengths, a
-      born_host that does not parse, the reserved MQS_PSEQ property, too many messages)
+      born_host that does not parse, the reserved MQS_PSEQ or __CRC32# property, too many messages)
                                             INVALID_ARGUMENT naming the field
     one message over a limit or with a bad topic, or one that could never be read back (a
       body marked compressed that does not decompress, properties that are not key 0x01
@@ -65,7 +65,6 @@ from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.dispatch_scan import DispatchScan, frame_of_runs, scan_dispatch
 from commitlog_svc.frame_cache import FrameCache
 from commitlog_svc.messages import AppendResult, PendingAppend, PutStatus
-from commitlog_svc.producers import TAG_PREFIX
 from commitlog_svc.recovery import CorruptRange
 from commitlog_svc.settings import CommitLogSettings
 from commitlog_svc.subscribers import SubscriberRegistry
@@ -83,6 +82,7 @@ from mqstore.errors import (
 )
 from mqstore.formats.commitlog_checkpoint import STORE_ID_BYTES
 from mqstore.formats.msgid import decode_offset_msg_id
+from mqstore.formats.properties import PRODUCER_SEQ, RECORD_CRC
 from mqstore.formats.record import pack_host
 from mqstore.formats.record_batch import LOCALHOST_V4, MessageBatch
 from mqstore.formats.record_columns import IntArray
@@ -224,10 +224,10 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             if n == 0:
                 raise InvalidArgument(f"batch {i} has no messages", field=f"batches[{i}].bodies")
             props = list(b.properties) if b.properties else None
-            if props is not None and _holds_reserved(props):
+            reserved = _reserved_in(props) if props is not None else None
+            if reserved is not None:
                 raise InvalidArgument(
-                    "the MQS_PSEQ property is reserved for the store (use producer_id and "
-                    "sequence)",
+                    f"the {reserved} property is reserved for the store{_RESERVED_WHY[reserved]}",
                     field=f"batches[{i}].properties",
                 )
             born = parse_host(b.born_host, field=f"batches[{i}].born_host") if b.born_host else peer
@@ -858,13 +858,22 @@ def _report_corrupt(corrupt: CorruptRange) -> None:
     )
 
 
-_RESERVED = b"\x02" + TAG_PREFIX
+# Property keys only the store writes, and why.
+_RESERVED_WHY = {
+    PRODUCER_SEQ: " (use producer_id and sequence)",
+    RECORD_CRC: " (the whole-record CRC it ends every record with)",
+}
+_RESERVED_KEYS = tuple(b"\x02" + key.encode() + b"\x01" for key in _RESERVED_WHY)
 
 
-def _holds_reserved(props: list[bytes]) -> bool:
-    """Some properties blob names MQS_PSEQ as a key (at its start or after a 0x02): one
-    C-speed search over the blobs joined by 0x02, so each one's start is covered too."""
-    return (b"\x02" + b"\x02".join(props)).find(_RESERVED) >= 0
+def _reserved_in(props: list[bytes]) -> str | None:
+    """The reserved key some properties blob names (at its start or after a 0x02), if any: a
+    C-speed search per key over the blobs joined by 0x02, so each one's start is covered too."""
+    joined = b"\x02" + b"\x02".join(props)
+    for key in _RESERVED_KEYS:
+        if joined.find(key) >= 0:
+            return key[1:-1].decode()
+    return None
 
 
 def _next_frame_at(batch: pb.DispatchBatch, linger_s: float, entries_max: int) -> float:

@@ -64,6 +64,12 @@ class CommitLogSettings(ServiceSettings):
     store_ip: str = Field("", description="IP written into records and msg ids ('': host)")
     store_port: int = Field(0, ge=0, le=65535, description="port for msg ids (0: the API port)")
 
+    record_crc: bool = Field(
+        _ENGINE.record_crc,
+        description="end every record with RocketMQ's whole-record CRC (__CRC32#); off: the "
+        "body CRC alone, as RocketMQ writes by default",
+    )
+
     producers_max: int = Field(_ENGINE.producers_max, ge=1)
     producer_requests_max: int = Field(_ENGINE.producer_requests_max, ge=1)
 
@@ -154,6 +160,7 @@ class CommitLogSettings(ServiceSettings):
             disk_warning_ratio=self.disk_warning_ratio,
             store_ip=store_ip,
             store_port=store_port,
+            record_crc=self.record_crc,
             producers_max=self.producers_max,
             producer_requests_max=self.producer_requests_max,
             append_frames_bytes=self.dispatch_append_bytes,

@@ -5,8 +5,9 @@ range asks for size WHOLE_RECORD (0): the whole record that starts at the offset
 from its TOTALSIZE field, as RocketMQ's queryMessage reads each candidate back. What the answer
 holds per offset:
 
-    READ_OK            decoded here again (CRC and PHYSICALOFFSET == offset): kept; bytes that
-                       do not decode are counted and logged as corrupt, never served
+    READ_OK            decoded here again (the whole-record CRC, or a record without it its
+                       body CRC, and PHYSICALOFFSET == offset): kept; bytes that do not decode
+                       are counted and logged as corrupt, never served
     READ_OUT_OF_RANGE  expired below the log's minimum (or not there): dropped
     READ_CORRUPT       the commit log found the record damaged: counted, logged, never served
 

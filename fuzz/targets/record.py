@@ -26,6 +26,8 @@ from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import (
     HEADERS,
     MAGIC_V2,
+    RECORD_CRC_BYTES,
+    RECORD_CRC_PLACEHOLDER,
     Bad,
     Blank,
     PreparedMessage,
@@ -82,19 +84,25 @@ def check_result(got: ReadResult, buf: bytes, pos: int, end: int, check_crc: boo
             f"record of {got.total_size} bytes at {pos} in a buffer ending at {end}",
         )
         raw = buf[pos : pos + got.total_size]
-        check_writes_back(got, raw, crc_checked=check_crc and bool(got.body))
+        check_writes_back(got, raw, check_crc=check_crc)
 
 
-def check_writes_back(r: Record, raw: bytes, *, crc_checked: bool) -> None:
-    """The record's fields, written by the store's own writer, are the bytes read."""
+def check_writes_back(r: Record, raw: bytes, *, check_crc: bool) -> None:
+    """The record's fields, written by the store's own writer, are the bytes read. A record
+    with the whole-record CRC was checked by it (when the CRCs were checked) and the writer
+    computes it again; a record without it by its body CRC."""
+    has_crc = r.record_crc >= 0
+    whole_checked = check_crc and has_crc
+    body_checked = check_crc and not has_crc and bool(r.body)
     v2 = r.magic == MAGIC_V2
     topic_raw = r.topic.encode("utf-8")
     tail = b"".join(
         (
             struct.pack(">h" if v2 else ">B", len(topic_raw)),
             topic_raw,
-            struct.pack(">h", len(r.properties)),
+            struct.pack(">h", len(r.properties) + (RECORD_CRC_BYTES if has_crc else 0)),
             r.properties,
+            RECORD_CRC_PLACEHOLDER if has_crc else b"",
         )
     )
     msg = PreparedMessage(
@@ -113,6 +121,7 @@ def check_writes_back(r: Record, raw: bytes, *, crc_checked: bool) -> None:
         tail=tail,
         topic=r.topic,
         gets_queue_offset=sysflag.gets_queue_offset(r.sys_flag),
+        record_crc=has_crc,
     )
     out = bytearray(r.total_size)
     write_prepared(
@@ -124,6 +133,8 @@ def check_writes_back(r: Record, raw: bytes, *, crc_checked: bool) -> None:
         store_timestamp_ms=r.store_timestamp_ms,
         store_host=r.store_host,
     )
+    if has_crc and not whole_checked:  # read unchecked: its stored CRC may be any number
+        out[-RECORD_CRC_BYTES:] = raw[-RECORD_CRC_BYTES:]
     check(bytes(out) == raw, "record.misread", f"fields {r} write back to other bytes")
     try:
         encoded = encode_record(
@@ -141,6 +152,7 @@ def check_writes_back(r: Record, raw: bytes, *, crc_checked: bool) -> None:
             store_host=r.store_host,
             reconsume_times=r.reconsume_times,
             prepared_tx_offset=r.prepared_tx_offset,
+            record_crc=has_crc,
         )
     except InvalidArgument:
         return  # the reader is lenient (RocketMQ's checks); the writer keeps its limits
@@ -148,8 +160,13 @@ def check_writes_back(r: Record, raw: bytes, *, crc_checked: bool) -> None:
         # A V2 record with a short topic (or the reverse) is legal to read; the writer picks
         # the magic from the topic length.
         return
-    if not crc_checked:
+    if not body_checked and encoded[_CRC_FIELD] != raw[_CRC_FIELD]:
+        # Its BODYCRC was not checked (no body, the CRCs not checked, or the whole-record CRC
+        # checked instead, which covers the field as written, right or not).
         encoded = encoded[: _CRC_FIELD.start] + raw[_CRC_FIELD] + encoded[_CRC_FIELD.stop :]
+        whole_checked = False  # the writer's whole-record CRC covered its own BODYCRC
+    if has_crc and not whole_checked:
+        encoded = encoded[:-RECORD_CRC_BYTES] + raw[-RECORD_CRC_BYTES:]
     check(encoded == raw, "record.encode-differs", f"encode_record({r}) differs from its bytes")
 
 
@@ -218,8 +235,9 @@ def setup() -> Callable[[bytes], None]:
 
 
 def sample_records(base: int = 0) -> bytes:
-    """Three records back to back (IPv4, IPv6 hosts, V2 topic) and an end-of-file blank, each
-    with the offset field of its position past `base`."""
+    """Three records back to back (IPv4, IPv6 hosts, V2 topic; the second without the
+    whole-record CRC) and an end-of-file blank, each with the offset field of its position past
+    `base`."""
     out = b""
     pieces: list[dict[str, object]] = [
         {"topic": "T", "queue_id": 1, "body": b"hello", "properties": b"KEYS\x01k\x02"},
@@ -230,6 +248,7 @@ def sample_records(base: int = 0) -> bytes:
             "born_host": bytes(16) + b"\0\0\0\x01",
             "store_host": bytes(15) + b"\x01\0\0\x10\x00",
             "properties": encode_properties({"TAGS": "a", "UNIQ_KEY": "U1"}),
+            "record_crc": False,  # as RocketMQ writes by default
         },
         {"topic": "%RETRY%" + "g" * 130, "queue_id": 0, "body": b"x" * 40, "sys_flag": 0x8},
     ]

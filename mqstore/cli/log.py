@@ -8,6 +8,11 @@ Nothing here writes to a store or takes its lock: the tools read files directly
 
 Exit codes: 0 success; 1 the data failed a check (verify found a bad record); 2 usage errors,
 including a directory that cannot be read as a commit log (missing, empty, mixed file sizes).
+
+A record that carries the whole-record CRC (mqstore's since it has it; RocketMQ's with its
+enabledAppendPropCRC) is checked by it, so a changed byte in any field is found, and verify
+names the field when one changed byte explains the damage (formats/record_damage.py). A record
+without it is checked by its body CRC alone; verify counts both kinds.
 """
 
 from __future__ import annotations
@@ -20,7 +25,14 @@ from typing import Any, Final
 import click
 
 from mqstore.formats.msgid import offset_msg_id
-from mqstore.formats.record import Record, body_crc, unpack_host
+from mqstore.formats.record import (
+    BODY_CRC_MISMATCH,
+    RECORD_CRC_DAMAGED,
+    RECORD_CRC_MISMATCH,
+    Record,
+    unpack_host,
+)
+from mqstore.formats.record_damage import DamageSite
 from mqstore.storage.logreader import (
     BadEntry,
     BlankEntry,
@@ -34,6 +46,10 @@ EXIT_BAD_DATA: Final = 1
 EXIT_USAGE: Final = 2
 
 BODY_MODES: Final = ("base64", "text", "none")
+# The reasons of read_record's CRC verdicts: a record that fails one shows "crc_ok": false.
+_CRC_FAILURES: Final = frozenset({BODY_CRC_MISMATCH, RECORD_CRC_MISMATCH, RECORD_CRC_DAMAGED})
+# verify lists at most this many bad ranges on stderr (a damaged region can hold thousands).
+VERIFY_LISTED_MAX: Final = 50
 
 
 class DirectoryUnreadable(click.ClickException):
@@ -55,7 +71,9 @@ def format_host(raw: bytes) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
-def record_fields(offset: int, record: Record, body_mode: str) -> dict[str, Any]:
+def record_fields(
+    offset: int, record: Record, body_mode: str, *, crc_ok: bool = True
+) -> dict[str, Any]:
     """One record as the JSON object `log dump` prints."""
     body = record.body
     if body_mode == "base64":
@@ -69,8 +87,11 @@ def record_fields(offset: int, record: Record, body_mode: str) -> dict[str, Any]
         "total_size": record.total_size,
         "version": 2 if record.v2 else 1,
         "body_crc": record.body_crc,
-        # As the store checks it: an empty body is not checked (RocketMQ's rule).
-        "crc_ok": not body or body_crc(body) == record.body_crc,
+        # The whole-record CRC (null: the record has none, only its body CRC is checked).
+        "record_crc": record.record_crc if record.record_crc >= 0 else None,
+        # As the store checks it: the whole-record CRC, else the body CRC (not for an empty
+        # body: RocketMQ's rule).
+        "crc_ok": crc_ok,
         "queue_id": record.queue_id,
         "flag": record.flag,
         "queue_offset": record.queue_offset,
@@ -89,10 +110,11 @@ def record_fields(offset: int, record: Record, body_mode: str) -> dict[str, Any]
     }
 
 
-def bad_fields(entry: BadEntry, body_mode: str) -> dict[str, Any]:
+def bad_fields(entry: BadEntry, body_mode: str, damage: DamageSite | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if entry.record is not None:
-        out.update(record_fields(entry.offset, entry.record, body_mode))
+        crc_ok = entry.reason not in _CRC_FAILURES
+        out.update(record_fields(entry.offset, entry.record, body_mode, crc_ok=crc_ok))
     out.update(
         {
             "offset": entry.offset,
@@ -101,7 +123,26 @@ def bad_fields(entry: BadEntry, body_mode: str) -> dict[str, Any]:
             "next_offset": entry.next_offset,
         }
     )
+    if damage is not None:
+        out["damage"] = {
+            "field": damage.field,
+            "position": damage.position,
+            "found": damage.found,
+            "written": damage.written,
+        }
     return out
+
+
+def explain(entry: BadEntry, damage: DamageSite | None) -> str:
+    """Why an entry is bad, as verify says it: the reason, and the field when one changed byte
+    explains the damage."""
+    text = entry.reason
+    if damage is not None:
+        text += (
+            f"; one changed byte explains it: {damage.field} at +{damage.position} "
+            f"(0x{damage.found:02x}, written 0x{damage.written:02x})"
+        )
+    return text
 
 
 # -------------------------------------------------------------------------------------------
@@ -172,9 +213,11 @@ def dump(
     Bytes that are not a valid record print as
       {"offset": ..., "bad": true, "reason": "...", "next_offset": ...}
     where next_offset is where reading went on (null: nothing valid follows). A record that
-    parses but fails its body CRC or offset check carries all its fields too, with "bad": true
-    (and "crc_ok": false for a CRC mismatch). dump exits 0 even when it printed bad entries;
-    use `mqstore log verify` for a pass/fail answer.
+    parses but fails a CRC or its offset check carries all its fields too, with "bad": true
+    (and "crc_ok": false for a CRC mismatch), and "damage": {"field", "position", "found",
+    "written"} when one changed byte explains it. record_crc is the whole-record CRC (null for
+    a record without one). dump exits 0 even when it printed bad entries; use
+    `mqstore log verify` for a pass/fail answer.
     """
     log = _open_log(directory)
     out = sys.stdout
@@ -191,7 +234,7 @@ def dump(
                     continue
                 obj = {"offset": entry.offset, "blank": True, "total_size": entry.total_size}
             else:
-                obj = bad_fields(entry, body_mode)
+                obj = bad_fields(entry, body_mode, log.locate_damage(entry.offset))
             out.write(json.dumps(obj, separators=(",", ":")) + "\n")
             printed += 1
             if limit is not None and printed >= limit:
@@ -207,46 +250,55 @@ def dump(
 def verify(ctx: click.Context, directory: str) -> None:
     """Check every record of DIR; exit 1 naming the first bad offset.
 
-    A record passes when its magic code, lengths, body CRC and physical-offset field (which
-    must equal its position) are right; every file must end in an end-of-file blank, except
-    the newest, whose last record is followed by zeros. Prints one summary line.
+    A record passes when its magic code, lengths, CRC and physical-offset field (which must
+    equal its position) are right: the whole-record CRC, which covers every field, when the
+    record carries it (mqstore writes it by default), else the body CRC. Every file must end
+    in an end-of-file blank, except the newest, whose last record is followed by zeros. Prints
+    one summary line, with how many records carry the whole-record CRC and how many were
+    checked by their body CRC alone.
 
     \b
     Exit status:
       0  every record is valid
-      1  bad bytes were found; stderr names the first bad offset and why
+      1  bad bytes were found; stderr names the first bad offset and why, and each bad range
+         (the first 50), with the field when one changed byte explains the damage
          (a torn last record, as a crash leaves it, counts: recovery would cut it)
       2  DIR is missing or is not a commit-log directory (no segments, mixed sizes)
     """
     log = _open_log(directory)
     records = 0
+    with_crc = 0
     record_bytes = 0
-    first_bad: BadEntry | None = None
-    bad_ranges = 0
+    bad: list[BadEntry] = []
     end = log.min_offset
     for entry in log.scan(None, check_crc=True):
         if isinstance(entry, RecordEntry):
             records += 1
+            with_crc += entry.record.record_crc >= 0
             record_bytes += entry.record.total_size
             end = entry.offset + entry.record.total_size
         elif isinstance(entry, BlankEntry):
             end = entry.offset + entry.total_size
         else:
-            first_bad = first_bad or entry
-            bad_ranges += 1
+            bad.append(entry)
             end = entry.next_offset if entry.next_offset is not None else entry.offset
     files = len(log.segments)
     summary = (
-        f"{records} records, {record_bytes} bytes in {files} files of {log.file_bytes} bytes, "
-        f"offsets [{log.min_offset}, {end})"
+        f"{records} records ({with_crc} with the whole-record CRC, {records - with_crc} "
+        f"checked by their body CRC alone), {record_bytes} bytes in {files} files of "
+        f"{log.file_bytes} bytes, offsets [{log.min_offset}, {end})"
     )
-    if first_bad is None:
+    if not bad:
         click.echo(f"ok: {summary}")
         return
-    click.echo(f"BAD: {summary}, {bad_ranges} bad range(s)")
+    click.echo(f"BAD: {summary}, {len(bad)} bad range(s)")
+    why = [explain(entry, log.locate_damage(entry.offset)) for entry in bad[:VERIFY_LISTED_MAX]]
     click.echo(
-        f"mqstore log verify: first bad offset {first_bad.offset} in {log.directory}: "
-        f"{first_bad.reason}",
+        f"mqstore log verify: first bad offset {bad[0].offset} in {log.directory}: {why[0]}",
         err=True,
     )
+    for entry, text in zip(bad, why, strict=False):
+        click.echo(f"  bad offset {entry.offset}: {text}", err=True)
+    if len(bad) > VERIFY_LISTED_MAX:
+        click.echo(f"  ... and {len(bad) - VERIFY_LISTED_MAX} more bad range(s)", err=True)
     ctx.exit(EXIT_BAD_DATA)

@@ -35,11 +35,12 @@ from mqstore.formats.properties import (
     KEY_SEPARATOR,
     KEYS,
     PRODUCER_SEQ,
+    RECORD_CRC,
     TAGS,
     UNIQ_KEY,
     encode_properties,
 )
-from mqstore.formats.record import PROPERTIES_END_BYTE
+from mqstore.formats.record import PROPERTIES_END_BYTE, producer_properties_bytes_max
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
@@ -313,11 +314,17 @@ class PreparedBatch:
 
 
 def check_not_reserved(properties: Mapping[str, str]) -> None:
-    """The store refuses a whole request that names its own PRODUCER_SEQ property: refused
-    here, it fails only its own call, not the batches a request joins to it."""
+    """The store refuses a whole request that names one of its own properties (PRODUCER_SEQ,
+    RECORD_CRC): refused here, it fails only its own call, not the batches a request joins
+    to it."""
     if PRODUCER_SEQ in properties:
         raise InvalidArgument(
             f"the {PRODUCER_SEQ} property is reserved for the store (use producer_id)",
+            field="properties",
+        )
+    if RECORD_CRC in properties:
+        raise InvalidArgument(
+            f"the {RECORD_CRC} property is reserved for the store (its whole-record CRC)",
             field="properties",
         )
 
@@ -383,10 +390,11 @@ def prepare_batch(
     else:
         props = _uniq_props(prefix, uniq_keys)
     widest = max(map(len, props)) if props else 0
-    if widest > limits.properties_bytes_max:
+    if widest > producer_properties_bytes_max(limits):
         raise InvalidArgument(
             f"properties are {widest} bytes encoded, over the "
-            f"{limits.properties_bytes_max}-byte limit",
+            f"{producer_properties_bytes_max(limits)}-byte limit (the store's "
+            f"{limits.properties_bytes_max} less its record CRC property)",
             field="properties",
         )
     # Queues: given; by key hash; else contiguous runs, one per queue, so that a queue's

@@ -87,7 +87,7 @@ from mqstore.formats.properties import (
     UNIQ_KEY,
     encode_properties,
 )
-from mqstore.formats.record import validate_topic
+from mqstore.formats.record import producer_properties_bytes_max, validate_topic
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
@@ -831,10 +831,11 @@ class Producer:
             encoded = encode_properties(props)
         except ValueError as exc:
             raise InvalidArgument(str(exc), field="properties") from None
-        if len(encoded) > self.limits.properties_bytes_max:
+        if len(encoded) > producer_properties_bytes_max(self.limits):
             raise InvalidArgument(
                 f"properties are {len(encoded)} bytes encoded, over the "
-                f"{self.limits.properties_bytes_max}-byte limit",
+                f"{producer_properties_bytes_max(self.limits)}-byte limit (the store's "
+                f"{self.limits.properties_bytes_max} less its record CRC property)",
                 field="properties",
             )
         return queue_id, uniq, encoded

@@ -31,6 +31,10 @@ INNER_BASE = "INNER_BASE"
 # mqstore's own: producer idempotence, on the first record of an idempotent append:
 # "<producer id>:<sequence>:<message count>:<refused count>" (commitlog_svc/producers.py).
 PRODUCER_SEQ = "MQS_PSEQ"
+# RocketMQ's MessageConst.PROPERTY_CRC32: the whole-record CRC the store appends as the last
+# property of every record it writes (layout in record.py). The store's, never a producer's:
+# appends naming it are refused, and a decoded record's properties do not include it.
+RECORD_CRC = "__CRC32#"
 
 KEY_SEPARATOR = " "
 

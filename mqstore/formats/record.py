@@ -21,6 +21,26 @@
 
     IPv4/IPv4/V1 overhead: 91 bytes. The 158-byte golden record: 91 + body 32 + topic 6 + props 29.
 
+The whole-record CRC (RocketMQ's enabledAppendPropCRC; mqstore writes it by default). The last
+20 bytes of PROPERTIES (counted in PROPERTIESLENGTH, after the producer's pairs) are one more
+property, MessageConst.PROPERTY_CRC32 (CommitLog.CRC32_RESERVED_LEN = 20):
+
+    __CRC32#   0x01   d0 d1 d2 d3 d4 d5 d6 d7 d8 d9   0x02
+    key (8)           ten ASCII digits, the least significant first, zero-padded on the right:
+                      MessageDecoder.createCrc32 (CRC 12345 -> "5432100000")
+
+    CRC = crc32 & 0x7FFFFFFF (as BODYCRC) of the record's bytes [0, TOTALSIZE - 20): every field
+    above, the properties length and the pairs before the property, written after the store
+    filled in the queue offset, the physical offset and the store time.
+
+A reader finds the property by position (the record's last 20 bytes, as RocketMQ's reader skips
+exactly that many when it computes the CRC). A record that carries it is checked by it alone: it
+covers the body and BODYCRC as written (RocketMQ's forceVerifyPropCRC replaces the body check
+the same way). A record without it (written before mqstore had it, or by RocketMQ with the
+option off) is checked by BODYCRC alone. Properties whose last 20 bytes keep 9 of the 10 fixed
+bytes of the property (key, 0x01, 0x02) but are not a well-formed one are damage, not a record
+without the CRC. The key is reserved: producers may not send it.
+
 End of file: when a record (plus 8) does not fit in what is left of a segment, the writer puts
 an 8-byte blank, TOTALSIZE = bytes left in the file and MAGIC = 0xCBD43194, and moves to the
 next file. Readers treat the blank as "continue at the next file".
@@ -33,6 +53,7 @@ from __future__ import annotations
 
 import ipaddress
 import mmap
+import operator
 import struct
 from dataclasses import dataclass
 from typing import Final, NamedTuple, TypeAlias
@@ -40,7 +61,7 @@ from typing import Final, NamedTuple, TypeAlias
 from mqstore.errors import MessageIllegal, PropertiesTooLarge
 from mqstore.formats import sysflag
 from mqstore.formats.crc import crc32
-from mqstore.formats.properties import decode_properties
+from mqstore.formats.properties import RECORD_CRC, decode_properties
 from mqstore.limits import TOPIC_PATTERN, MessageLimits, is_system_topic
 
 # What the codec reads from and writes into: bytes for tests, an mmap or a bytearray for files.
@@ -63,6 +84,23 @@ _TOPIC_LEN_V2 = struct.Struct(">h")
 _PROPS_LEN = struct.Struct(">h")
 # Serialised properties end with this byte (properties.py): every key/value pair does.
 PROPERTIES_END_BYTE: Final = 0x02
+
+# The whole-record CRC property (see the top).
+RECORD_CRC_HEAD: Final = RECORD_CRC.encode("ascii") + b"\x01"
+RECORD_CRC_DIGITS: Final = 10  # a CRC with the top bit cleared is below 2**31: ten digits
+RECORD_CRC_BYTES: Final = len(RECORD_CRC_HEAD) + RECORD_CRC_DIGITS + 1  # CRC32_RESERVED_LEN
+assert RECORD_CRC_BYTES == 20
+# What an encoder lays down before the CRC is known; the digits are then written over it.
+RECORD_CRC_PLACEHOLDER: Final = RECORD_CRC_HEAD + b"0" * RECORD_CRC_DIGITS + b"\x02"
+# Properties ending in 20 bytes that keep at least this many of the property's 10 fixed bytes
+# claim the CRC: one damaged byte in the property is then damage, not a record without the CRC
+# (which would need its last pair to be an 8-byte key one byte off __CRC32# with a 10-byte
+# value: never by chance).
+RECORD_CRC_FIXED_BYTES_KEPT_MIN: Final = 9
+# stored_record_crc's answers that are not a CRC.
+NO_RECORD_CRC: Final = -1
+DAMAGED_RECORD_CRC: Final = -2
+_CRC_MASK: Final = 0x7FFFFFFF
 
 IPV4_HOST_BYTES: Final = 8
 IPV6_HOST_BYTES: Final = 20
@@ -95,7 +133,35 @@ def host_bytes_for_flag(sys_flag: int) -> tuple[int, int]:
 
 def body_crc(body: Buffer) -> int:
     """RocketMQ's body CRC: CRC-32/IEEE with the top bit cleared."""
-    return crc32(body) & 0x7FFFFFFF
+    return crc32(body) & _CRC_MASK
+
+
+def record_crc(buf: Buffer, pos: int, total_size: int) -> int:
+    """The whole-record CRC of the record at `pos`: its bytes but the last 20 (the property
+    holding the CRC), CRC-32/IEEE with the top bit cleared."""
+    with memoryview(buf) as view:
+        return crc32(view[pos : pos + total_size - RECORD_CRC_BYTES]) & _CRC_MASK
+
+
+def record_crc_property(crc: int) -> bytes:
+    """The 20 bytes of the property holding `crc`, as MessageDecoder.createCrc32 writes them."""
+    return RECORD_CRC_HEAD + (b"%010d" % crc)[::-1] + b"\x02"
+
+
+def stored_record_crc(buf: Buffer, record_end: int, props_len: int) -> int:
+    """What the record ending at `record_end`, whose properties are `props_len` bytes, holds of
+    the whole-record CRC: the CRC (>= 0); NO_RECORD_CRC when its properties do not end with the
+    property (a record written without it); DAMAGED_RECORD_CRC when they end with what is
+    recognisably the property but not a well-formed one."""
+    if props_len < RECORD_CRC_BYTES:
+        return NO_RECORD_CRC
+    tail = bytes(buf[record_end - RECORD_CRC_BYTES : record_end])
+    head = len(RECORD_CRC_HEAD)
+    digits = tail[head:-1]
+    if tail[:head] == RECORD_CRC_HEAD and tail[-1] == PROPERTIES_END_BYTE and digits.isdigit():
+        return int(digits[::-1])
+    kept = sum(map(operator.eq, tail[:head], RECORD_CRC_HEAD)) + (tail[-1] == PROPERTIES_END_BYTE)
+    return DAMAGED_RECORD_CRC if kept >= RECORD_CRC_FIXED_BYTES_KEPT_MIN else NO_RECORD_CRC
 
 
 def record_length(
@@ -161,9 +227,10 @@ class PreparedMessage:
     reconsume_times: int
     prepared_tx_offset: int
     body: Buffer
-    tail: bytes  # topic length, topic, properties length, properties
+    tail: bytes  # topic length, topic, properties length, properties (+ the CRC placeholder)
     topic: str
     gets_queue_offset: bool
+    record_crc: bool  # the record ends with the whole-record CRC property
 
 
 def prepare_message(
@@ -180,8 +247,11 @@ def prepare_message(
     prepared_tx_offset: int = 0,
     store_host_v6: bool = False,
     limits: MessageLimits = MessageLimits(),  # noqa: B008 - frozen, shared default
+    record_crc: bool = True,
 ) -> PreparedMessage:
-    """Check one message against the limits and precompute its record parts.
+    """Check one message against the limits and precompute its record parts. `record_crc`:
+    end the record with the whole-record CRC property (its 20 bytes count against the
+    properties limit, as RocketMQ counts its reserve).
 
     Raises MessageIllegal or PropertiesTooLarge; a refused message consumes nothing.
     """
@@ -196,11 +266,9 @@ def prepare_message(
             f"queue id {queue_id} outside [0, {limits.queue_id_max}]", field="queue_id"
         )
     props_len = len(properties)
-    if props_len > limits.properties_bytes_max:
-        raise PropertiesTooLarge(
-            f"properties are {props_len} bytes, over the {limits.properties_bytes_max}-byte limit",
-            field="properties",
-        )
+    reserved = RECORD_CRC_BYTES if record_crc else 0
+    if props_len + reserved > limits.properties_bytes_max:
+        raise properties_too_large(props_len, limits, reserved)
     if props_len and properties[-1] != PROPERTIES_END_BYTE:
         raise MessageIllegal(
             "properties must be empty or end with 0x02 (encode them with encode_properties)",
@@ -219,7 +287,7 @@ def prepare_message(
     size = record_length(
         body_len,
         len(topic_raw),
-        props_len,
+        props_len + reserved,
         born_host_bytes=born_bytes,
         store_host_bytes=store_bytes,
         v2=v2,
@@ -227,7 +295,15 @@ def prepare_message(
     if size > limits.body_bytes_max + RECORD_OVERHEAD_BYTES_MAX:
         raise MessageIllegal(f"encoded record of {size} bytes is too large", field="body")
     topic_len = (_TOPIC_LEN_V2 if v2 else _TOPIC_LEN_V1).pack(len(topic_raw))
-    tail = b"".join((topic_len, topic_raw, _PROPS_LEN.pack(props_len), properties))
+    tail = b"".join(
+        (
+            topic_len,
+            topic_raw,
+            _PROPS_LEN.pack(props_len + reserved),
+            properties,
+            RECORD_CRC_PLACEHOLDER if record_crc else b"",
+        )
+    )
     return PreparedMessage(
         size=size,
         header=HEADERS[(born_bytes, store_bytes)],
@@ -244,6 +320,24 @@ def prepare_message(
         tail=tail,
         topic=topic,
         gets_queue_offset=sysflag.gets_queue_offset(sys_flag),
+        record_crc=record_crc,
+    )
+
+
+def producer_properties_bytes_max(limits: MessageLimits) -> int:
+    """The properties a producer may send: the limit less the CRC property the store ends
+    every record with by default (a client checks against this before it sends)."""
+    return limits.properties_bytes_max - RECORD_CRC_BYTES
+
+
+def properties_too_large(
+    props_len: int, limits: MessageLimits, reserved: int
+) -> PropertiesTooLarge:
+    """The refusal of properties over the limit, which the CRC property's bytes count against."""
+    limit = limits.properties_bytes_max - reserved
+    why = f" ({limits.properties_bytes_max} less {reserved} for the record CRC)" if reserved else ""
+    return PropertiesTooLarge(
+        f"properties are {props_len} bytes, over the {limit}-byte limit{why}", field="properties"
     )
 
 
@@ -272,7 +366,8 @@ def write_prepared(
     store_timestamp_ms: int,
     store_host: bytes,
 ) -> int:
-    """Write a prepared message at `pos` of `buf`; returns its size."""
+    """Write a prepared message at `pos` of `buf`, its whole-record CRC last; returns its
+    size."""
     header = msg.header
     header.pack_into(
         buf,
@@ -296,7 +391,10 @@ def write_prepared(
     p = pos + header.size
     end_body = p + len(msg.body)
     buf[p:end_body] = msg.body
-    buf[end_body : pos + msg.size] = msg.tail
+    end = pos + msg.size
+    buf[end_body:end] = msg.tail
+    if msg.record_crc:
+        buf[end - RECORD_CRC_BYTES : end] = record_crc_property(record_crc(buf, pos, msg.size))
     return msg.size
 
 
@@ -317,8 +415,10 @@ def encode_record(
     reconsume_times: int = 0,
     prepared_tx_offset: int = 0,
     limits: MessageLimits = MessageLimits(),  # noqa: B008
+    record_crc: bool = True,
 ) -> bytes:
-    """One whole record as bytes (tests, tools); the commit log writes in place instead."""
+    """One whole record as bytes (tests, tools); the commit log writes in place instead.
+    `record_crc` False: without the whole-record CRC, as RocketMQ writes by default."""
     if len(store_host) not in (IPV4_HOST_BYTES, IPV6_HOST_BYTES):
         raise MessageIllegal("store host must be 8 or 20 bytes", field="store_host")
     msg = prepare_message(
@@ -334,6 +434,7 @@ def encode_record(
         prepared_tx_offset=prepared_tx_offset,
         store_host_v6=is_v6_host(store_host),
         limits=limits,
+        record_crc=record_crc,
     )
     out = bytearray(msg.size)
     write_prepared(
@@ -378,7 +479,11 @@ class Record:
     prepared_tx_offset: int
     body: bytes
     topic: str
+    # The producer's properties: a whole-record CRC property at their end is taken off into
+    # `record_crc` (its value, or NO_RECORD_CRC; DAMAGED_RECORD_CRC, its bytes left here, only
+    # when read without the CRC check).
     properties: bytes
+    record_crc: int = NO_RECORD_CRC
 
     @property
     def v2(self) -> bool:
@@ -411,6 +516,11 @@ class Bad:
 
 ReadResult: TypeAlias = Record | Blank | Bad
 
+# The reasons of the CRC checks' Bad verdicts.
+BODY_CRC_MISMATCH: Final = "body CRC mismatch"
+RECORD_CRC_MISMATCH: Final = "record CRC mismatch"
+RECORD_CRC_DAMAGED: Final = f"the {RECORD_CRC} property holding the record CRC is damaged"
+
 
 def read_record(
     buf: Buffer,
@@ -422,7 +532,8 @@ def read_record(
 ) -> ReadResult:
     """Decode the record at `buf[pos:end]`, checking it as RocketMQ's
     `checkMessageAndReturnSize` does, plus: the PHYSICALOFFSET field must equal
-    `expected_offset` when one is given (it catches stale or misplaced bytes).
+    `expected_offset` when one is given (it catches stale or misplaced bytes). `check_crc`:
+    the whole-record CRC when the record carries it, else the body CRC (see the top).
     """
     remaining = end - pos
     if remaining < 8:
@@ -502,6 +613,8 @@ def read_record(
         return Bad("topic is empty or holds a NUL byte (a torn write)", total)
     if props_len and buf[p + props_len - 1] != PROPERTIES_END_BYTE:
         return Bad("properties do not end with 0x02 (a torn write)", total)
+    stored = stored_record_crc(buf, pos + total, props_len)
+    props_end = p + props_len - (RECORD_CRC_BYTES if stored >= 0 else 0)
     record = Record(
         total_size=total,
         magic=magic,
@@ -519,10 +632,17 @@ def read_record(
         prepared_tx_offset=prepared_tx,
         body=body,
         topic=topic,
-        properties=bytes(buf[p : p + props_len]),
+        properties=bytes(buf[p:props_end]),
+        record_crc=stored,
     )
-    if check_crc and body_len > 0 and body_crc(body) != crc:
-        return Bad("body CRC mismatch", total, record)
+    if check_crc:
+        if stored == DAMAGED_RECORD_CRC:
+            return Bad(RECORD_CRC_DAMAGED, total, record)
+        if stored >= 0:
+            if record_crc(buf, pos, total) != stored:
+                return Bad(RECORD_CRC_MISMATCH, total, record)
+        elif body_len > 0 and body_crc(body) != crc:
+            return Bad(BODY_CRC_MISMATCH, total, record)
     if expected_offset >= 0 and physical_offset != expected_offset:
         return Bad(
             f"physical offset field {physical_offset} != position {expected_offset}", total, record
@@ -546,6 +666,7 @@ class CheckedFields(NamedTuple):
     total_size: int
     topic: str
     properties: bytes
+    record_crc: int
 
 
 def checked_fields(raw: Buffer) -> CheckedFields:
@@ -582,6 +703,8 @@ def checked_fields(raw: Buffer) -> CheckedFields:
     p += topic_len
     (props_len,) = _PROPS_LEN.unpack_from(raw, p)
     p += 2
+    stored = stored_record_crc(raw, total, props_len)
+    props_end = p + props_len - (RECORD_CRC_BYTES if stored >= 0 else 0)
     return CheckedFields(
         queue_id,
         flag,
@@ -595,8 +718,67 @@ def checked_fields(raw: Buffer) -> CheckedFields:
         reconsume,
         total,
         topic,
-        bytes(raw[p : p + props_len]),
+        bytes(raw[p:props_end]),
+        stored,
     )
+
+
+# The fields of a record in order, as field_spans names them (the layout table at the top).
+FIXED_FIELDS: Final = (
+    ("TOTALSIZE", 4),
+    ("MAGICCODE", 4),
+    ("BODYCRC", 4),
+    ("QUEUEID", 4),
+    ("FLAG", 4),
+    ("QUEUEOFFSET", 8),
+    ("PHYSICALOFFSET", 8),
+    ("SYSFLAG", 4),
+    ("BORNTIMESTAMP", 8),
+    ("BORNHOST", 0),  # 8 or 20: SYSFLAG says
+    ("STORETIMESTAMP", 8),
+    ("STOREHOST", 0),
+    ("RECONSUMETIMES", 4),
+    ("PREPAREDTXOFFSET", 8),
+    ("BODYLENGTH", 4),
+)
+
+
+def field_spans(raw: Buffer) -> list[tuple[str, int, int]]:
+    """(name, start, end) of every field of the ONE whole record `raw`, its lengths taken as
+    they read (a damaged length gives the spans it implies): the fixed fields, then BODY,
+    TOPICLENGTH, TOPIC, PROPERTIESLENGTH, PROPERTIES and, when the record ends with it, the
+    CRC property (named __CRC32#). Spans past the record's end are cut at it."""
+    total = len(raw)
+    (sys_flag,) = _I32.unpack_from(raw, SYSFLAG_POS)
+    born, store = host_bytes_for_flag(sys_flag)
+    spans: list[tuple[str, int, int]] = []
+    at = 0
+    for name, fixed in FIXED_FIELDS:
+        width = fixed or (born if name == "BORNHOST" else store)
+        spans.append((name, at, at + width))
+        at += width
+    (body_len,) = _I32.unpack_from(raw, at - 4)
+    v2 = _I32.unpack_from(raw, 4)[0] == MAGIC_V2
+    topic_len_bytes = 2 if v2 else 1
+    body_end = at + max(body_len, 0)
+    spans.append(("BODY", at, body_end))
+    topic_at = body_end + topic_len_bytes
+    topic_len = 0
+    if topic_at <= total:
+        topic_len = _TOPIC_LEN_V2.unpack_from(raw, body_end)[0] if v2 else raw[body_end]
+    spans.append(("TOPICLENGTH", body_end, topic_at))
+    props_at = topic_at + max(topic_len, 0)
+    spans.append(("TOPIC", topic_at, props_at))
+    props_len = _PROPS_LEN.unpack_from(raw, props_at)[0] if props_at + 2 <= total else 0
+    spans.append(("PROPERTIESLENGTH", props_at, props_at + 2))
+    props_end = props_at + 2 + max(props_len, 0)
+    crc_at = props_end
+    if props_end <= total and stored_record_crc(raw, props_end, props_len) != NO_RECORD_CRC:
+        crc_at = props_end - RECORD_CRC_BYTES
+    spans.append(("PROPERTIES", props_at + 2, crc_at))
+    if crc_at < props_end:
+        spans.append((RECORD_CRC, crc_at, props_end))
+    return [(name, min(a, total), min(b, total)) for name, a, b in spans]
 
 
 def store_timestamp_position(sys_flag: int) -> int:
@@ -726,9 +908,15 @@ def scan_run(
                         topics[raw_topic] = topic
                     else:
                         ok = False
-            if ok and check_crc and body_len > 0:
-                body_start = pos + header_size
-                ok = (crc32(view[body_start : body_start + body_len]) & 0x7FFFFFFF) == crc
+            if ok and check_crc:
+                stored = stored_record_crc(buf, pos + total, props_len)
+                if stored >= 0:
+                    ok = crc32(view[pos : pos + total - RECORD_CRC_BYTES]) & _CRC_MASK == stored
+                elif stored == NO_RECORD_CRC and body_len > 0:
+                    body_start = pos + header_size
+                    ok = (crc32(view[body_start : body_start + body_len]) & _CRC_MASK) == crc
+                else:
+                    ok = stored == NO_RECORD_CRC
             slow: Record | None = None
             if not ok:
                 found = read_record(

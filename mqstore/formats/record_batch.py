@@ -10,6 +10,13 @@ the floor of the append path (reference/performance-limits.md: ~1 us a record), 
 - A validated topic's bytes come from a cache; the header is one `struct.pack`; the pieces are
   joined once per batch, so the segment gets one copy instead of a slice assignment per field.
 
+- The whole-record CRC (record.py) is computed once every field of a record is final, which
+  for the queue offset, the physical offset and the store time is under the put lock, where
+  this encoder runs. It chains crc32 over the pieces each record is joined from (header, body,
+  topic and properties length, properties: four C calls a record, through `map`), and the 20
+  bytes of each record's CRC property are made for the whole batch at once over numpy columns
+  (record_columns.crc_properties).
+
 `prepare_message` + `write_prepared` in record.py stay the plain reference encoder for one
 record; a test pins both to the same bytes.
 
@@ -27,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from mqstore.errors import InvalidArgument, MessageIllegal, PropertiesTooLarge
+from mqstore.errors import InvalidArgument, MessageIllegal
 from mqstore.formats import sysflag
 from mqstore.formats.crc import crc32
 from mqstore.formats.record import (
@@ -38,9 +45,13 @@ from mqstore.formats.record import (
     MAGIC_V2,
     PHYSICAL_OFFSET_POS,
     PROPERTIES_END_BYTE,
+    RECORD_CRC_BYTES,
+    RECORD_CRC_PLACEHOLDER,
     RECORD_OVERHEAD_BYTES_MAX,
+    properties_too_large,
     validate_topic,
 )
+from mqstore.formats.record_columns import write_record_crcs
 from mqstore.limits import MessageLimits
 
 LOCALHOST_V4 = b"\x7f\x00\x00\x01\x00\x00\x00\x00"
@@ -167,10 +178,11 @@ class EncodedBatch:
     """Consecutive records; `blob` goes to `base_offset`. Messages are numbered across the
     input batches in order; `refused` lists those not encoded and why. Per encoded message, in
     order: its position in `blob`, its size, the queue offset it was given and its SYSFLAG as
-    written (V6 host bits set)."""
+    written (V6 host bits set). `record_crc`: the records end with the whole-record CRC."""
 
     blob: bytes | bytearray
     base_offset: int
+    record_crc: bool = True
     count: int = 0
     positions: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
@@ -191,10 +203,13 @@ class EncodedBatch:
 
     def relocate(self, new_base: int) -> None:
         """Move the batch to another offset (a roll to the next file): patch every
-        PHYSICALOFFSET field. Rare (once a segment), so per-record work is fine here."""
+        PHYSICALOFFSET field, and the whole-record CRC that covers it. Rare (once a segment),
+        so per-record work is fine here."""
         blob = bytearray(self.blob)
         for pos in self.positions:
             _PHYS.pack_into(blob, pos + PHYSICAL_OFFSET_POS, new_base + pos)
+        if self.record_crc:
+            write_record_crcs(blob, self.sizes)
         self.blob = blob
         self.base_offset = new_base
 
@@ -207,13 +222,19 @@ def _topic_info(topic: str, limits: MessageLimits) -> _Topic:
 
 
 class BatchEncoder:
-    """Encodes batches for one store (its host and limits); keeps the topic cache."""
+    """Encodes batches for one store (its host and limits); keeps the topic cache.
+    `record_crc`: end every record with the whole-record CRC (record.py)."""
 
-    def __init__(self, store_host: bytes, limits: MessageLimits) -> None:
+    def __init__(
+        self, store_host: bytes, limits: MessageLimits, *, record_crc: bool = True
+    ) -> None:
         if len(store_host) not in (IPV4_HOST_BYTES, IPV6_HOST_BYTES):
             raise InvalidArgument("store host must be 8 (IPv4) or 20 (IPv6) bytes")
         self.store_host = store_host
         self.limits = limits
+        self.record_crc = record_crc
+        # Bytes of each record's properties that are the CRC property's.
+        self._reserved = RECORD_CRC_BYTES if record_crc else 0
         self._topics: dict[str, _Topic] = {}
 
     def _topic(self, topic: str) -> _Topic:
@@ -235,7 +256,7 @@ class BatchEncoder:
     ) -> EncodedBatch:
         """Encode every acceptable message; refused ones (limits) are listed, consume nothing,
         and leave `queue_table` untouched."""
-        out = EncodedBatch(b"", base_offset)
+        out = EncodedBatch(b"", base_offset, self.record_crc)
         parts: list[bytes] = []
         index = 0
         pos = 0
@@ -256,7 +277,12 @@ class BatchEncoder:
             )
             index += n
         out.count = index
-        out.blob = b"".join(parts)
+        if self.record_crc and out.sizes:
+            blob = bytearray().join(parts)
+            write_record_crcs(blob, out.sizes)
+            out.blob = blob
+        else:
+            out.blob = b"".join(parts)
         return out
 
     def _encode_one(
@@ -282,7 +308,8 @@ class BatchEncoder:
         body_lens = list(map(len, bodies))
         props_lens = list(map(len, props))
         header = HEADERS[(born_bytes, len(self.store_host))]
-        fixed = header.size + len(info.prefix) + 2
+        reserved = self._reserved
+        fixed = header.size + len(info.prefix) + 2 + reserved
         if n and not self._all_valid(body_lens, props, props_lens, queue_ids, fixed):
             keep = self._refuse(body_lens, props, props_lens, queue_ids, fixed, index, out)
             bodies = [bodies[k] for k in keep]
@@ -334,6 +361,9 @@ class BatchEncoder:
             repeat(batch.prepared_tx_offset, n),
             body_lens,
         )
+        # The last part of each record: the CRC property's placeholder, which encode() fills
+        # in once the batch is joined (or nothing, without the whole-record CRC).
+        last = repeat(RECORD_CRC_PLACEHOLDER if reserved else b"", n)
         lengths = set(props_lens)
         pieces: Iterator[tuple[bytes, ...]]
         if len(lengths) * _MIDDLES_PER_RECORDS <= n:
@@ -341,15 +371,17 @@ class BatchEncoder:
             # a few lengths (a producer's differ in their unique ids only), so each piece is
             # made once, and every record has a part fewer to join.
             prefix, pack = info.prefix, _PROPS_LEN.pack
-            middles = {length: prefix + pack(length) for length in lengths}
-            pieces = zip(headers, bodies, map(middles.__getitem__, props_lens), props, strict=True)
+            middles = {length: prefix + pack(length + reserved) for length in lengths}
+            mids = map(middles.__getitem__, props_lens)
+            pieces = zip(headers, bodies, mids, props, last, strict=True)
         else:
-            if max(props_lens) < _SMALL_PROPS_BYTES:
-                props_len_bytes = map(_PROPS_LEN_BYTES.__getitem__, props_lens)
+            stored_lens = map(operator.add, props_lens, repeat(reserved, n))
+            if max(props_lens) + reserved < _SMALL_PROPS_BYTES:
+                props_len_bytes = map(_PROPS_LEN_BYTES.__getitem__, stored_lens)
             else:
-                props_len_bytes = map(_PROPS_LEN.pack, props_lens)
+                props_len_bytes = map(_PROPS_LEN.pack, stored_lens)
             pieces = zip(
-                headers, bodies, repeat(info.prefix, n), props_len_bytes, props, strict=True
+                headers, bodies, repeat(info.prefix, n), props_len_bytes, props, last, strict=True
             )
         parts.extend(itertools.chain.from_iterable(pieces))
         out.positions.extend(positions)
@@ -372,7 +404,7 @@ class BatchEncoder:
         return (
             _props_shaped(props)
             and body_max <= limits.body_bytes_max
-            and props_max <= limits.properties_bytes_max
+            and props_max + self._reserved <= limits.properties_bytes_max
             and min(queue_ids) >= 0
             and max(queue_ids) <= limits.queue_id_max
             and fixed + body_max + props_max <= limits.body_bytes_max + RECORD_OVERHEAD_BYTES_MAX
@@ -398,11 +430,12 @@ class BatchEncoder:
             size = fixed + body_len + props_len
             if (
                 body_len > limits.body_bytes_max
-                or props_len > limits.properties_bytes_max
+                or props_len + self._reserved > limits.properties_bytes_max
                 or not 0 <= queue_id <= limits.queue_id_max
                 or size > record_max
             ):
-                out.refused.append((index + k, _why(body_len, props_len, queue_id, size, limits)))
+                why = _why(body_len, props_len, queue_id, size, limits, self._reserved)
+                out.refused.append((index + k, why))
             elif props_len and props[k][-1] != PROPERTIES_END_BYTE:
                 shape = MessageIllegal(
                     "properties must be empty or end with 0x02 (see encode_properties)",
@@ -457,17 +490,14 @@ def _assign_mixed(queues: dict[int, int], queue_ids: list[int], flags: list[int]
 
 
 def _why(
-    body_len: int, props_len: int, queue_id: int, size: int, limits: MessageLimits
+    body_len: int, props_len: int, queue_id: int, size: int, limits: MessageLimits, reserved: int
 ) -> InvalidArgument:
     if body_len > limits.body_bytes_max:
         return MessageIllegal(
             f"body is {body_len} bytes, over the {limits.body_bytes_max}-byte limit", field="body"
         )
-    if props_len > limits.properties_bytes_max:
-        return PropertiesTooLarge(
-            f"properties are {props_len} bytes, over the {limits.properties_bytes_max}-byte limit",
-            field="properties",
-        )
+    if props_len + reserved > limits.properties_bytes_max:
+        return properties_too_large(props_len, limits, reserved)
     if not 0 <= queue_id <= limits.queue_id_max:
         return MessageIllegal(
             f"queue id {queue_id} outside [0, {limits.queue_id_max}]", field="queue_id"

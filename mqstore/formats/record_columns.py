@@ -9,15 +9,17 @@ ranges):
 `check_records` applies every check `read_record` makes to a record of the V1 magic, as array
 comparisons over the fields gathered at every record's start: TOTALSIZE equal to its slot, the
 header, body, topic and properties lengths adding up to it, a non-empty UTF-8 topic without NUL,
-properties ending in 0x02, the body CRC (crc32 of formats/crc.py mapped over the bodies: one C
-call each, no Python frame), and, when asked, PHYSICALOFFSET equal to where the record was
-read from. A record it does not pass (any failed check, a V2 record, one too short to gather
+properties ending in 0x02, the CRC: the whole-record CRC property's form and value where the
+record carries it, else the body CRC (crc32 of formats/crc.py mapped over the records' ranges:
+one C call each, no Python frame), and, when asked, PHYSICALOFFSET equal to where the record
+was read from. A record it does not pass (any failed check, a V2 record, one too short to gather
 from) is left for the caller to give to `read_record`, whose verdict stands: the two can never
 disagree.
 """
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +31,18 @@ import numpy.typing as npt
 
 from mqstore.formats import sysflag
 from mqstore.formats.crc import crc32
-from mqstore.formats.record import HEADER_V4_V4, MAGIC_V1, PROPERTIES_END_BYTE
+from mqstore.formats.record import (
+    DAMAGED_RECORD_CRC,
+    HEADER_V4_V4,
+    MAGIC_V1,
+    NO_RECORD_CRC,
+    PROPERTIES_END_BYTE,
+    RECORD_CRC_BYTES,
+    RECORD_CRC_DIGITS,
+    RECORD_CRC_FIXED_BYTES_KEPT_MIN,
+    RECORD_CRC_HEAD,
+    stored_record_crc,
+)
 
 # The smallest whole record: the IPv4/IPv4 header, a topic length byte, a properties length.
 RECORD_BYTES_MIN: Final = HEADER_V4_V4.size + 3
@@ -155,21 +168,45 @@ def _check_columns(
     ok &= header + body_len + 3 + topic_len + props_len == total
     ok &= (props_len == 0) | (buf[np.where(ok, ends - 1, 0)] == PROPERTIES_END_BYTE)
     ok &= _topics_ok(blob, buf, rows, starts, topic_at + 1, topic_len, ok)
+    # The whole-record CRC where the record carries it, the body CRC where it does not.
+    tails = _fields(buf, rows, starts, ends - RECORD_CRC_BYTES, RECORD_CRC_BYTES)
+    stored = np.where(ok & (props_len >= RECORD_CRC_BYTES), stored_crcs(tails), NO_RECORD_CRC)
+    whole = stored >= 0
+    every_whole = bool(whole.all())
 
-    body_at = np.where(ok, starts + header, 0)
-    body_end = body_at + np.where(ok, body_len, 0)
-    # A list comprehension of slices: twice as fast as mapping slice objects (measured). A
-    # view costs more than copying a small body and half as much as copying a 1 KiB one.
-    a, b = body_at.tolist(), body_end.tolist()
     body_list: list[bytes] = []
-    if not bodies and len(blob) >= n * VIEW_CRC_RECORD_BYTES_MIN:
-        view = memoryview(blob)
-        crcs = map(crc32, [view[x:y] for x, y in zip(a, b, strict=True)])
+    if bodies or not every_whole:
+        body_at = np.where(ok, starts + header, 0)
+        body_end = body_at + np.where(ok, body_len, 0)
+        # A list comprehension of slices: twice as fast as mapping slice objects (measured).
+        a, b = body_at.tolist(), body_end.tolist()
+        if bodies:
+            body_list = [blob[x:y] for x, y in zip(a, b, strict=True)]
+    if every_whole and rows is not None:
+        # Records of one size, each with its CRC property: copies of all but their last 20
+        # bytes cut by struct in C, no Python step a record.
+        cut = struct.Struct(f"{rows.shape[1] - RECORD_CRC_BYTES}s{RECORD_CRC_BYTES}x")
+        crcs = map(crc32, map(_FIRST, cut.iter_unpack(blob)))
     else:
-        body_list = [blob[x:y] for x, y in zip(a, b, strict=True)]
-        crcs = map(crc32, body_list)
-    crc = np.fromiter(crcs, dtype=np.int64, count=n) & 0x7FFFFFFF
-    ok &= (crc == head["body_crc"]) | (body_len == 0)
+        if every_whole:
+            a, b = starts.tolist(), (ends - RECORD_CRC_BYTES).tolist()
+        elif whole.any():
+            a = np.where(whole, starts, body_at).tolist()
+            b = np.where(whole, ends - RECORD_CRC_BYTES, body_end).tolist()
+        elif bodies:
+            a = b = []  # the CRCs are the bodies'
+        # A view costs more than copying a small range and half as much as copying 1 KiB.
+        if len(blob) >= n * VIEW_CRC_RECORD_BYTES_MIN:
+            view = memoryview(blob)
+            crcs = map(crc32, [view[x:y] for x, y in zip(a, b, strict=True)] or body_list)
+        else:
+            crcs = map(crc32, [blob[x:y] for x, y in zip(a, b, strict=True)] or body_list)
+    crc = np.fromiter(crcs, dtype=np.int64, count=n) & _CRC_MASK
+    if every_whole:
+        ok &= crc == stored
+    else:
+        ok &= np.where(whole, crc == stored, (crc == head["body_crc"]) | (body_len == 0))
+        ok &= stored != DAMAGED_RECORD_CRC  # (after the bodies: a CRC failure keeps its body)
     return CheckedRecords(ok, head, starts, ends, body_list if bodies else [])
 
 
@@ -203,7 +240,7 @@ def _check_few(
         )
     ok_list: list[bool] = []
     body_list: list[bytes] = []
-    view = memoryview(blob) if not bodies and len(blob) >= n * VIEW_CRC_RECORD_BYTES_MIN else None
+    view = memoryview(blob) if len(blob) >= n * VIEW_CRC_RECORD_BYTES_MIN else None
     for i, start in enumerate(starts):
         total, magic, crc, _, _, _, physical, flags = _PREFIX.unpack_from(blob, start)
         header = (
@@ -230,13 +267,20 @@ def _check_few(
         if ok:
             ok = topic_ok(blob[topic_at + 1 : topic_at + 1 + topic_len])
         if ok:
+            # The whole-record CRC where the record carries it, else the body CRC.
             body_at = start + header
-            if view is not None:
-                got = crc32(view[body_at : body_at + body_len])
-            else:
-                body = blob[body_at : body_at + body_len]
-                got = crc32(body)
-            ok = body_len == 0 or (got & 0x7FFFFFFF) == crc  # (its body kept, as the columns do)
+            if bodies or view is None:
+                body = blob[body_at : body_at + body_len]  # (kept, as the columns keep it)
+            stored = stored_record_crc(blob, ends[i], props_len)
+            if stored >= 0:
+                end = ends[i] - RECORD_CRC_BYTES
+                got = crc32(view[start:end] if view is not None else blob[start:end])
+                ok = (got & _CRC_MASK) == stored
+            elif stored == DAMAGED_RECORD_CRC:
+                ok = False
+            elif body_len:
+                got = crc32(view[body_at : body_at + body_len] if view is not None else body)
+                ok = (got & _CRC_MASK) == crc
         ok_list.append(ok)
         body_list.append(body)
     heads = bytearray().join(blob[a : a + _PREFIX_BYTES] for a in starts)
@@ -346,3 +390,106 @@ def topic_ok(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return bool(topic) and "\x00" not in topic
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole-record CRC property (record.py), for many records at once
+
+_CRC_MASK: Final = 0x7FFFFFFF
+_HEAD_BYTES: Final = len(RECORD_CRC_HEAD)
+_HEAD: Final = np.frombuffer(RECORD_CRC_HEAD, dtype=np.uint8)
+_KEY_BYTES: Final = 8  # "__CRC32#", compared as one big-endian 64-bit number
+_KEY: Final = int.from_bytes(RECORD_CRC_HEAD[:_KEY_BYTES], "big")
+# Its halves: a damaged property (one fixed byte off) keeps one of them whole.
+_KEY_HIGH: Final = _KEY >> 32
+_KEY_LOW: Final = _KEY & 0xFFFFFFFF
+assert _HEAD_BYTES == _KEY_BYTES + 1
+_POWERS_OF_TEN: Final = 10 ** np.arange(RECORD_CRC_DIGITS, dtype=np.int64)
+# The digits of every number below 10**5, least significant first: a CRC (below 2**31) is two
+# rows of it, its low five digits and its high five (two gathers, no division per digit).
+_HALF_DIGITS: Final = RECORD_CRC_DIGITS // 2
+_HALF: Final = 10**_HALF_DIGITS
+_DIGIT_ROWS: Final = (
+    (np.arange(_HALF, dtype=np.int64)[:, None] // _POWERS_OF_TEN[:_HALF_DIGITS]) % 10 + ord("0")
+).astype(np.uint8)
+_FIRST: Final = operator.itemgetter(0)
+
+
+def write_record_crcs(blob: bytearray, sizes: Sequence[int]) -> None:
+    """Fill in the whole-record CRC of the records laid end to end in `blob`, `sizes[i]` bytes
+    each, every one ending with the CRC property's placeholder (record.RECORD_CRC_PLACEHOLDER):
+    the CRC of each record's bytes but its last 20, its ten digits written over the zeros.
+
+    One crc32 call a record, mapped in C over the records: for records of one size (a
+    producer's batch of like messages) copies cut by struct.iter_unpack, else memoryview
+    slices; the digits of all are written at once over numpy columns (a strided view of the
+    blob when the records are of one size)."""
+    n = len(sizes)
+    if not n:
+        return
+    size = sizes[0]
+    if min(sizes) == max(sizes):
+        cut = struct.Struct(f"{size - RECORD_CRC_BYTES}s{RECORD_CRC_BYTES}x")
+        crcs = map(crc32, map(_FIRST, cut.iter_unpack(blob)))
+        crc = np.fromiter(crcs, dtype=np.int64, count=n) & _CRC_MASK
+        rows = np.frombuffer(blob, dtype=np.uint8).reshape(n, size)
+        digits_at = size - 1 - RECORD_CRC_DIGITS
+        high, low = np.divmod(crc, _HALF)
+        # np.take: a third faster than indexing the table (measured)
+        rows[:, digits_at : digits_at + _HALF_DIGITS] = np.take(_DIGIT_ROWS, low, axis=0)
+        rows[:, digits_at + _HALF_DIGITS : size - 1] = np.take(_DIGIT_ROWS, high, axis=0)
+        return
+    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+    starts = (ends - np.asarray(sizes, dtype=np.int64)).tolist()
+    view = memoryview(blob)
+    crc_ends = (ends - RECORD_CRC_BYTES).tolist()
+    ranges = [view[a:b] for a, b in zip(starts, crc_ends, strict=True)]
+    crc = np.fromiter(map(crc32, ranges), dtype=np.int64, count=n) & _CRC_MASK
+    del ranges  # no view of the blob outlives the call (a bytearray with one cannot resize)
+    view.release()
+    high, low = np.divmod(crc, _HALF)
+    digits = np.concatenate(
+        (np.take(_DIGIT_ROWS, low, axis=0), np.take(_DIGIT_ROWS, high, axis=0)), axis=1
+    )
+    at = (ends - 1 - RECORD_CRC_DIGITS)[:, None] + np.arange(RECORD_CRC_DIGITS)
+    np.frombuffer(blob, dtype=np.uint8)[at] = digits
+
+
+def stored_crcs(tails: npt.NDArray[np.uint8]) -> IntArray:
+    """record.stored_record_crc of each record, from the last 20 bytes of each (one row each,
+    its bytes contiguous; the caller sets NO_RECORD_CRC where the properties are shorter than
+    20 bytes). Rows are told apart by column compares: the key, 0x01 and 0x02 in place (then
+    the ten digits are checked and read), or neither half of the key in place (no property:
+    at most one of its fixed bytes may differ in a damaged one); only what is left, damaged
+    properties and rare look-alikes, is compared byte by byte."""
+    key = tails[:, :_KEY_BYTES].view(">u8")[:, 0]
+    formed = (key == _KEY) & (tails[:, _KEY_BYTES] == 0x01) & (tails[:, -1] == PROPERTIES_END_BYTE)
+    if bool(formed.all()):  # the usual batch: every record has the property
+        return _read_digits(tails)
+    found: IntArray = np.full(len(tails), NO_RECORD_CRC, dtype=np.int64)
+    rows = np.flatnonzero(formed)
+    if len(rows):
+        found[rows] = _read_digits(tails[rows])
+    halves = tails[:, :_KEY_BYTES].view(">u4")
+    near = ~formed & ((halves[:, 0] == _KEY_HIGH) | (halves[:, 1] == _KEY_LOW))
+    rest = np.flatnonzero(near)
+    if len(rest):
+        kept = (tails[rest, :_HEAD_BYTES] == _HEAD).sum(axis=1) + (
+            tails[rest, -1] == PROPERTIES_END_BYTE
+        )
+        found[rest] = np.where(
+            kept >= RECORD_CRC_FIXED_BYTES_KEPT_MIN, DAMAGED_RECORD_CRC, NO_RECORD_CRC
+        )
+    return found
+
+
+def _read_digits(tails: npt.NDArray[np.uint8]) -> IntArray:
+    """The CRC in the ten digits of each row, or DAMAGED_RECORD_CRC where one is no digit."""
+    digits = tails[:, _HEAD_BYTES:-1] - np.uint8(ord("0"))  # a non-digit wraps past 9
+    digit_ok = digits[:, 0] <= 9
+    for column in range(1, RECORD_CRC_DIGITS):  # column by column: faster than all(axis=1)
+        digit_ok &= digits[:, column] <= 9
+    value: IntArray = np.where(
+        digit_ok, digits.astype(np.int64) @ _POWERS_OF_TEN, DAMAGED_RECORD_CRC
+    )
+    return value

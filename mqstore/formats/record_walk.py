@@ -4,7 +4,7 @@
 same queue-table updates) and is pinned to it by tests/formats/test_record_walk.py. It exists
 because the per-record Python walk costs ~2 us a record: 1 GiB of 100-byte messages is ~5 M
 records, ten seconds of recovery. Here Python runs a few dozen numpy operations per window
-instead, and one C call per record for the body CRC.
+instead, and one C call per record for its CRC (the whole-record CRC, or the body's).
 
 Per window of WINDOW_BYTES (the records that start in it; they may end past it):
 
@@ -17,7 +17,8 @@ Per window of WINDOW_BYTES (the records that start in it; they may end past it):
 2. Every check of `read_record`, as array comparisons over the fields gathered at all candidates
    at once (unaligned big-endian views of the buffer): sizes, header, body, topic and properties
    lengths adding up to TOTALSIZE, the properties' last byte, the topic (non-empty UTF-8 without
-   NUL, checked once per distinct topic), and the body CRC (one crc32 call per record,
+   NUL, checked once per distinct topic), and the CRC: the whole-record CRC property's form
+   and value where a record carries it, else the body CRC (one crc32 call per record,
    formats/crc.py, in C through map, no Python frame). Records of one size laid out alike have
    their lengths checked once and their per-record fields read as strided views, with no gather.
 3. The chain: from `pos`, follow TOTALSIZE while every check passed and the next position is a
@@ -27,7 +28,7 @@ Per window of WINDOW_BYTES (the records that start in it; they may end past it):
 
 Measured on the 2-core VM (in memory, records of a 100-byte body): ~0.35 us a record for fixed-
 size messages, ~0.5 us for mixed ones, against ~2.2 us for scan_run; the body CRC call alone is
-~0.18 us of it.
+~0.18 us of it. (Figures from before the whole-record CRC: docs/status.md has the current.)
 
 Pure: no I/O (recovery reads the segment ahead of the walk itself).
 """
@@ -45,13 +46,16 @@ import numpy.typing as npt
 from mqstore.formats import sysflag
 from mqstore.formats.crc import crc32
 from mqstore.formats.record import (
+    DAMAGED_RECORD_CRC,
     HEADER_V4_V4,
     MAGIC_V1,
     MAGIC_V2,
+    NO_RECORD_CRC,
     PHYSICAL_OFFSET_POS,
     PROPERTIES_END_BYTE,
     QUEUE_ID_POS,
     QUEUE_OFFSET_POS,
+    RECORD_CRC_BYTES,
     SYSFLAG_POS,
     Blank,
     Buffer,
@@ -60,6 +64,7 @@ from mqstore.formats.record import (
     read_record,
     scan_run,
 )
+from mqstore.formats.record_columns import stored_crcs
 
 # Records that start in one window are checked together. 16 MiB holds ~70,000 records of a
 # 100-byte body: the per-window arrays stay a few MB, and numpy's per-call overhead is spread
@@ -394,10 +399,21 @@ def _checks(
     topic_ids = _topic_ids(views, np.flatnonzero(ok), topic_start, topic_len, topics, len(starts))
     ok &= topic_ids >= 0
     if check_crc:
-        crc_at = np.flatnonzero(ok & (body_len > 0))
+        # The whole-record CRC where a record carries it, the body CRC where it does not.
+        with_props = np.flatnonzero(ok & (props_len >= RECORD_CRC_BYTES))
+        stored = np.full(len(starts), NO_RECORD_CRC, dtype=np.int64)
+        if len(with_props):
+            tails = views.rows(record_end[with_props] - RECORD_CRC_BYTES, RECORD_CRC_BYTES)
+            stored[with_props] = stored_crcs(tails)
+        ok &= stored != DAMAGED_RECORD_CRC
+        whole = stored >= 0
+        crc_at = np.flatnonzero(ok & (whole | (body_len > 0)))
         if len(crc_at):
-            crcs = _body_crcs(views, body_at[crc_at], body_len[crc_at])
-            ok[crc_at] = (crcs & _CRC_MASK) == prefix["crc"][crc_at]
+            first = np.where(whole, starts, body_at)[crc_at]
+            length = np.where(whole, total - RECORD_CRC_BYTES, body_len)[crc_at]
+            crcs = _range_crcs(views, first, length)
+            expected = np.where(whole, stored, prefix["crc"])[crc_at]
+            ok[crc_at] = (crcs & _CRC_MASK) == expected
     return ok, topic_ids
 
 
@@ -411,9 +427,9 @@ def _uniform_checks(
     """_checks for a guessed run (records of one size at a fixed stride) whose records are also
     laid out alike: same magic, host sizes, body, topic and properties lengths, and topic. Then
     every length check of _checks reads the same numbers for each record as for the first, so
-    it is made once; what is left per record (the properties' last byte, the body CRC) reads
-    strided views, without a gather. None when the records differ in any of those: _checks
-    then does the general work."""
+    it is made once; what is left per record (the properties' last byte, the CRC property, the
+    CRC) reads strided views, without a gather. None when the records differ in any of those,
+    or some carry the whole-record CRC and some not: _checks then does the general work."""
     n = len(starts)
     pos = int(starts[0])
     size = int(prefix["total"][0])
@@ -452,18 +468,38 @@ def _uniform_checks(
     ok: BoolArray = topic_ids >= 0
     if props0:
         ok &= views.column("u1", pos + size - 1, size, n) == PROPERTIES_END_BYTE
-    if check_crc and body0 > 0:
-        crcs = _body_crcs(views, starts + header, np.full(n, body0, dtype=np.int64))
-        ok &= (crcs & _CRC_MASK) == prefix["crc"]
+    if not check_crc:
+        return ok, topic_ids
+    # The whole-record CRC when the records carry it, else the body CRC (a mix: _checks).
+    stored = np.full(n, NO_RECORD_CRC, dtype=np.int64)
+    if props0 >= RECORD_CRC_BYTES:
+        tails = np.ndarray(
+            (n, RECORD_CRC_BYTES),
+            dtype=np.uint8,
+            buffer=views.view,
+            offset=pos + size - RECORD_CRC_BYTES,
+            strides=(size, 1),
+        )  # a view: no gather
+        stored = stored_crcs(tails)
+    whole = stored >= 0
+    if bool(whole.all()):
+        crcs = _range_crcs(views, starts, np.full(n, size - RECORD_CRC_BYTES, dtype=np.int64))
+        ok &= (crcs & _CRC_MASK) == stored
+    elif bool((stored == NO_RECORD_CRC).all()):
+        if body0 > 0:
+            crcs = _range_crcs(views, starts + header, np.full(n, body0, dtype=np.int64))
+            ok &= (crcs & _CRC_MASK) == prefix["crc"]
+    else:
+        return None
     return ok, topic_ids
 
 
-def _body_crcs(views: _Views, first: IntArray, length: IntArray) -> IntArray:
+def _range_crcs(views: _Views, first: IntArray, length: IntArray) -> IntArray:
     """crc32 (formats/crc.py) of buf[first[i] : first[i] + length[i]] for every i.
 
-    Bodies of one length (most of a window, usually) are gathered into one block and cut into
-    bytes by struct.iter_unpack in C; the rest are memoryview slices. Either way it is one
-    crc32 call per body; the block saves the slice objects (~40% of the cost)."""
+    Ranges (records or bodies) of one length, most of a window usually, are gathered into one
+    block and cut into bytes by struct.iter_unpack in C; the rest are memoryview slices. Either
+    way it is one crc32 call per range; the block saves the slice objects (~40% of the cost)."""
     crcs = np.empty(len(first), dtype=np.int64)
     count = len(first)
     size = int(length[0])

@@ -110,6 +110,7 @@ from mqstore.formats.properties import (
     KEY_SEPARATOR,
     KEYS,
     PRODUCER_SEQ,
+    RECORD_CRC,
     TAGS,
     UNIQ_KEY,
     encode_properties,
@@ -192,8 +193,9 @@ APPEND_RETRY_S = 30.0
 APPEND_BACKOFF_FIRST_S = 0.05
 APPEND_BACKOFF_MAX_S = 1.0
 # Properties a writer never copies from a row: the store's idempotence tag belongs to the
-# request that carries it.
-_RESERVED_PROPERTIES = frozenset({PRODUCER_SEQ})
+# request that carries it, and the whole-record CRC to the record it checks (the store
+# refuses a request naming either).
+_RESERVED_PROPERTIES = frozenset({PRODUCER_SEQ, RECORD_CRC})
 
 
 # -- planning (driver side) ------------------------------------------------------------------

@@ -31,7 +31,8 @@ Deciding "zeros to the end" skips the holes of sparse or preallocated files (SEE
 mostly empty 1 GiB tail of a RocketMQ file costs almost nothing to check.
 
 "Valid" is `mqstore.formats.record.read_record` with the record's position as expected
-PHYSICALOFFSET, so stale or shifted copies of records never pass. Resynchronising after a bad
+PHYSICALOFFSET, so stale or shifted copies of records never pass; a record that carries the
+whole-record CRC is checked by it, one without it by its body CRC. Resynchronising after a bad
 record is `find_next_record`, as recovery does it; a run of consecutive bad records is one
 BadEntry.
 """
@@ -48,6 +49,7 @@ from typing import Final, TypeAlias
 
 from mqstore.errors import InvalidArgument
 from mqstore.formats.record import Bad, Blank, Record, find_next_record, read_record
+from mqstore.formats.record_damage import DamageSite, locate_damage
 
 SEGMENT_NAME_DIGITS: Final = 20
 # Where mqstore (and RocketMQ, under its store root) keep the segments; DIR may name the root.
@@ -283,6 +285,21 @@ class LogDir:
             if from_offset < seg.end_offset:
                 return i, from_offset - seg.start_offset
         return len(self.segments), 0
+
+    def locate_damage(self, offset: int) -> DamageSite | None:
+        """The one changed byte that explains why the record at `offset` fails its
+        whole-record CRC (formats/record_damage.py), if one does."""
+        index, pos = self._locate(offset)
+        if index >= len(self.segments) or self.segments[index].start_offset + pos != offset:
+            return None
+        maps = _OneMap()
+        try:
+            seg = self.segments[index]
+            return locate_damage(maps.get(seg).buf, pos, seg.file_bytes)
+        except _SegmentUnreadable:
+            return None
+        finally:
+            maps.close()
 
     def scan(
         self, from_offset: int | None = None, *, check_crc: bool = True

@@ -45,6 +45,8 @@ class Msg:
     store: tuple[str, int] = ("10.0.0.7", 10911)
     reconsume_times: int = 0
     prepared_tx_offset: int = 0
+    # RocketMQ writes no whole-record CRC unless enabledAppendPropCRC is on.
+    record_crc: bool = False
 
     def encode(self, physical_offset: int) -> bytes:
         return encode_record(
@@ -62,6 +64,7 @@ class Msg:
             store_host=host(*self.store),
             reconsume_times=self.reconsume_times,
             prepared_tx_offset=self.prepared_tx_offset,
+            record_crc=self.record_crc,
         )
 
 
@@ -114,6 +117,7 @@ def expected_json(offset: int, m: Msg, *, version: int) -> dict[str, Any]:
         "offset": offset,
         "version": version,
         "body_crc": zlib.crc32(m.body) & 0x7FFFFFFF,
+        "record_crc": zlib.crc32(m.encode(offset)[:-20]) & 0x7FFFFFFF if m.record_crc else None,
         "crc_ok": True,
         "queue_id": m.queue_id,
         "flag": m.flag,
@@ -144,3 +148,47 @@ def tree_digest(directory: Path) -> dict[str, tuple[str, int]]:
                 stat.st_mtime_ns,
             )
     return out
+
+
+def one_byte_in_each_field(raw: bytes) -> dict[str, int]:
+    """A byte of each field of the whole record `raw` (rocketmq-store.md §1.1, and the 20-byte
+    whole-record CRC property at its end when it has one), worked out with struct from the
+    layout table, not with mqstore's code: the last byte of numbers and hosts, the first of
+    the body, topic and properties, and one digit of the CRC."""
+    (sys_flag,) = struct.unpack_from(">i", raw, 36)
+    born = 20 if sys_flag & 0x10 else 8
+    store = 20 if sys_flag & 0x20 else 8
+    header = 72 + born + store
+    (body,) = struct.unpack_from(">i", raw, header - 4)
+    v2 = raw[4:8] == bytes.fromhex("DAA320AB")
+    topic_at = header + body
+    topic = struct.unpack_from(">h", raw, topic_at)[0] if v2 else raw[topic_at]
+    props_len_at = topic_at + (2 if v2 else 1) + topic
+    at = {
+        "TOTALSIZE": 3,
+        "MAGICCODE": 7,
+        "BODYCRC": 11,
+        "QUEUEID": 15,
+        "FLAG": 19,
+        "QUEUEOFFSET": 27,
+        "PHYSICALOFFSET": 35,
+        "SYSFLAG": 39,
+        "BORNTIMESTAMP": 47,
+        "BORNHOST": 48 + born - 1,
+        "STORETIMESTAMP": 48 + born + 7,
+        "STOREHOST": 56 + born + store - 1,
+        "RECONSUMETIMES": header - 13,
+        "PREPAREDTXOFFSET": header - 5,
+        "BODYLENGTH": header - 1,
+        "BODY": header,
+        "TOPICLENGTH": topic_at + (1 if v2 else 0),
+        "TOPIC": props_len_at - topic,
+        "PROPERTIESLENGTH": props_len_at + 1,
+        "PROPERTIES": props_len_at + 2,
+    }
+    props_end = len(raw)
+    if raw[-20:-11] == b"__CRC32#\x01":
+        at["__CRC32#"] = len(raw) - 5
+        props_end -= 20
+    assert body > 0 and topic > 0 and props_end > at["PROPERTIES"], "every field non-empty"
+    return at

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zlib
@@ -28,6 +29,7 @@ from .segments import (
     build_rocketmq_style,
     expected_json,
     host,
+    one_byte_in_each_field,
     segment_name,
     tree_digest,
 )
@@ -64,6 +66,7 @@ class Written:
     store_timestamp_ms: int
     message: MessageIn
     properties: dict[str, str]
+    raw: bytes = b""  # the record as the store wrote it (read back from its segment file)
 
 
 @dataclass
@@ -122,6 +125,10 @@ def our_log(tmp_path: Path) -> OurLog:
             )
     finally:
         log.close()
+    for w in written:
+        start = w.offset - w.offset % FILE_BYTES
+        segment = (data_dir / "commitlog" / segment_name(start)).read_bytes()
+        w.raw = segment[w.offset - start : w.offset - start + w.size]
     files = sorted(p.name for p in (data_dir / "commitlog").iterdir())
     assert len(files) >= 3, "the fixture must span several segment files"
     return OurLog(data_dir, data_dir / "commitlog", written)
@@ -136,6 +143,8 @@ def expected_for(w: Written) -> dict[str, Any]:
         "total_size": w.size,
         "version": 2 if len(m.topic) > 127 else 1,
         "body_crc": zlib.crc32(m.body) & 0x7FFFFFFF,
+        # The whole-record CRC: over every byte but its own 20-byte property at the end.
+        "record_crc": zlib.crc32(w.raw[:-20]) & 0x7FFFFFFF,
         "crc_ok": True,
         "queue_id": m.queue_id,
         "flag": m.flag,
@@ -174,7 +183,11 @@ def test_verify_of_a_healthy_log_exits_0_with_a_summary(our_log: OurLog) -> None
     total = sum(w.size for w in our_log.written)
     summary = done.stdout.strip()
     assert summary.startswith("ok:")
-    assert f"{len(our_log.written)} records" in summary
+    records = len(our_log.written)
+    assert (
+        f"{records} records ({records} with the whole-record CRC, 0 checked by their body "
+        "CRC alone)" in summary
+    )
     assert f"{total} bytes" in summary
     assert f"{files} files" in summary
     assert done.stderr == ""
@@ -218,6 +231,33 @@ def test_verify_names_the_first_of_several_bad_records_and_counts_them(our_log: 
     assert done.returncode == 1
     assert f"first bad offset {early.offset} " in done.stderr
     assert "2 bad range(s)" in done.stdout
+
+
+def test_a_byte_changed_in_any_field_makes_verify_exit_1_naming_the_record_and_field(
+    our_log: OurLog,
+) -> None:
+    """The whole-record CRC covers every field: one byte changed in each, one record per
+    field, and verify names every damaged record's offset and the field the change hit
+    (before, only the body, BODYCRC and the lengths were checked: a changed born time or
+    queue id read as sound)."""
+    # Every other record (adjacent bad records would read as one bad range), in two copies.
+    victims = [w for w in our_log.written if w.message.body and len(w.message.topic) <= 127]
+    victims = [w for w in victims[::2] if our_log.written.index(w) + 1 < len(our_log.written)]
+    fields = list(one_byte_in_each_field(victims[0].raw))
+    half = (len(fields) + 1) // 2
+    assert len(victims) >= half
+    for part, chosen in enumerate((fields[:half], fields[half:])):
+        copy = our_log.data_dir.parent / f"copy-{part}"
+        shutil.copytree(our_log.commitlog_dir, copy)
+        for field, w in zip(chosen, victims, strict=False):
+            flip_byte(copy, w.offset + one_byte_in_each_field(w.raw)[field])
+        done = run("log", "verify", copy)
+        assert done.returncode == 1, done.stdout
+        assert f"{len(chosen)} bad range(s)" in done.stdout
+        assert f"first bad offset {victims[0].offset} " in done.stderr
+        for field, w in zip(chosen, victims, strict=False):
+            line = next(x for x in done.stderr.splitlines() if f"bad offset {w.offset}:" in x)
+            assert f"explains it: {field} at +{one_byte_in_each_field(w.raw)[field]} " in line, line
 
 
 def test_dump_marks_a_record_with_a_flipped_body_byte_bad_and_goes_on(our_log: OurLog) -> None:
@@ -375,6 +415,8 @@ def rocketmq_messages() -> list[Msg]:
                 store=("fd00::7", 10911),
                 reconsume_times=i % 3,
                 prepared_tx_offset=0,
+                # A broker that turned enabledAppendPropCRC on after its tenth message.
+                record_crc=i >= 10,
             )
         )
     return msgs
@@ -418,7 +460,10 @@ def test_verify_of_a_rocketmq_style_directory_exits_0(
     done = run("log", "verify", directory)
     assert done.returncode == 0, done.stderr
     files = len(list(directory.iterdir()))
-    assert f"{len(placed)} records" in done.stdout
+    assert (
+        f"{len(placed)} records (4 with the whole-record CRC, 10 checked by their body CRC "
+        "alone)" in done.stdout
+    )
     assert f"{files} files of {ROCKET_FILE_BYTES} bytes" in done.stdout
 
 

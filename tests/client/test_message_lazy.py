@@ -40,6 +40,7 @@ def record(
     compression: Compression = Compression.NONE,
     born_host: bytes = b"\x0a\x00\x00\x05\x00\x00\x30\x39",
     store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x2a\x9f",
+    record_crc: bool = True,
 ) -> bytes:
     body = f"body-{i}".encode() * (i % 5) if body is None else body
     sys_flag = 0
@@ -63,6 +64,7 @@ def record(
         store_host=store_host,
         reconsume_times=i % 2,
         limits=LONG_TOPICS,
+        record_crc=record_crc,
     )
 
 
@@ -313,17 +315,42 @@ def test_records_split_at_the_wrong_places_are_data_loss() -> None:
     assert decode_records(blob, [a, len(blob) - a]) == [eager(raws[0]), eager(raws[1])]
 
 
-def test_a_body_crc_mismatch_is_data_loss_and_an_empty_bodys_crc_is_not_checked() -> None:
-    raw = record(7)
+@pytest.mark.parametrize("record_crc", [True, False], ids=["record-crc", "body-crc-only"])
+def test_a_body_crc_mismatch_is_data_loss_and_an_empty_bodys_crc_is_not_checked(
+    record_crc: bool,
+) -> None:
+    """A changed BODYCRC is found by the body CRC, or by the whole-record CRC that covers it;
+    an empty body's BODYCRC is not checked (RocketMQ's rule) in a record without the
+    whole-record CRC, and is covered like any field in one with it."""
+    raw = record(7, record_crc=record_crc)
     body_crc_at = 8
     (crc,) = struct.unpack_from(">i", raw, body_crc_at)
     wrong = raw[:body_crc_at] + struct.pack(">i", crc ^ 4) + raw[body_crc_at + 4 :]
     with pytest.raises(DataLoss, match="CRC"):
         decode_records(wrong, [len(wrong)])
-    empty = record(1, body=b"")
+    empty = record(1, body=b"", record_crc=record_crc)
     any_crc = empty[:body_crc_at] + struct.pack(">i", 12345) + empty[body_crc_at + 4 :]
+    if record_crc:
+        with pytest.raises(DataLoss, match="record CRC"):
+            decode_records(any_crc, [len(any_crc)])
+        return
     assert accepted(any_crc)
     assert decode_records(any_crc, [len(any_crc)]) == [eager(any_crc)]
+
+
+def test_a_byte_changed_in_any_field_is_data_loss_in_the_sdk() -> None:
+    """The SDK's checks (record_columns, then read_record) refuse a record whose born time,
+    queue id, flag, hosts, topic or properties changed: the whole-record CRC covers them. Each
+    byte of a record, as one of a batch of like records (the column checks) and alone."""
+    batch = [record(i, body=b"x" * 40) for i in range(40)]
+    sizes = [len(r) for r in batch]
+    for at in range(len(batch[0])):
+        damaged = list(batch)
+        damaged[20] = batch[20][:at] + bytes([batch[20][at] ^ 0x10]) + batch[20][at + 1 :]
+        with pytest.raises(DataLoss):
+            decode_records(b"".join(damaged), sizes)
+        with pytest.raises(DataLoss):
+            decode_records(damaged[20], [sizes[20]])
 
 
 def test_a_polled_batchs_bodies_hold_the_records_only_read_record_passed() -> None:

@@ -197,6 +197,22 @@ def test_a_batch_the_store_refuses_whole_does_not_fail_the_batches_joined_to_it(
     assert len(good.result()) == 1 and not good.result().errors
 
 
+def test_the_stores_record_crc_property_is_refused_at_the_call_too(
+    settings: ClientSettings, topic: str
+) -> None:
+    """__CRC32# (the whole-record CRC the store ends each record with) is the store's as
+    MQS_PSEQ is: refused at the call, before a request other batches join."""
+    with Producer(settings, linger_ms=LINGER_FOREVER_MS) as p:
+        good = p.send_batch(topic, [b"good"])
+        with pytest.raises(InvalidArgument) as refused:
+            p.send_batch(topic, [b"bad"], properties={"__CRC32#": "1234567890"})
+        with pytest.raises(InvalidArgument):
+            p.send(topic, b"bad too", properties={"__CRC32#": "1234567890"})
+        p.flush(timeout_s=30)
+    assert refused.value.field == "properties" and "__CRC32#" in str(refused.value)
+    assert len(good.result()) == 1 and not good.result().errors
+
+
 def test_a_send_batch_blocked_on_a_full_buffer_does_not_wait_out_the_linger(
     settings: ClientSettings, topic: str
 ) -> None:

@@ -1,7 +1,7 @@
 """Corruption table on real segment files (etcd/Kafka style): damage bytes of a closed store,
 reopen it, and assert exactly which records survive and that appends resume at the new end.
 
-The store: 30 messages of 222 bytes each (18 in file 0, 12 in file 1), closed cleanly, so the
+The store: 30 messages of 242 bytes each (16 in file 0, 14 in file 1), closed cleanly, so the
 checkpoint's flushed offset F is the end of the last record and every record is durable.
 
 - the tail truncated (zeroed from byte k to the end) at every byte of the last record;
@@ -9,11 +9,12 @@ checkpoint's flushed offset F is the end of the last record and every record is 
 - one bit flipped in each field of a middle record;
 - garbage after the last record.
 
-RocketMQ's record carries one CRC, over the body. A bit flip in a field it does not cover and
-that no length or position check catches (QUEUEID, FLAG, QUEUEOFFSET, the timestamps, hosts,
-RECONSUMETIMES, PREPAREDTXOFFSET, most SYSFLAG bits, TOPIC and PROPERTIES bytes) cannot be
-detected: those rows assert that the record comes back with the flipped value, and are named
-"undetected".
+The records end with the whole-record CRC property (__CRC32#, 20 bytes: record.py), so a bit
+flipped in any field is found. The same flips in a store written without it (RocketMQ's
+default, and mqstore's logs before it: 222-byte records, one CRC over the body) show what the
+body CRC alone cannot see (QUEUEID, FLAG, QUEUEOFFSET, the timestamps, hosts, RECONSUMETIMES,
+PREPAREDTXOFFSET, most SYSFLAG bits, TOPIC and PROPERTIES bytes): those rows assert that such
+a record still reads, with the flipped value, and are named "undetected".
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ from mqstore.storage.mapped_file_queue import ShortSegmentError
 
 FILE = 4096
 COUNT = 30
-SIZE = 222  # 91 + body 100 + topic "TopicTest" 9 + properties 22
+PLAIN_SIZE = 222  # 91 + body 100 + topic "TopicTest" 9 + properties 22
+SIZE = PLAIN_SIZE + 20  # and the whole-record CRC property
 BODY = 88
 TOPIC_LEN = BODY + 100
 TOPIC_AT = TOPIC_LEN + 1
@@ -73,6 +75,19 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Store
     log = open_log(path)
     stored = append_each(log, [message(10 + i) for i in range(COUNT)])
     assert {s.size for s in stored} == {SIZE}
+    assert [s.offset // FILE for s in stored].count(0) == 16
+    log.close()
+    return path, stored
+
+
+@pytest.fixture(scope="module")
+def pristine_plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Stored]]:
+    """The same store written without the whole-record CRC (the body CRC alone). Reopened, it
+    is opened with the CRC on, as after an upgrade: what it appends then carries the CRC."""
+    path = tmp_path_factory.mktemp("pristine-plain")
+    log = open_log(path, record_crc=False)
+    stored = append_each(log, [message(10 + i) for i in range(COUNT)])
+    assert {s.size for s in stored} == {PLAIN_SIZE}
     assert [s.offset // FILE for s in stored].count(0) == 18
     log.close()
     return path, stored
@@ -351,12 +366,22 @@ class Flip:
     field: str
     pos: int  # byte within the record
     bit: int
-    detected: bool
+    detected: bool  # without the whole-record CRC (with it, every flip is)
     attr: str = ""  # Record attribute that shows an undetected flip
 
 
 def _num(field: str, pos: int, width: int, attr: str, detected: bool, bit: int = 0) -> Flip:
     return Flip(field, pos + width - 1, bit, detected, attr)  # bit of the last (low) byte
+
+
+CRC_AT = PROPS_AT + 22  # the whole-record CRC property, after the producer's 22 bytes
+CRC_FLIPS = [
+    Flip("CRC-PROPERTY-key", CRC_AT, 0, True),
+    Flip("CRC-PROPERTY-separator", CRC_AT + 8, 1, True),
+    Flip("CRC-PROPERTY-digit", CRC_AT + 9, 0, True),
+    Flip("CRC-PROPERTY-last-digit", CRC_AT + 18, 3, True),
+    Flip("CRC-PROPERTY-end", CRC_AT + 19, 0, True),
+]
 
 
 FLIPS = [
@@ -404,12 +429,24 @@ def _flipped(record: Record, flip: Flip) -> Record:
 
 
 @pytest.mark.parametrize(
-    "flip", [pytest.param(f, id=f.field + ("" if f.detected else "-undetected")) for f in FLIPS]
+    ("flip", "record_crc"),
+    [pytest.param(f, True, id=f.field) for f in FLIPS + CRC_FLIPS]
+    + [
+        pytest.param(
+            f, False, id="no-record-crc-" + f.field + ("" if f.detected else "-undetected")
+        )
+        for f in FLIPS
+    ],
 )
 def test_bit_flip_in_a_durable_middle_record(
-    pristine: tuple[Path, list[Stored]], tmp_path: Path, flip: Flip
+    request: pytest.FixtureRequest, tmp_path: Path, flip: Flip, record_crc: bool
 ) -> None:
-    config, stored = _copy(pristine, tmp_path)
+    """Recovery's row "a bad record below F, a valid record later": a flip in any field of a
+    record with the whole-record CRC is reported as corrupt, never read, and the log keeps
+    every other record. Without the CRC only what the body CRC and the lengths cover is."""
+    config, stored = _copy(
+        request.getfixturevalue("pristine" if record_crc else "pristine_plain"), tmp_path
+    )
     victim = stored[MIDDLE]
     before = _open(config)
     original = before.read_record(victim.offset)
@@ -424,7 +461,7 @@ def test_bit_flip_in_a_durable_middle_record(
     others = stored[:MIDDLE] + stored[MIDDLE + 1 :]
     for s in others:
         assert log.read_record(s.offset).body == s.message.body
-    if flip.detected:
+    if flip.detected or record_crc:
         assert [(c.start_offset, c.end_offset) for c in report.corrupt] == [
             (victim.offset, victim.end)
         ]

@@ -27,7 +27,7 @@ from commitlog_svc.messages import MessageIn
 from mqstore.formats.record import BLANK_MAGIC
 
 FILE = 4096
-OVERHEAD = 92  # 91 + the 1-byte topic "T", no properties
+OVERHEAD = 112  # 91 + the 1-byte topic "T", no properties but the 20-byte record CRC
 
 
 def _msg(size: int, i: int = 0) -> MessageIn:
@@ -91,10 +91,10 @@ def test_batch_that_does_not_fit_moves_whole_to_the_next_file(tmp_path: Path) ->
     append_each(log, [_msg(200, i) for i in range(19)])
     room = FILE - log.max_offset
     # the first message alone would fit; the three together do not
-    batch = [_msg(100, 19), _msg(100, 20), _msg(100, 21)]
-    assert 100 + 8 <= room < 300 + 8
+    batch = [_msg(120, 19), _msg(120, 20), _msg(120, 21)]
+    assert 120 + 8 <= room < 360 + 8
     stored = append_batch_ok(log, batch)
-    assert [s.offset for s in stored] == [FILE, FILE + 100, FILE + 200]
+    assert [s.offset for s in stored] == [FILE, FILE + 120, FILE + 240]
     assert _blank_at(log.config, FILE - room) == (room, BLANK_MAGIC)
     assert read_at(log.config, FILE - room + 8, room - 8) == bytes(room - 8)
     log.close()

@@ -120,7 +120,7 @@ def test_disk_full_at_segment_creation_changes_nothing_and_clears_when_space_ret
     clock = ManualClock()
     disk = SimDisk(clock_ms=clock.now_ms)
     log = open_log("/store", disk=disk, clock=clock, flush=FlushMode.SYNC)
-    stored = append_each(log, [message(10 + i) for i in range(18)])  # 18 x 222: file 0 full
+    stored = append_each(log, [message(10 + i) for i in range(16)])  # 16 x 242: file 0 full
     # room for checkpoints, not for another segment
     disk.capacity_bytes = disk.used_bytes() + 1_000
     end, table = log.max_offset, log.queue_offsets()

@@ -177,7 +177,7 @@ def test_retries_after_a_clean_restart_come_from_the_checkpoint_snapshot(tmp_pat
 def test_a_tag_that_pushes_its_carrier_over_the_limit_is_stored_untagged(tmp_path: Path) -> None:
     """The rare fallback: the request is stored as it came, its retry recognised in memory."""
     log = open_log(tmp_path, file_bytes=1 << 20)
-    near_limit = encode_properties({"P": "x" * (32_767 - 10)})
+    near_limit = encode_properties({"P": "x" * (32_767 - 20 - 10)})  # 20: the record CRC
     messages = [MessageIn("T", 0, b"a", near_limit), MessageIn("T", 0, b"b", b"")]
     first = log.append_batch(messages, producer=("p", 1))
     assert first.ok

@@ -66,12 +66,19 @@ def test_body_at_the_limit_is_stored_and_one_byte_more_is_message_illegal(tmp_pa
     log.close()
 
 
-def test_properties_of_32767_bytes_are_stored_and_32768_exceed(tmp_path: Path) -> None:
-    log = open_log(tmp_path, file_bytes=BIG_FILE)
-    [stored] = append_each(log, [MessageIn(TOPIC, 1, b"body", _props_of(32_767))])
-    assert log.read_record(stored.offset).properties == _props_of(32_767)
+@pytest.mark.parametrize(
+    ("record_crc", "most"), [(False, 32_767), (True, 32_747)], ids=["body-crc-only", "record-crc"]
+)
+def test_properties_of_32767_bytes_are_stored_and_32768_exceed(
+    tmp_path: Path, record_crc: bool, most: int
+) -> None:
+    """The int16 length holds 32,767 bytes of properties; the 20 of the whole-record CRC
+    property count against them (RocketMQ: the limit applies after its CRC reserve)."""
+    log = open_log(tmp_path, file_bytes=BIG_FILE, record_crc=record_crc)
+    [stored] = append_each(log, [MessageIn(TOPIC, 1, b"body", _props_of(most))])
+    assert log.read_record(stored.offset).properties == _props_of(most)
     _assert_refusal_consumes_nothing(
-        log, MessageIn(TOPIC, 1, b"body", _props_of(32_768)), PutStatus.PROPERTIES_SIZE_EXCEEDED
+        log, MessageIn(TOPIC, 1, b"body", _props_of(most + 1)), PutStatus.PROPERTIES_SIZE_EXCEEDED
     )
     log.close()
 
@@ -97,16 +104,21 @@ def test_retry_topic_may_take_255_bytes_written_with_v2_magic_and_256_is_illegal
     [stored] = append_each(log, [MessageIn(topic, 0, b"body")])
     record = log.read_record(stored.offset)
     assert record.topic == topic and record.magic == MAGIC_V2  # more than 127 characters
-    assert stored.size == 91 + 4 + 255 + 1  # V2: a 2-byte topic length
+    assert stored.size == 91 + 4 + 255 + 1 + 20  # V2: a 2-byte topic length; the record CRC
     _assert_refusal_consumes_nothing(
         log, MessageIn(topic + "g", 0, b"body"), PutStatus.MESSAGE_ILLEGAL
     )
     log.close()
 
 
-def test_rocketmq_put_long_message_max_body_topic_and_properties_together(tmp_path: Path) -> None:
-    log = open_log(tmp_path, file_bytes=BIG_FILE)
-    big = MessageIn("t" * 127, 3, b"x" * BODY_MAX, _props_of(32_767))
+@pytest.mark.parametrize(
+    ("record_crc", "props"), [(False, 32_767), (True, 32_747)], ids=["body-crc-only", "record-crc"]
+)
+def test_rocketmq_put_long_message_max_body_topic_and_properties_together(
+    tmp_path: Path, record_crc: bool, props: int
+) -> None:
+    log = open_log(tmp_path, file_bytes=BIG_FILE, record_crc=record_crc)
+    big = MessageIn("t" * 127, 3, b"x" * BODY_MAX, _props_of(props))
     [stored] = append_each(log, [big])
     assert stored.size == 91 + BODY_MAX + 127 + 32_767
     record = log.read_record(stored.offset)

@@ -77,10 +77,11 @@ def _lagging_store(tmp_path: Path) -> tuple[CommitLog, list[Stored], list[Stored
     return log, durable, tail, flushed
 
 
-# Messages 10..99 all encode to 222 bytes: 18 fill a 4 KiB file, which then ends in a 100-byte
-# blank, so record k sits at (k // 18) * 4096 + (k % 18) * 222.
-UNIFORM = 222
-PER_FILE = 18
+# Messages 10..99 all encode to 242 bytes (222 and the whole-record CRC property): 16 fill a
+# 4 KiB file, which then ends in a 224-byte blank, so record k sits at
+# (k // 16) * 4096 + (k % 16) * 242.
+UNIFORM = 242
+PER_FILE = 16
 
 
 def _uniform(log: CommitLog, count: int, already: int = 0) -> list[Stored]:
@@ -501,8 +502,9 @@ def _damage_commit_log(config: CommitLogConfig, offset: int) -> None:
 
 
 def _rocketmq_store(tmp_path: Path, scenario: str) -> tuple[CommitLog, list[Stored]]:
-    """100 messages in queue FooBar/0, closed; then damaged and/or an abort file, reopened."""
-    log = open_log(tmp_path)
+    """100 messages in queue FooBar/0, closed; then damaged and/or an abort file, reopened.
+    Written as RocketMQ writes them by default: without the whole-record CRC."""
+    log = open_log(tmp_path, record_crc=False)
     stored = append_each(log, [_rocketmq_message(i) for i in range(100)])
     assert {s.size for s in stored} == {158}  # 91 + 32 + 6 + 29, as RocketMQ's records
     assert log.queue_offset("FooBar", 0) == 100

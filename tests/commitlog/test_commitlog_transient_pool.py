@@ -75,7 +75,7 @@ def test_pooled_appends_are_readable_only_after_commit() -> None:
 
 def test_pooled_appends_all_survive_close_and_reopen() -> None:
     log, disk, clock = _pool_store()
-    stored = append_each(log, [message(i) for i in range(50)])  # three files
+    stored = append_each(log, [message(i) for i in range(45)])  # three files
     assert stored[-1].offset // FILE == 2
     log.close()
     log = reopen(log, disk=disk, clock=clock)

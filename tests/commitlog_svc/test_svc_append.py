@@ -227,6 +227,36 @@ def test_a_property_merely_ending_in_the_reserved_name_is_accepted(svc: Running)
     svc.append_ok(pb.MessageBatch(topic=TOPIC, queue_ids=[0], bodies=[b"a"], properties=[props]))
 
 
+@pytest.mark.parametrize(
+    "properties",
+    [
+        [encode_properties({"KEYS": "k", "__CRC32#": "1234567890"})],
+        [b"", encode_properties({"__CRC32#": "0000000001", "KEYS": "k"})],
+    ],
+    ids=["last-property", "first-property-of-the-second-message"],
+)
+def test_the_record_crc_property_is_reserved_for_the_store(
+    svc: Running, properties: list[bytes]
+) -> None:
+    """__CRC32# is the whole-record CRC the store ends every record with: a producer naming it
+    is refused as a whole (INVALID_ARGUMENT naming the field), as MQS_PSEQ is."""
+    end = svc.status().max_offset
+    request = pb.AppendRequest(
+        batches=[
+            pb.MessageBatch(
+                topic=TOPIC,
+                queue_ids=[0] * len(properties),
+                bodies=[b"a"] * len(properties),
+                properties=properties,
+            )
+        ]
+    )
+    code, message, field = rpc_error(lambda: svc.stub.Append(request, timeout=10))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "__CRC32#" in message
+    assert field == "batches[0].properties"
+    assert svc.status().max_offset == end
+
+
 def test_messages_over_a_limit_are_refused_alone_with_reason_and_field(svc: Running) -> None:
     too_many_props = encode_properties({"P": "x" * 33_000})
     good = encode_properties({"KEYS": "k"})

@@ -53,12 +53,14 @@ def api(tmp_path: Path, log: ServiceProcess) -> Iterator[ApiHarness]:
     harness.stop()
 
 
-def expire_some(log_stub: cl_grpc.CommitLogStub, count: int = 120) -> tuple[list[Stored], int]:
+def expire_some(log_stub: cl_grpc.CommitLogStub, count: int = 90) -> tuple[list[Stored], int]:
     """Append `count` messages over several segments and wait for retention to delete the
     leading ones; returns them and the log's new minimum."""
     stored: list[Stored] = []
-    for first in range(0, count, 20):  # a batch is written whole into one 4 KiB segment
-        stored += append(log_stub, "T", [b"old-%d" % i for i in range(first, first + 20)])
+    # A batch is written whole into one 4 KiB segment: two batches of 15 records (~120 bytes
+    # each) fill one, so the log has three segments and retention deletes the first two.
+    for first in range(0, count, 15):
+        stored += append(log_stub, "T", [b"old-%d" % i for i in range(first, first + 15)])
 
     def minimum() -> int:
         return int(log_stub.GetStatus(cl_pb.GetStatusRequest(), timeout=5).min_offset)

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import mmap
 import struct
+import zlib
 from collections.abc import Callable
 
 import pytest
 
 from mqstore.errors import MessageIllegal, PropertiesTooLarge
 from mqstore.formats.record import (
+    BODY_CRC_MISMATCH,
+    DAMAGED_RECORD_CRC,
     MAGIC_V1,
+    NO_RECORD_CRC,
+    RECORD_CRC_DAMAGED,
+    RECORD_CRC_MISMATCH,
     Bad,
     Blank,
     Buffer,
@@ -23,6 +29,8 @@ from mqstore.formats.record import (
     find_next_record,
     prepare_message,
     read_record,
+    record_crc_property,
+    stored_record_crc,
 )
 from mqstore.formats.record_columns import VIEW_CRC_RECORD_BYTES_MIN, check_records
 from mqstore.limits import MessageLimits
@@ -31,9 +39,16 @@ BODY = b"check-table-body"  # 16 bytes
 PROPS = b"TAGS\x01T\x02"
 
 
-def rec(*, physical_offset: int = 0, topic: str = "Topic", body: bytes = BODY) -> bytes:
+def rec(
+    *, physical_offset: int = 0, topic: str = "Topic", body: bytes = BODY, record_crc: bool = True
+) -> bytes:
     return encode_record(
-        topic=topic, queue_id=1, body=body, properties=PROPS, physical_offset=physical_offset
+        topic=topic,
+        queue_id=1,
+        body=body,
+        properties=PROPS,
+        physical_offset=physical_offset,
+        record_crc=record_crc,
     )
 
 
@@ -108,32 +123,120 @@ def test_an_all_zero_region_is_bad_not_a_record() -> None:
     assert isinstance(read_record(bytes(4096), 0, 4096), Bad)
 
 
-def test_body_crc_mismatch_is_bad_but_keeps_the_decoded_fields() -> None:
-    raw = bytearray(GOOD)
+@pytest.mark.parametrize("record_crc", [True, False], ids=["record-crc", "body-crc-only"])
+def test_body_crc_mismatch_is_bad_but_keeps_the_decoded_fields(record_crc: bool) -> None:
+    raw = bytearray(rec(record_crc=record_crc))
     raw[88] ^= 0x01  # first body byte
     got = read_record(bytes(raw), 0, len(raw))
     assert isinstance(got, Bad)
-    assert "CRC" in got.reason
-    assert got.size == len(GOOD)
+    assert got.reason == (RECORD_CRC_MISMATCH if record_crc else BODY_CRC_MISMATCH)
+    assert got.size == len(raw)
     assert got.record is not None and got.record.topic == "Topic"
 
 
-def test_body_crc_mismatch_passes_when_the_crc_check_is_off_as_dispatch_reads() -> None:
-    raw = bytearray(GOOD)
+@pytest.mark.parametrize("record_crc", [True, False], ids=["record-crc", "body-crc-only"])
+def test_a_crc_mismatch_passes_when_the_crc_check_is_off_as_dispatch_reads(
+    record_crc: bool,
+) -> None:
+    raw = bytearray(rec(record_crc=record_crc))
     raw[88] ^= 0x01
     assert isinstance(read_record(bytes(raw), 0, len(raw), check_crc=False), Record)
 
 
-def test_stored_crc_mismatch_is_bad() -> None:
-    raw = put_i32(GOOD, 8, struct.unpack_from(">i", GOOD, 8)[0] ^ 0x10)
+@pytest.mark.parametrize("record_crc", [True, False], ids=["record-crc", "body-crc-only"])
+def test_stored_crc_mismatch_is_bad(record_crc: bool) -> None:
+    good = rec(record_crc=record_crc)
+    raw = put_i32(good, 8, struct.unpack_from(">i", good, 8)[0] ^ 0x10)
     assert isinstance(read_record(raw, 0, len(raw)), Bad)
 
 
-def test_an_empty_body_skips_the_crc_check_as_rocketmq_does() -> None:
-    # checkMessageAndReturnSize recomputes the CRC only when bodyLen > 0.
-    raw = put_i32(rec(body=b""), 8, 12345)
+def test_an_empty_body_skips_the_body_crc_check_as_rocketmq_does() -> None:
+    # checkMessageAndReturnSize recomputes the body CRC only when bodyLen > 0.
+    raw = put_i32(rec(body=b"", record_crc=False), 8, 12345)
     got = read_record(raw, 0, len(raw))
     assert isinstance(got, Record) and got.body == b"" and got.body_crc == 12345
+
+
+def test_the_record_crc_covers_a_record_with_an_empty_body_too() -> None:
+    raw = put_i32(rec(body=b""), 8, 12345)
+    got = read_record(raw, 0, len(raw))
+    assert isinstance(got, Bad) and got.reason == RECORD_CRC_MISMATCH
+
+
+# -- the whole-record CRC (record.py) -------------------------------------------------------
+
+
+def test_a_record_ends_with_rocketmqs_crc_property_over_every_byte_before_it() -> None:
+    """CommitLog.CRC32_RESERVED_LEN = 20: "__CRC32#", 0x01, ten digits least significant
+    first (MessageDecoder.createCrc32), 0x02; the CRC is crc32 & 0x7FFFFFFF of [0, size - 20),
+    computed here with zlib, not with mqstore's code."""
+    plain = rec(record_crc=False)
+    raw = GOOD
+    assert len(raw) == len(plain) + 20
+    crc = zlib.crc32(raw[:-20]) & 0x7FFFFFFF
+    digits = "".join(str(crc // 10**i % 10) for i in range(10)).encode()
+    assert raw[-20:] == b"__CRC32#\x01" + digits + b"\x02"
+    # Everything before the property is the plain record's, its lengths 20 more.
+    at = props_len_pos(raw)
+    assert struct.unpack_from(">i", raw, 0)[0] == len(raw)
+    assert raw[4:at] == plain[4:at]
+    assert struct.unpack_from(">h", raw, at)[0] == len(PROPS) + 20
+    assert raw[at + 2 : -20] == PROPS
+
+
+def test_the_crc_digits_are_written_least_significant_first() -> None:
+    assert record_crc_property(12345) == b"__CRC32#\x015432100000\x02"
+    assert record_crc_property(0) == b"__CRC32#\x010000000000\x02"
+    assert record_crc_property(2**31 - 1) == b"__CRC32#\x017463847412\x02"
+
+
+@pytest.mark.parametrize("at", range(len(GOOD)))
+def test_a_changed_byte_anywhere_in_a_record_with_the_crc_is_bad(at: int) -> None:
+    for change in (0x01, 0x80, 0xFF):
+        raw = bytearray(GOOD)
+        raw[at] ^= change
+        got = read_record(bytes(raw), 0, len(raw), expected_offset=0)
+        assert isinstance(got, Bad), (at, change)
+
+
+@pytest.mark.parametrize(
+    ("at", "value"),
+    [(-20, ord("-")), (-13, ord("!")), (-12, 0x03), (-11, ord("x")), (-2, ord(":"))],
+    ids=["key", "key-end", "separator", "first-digit", "last-digit"],
+)
+def test_a_damaged_crc_property_is_damage_not_a_record_without_the_crc(at: int, value: int) -> None:
+    raw = bytearray(GOOD)
+    raw[len(raw) + at] = value
+    got = read_record(bytes(raw), 0, len(raw))
+    assert isinstance(got, Bad) and got.reason == RECORD_CRC_DAMAGED
+    assert stored_record_crc(raw, len(raw), 20) == DAMAGED_RECORD_CRC
+
+
+def test_a_last_property_that_only_resembles_the_crc_property_is_not_one() -> None:
+    """A record without the CRC whose last pair has a 10-byte value under a key two bytes off
+    __CRC32# reads with its body CRC (RocketMQ's records: any property is allowed)."""
+    props = b"KEYS\x01k\x02_xCRC3x#\x011234567890\x02"
+    raw = encode_record(topic="T", queue_id=0, body=BODY, properties=props, record_crc=False)
+    got = read_record(raw, 0, len(raw))
+    assert isinstance(got, Record) and got.properties == props
+    assert got.record_crc == NO_RECORD_CRC
+
+
+def test_a_record_with_the_crc_decodes_to_the_producers_properties_and_the_crc() -> None:
+    got = read_record(GOOD, 0, len(GOOD))
+    assert isinstance(got, Record)
+    assert got.properties == PROPS and got.properties_dict() == {"TAGS": "T"}
+    assert GOOD.endswith(record_crc_property(got.record_crc))
+    plain = read_record(rec(record_crc=False), 0, len(GOOD) - 20)
+    assert isinstance(plain, Record)
+    assert plain.properties == PROPS and plain.record_crc == NO_RECORD_CRC
+
+
+def test_the_crc_property_counts_against_the_properties_limit() -> None:
+    assert prep(properties=b"p" * 32_746 + b"\x02", record_crc=True) == 91 + 1 + 1 + 32_767
+    with pytest.raises(PropertiesTooLarge) as exc:
+        prep(properties=b"p" * 32_747 + b"\x02", record_crc=True)
+    assert "32747-byte limit" in str(exc.value)
 
 
 def test_total_size_larger_than_the_fields_add_up_to_is_bad() -> None:
@@ -294,7 +397,9 @@ def test_find_next_record_respects_end() -> None:
 
 
 def prep(**kw: object) -> int:
-    args: dict[str, object] = {"topic": "T", "queue_id": 0, "body": b"x"}
+    """prepare_message's size of a record (RocketMQ's layout, without the whole-record CRC,
+    unless `record_crc=True`)."""
+    args: dict[str, object] = {"topic": "T", "queue_id": 0, "body": b"x", "record_crc": False}
     args.update(kw)
     return prepare_message(**args).size  # type: ignore[arg-type]
 
@@ -309,7 +414,7 @@ def test_a_body_one_byte_over_4_mib_is_message_illegal() -> None:
     assert exc.value.field == "body"
 
 
-def test_properties_of_32767_bytes_are_accepted() -> None:
+def test_properties_of_32767_bytes_are_accepted_without_the_record_crc() -> None:
     assert prep(properties=b"p" * 32_766 + b"\x02") == 91 + 1 + 1 + 32_767
 
 
@@ -381,14 +486,15 @@ def test_a_born_host_that_is_neither_8_nor_20_bytes_is_refused() -> None:
 
 
 def test_limits_are_configurable_and_enforced_as_configured() -> None:
-    small = MessageLimits(body_bytes_max=10, topic_bytes_max=5, properties_bytes_max=4)
+    small = MessageLimits(body_bytes_max=10, topic_bytes_max=5, properties_bytes_max=24)
     assert prep(body=b"x" * 10, limits=small) > 0
     with pytest.raises(MessageIllegal):
         prep(body=b"x" * 11, limits=small)
     with pytest.raises(MessageIllegal):
         prep(topic="abcdef", limits=small)
+    assert prep(properties=b"1234\x02", limits=small) > 0
     with pytest.raises(PropertiesTooLarge):
-        prep(properties=b"12345", limits=small)
+        prep(properties=b"1234\x02", limits=small, record_crc=True)  # 5 + 20 of the CRC
 
 
 @pytest.mark.parametrize("body_bytes", [16, 1024])

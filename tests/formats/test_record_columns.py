@@ -12,25 +12,47 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqstore.formats import sysflag
-from mqstore.formats.record import Record, encode_record, read_record
+from mqstore.formats.record import (
+    Record,
+    encode_record,
+    read_record,
+    record_crc_property,
+    stored_record_crc,
+)
 from mqstore.formats.record_columns import (
     SMALL_BATCH_RECORDS_MAX,
     CheckedRecords,
     _check_columns,
     _check_few,
     check_records,
+    stored_crcs,
 )
 
 V6_HOST = bytes(range(16)) + b"\x00\x00\x10\x00"
 
 
+# The last pair of a record written without the whole-record CRC may look like its property:
+# its own key or one a byte off (read as a property with a wrong CRC, or a damaged one), or a
+# key two bytes off (not the property: the record reads with its body CRC).
+LOOKALIKES = [
+    b"__CRC32#\x010123456789\x02",
+    b"__CRC32!\x010123456789\x02",
+    b"_xCRC3x#\x010123456789\x02",
+]
+
+
 @st.composite
 def records(draw: st.DrawFn) -> tuple[bytes, int]:
     """(a whole record, the offset it claims), of any shape the format allows: long (V2)
-    topics, IPv6 hosts, empty bodies and properties, large bodies."""
+    topics, IPv6 hosts, empty bodies and properties, large bodies, with the whole-record CRC
+    (the store's default) or without it (older and RocketMQ's records, whose last property may
+    look like the CRC's)."""
     topic = draw(st.sampled_from(["T", "orders", "%RETRY%" + "t" * 130, "a-b_c|d"]))
     body = draw(st.sampled_from([b"", b"x", b"body-%d", bytes(600)]))
     props = draw(st.sampled_from([b"", b"TAGS\x01a\x02", b"UNIQ_KEY\x01" + b"A" * 32 + b"\x02"]))
+    record_crc = draw(st.booleans())
+    if not record_crc and draw(st.integers(0, 3)) == 0:
+        props += draw(st.sampled_from(LOOKALIKES))
     offset = draw(st.integers(0, 1 << 40))
     v6 = draw(st.booleans())
     raw = encode_record(
@@ -41,18 +63,20 @@ def records(draw: st.DrawFn) -> tuple[bytes, int]:
         physical_offset=offset,
         sys_flag=sysflag.BORNHOST_V6 if v6 else 0,
         born_host=V6_HOST if v6 else b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+        record_crc=record_crc,
     )
     return raw, offset
 
 
 @st.composite
 def damaged(draw: st.DrawFn) -> tuple[bytes, int]:
-    """A record as records() makes it, then maybe one byte changed, a field rewritten or the
-    offset asked for moved."""
+    """A record as records() makes it, then maybe one byte changed (anywhere, or in the last
+    20 bytes, where the CRC property sits), a field rewritten or the offset asked for moved."""
     raw, offset = draw(records())
-    kind = draw(st.sampled_from(["none", "flip", "field", "offset"]))
-    if kind == "flip":
-        at = draw(st.integers(0, len(raw) - 1))
+    kind = draw(st.sampled_from(["none", "flip", "flip_tail", "field", "offset"]))
+    if kind in ("flip", "flip_tail"):
+        lowest = len(raw) - 20 if kind == "flip_tail" else 0
+        at = draw(st.integers(lowest, len(raw) - 1))
         raw = raw[:at] + bytes([raw[at] ^ draw(st.integers(1, 255))]) + raw[at + 1 :]
     elif kind == "field":
         at = draw(st.sampled_from([0, 4, 8, 36, 84]))  # size, magic, CRC, SYSFLAG, body length
@@ -77,7 +101,7 @@ def like_batch(draw: st.DrawFn) -> list[tuple[bytes, int]]:
         out.append((bytes(one), offset + i * len(raw)))
     if draw(st.booleans()):
         k = draw(st.integers(0, n - 1))
-        at = draw(st.integers(0, len(raw) - 1))
+        at = draw(st.integers(draw(st.sampled_from([0, len(raw) - 20])), len(raw) - 1))
         bad = bytearray(out[k][0])
         bad[at] ^= draw(st.integers(1, 255))
         out[k] = (bytes(bad), out[k][1])
@@ -173,3 +197,36 @@ def test_the_columns_of_many_records_give_the_verdicts_of_one_at_a_time(
     """Past SMALL_BATCH_RECORDS_MAX the columns decide, reading a batch of like records as a
     matrix; one record at a time decides alike."""
     all_agree([raw for raw, _ in drawn], [o for _, o in drawn] if with_offsets else None, bodies)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**31 - 1),
+            st.lists(st.tuples(st.integers(0, 19), st.integers(0, 255)), max_size=3),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    st.booleans(),
+)
+def test_the_crc_property_columns_read_what_stored_record_crc_reads(
+    drawn: list[tuple[int, list[tuple[int, int]]]], strided: bool
+) -> None:
+    """stored_crcs (numpy, many records) against record.stored_record_crc (one), over
+    properties as written, with bytes changed, and unlike any (as a strided view of records
+    too, as the recovery walk passes them)."""
+    tails = []
+    for crc, changes in drawn:
+        tail = bytearray(record_crc_property(crc))
+        for at, value in changes:
+            tail[at] = value
+        tails.append(bytes(tail))
+    want = [stored_record_crc(t, 20, 20) for t in tails]
+    if strided:
+        rows = np.frombuffer(b"".join(b"pad" + t for t in tails), dtype=np.uint8)
+        matrix = rows.reshape(len(tails), 23)[:, 3:]
+    else:
+        matrix = np.frombuffer(b"".join(tails), dtype=np.uint8).reshape(len(tails), 20)
+    assert stored_crcs(matrix).tolist() == want

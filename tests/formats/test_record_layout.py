@@ -1,7 +1,9 @@
 """Golden bytes of the commit-log record (rocketmq-store.md §1.1-1.4, §1.7).
 
 Every expected byte string here is built by hand, field by field, with struct and literal
-values read off the reference; the codec under test is only ever compared against it.
+values read off the reference; the codec under test is only ever compared against it. The
+records are RocketMQ's default layout (no whole-record CRC) unless a test says otherwise; with
+it (enabledAppendPropCRC, §1.4) the hand-built record ends in the 20-byte __CRC32# property.
 """
 
 from __future__ import annotations
@@ -65,17 +67,20 @@ def hand_built_record(
     magic_u32: int,
     sys_flag: int,
     topic_length_format: str,
+    record_crc: bool = False,
 ) -> bytes:
-    """The record laid out field by field from the §1.1 table, with no help from the codec."""
+    """The record laid out field by field from the §1.1 table, with no help from the codec;
+    `record_crc`: with the whole-record CRC property of §1.4 at its end."""
     born_raw = host_bytes(*born)
     store_raw = host_bytes(*store)
     crc = zlib.crc32(BODY) & 0x7FFFFFFF
+    reserved = 20 if record_crc else 0  # CommitLog.CRC32_RESERVED_LEN
     tail = (
         struct.pack(">i", len(BODY))
         + BODY
         + struct.pack(topic_length_format, len(topic))
         + topic
-        + struct.pack(">h", len(PROPS))
+        + struct.pack(">h", len(PROPS) + reserved)
         + PROPS
     )
     middle = (
@@ -94,13 +99,25 @@ def hand_built_record(
         + struct.pack(">q", PREPARED_TX)  # 14 PREPARED TRANSACTION OFFSET
         + tail  # 15-17 BODY, TOPIC, PROPERTIES
     )
-    return struct.pack(">i", 4 + len(middle)) + middle  # 1 TOTALSIZE
+    record = struct.pack(">i", 4 + len(middle) + reserved) + middle  # 1 TOTALSIZE
+    if not record_crc:
+        return record
+    # MessageDecoder.createCrc32: "__CRC32#", 0x01, the CRC of every byte before it in ten
+    # digits, the least significant first, 0x02.
+    whole = zlib.crc32(record) & 0x7FFFFFFF
+    digits = bytes(ord("0") + whole // 10**i % 10 for i in range(10))
+    return record + b"__CRC32#\x01" + digits + b"\x02"
 
 
 def encode(
-    *, topic: str = TOPIC, born: tuple[str, int] = BORN_V4, store: tuple[str, int] = STORE_V4
+    *,
+    topic: str = TOPIC,
+    born: tuple[str, int] = BORN_V4,
+    store: tuple[str, int] = STORE_V4,
+    record_crc: bool = False,
 ) -> bytes:
     return encode_record(
+        record_crc=record_crc,
         topic=topic,
         queue_id=QUEUE_ID,
         body=BODY,
@@ -138,6 +155,32 @@ def test_properties_of_the_golden_record_encode_to_the_29_bytes_rocketmq_writes(
 
 def test_encode_record_produces_the_hand_built_golden_bytes() -> None:
     assert encode() == GOLDEN_V4_V1
+
+
+GOLDEN_V4_V1_CRC = hand_built_record(
+    topic=b"FooBar",
+    born=BORN_V4,
+    store=STORE_V4,
+    magic_u32=0xDAA320A7,
+    sys_flag=0,
+    topic_length_format=">B",
+    record_crc=True,
+)
+
+
+def test_with_the_whole_record_crc_the_golden_record_is_20_bytes_longer() -> None:
+    assert len(GOLDEN_V4_V1_CRC) == 178
+    assert GOLDEN_V4_V1_CRC[4:127] == GOLDEN_V4_V1[4:127]
+    assert struct.unpack_from(">h", GOLDEN_V4_V1_CRC, 127)[0] == 29 + 20
+    assert GOLDEN_V4_V1_CRC[129:158] == PROPS
+    assert GOLDEN_V4_V1_CRC[158:167] == b"__CRC32#\x01"
+
+
+def test_encode_record_writes_the_hand_built_whole_record_crc() -> None:
+    assert encode(record_crc=True) == GOLDEN_V4_V1_CRC
+    got = read_record(GOLDEN_V4_V1_CRC, 0, 178, expected_offset=PHYSICAL_OFFSET)
+    assert isinstance(got, Record)
+    assert got.properties_dict() == {"TAGS": "TAG1", "KEYS": KEYS_VALUE}
 
 
 def test_fields_sit_at_the_offsets_the_reference_names() -> None:
@@ -207,6 +250,16 @@ def test_each_ipv6_host_adds_12_bytes_and_sets_its_sysflag_bit(
     assert len(expected) == 158 + extra
     encoded = encode(born=born, store=store)
     assert encoded == expected
+    with_crc = hand_built_record(
+        topic=b"FooBar",
+        born=born,
+        store=store,
+        magic_u32=0xDAA320A7,
+        sys_flag=flags,
+        topic_length_format=">B",
+        record_crc=True,
+    )
+    assert encode(born=born, store=store, record_crc=True) == with_crc
     got = read_record(encoded, 0, len(encoded))
     assert isinstance(got, Record)
     assert got.sys_flag == flags
@@ -233,6 +286,16 @@ def test_v2_magic_and_a_two_byte_topic_length_for_topics_over_127_chars() -> Non
     assert record_length(len(BODY), len(topic), len(PROPS), v2=True) == len(expected)
     encoded = encode(topic=topic)
     assert encoded == expected
+    with_crc = hand_built_record(
+        topic=topic.encode(),
+        born=BORN_V4,
+        store=STORE_V4,
+        magic_u32=0xDAA320AB,
+        sys_flag=0,
+        topic_length_format=">h",
+        record_crc=True,
+    )
+    assert encode(topic=topic, record_crc=True) == with_crc
     got = read_record(encoded, 0, len(encoded))
     assert isinstance(got, Record)
     assert got.v2 and got.magic == MAGIC_V2

@@ -18,6 +18,8 @@ from mqstore.formats.record import (
     checked_fields,
     encode_record,
     read_record,
+    record_crc,
+    record_crc_property,
     record_length,
 )
 
@@ -120,7 +122,7 @@ def test_encode_then_read_returns_every_field(
     assert len(raw) == record_length(
         len(body),
         len(topic),
-        len(raw_props),
+        len(raw_props) + 20,  # the whole-record CRC property
         born_host_bytes=len(born_host),
         store_host_bytes=len(store_host),
         v2=len(topic) > 127,
@@ -135,6 +137,8 @@ def test_encode_then_read_returns_every_field(
     assert got.queue_id == queue_id
     assert got.body == body
     assert got.properties == raw_props
+    assert got.record_crc == record_crc(raw, 0, len(raw))
+    assert raw.endswith(record_crc_property(got.record_crc))
     assert got.properties_dict() == props
     assert got.flag == flag
     assert got.queue_offset == queue_offset

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import random
+import re
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,15 +50,24 @@ TX = [
 _I32 = struct.Struct(">i")
 
 
+# A last pair a record written without the whole-record CRC may have: two bytes off its property
+# (one byte off, it would be read as a damaged property; damage() makes those).
+LOOKALIKES = [b"_xCRC3x#\x010123456789\x02"]
+
+
 def build_log(rng: random.Random, base: int, count: int, *, layout: str) -> bytearray:
     """`count` records written at commit-log offset `base` onward, as the engine lays them.
     layout "mixed": every field drawn per record; "same_body": one body length; "uniform":
-    records of one size laid out alike (fixed-size messages: the fast walk's shortcut)."""
+    records of one size laid out alike (fixed-size messages: the fast walk's shortcut). Records
+    carry the whole-record CRC (the store's default) or not (older and RocketMQ's records), one
+    way for a whole log or, in "mixed", drawn per record."""
     out = bytearray()
     body_len = rng.randrange(0, 120)
     hosts = (rng.choice([V4, V6]), rng.choice([V4, V6]))
     topic = rng.choice(TOPICS)
+    log_crc = rng.random() < 0.7
     for i in range(count):
+        record_crc = rng.random() < 0.7 if layout == "mixed" else log_crc
         mixed = layout == "mixed"
         size = rng.choice([0, 1, 7, 40, 100, rng.randrange(300)]) if mixed else body_len
         body = bytearray(rng.randbytes(size))
@@ -68,6 +78,8 @@ def build_log(rng: random.Random, base: int, count: int, *, layout: str) -> byte
             born, store = hosts
         else:
             props = b"" if rng.random() < 0.3 else encode_properties({"KEYS": f"k{i}"})
+            if not record_crc and rng.random() < 0.2:
+                props += rng.choice(LOOKALIKES)
             born, store = rng.choice([V4, V6]), rng.choice([V4, V4, V6])
             topic = rng.choice(TOPICS) if mixed else rng.choice(TOPICS[:2])
         out += encode_record(
@@ -81,6 +93,7 @@ def build_log(rng: random.Random, base: int, count: int, *, layout: str) -> byte
             born_host=born,
             store_host=store,
             store_timestamp_ms=1_700_000_000_000 + i,
+            record_crc=record_crc,
         )
     return out
 
@@ -117,6 +130,13 @@ def damage(rng: random.Random, data: bytearray, kinds: list[str]) -> bytearray:
         elif kind == "size" and at + 4 <= len(data):
             # A plausible TOTALSIZE at a record-looking place.
             _I32.pack_into(data, at, rng.randrange(-5, 600))
+        elif kind == "crc_property":
+            # One byte of some record's whole-record CRC property (or of a look-alike).
+            found = [m.start() for m in re.finditer(rb"__CRC3", bytes(data))]
+            if found:
+                at = rng.choice(found) + rng.randrange(20)
+                if at < len(data):
+                    data[at] ^= rng.randrange(1, 256)
     return data
 
 
@@ -153,7 +173,10 @@ def both_walks(
     return ref, ref_table
 
 
-DAMAGE = st.lists(st.sampled_from(["flip", "zero", "tear", "garbage", "stale", "size"]), max_size=4)
+DAMAGE = st.lists(
+    st.sampled_from(["flip", "zero", "tear", "garbage", "stale", "size", "crc_property"]),
+    max_size=4,
+)
 
 
 @settings(max_examples=250, deadline=None)

@@ -167,8 +167,9 @@ def properties_of(nbytes: int) -> bytes:
     return raw
 
 
-def test_properties_of_exactly_32767_bytes_are_stored_and_32768_refused(stack: Stack) -> None:
-    limit = LIMITS.properties_bytes_max
+def test_properties_of_exactly_32747_bytes_are_stored_and_32748_refused(stack: Stack) -> None:
+    """The record's properties hold 32,767 bytes; the whole-record CRC property takes 20."""
+    limit = LIMITS.properties_bytes_max - 20
     response = append(
         stack,
         pb.MessageBatch(

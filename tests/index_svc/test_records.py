@@ -4,6 +4,7 @@ offsets alone (whole-record reads) and ranges of known size read the same."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,13 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as clpb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from tests.index_svc.conftest import start_commitlog
-from tests.index_svc.support import append, commitlog_calls, flip_body_bit, sample
+from tests.index_svc.support import (
+    append,
+    commitlog_calls,
+    flip_body_bit,
+    sample,
+    segment_holding,
+)
 
 TIMEOUT_S = 10.0
 
@@ -61,6 +68,28 @@ def test_a_damaged_record_is_counted_and_not_returned(
         assert outcome.corrupt == stored.offsets[:1]
         assert sorted(outcome.records) == stored.offsets[1:]
         assert sample("mqstore_index_candidates_corrupt_total") == corrupt_before + 1
+
+
+def test_a_record_whose_key_property_changed_on_disk_is_not_confirmed(
+    commitlog: ServiceProcess,
+    commitlog_stub: commitlog_pb2_grpc.CommitLogStub,
+    reader: CommitLogReader,
+) -> None:
+    """A byte of the KEYS property changed ("key-a" reads "key-`"): the body CRC does not
+    cover it, the whole-record CRC does, so the candidate is corrupt, never a record carrying
+    a key nobody stored."""
+    stored = append(commitlog_stub, "Keyed", [("key-a", "")] * 2)
+    path = segment_holding(commitlog.data_dir, stored.offsets[0])
+    start = int(os.path.basename(path))
+    with open(path, "r+b") as f:
+        f.seek(stored.offsets[0] - start)
+        raw = f.read(stored.sizes[0])
+        at = stored.offsets[0] - start + raw.index(b"key-a") + 4
+        f.seek(at)
+        f.write(b"`")
+    outcome = reader.read(stored.offsets, TIMEOUT_S)
+    assert outcome.corrupt == stored.offsets[:1]
+    assert sorted(outcome.records) == stored.offsets[1:]
 
 
 def test_a_record_the_log_does_not_hold_is_dropped(

@@ -25,7 +25,16 @@ from mqstore.spark.log_source import (
     read_ranges,
 )
 from mqstore.storage.logreader import LogDir, RecordEntry
+from tests.cli.segments import one_byte_in_each_field
 from tests.e2e.cluster import start_store
+
+# The fields of a record with the whole-record CRC (rocketmq-store.md §1.1 and the property).
+FIELD_NAMES = (
+    "TOTALSIZE", "MAGICCODE", "BODYCRC", "QUEUEID", "FLAG", "QUEUEOFFSET", "PHYSICALOFFSET",
+    "SYSFLAG", "BORNTIMESTAMP", "BORNHOST", "STORETIMESTAMP", "STOREHOST", "RECONSUMETIMES",
+    "PREPAREDTXOFFSET", "BODYLENGTH", "BODY", "TOPICLENGTH", "TOPIC", "PROPERTIESLENGTH",
+    "PROPERTIES", "__CRC32#",
+)  # fmt: skip
 
 TOPICS = ("orders", "refunds", "audit-log")
 MESSAGES = 600
@@ -131,8 +140,8 @@ def test_byte_ranges_read_every_record_once_whatever_the_split(log_store: LogSto
 
 
 def _corrupt_copy(log_store: LogStore, tmp_path: Path) -> tuple[Path, int]:
-    """A copy of the log with one record's PHYSICALOFFSET field altered (its CRC still passes,
-    its position check does not); returns the copy and that record's offset."""
+    """A copy of the log with one record's PHYSICALOFFSET field altered (its whole-record CRC
+    fails, as its position check would); returns the copy and that record's offset."""
     copy = tmp_path / "commitlog"
     shutil.copytree(log_store.log_dir / "commitlog", copy)
     log = LogDir(str(copy))
@@ -160,10 +169,41 @@ def test_permissive_reports_the_bad_record_and_dropmalformed_leaves_it_out(
     rows = reader.option("mode", "PERMISSIVE").load(str(copy)).select(*COLUMNS).collect()
     bad = [r for r in rows if r["badReason"] is not None]
     assert [r["commitLogOffset"] for r in bad] == [offset]
-    assert "physical offset" in bad[0]["badReason"]
+    assert "record CRC mismatch" in bad[0]["badReason"]
     assert len(rows) == MESSAGES
     dropped = reader.option("mode", "DROPMALFORMED").load(str(copy))
     assert dropped.count() == MESSAGES - 1
+
+
+def test_a_byte_changed_in_any_field_of_a_record_is_never_returned(
+    spark: Any, log_store: LogStore, tmp_path: Path
+) -> None:
+    """One byte changed in each field of a record (one record a field, every other record):
+    none of them is returned as a row (DROPMALFORMED), each is a bad row of its own
+    (PERMISSIVE), and every other record reads as before. The whole-record CRC covers the
+    fields the body CRC does not (born time, queue id, hosts, topic, properties)."""
+    copy = tmp_path / "commitlog"
+    shutil.copytree(log_store.log_dir / "commitlog", copy)
+    log = LogDir(str(copy))
+    entries = [e for e in log.scan() if isinstance(e, RecordEntry)]
+    damaged: dict[int, str] = {}
+    for k, field in enumerate(FIELD_NAMES):
+        entry = entries[10 + 2 * k]
+        seg = next(s for s in log.segments if s.start_offset <= entry.offset < s.end_offset)
+        with open(seg.path, "r+b") as f:
+            f.seek(entry.offset - seg.start_offset)
+            raw = f.read(entry.record.total_size)
+            at = one_byte_in_each_field(raw).get(field, len(raw) - 1)  # (no CRC: the last byte)
+            f.seek(entry.offset - seg.start_offset + at)
+            f.write(bytes([raw[at] ^ 0x01]))
+        damaged[entry.offset] = field
+    reader = spark.read.format("mqstore-log").option("splitBytes", "32768")
+    kept = reader.option("mode", "DROPMALFORMED").load(str(copy)).select("commitLogOffset")
+    kept_offsets = {r["commitLogOffset"] for r in kept.collect()}
+    assert kept_offsets == {e.offset for e in entries} - set(damaged)
+    rows = reader.option("mode", "PERMISSIVE").load(str(copy)).select(*COLUMNS).collect()
+    bad = sorted(r["commitLogOffset"] for r in rows if r["badReason"] is not None)
+    assert bad == sorted(damaged)
 
 
 def test_topic_filter_and_bad_options(spark: Any, log_store: LogStore) -> None:

@@ -15,6 +15,11 @@ any language can read them without our code:
     PROPERTIES.
   BODYCRC = CRC-32/IEEE of BODY with the top bit cleared.
   Properties: "key" 0x01 "value" 0x02 for every pair (UTF-8).
+  Whole-record CRC (RocketMQ's enabledAppendPropCRC; every record mqstore writes has it): the
+    last 20 bytes of PROPERTIES are "__CRC32#" 0x01, ten ASCII digits of the CRC, the least
+    significant first (12345 -> "5432100000"), 0x02; the CRC is CRC-32/IEEE, top bit cleared,
+    of the record's bytes [0, TOTALSIZE - 20). A record with it is checked by it; one without
+    it (older logs) by BODYCRC. Message.properties below never holds __CRC32#.
   Offset message id: uppercase hex of STOREHOST (ip + port) followed by the commit-log offset
   as i64: 32 characters for IPv4.
 """
