@@ -156,6 +156,20 @@ def _load_fallocate() -> Any:
 
 
 _FALLOCATE = _load_fallocate()
+
+
+def _preallocate(fd: int, path: str, size: int) -> None:
+    """`size` bytes allocated to the file and durable (DiskFull when the space is not there);
+    a file system without fallocate gets the size only, best effort."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in _ENOSPC:
+            raise DiskFull(f"no space to preallocate {size} bytes for {path}") from exc
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)
+    os.fsync(fd)
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
@@ -381,15 +395,7 @@ class OsDisk:
     def create(self, path: str, size: int) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno in _ENOSPC:
-                    raise DiskFull(f"no space to preallocate {size} bytes for {path}") from exc
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(fd, size)  # a file system without fallocate: best effort
-            os.fsync(fd)
+            _preallocate(fd, path, size)
         except BaseException:
             os.close(fd)
             os.unlink(path)
@@ -434,15 +440,7 @@ class OsDisk:
     def extend(self, path: str, size: int) -> None:
         fd = os.open(path, os.O_RDWR)
         try:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno in _ENOSPC:
-                    raise DiskFull(f"no space to preallocate {size} bytes for {path}") from exc
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(fd, size)  # a file system without fallocate: best effort
-            os.fsync(fd)
+            _preallocate(fd, path, size)
         finally:
             os.close(fd)
 
