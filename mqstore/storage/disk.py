@@ -170,6 +170,8 @@ def _preallocate(fd: int, path: str, size: int) -> None:
             raise
         os.ftruncate(fd, size)
     os.fsync(fd)
+
+
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
