@@ -3,8 +3,7 @@
 Every message a producer hands to the SDK is recorded here when `send` returns, and its
 outcome when the future resolves:
 
-    ACKED     a SendResult: topic, queue id, queue offset, commit-log offset, msg id, size,
-              store time
+    ACKED     a SendResult: topic, queue id, queue offset, commit-log offset, msg id, size
     FAILED    an error (retries ran out, a refusal, FLUSH_DISK_TIMEOUT ...): the outcome is
               unknown, the message may or may not be stored
     PENDING   no answer by the end of the run: also unknown
@@ -12,17 +11,41 @@ outcome when the future resolves:
               zeroed (chaos/torn.py): under async flush an acknowledgement promises nothing
               durable before the flush, so the message may be gone; it is not LOST
 
-A torn cycle tells the oracle `forfeit(cut)` after the kill, before the restart, and `seal()`
-once the restarted commit log is ready: every acknowledgement that arrived before the seal (the
-old lives' answers, including any still in flight after the kill) at an offset at or past the
-cut is forfeited. Its record was in the log at the kill unless an earlier cut took it, and the
-kill zeroed [cut, end). Arrival order tells the lives apart: the restarted log reuses the
-offsets, but it answers nothing before it is ready, and an answer it gives from its producer
-table (a retry of something stored before) is judged like any other, so a stale answer there
-still counts as LOST. An acknowledgement arriving as the a-th is forfeited when some cut
-sealed after it lies at or below its offset: one bisect over the seals, and the cuts' minimum
-over every later one kept as a suffix minimum.
+Bodies are not kept: message(salt, producer, n) regenerates them, and the oracle keeps an
+8-byte hash of each sent body to compare stored bytes with. Per producer the records are
+columns (array.array) indexed by n, since n counts up from 0 per producer: a long run's
+millions of messages take tens of bytes each, not a Python object each.
 
+A torn cycle tells the oracle `forfeit(cut)` after the kill, and `seal()` once the answers the
+dead process had sent have arrived, before the restart: every acknowledgement that arrived
+before the seal at an offset at or past the cut is forfeited. Its record was in the log at the
+kill unless an earlier cut took it, and the tear zeroed [cut, end). Arrival order tells the
+lives apart: the restarted log reuses the offsets, but it answers nothing before it starts, and
+an answer it gives from its producer table (a retry of something stored before) is judged like
+any other, so a stale answer pointing into the cut range still counts as LOST. The a-th
+acknowledgement to arrive is forfeited when some cut sealed after it lies at or below its
+offset: one bisect over the seals, with the cuts' minimum over every later one kept as a
+suffix minimum.
+
+At the end the log is read record by record into an Audit, and each sent message gets one
+verdict, Kafka's produce-consume-validate classification made exact by the idempotence keys:
+
+    verdict            acknowledged   stored                   meaning
+    OK                 yes            once, at its offset,     the promise kept
+                                      with its bytes
+    LOST               yes            not at its offset with   a broken promise (the run fails)
+                                      its bytes
+    DUPLICATED         any            twice or more            the producer's retries stored it
+                                                               again: the SDK's idempotence
+                                                               failed (the run fails)
+    UNACKED_STORED     no             once                     allowed: the answer was lost
+    UNACKED_ABSENT     no             not at all               allowed: it never got in
+    FORFEITED          yes, then cut  not required             allowed: acknowledged in the
+                       by a torn                               unflushed tail a torn cycle
+                       cycle                                   zeroed (async flush)
+
+A stored record of the run's topics that is not a message this run sent ("foreign"), or whose
+bytes differ from what its header says was sent ("corrupt"), fails the run too.
 """
 
 from __future__ import annotations
@@ -44,7 +67,7 @@ from mqstore.client.producer import SendResult
 MSG_ID_SAMPLE_EVERY = 97
 # Examples kept per kind of problem, for the report.
 EXAMPLES_MAX = 10
-_UNSEALED = 1 << 62  # a torn cycle's seal until the restarted commit log is ready
+_UNSEALED = 1 << 62  # a torn cycle's seal until the commit log is about to start again
 _OFFSET_HEX_CHARS = 16  # an offset msg id ends with the commit-log offset as 8 bytes of hex
 
 
@@ -108,8 +131,8 @@ class Oracle:
         self.anomalies: list[str] = []
         self._marked = False
         self._first_ack_after_mark: float | None = None
-        # Per torn cycle, in order: how many acknowledgements had arrived when the restarted
-        # log was ready (_UNSEALED until then), and the lowest cut of it and of every later
+        # Per torn cycle, in order: how many acknowledgements had arrived at its seal
+        # (_UNSEALED until then), and the lowest cut of it and of every later
         # one: the a-th acknowledgement is forfeited at offsets >= _cut_min[i] for the first
         # i whose seal came after it.
         self._seals: tuple[int, ...] = ()
@@ -186,7 +209,8 @@ class Oracle:
             self._seals, self._cut_min = tuple(seals), tuple(cuts)
 
     def seal(self) -> None:
-        """The restarted commit log is ready: acknowledgements from now on are its own."""
+        """The dead commit log's answers are in, and it is about to be started again:
+        acknowledgements from now on are the next life's."""
         with self._lock:
             if self._seals and self._seals[-1] == _UNSEALED:
                 self._seals = (*self._seals[:-1], self.acked_count)
