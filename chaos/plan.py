@@ -6,7 +6,8 @@
                    which load (paced, or a burst), how long they stay down, whether they are
                    killed again while recovering; under async flush also "torn" cycles: the
                    commit log killed and its unflushed tail damaged (how many bytes, whether
-                   cq_svc and index_svc are frozen across it)
+                   cq_svc and index_svc are frozen across it, and whether they are thawed
+                   as soon as the log grew past the cut)
       salt         64 bits that, with (producer, n), fix every message: topic, size, key,
                    queue, unique id and body (`message(salt, producer, n)`)
       samples      the keys whose index answers are checked at the end

@@ -5,8 +5,6 @@ rewritten log from the one they had confirmed).
 
 One cycle, in order:
 
-    hold        the following consumers close their SDK consumers (load.Follower.hold): none
-                may read the log while it is cut and regrown, before it is rewound
     freeze      (the plan's `freeze`) SIGSTOP cq_svc and index_svc, as in the reproduction:
                 they wake into a log that was cut and regrown past what they confirmed
     F           GetStatus's flushed offset, just before the kill, once cq_svc and index_svc
@@ -16,6 +14,10 @@ One cycle, in order:
                 case in which a confirmed offset alone cannot say which log it was confirmed
                 against (counted: did they confirm past the cut itself?)
     kill -9     the commit log
+    hold        the following consumers close their SDK consumers (load.Follower.hold): none
+                may read the log while it is cut and regrown, before it is rewound. Held
+                only now, they have read as far into the tail as cq_svc served (it reads
+                the segment files, intact until the tear), and the rewind has work to do
     tear        the newest segment's written data and its record boundaries, read with
                 mqstore.storage.logreader; zero [z, end) with
                     z = max(F, the checkpoint's flushed offset, end - zero_bytes,
@@ -259,15 +261,15 @@ class TornCycle:
         frozen: tuple[str, ...] = ()
         held: list[Follower] = []
         try:
-            for f in self.followers:
-                held.append(f)
-                if not f.hold():
-                    self.problems.add(f"{self.where}: consumer {f.topic} did not stop")
             if cycle.freeze:
                 frozen = FOLLOWERS
             status = self._await_confirms(frozen)
             confirmed = {s.subscriber_id: s.confirmed_offset for s in status.subscribers}
             killed_at = services.kill(["commitlog"])
+            for f in self.followers:  # they read cq_svc: the intact tail, until the tear
+                held.append(f)
+                if not f.hold():
+                    self.problems.add(f"{self.where}: consumer {f.topic} did not stop")
             tear = self.tear = tear_tail(
                 services.commitlog_dir, cycle.zero_bytes, status.flushed_offset
             )
