@@ -17,7 +17,9 @@ One cycle, in order:
     hold        the following consumers close their SDK consumers (load.Follower.hold): none
                 may read the log while it is cut and regrown, before it is rewound. Held
                 only now, they have read as far into the tail as cq_svc served (it reads
-                the segment files, intact until the tear), and the rewind has work to do
+                the segment files, intact until the tear), and the rewind has work to do;
+                when the followers are to be frozen, before that instead (a pull from a
+                stopped cq_svc would fail at its deadline)
     tear        the newest segment's written data and its record boundaries, read with
                 mqstore.storage.logreader; zero [z, end) with
                     z = max(F, the checkpoint's flushed offset, end - zero_bytes,
@@ -263,13 +265,12 @@ class TornCycle:
         try:
             if cycle.freeze:
                 frozen = FOLLOWERS
+                self._hold(held)  # a pull from a stopped cq_svc would end in its deadline
             status = self._await_confirms(frozen)
             confirmed = {s.subscriber_id: s.confirmed_offset for s in status.subscribers}
             killed_at = services.kill(["commitlog"])
-            for f in self.followers:  # they read cq_svc: the intact tail, until the tear
-                held.append(f)
-                if not f.hold():
-                    self.problems.add(f"{self.where}: consumer {f.topic} did not stop")
+            if not held:
+                self._hold(held)  # until now they read the tail cq_svc serves, intact
             tear = self.tear = tear_tail(
                 services.commitlog_dir, cycle.zero_bytes, status.flushed_offset
             )
@@ -299,6 +300,12 @@ class TornCycle:
                 if self.rewind_at is not None and f.held:
                     self.figures.rewound += f.rewind(self.rewind_at)
                 f.release()
+
+    def _hold(self, held: list[Follower]) -> None:
+        for f in self.followers:
+            held.append(f)
+            if not f.hold():
+                self.problems.add(f"{self.where}: consumer {f.topic} did not stop")
 
     def _await_confirms(self, frozen: tuple[str, ...]) -> cl_pb.GetStatusResponse:
         """The commit log's status once every follower has confirmed past its flushed offset
