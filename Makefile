@@ -17,7 +17,7 @@ help:
 	@echo "make bench-peers - mqstore next to NATS JetStream, Redis Streams and the gRPC ceiling"
 	@echo "make bench-memory - each service's resident memory with 10k, 50k and 100k queues"
 	@echo "make fuzz   - coverage-guided fuzzing of every decoder and API (FUZZ_SECONDS per target)"
-	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=)"
+	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=, FLUSH=async: torn tails)"
 
 # The venv is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -81,12 +81,14 @@ bench-memory: $(STAMP)
 	$(PY) -m bench.memory_bench $(BENCH_ARGS)
 
 # Kill -9 the services at seeded moments under load and check every acknowledged append
-# (docs/chaos.md). CYCLES=1000 is the long run; SEED=n replays a run.
+# (docs/chaos.md). CYCLES=1000 is the long run; SEED=n replays a run; FLUSH=async runs the
+# commit log with async flush, which adds torn-tail cycles.
 CYCLES ?=
 SEED ?=
+FLUSH ?=
 CHAOS_ARGS ?=
 chaos: $(STAMP)
-	$(PY) -m chaos $(if $(CYCLES),--cycles $(CYCLES)) $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+	$(PY) -m chaos $(if $(CYCLES),--cycles $(CYCLES)) $(if $(SEED),--seed $(SEED)) $(if $(FLUSH),--flush $(FLUSH)) $(CHAOS_ARGS)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

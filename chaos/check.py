@@ -16,6 +16,18 @@
     index     every sampled key (iter_key) finds exactly the log's records with that key;
               a sample of unique ids (query_by_uniq_key) finds exactly one record each
 
+And after each torn-tail cycle, while the load goes on (`check_tail`): the region of the log
+from the start of the segment that holds the cut to the log's end E, read from the files, is
+what a from-scratch rebuild of cq_svc and index_svc holds there; once both have applied past
+E, their answers for it must equal it:
+
+    queues    every queue with records in the region, pulled from cq_svc from the queue
+              offset before the region's first: that one lies below the region, then exactly
+              the region's records (queue offsets, commit-log offsets, body hashes), nothing
+              else below E; every other queue's newest units hold nothing in the region
+    keys      every key of the run (QueryByKey over the region's store times, a second wider
+              each way): its offsets in the region are exactly the region's records with it
+
 Reads that return bytes other than what was sent are corrupt reads; acknowledged appends that
 cannot be read at their offset are lost. Both are counted once per message however many
 checks see them.
@@ -25,13 +37,19 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from chaos.load import Follower
 from chaos.oracle import EXAMPLES_MAX, Ack, Audit, Oracle, StoredRecord
-from chaos.plan import QUEUES, TOPICS, body_hash, message, parse_header
-from mqstore.client.admin import Admin, ClusterStatus, CqReplicaStatus, IndexReplicaStatus
+from chaos.plan import QUEUES, TOPICS, all_keys, body_hash, message, parse_header
+from mqstore.client.admin import (
+    INDEX_RESULTS_MAX,
+    Admin,
+    ClusterStatus,
+    CqReplicaStatus,
+    IndexReplicaStatus,
+)
 from mqstore.client.compression import decompress
 from mqstore.client.connection import Connection
 from mqstore.client.consumer import Consumer, Offset
@@ -49,6 +67,11 @@ PULL_MESSAGES = 1_024  # cq_svc's pull_messages_max
 # Every Nth message of a producer (by n) that the log holds is looked up by its unique id.
 UNIQ_SAMPLE_EVERY = 53
 UNIQ_SAMPLE_MAX = 400
+# The tail check looks back through a queue outside the region this many units a pull, and at
+# most TAIL_BACK_PAGES_MAX pulls (the units appended since E come first: a few seconds' worth).
+TAIL_BACK_UNITS = 64
+TAIL_BACK_PAGES_MAX = 64
+INDEX_TIME_RESOLUTION_MS = 1_000  # the index keeps whole seconds: ask a second earlier
 
 
 @dataclass
@@ -123,12 +146,17 @@ class LogView:
     bad_ranges: list[str] = field(default_factory=list)
 
 
-def stored_records(commitlog_dir: str, view: LogView) -> Iterator[StoredRecord]:
-    """Every record of the log's files, decompressed; bad ranges go to view.bad_ranges."""
+def stored_records(
+    commitlog_dir: str, view: LogView, *, start: int | None = None, end: int | None = None
+) -> Iterator[StoredRecord]:
+    """Every record of the log's files in [start, end) (default: all), decompressed; bad
+    ranges go to view.bad_ranges."""
     log = LogDir(commitlog_dir)
-    entries = log.scan(None, check_crc=True)
+    entries = log.scan(start, check_crc=True)
     try:
         for entry in entries:
+            if end is not None and entry.offset >= end:
+                return
             if isinstance(entry, BadEntry):
                 view.bad_ranges.append(
                     f"bad bytes at {entry.offset} (next record at {entry.next_offset}): "
@@ -149,6 +177,7 @@ def stored_records(commitlog_dir: str, view: LogView) -> Iterator[StoredRecord]:
                     body=body,
                     keys=tuple(split_keys(props.get(KEYS))),
                     uniq_key=props.get(UNIQ_KEY, ""),
+                    store_timestamp_ms=r.store_timestamp_ms,
                 )
     finally:
         entries.close()
@@ -251,9 +280,12 @@ def _read_batch(
 
 
 def check_msg_ids(admin: Admin, oracle: Oracle, problems: Problems) -> int:
+    checked = 0
     for (p, n), msg_id in sorted(oracle.msg_ids.items()):
         ack = oracle.ack(p, n)
-        assert ack is not None
+        if ack is None:
+            continue  # forfeited by a torn cycle
+        checked += 1
         what = f"producer {p} message {n} (msg id {msg_id})"
         try:
             m = admin.get_message(msg_id)
@@ -264,7 +296,7 @@ def check_msg_ids(admin: Admin, oracle: Oracle, problems: Problems) -> int:
             problems.lose(p, n, f"{what}: GetMessage failed: {err}")
             continue
         _compare(ack, m, oracle.salt, problems, f"GetMessage of {what}")
-    return len(oracle.msg_ids)
+    return checked
 
 
 def check_queues(conn: Connection, view: LogView, problems: Problems) -> int:
@@ -376,3 +408,212 @@ def check_index(
 def _check_body(m: Message, salt: int, problems: Problems, where: str) -> None:
     if not _is_as_sent(m, salt):
         problems.corrupt(f"{where}: offset {m.commit_log_offset} has a body that was not sent")
+
+
+# -- after a torn-tail cycle: the region since the cut against the followers -------------------
+
+
+@dataclass
+class TailCheck:
+    """What one tail check compared: the log's records in [start, end)."""
+
+    start: int
+    end: int
+    records: int = 0
+    queues: int = 0
+    keys: int = 0
+    failures: int = 0  # problems it found (0: passed)
+    seconds: float = 0.0  # reading the region and asking the followers
+
+
+def wait_applied(admin: Admin, offset: int, timeout_s: float = CATCH_UP_TIMEOUT_S) -> None:
+    """Every cq and index replica has applied the log up to `offset` at least."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while True:
+        try:
+            status = admin.status()
+        except ClientError as err:
+            last = str(err)
+        else:
+            replicas: list[CqReplicaStatus | IndexReplicaStatus] = [*status.cq, *status.index]
+            if all(r.reachable and r.applied_offset >= offset for r in replicas):
+                return
+            last = ", ".join(
+                f"{r.address} applied {r.applied_offset}" if r.reachable else f"{r.address} down"
+                for r in replicas
+            )
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"followers did not apply past {offset} in {timeout_s:.0f} s: {last}"
+            )
+        time.sleep(CATCH_UP_POLL_S)
+
+
+def check_tail(
+    conn: Connection,
+    commitlog_dir: str,
+    cut: int,
+    end: int,
+    salt: int,
+    problems: Problems,
+    where: str,
+) -> TailCheck:
+    """The log's records from the start of the segment holding `cut` to `end`, against cq_svc
+    and index_svc (both must have applied past `end`: see wait_applied)."""
+    log = LogDir(commitlog_dir)
+    start = max((seg.start_offset for seg in log.segments if seg.start_offset <= cut), default=cut)
+    started = time.monotonic()
+    result = TailCheck(start, end)
+    corrupt_before = problems.corrupt_reads
+
+    def fail(text: str) -> None:
+        result.failures += 1
+        problems.add(f"{where}: {text}")
+
+    view = LogView()
+    region: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    keys: dict[tuple[str, str], set[int]] = {}
+    oldest_ms, newest_ms = 1 << 62, 0
+    for rec in stored_records(commitlog_dir, view, start=start, end=end):
+        result.records += 1
+        region.setdefault((rec.topic, rec.queue_id), []).append(
+            (rec.queue_offset, rec.commit_log_offset, body_hash(rec.body))
+        )
+        for key in rec.keys:
+            keys.setdefault((rec.topic, key), set()).add(rec.commit_log_offset)
+        oldest_ms = min(oldest_ms, rec.store_timestamp_ms)
+        newest_ms = max(newest_ms, rec.store_timestamp_ms)
+    for text in view.bad_ranges:
+        fail(f"log: {text}")
+
+    admin = Admin(conn)
+    for topic in TOPICS:
+        consumer = Consumer(conn, topic, queues=range(QUEUES), start=Offset(0))
+        try:
+            for q in range(QUEUES):
+                want = region.get((topic, q))
+                if want is None:
+                    _check_no_units_in(admin, consumer, q, start, end, fail)
+                    continue
+                result.queues += 1
+                _check_queue_region(consumer, q, want, start, end, fail)
+        finally:
+            consumer.close()
+
+    # The region's store times, a second wider each way (the index keeps whole seconds): the
+    # load goes on meanwhile, and what it adds after E is not asked for.
+    begin_ms = max(0, oldest_ms - INDEX_TIME_RESOLUTION_MS)
+    end_ms = newest_ms + INDEX_TIME_RESOLUTION_MS
+    for topic in TOPICS:
+        for key in all_keys():
+            want_offsets = keys.get((topic, key), set())
+            try:
+                found = admin.query_by_key(
+                    topic, key, begin_ms=begin_ms, end_ms=end_ms, max_messages=INDEX_RESULTS_MAX
+                )
+                if len(found) >= INDEX_RESULTS_MAX:  # more than one answer holds: page
+                    found = list(admin.iter_key(topic, key, begin_ms=begin_ms, end_ms=end_ms))
+            except ClientError as err:
+                fail(f"index: key {topic}/{key}: {err}")
+                continue
+            result.keys += bool(want_offsets)
+            got = [m.commit_log_offset for m in found if start <= m.commit_log_offset < end]
+            for m in found:
+                if start <= m.commit_log_offset < end and not _is_as_sent(m, salt):
+                    problems.corrupt(f"{where}: index key {topic}/{key} at {m.commit_log_offset}")
+            if len(got) != len(set(got)) or set(got) != want_offsets:
+                fail(
+                    f"index: key {topic}/{key} finds {len(got)} records in [{start}, {end}), "
+                    f"the log holds {len(want_offsets)} ({len(set(got) - want_offsets)} not in "
+                    f"the log, {len(want_offsets - set(got))} missing)"
+                )
+    result.failures += problems.corrupt_reads - corrupt_before
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _pull_below(
+    consumer: Consumer, q: int, offset: int, end: int, fail: Callable[[str], None]
+) -> list[tuple[int, int, int]] | None:
+    """The queue's units from `offset` on, as (queue offset, log offset, body hash), up to the
+    first whose record lies at or past `end`; None when a pull failed."""
+    out: list[tuple[int, int, int]] = []
+    while True:
+        try:
+            res = consumer.pull(q, offset, max_messages=PULL_MESSAGES, long_poll_ms=0)
+        except ClientError as err:
+            fail(f"queues: pull of {consumer.topic}/{q} at {offset}: {err}")
+            return None
+        if res.status != "FOUND" or not res.messages:
+            return out
+        for m in res.messages:
+            if m.commit_log_offset >= end:
+                return out
+            out.append((m.queue_offset, m.commit_log_offset, body_hash(m.body)))
+        offset = res.next_offset
+
+
+def _check_queue_region(
+    consumer: Consumer,
+    q: int,
+    want: list[tuple[int, int, int]],
+    start: int,
+    end: int,
+    fail: Callable[[str], None],
+) -> None:
+    name = f"{consumer.topic}/{q}"
+    first = want[0][0]
+    got = _pull_below(consumer, q, max(first - 1, 0), end, fail)
+    if got is None:
+        return
+    if first > 0:
+        if not got or got[0][0] != first - 1 or got[0][1] >= start:
+            fail(
+                f"queues: {name}@{first - 1}, before the region's first unit, is "
+                f"{got[0] if got else None} in cq_svc: not a record below {start}"
+            )
+            return
+        got = got[1:]
+    if got != want:
+        diff = next(
+            (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+            min(len(got), len(want)),
+        )
+        fail(
+            f"queues: {name} holds {len(got)} units for [{start}, {end}) from queue offset "
+            f"{first}, the log {len(want)}; first difference at position {diff}: "
+            f"{got[diff] if diff < len(got) else None} vs "
+            f"{want[diff] if diff < len(want) else None}"
+        )
+
+
+def _check_no_units_in(
+    admin: Admin, consumer: Consumer, q: int, start: int, end: int, fail: Callable[[str], None]
+) -> None:
+    """A queue without records in [start, end): its newest units, back to the first below
+    `start`, hold none there either."""
+    name = f"{consumer.topic}/{q}"
+    try:
+        info = admin.queue(consumer.topic, q)
+    except ClientError as err:
+        fail(f"queues: {name}: {err}")
+        return
+    hi = info.max_offset
+    for _ in range(TAIL_BACK_PAGES_MAX):
+        lo = max(info.min_offset, hi - TAIL_BACK_UNITS)
+        if lo >= hi:
+            return
+        try:
+            res = consumer.pull(q, lo, max_messages=hi - lo, long_poll_ms=0)
+        except ClientError as err:
+            fail(f"queues: pull of {name} at {lo}: {err}")
+            return
+        inside = [m.queue_offset for m in res.messages if start <= m.commit_log_offset < end]
+        if inside:
+            fail(f"queues: {name} has units {inside[:5]} in [{start}, {end}), the log none")
+            return
+        if any(m.commit_log_offset < start for m in res.messages):
+            return
+        hi = lo
+    fail(f"queues: {name}: no unit below {start} within {TAIL_BACK_PAGES_MAX} pulls back")

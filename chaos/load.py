@@ -19,6 +19,12 @@ offset 0 with long polls, for the whole run. Each message handed out is checked 
 The commit-log offset of every message handed out is kept per queue, so that the end of the
 run can compare what the consumer saw with what the log holds (a message seen during the run
 that is not in the final log was served and then lost).
+
+A torn-tail cycle (chaos/torn.py) holds the consumers first: each closes its SDK consumer and
+waits, so that none reads the log while it is cut and regrown. Then it rewinds them: each
+queue's positions from the first one whose record lay at or past the cut are dropped (those
+records were zeroed, and the regrown log hands out the same queue offsets again), and the
+consumer starts again from there.
 """
 
 from __future__ import annotations
@@ -43,13 +49,16 @@ from mqstore.client.settings import ClientSettings
 INFLIGHT_MAX = 1_000
 RATE_PER_S_DEFAULT = 250.0  # per producer; two producers keep ~500 msg/s on 2 shared cores
 PRODUCER_CLOSE_TIMEOUT_S = 60.0  # the SDK retries for 30 s; then every future has failed
-# A consumer's poll returns at least this often, to look at the stop flag.
+# A consumer's poll returns at least this often, to look at the stop and hold flags.
 POLL_TIMEOUT_S = 0.5
+HOLD_POLL_S = 0.01  # a held consumer looks at its flags this often
 CONSUMER_LONG_POLL_MS = 1_000
 CONSUMER_BATCH_MESSAGES = 256
 # A consumer facing only UNAVAILABLE this long raises; the follower counts it and starts a
 # new consumer at its positions (a service down that long also fails the recovery bound).
 CONSUMER_RECONNECT_TIMEOUT_S = 60.0
+# A held consumer finishes its poll (POLL_TIMEOUT_S) and closes its SDK consumer well within it.
+HOLD_TIMEOUT_S = 30.0
 
 
 class ProducerLoad(threading.Thread):
@@ -189,10 +198,17 @@ class Follower(threading.Thread):
         self.seen: dict[int, array[int]] = {q: array("q") for q in range(QUEUES)}
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
+        self._hold = threading.Event()  # asked to stop consuming (a torn cycle)
+        self._held = threading.Event()  # it has: no SDK consumer open
+        self.rewound = 0  # positions dropped by rewinds
 
     def run(self) -> None:
         try:
             while not self.stop_event.is_set():
+                if self._hold.is_set():
+                    self._held.set()
+                    self.stop_event.wait(HOLD_POLL_S)
+                    continue
                 try:
                     self._follow()
                 except Unavailable as err:
@@ -216,9 +232,46 @@ class Follower(threading.Thread):
             long_poll_ms=CONSUMER_LONG_POLL_MS,
             reconnect_timeout_s=CONSUMER_RECONNECT_TIMEOUT_S,
         ) as consumer:
-            while not self.stop_event.is_set():
+            while not self.stop_event.is_set() and not self._hold.is_set():
                 for m in consumer.poll(POLL_TIMEOUT_S):
                     self._check(m)
+
+    def hold(self, timeout_s: float = HOLD_TIMEOUT_S) -> bool:
+        """Stop consuming: True once the thread has closed its consumer (or has ended)."""
+        self._held.clear()
+        self._hold.set()
+        deadline = time.monotonic() + timeout_s
+        while not self._held.wait(HOLD_POLL_S):
+            if not self.is_alive():
+                return True
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+    @property
+    def held(self) -> bool:
+        """It consumes nothing now (held, or its thread ended)."""
+        return self._held.is_set() or not self.is_alive()
+
+    def rewind(self, cut: int) -> int:
+        """While held: forget every position from the first whose record lies at or past
+        `cut`, per queue; returns how many were dropped."""
+        if not self.held:
+            raise RuntimeError("rewind() of a consumer that is not held")
+        dropped = 0
+        for seen in self.seen.values():
+            at = len(seen)  # queue offsets follow log order: the records past the cut are last
+            while at > 0 and seen[at - 1] >= cut:
+                at -= 1
+            dropped += len(seen) - at
+            del seen[at:]
+        self.rewound += dropped
+        return dropped
+
+    def release(self) -> None:
+        """Consume again, from the (rewound) positions."""
+        self._held.clear()
+        self._hold.clear()
 
     def _check(self, m: Message) -> None:
         s = self.stats

@@ -7,11 +7,25 @@ outcome when the future resolves:
     FAILED    an error (retries ran out, a refusal, FLUSH_DISK_TIMEOUT ...): the outcome is
               unknown, the message may or may not be stored
     PENDING   no answer by the end of the run: also unknown
+    FORFEITED acknowledged, and then its record was in the unflushed tail a torn-tail cycle
+              zeroed (chaos/torn.py): under async flush an acknowledgement promises nothing
+              durable before the flush, so the message may be gone; it is not LOST
 
 Bodies are not kept: message(salt, producer, n) regenerates them, and the oracle keeps an
 8-byte hash of each sent body to compare stored bytes with. Per producer the records are
 columns (array.array) indexed by n, since n counts up from 0 per producer: a long run's
 millions of messages take tens of bytes each, not a Python object each.
+
+A torn cycle tells the oracle `forfeit(cut)` after the kill, and `seal()` once the answers the
+dead process had sent have arrived, before the restart: every acknowledgement that arrived
+before the seal at an offset at or past the cut is forfeited. Its record was in the log at the
+kill unless an earlier cut took it, and the tear zeroed [cut, end). Arrival order tells the
+lives apart: the restarted log reuses the offsets, but it answers nothing before it starts, and
+an answer it gives from its producer table (a retry of something stored before) is judged like
+any other, so a stale answer pointing into the cut range still counts as LOST. The a-th
+acknowledgement to arrive is forfeited when some cut sealed after it lies at or below its
+offset: one bisect over the seals, with the cuts' minimum over every later one kept as a
+suffix minimum.
 
 At the end the log is read record by record into an Audit, and each sent message gets one
 verdict, Kafka's produce-consume-validate classification made exact by the idempotence keys:
@@ -26,6 +40,9 @@ verdict, Kafka's produce-consume-validate classification made exact by the idemp
                                                                failed (the run fails)
     UNACKED_STORED     no             once                     allowed: the answer was lost
     UNACKED_ABSENT     no             not at all               allowed: it never got in
+    FORFEITED          yes, then cut  not required             allowed: acknowledged in the
+                       by a torn                               unflushed tail a torn cycle
+                       cycle                                   zeroed (async flush)
 
 A stored record of the run's topics that is not a message this run sent ("foreign"), or whose
 bytes differ from what its header says was sent ("corrupt"), fails the run too.
@@ -33,6 +50,7 @@ bytes differ from what its header says was sent ("corrupt"), fails the run too.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from array import array
@@ -49,6 +67,7 @@ from mqstore.client.producer import SendResult
 MSG_ID_SAMPLE_EVERY = 97
 # Examples kept per kind of problem, for the report.
 EXAMPLES_MAX = 10
+_UNSEALED = 1 << 62  # a torn cycle's seal until the commit log is about to start again
 _OFFSET_HEX_CHARS = 16  # an offset msg id ends with the commit-log offset as 8 bytes of hex
 
 
@@ -56,6 +75,7 @@ class Outcome(IntEnum):
     PENDING = 0
     ACKED = 1
     FAILED = 2
+    FORFEITED = 3  # never stored in the columns: an ACKED one a torn cycle's cut covers
 
 
 class Verdict(Enum):
@@ -64,6 +84,7 @@ class Verdict(Enum):
     DUPLICATED = "stored more than once"
     UNACKED_STORED = "not acknowledged, stored once"
     UNACKED_ABSENT = "not acknowledged, not stored"
+    FORFEITED = "acknowledged in an unflushed tail that a torn cycle zeroed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +110,7 @@ class _Columns:
         self.queue_offset = array("q")
         self.commit_log_offset = array("q")
         self.size = array("i")
+        self.arrival = array("q")  # its place in the order acknowledgements arrived
 
 
 class Oracle:
@@ -109,6 +131,12 @@ class Oracle:
         self.anomalies: list[str] = []
         self._marked = False
         self._first_ack_after_mark: float | None = None
+        # Per torn cycle, in order: how many acknowledgements had arrived at its seal
+        # (_UNSEALED until then), and the lowest cut of it and of every later
+        # one: the a-th acknowledgement is forfeited at offsets >= _cut_min[i] for the first
+        # i whose seal came after it.
+        self._seals: tuple[int, ...] = ()
+        self._cut_min: tuple[int, ...] = ()
 
     @property
     def producers(self) -> int:
@@ -128,6 +156,7 @@ class Oracle:
         c.queue_offset.append(-1)
         c.commit_log_offset.append(-1)
         c.size.append(0)
+        c.arrival.append(-1)
 
     def acked(self, producer: int, n: int, result: SendResult) -> None:
         c = self._columns[producer]
@@ -139,6 +168,7 @@ class Oracle:
             c.queue_offset[n] = result.queue_offset
             c.commit_log_offset[n] = result.commit_log_offset
             c.size[n] = result.size
+            c.arrival[n] = self.acked_count
             self.acked_count += 1
             if self._marked and self._first_ack_after_mark is None:
                 self._first_ack_after_mark = time.monotonic()
@@ -166,6 +196,34 @@ class Oracle:
             self._marked = True
             self._first_ack_after_mark = None
 
+    def forfeit(self, cut: int) -> None:
+        """A torn cycle zeroed the log from `cut` on after the commit log's kill: every
+        acknowledgement at or past it that arrives before `seal()` is forfeited."""
+        with self._lock:
+            if self._seals and self._seals[-1] == _UNSEALED:
+                raise ValueError("forfeit() again before seal()")
+            seals = [*self._seals, _UNSEALED]
+            cuts = [*self._cut_min, cut]
+            for i in range(len(cuts) - 2, -1, -1):
+                cuts[i] = min(cuts[i], cuts[i + 1])
+            self._seals, self._cut_min = tuple(seals), tuple(cuts)
+
+    def seal(self) -> None:
+        """The dead commit log's answers are in, and it is about to be started again:
+        acknowledgements from now on are the next life's."""
+        with self._lock:
+            if self._seals and self._seals[-1] == _UNSEALED:
+                self._seals = (*self._seals[:-1], self.acked_count)
+
+    def _forfeited(self, offset: int, arrival: int) -> bool:
+        seals, cuts = self._seals, self._cut_min
+        i = bisect.bisect_right(seals, arrival)
+        return i < len(seals) and offset >= cuts[i]
+
+    @property
+    def torn_cuts(self) -> int:
+        return len(self._seals)
+
     @property
     def first_ack_after_mark(self) -> float | None:
         """Monotonic time of the first acknowledgement since mark(); None: none yet."""
@@ -188,11 +246,16 @@ class Oracle:
     # -- reading --------------------------------------------------------------------------------
 
     def outcome(self, producer: int, n: int) -> Outcome:
-        return Outcome(self._columns[producer].outcome[n])
+        c = self._columns[producer]
+        outcome = Outcome(c.outcome[n])
+        if outcome == Outcome.ACKED and self._forfeited(c.commit_log_offset[n], c.arrival[n]):
+            return Outcome.FORFEITED
+        return outcome
 
     def ack(self, producer: int, n: int) -> Ack | None:
+        """The acknowledgement of message n (None: not acknowledged, or forfeited)."""
         c = self._columns[producer]
-        if n >= len(c.outcome) or c.outcome[n] != Outcome.ACKED:
+        if n >= len(c.outcome) or self.outcome(producer, n) != Outcome.ACKED:
             return None
         t = c.topic[n]
         return Ack(
@@ -207,18 +270,19 @@ class Oracle:
         )
 
     def acks(self) -> Iterator[Ack]:
+        """Every acknowledgement that still stands (forfeited ones left out)."""
         for p, c in enumerate(self._columns):
             for n in range(len(c.outcome)):
                 if c.outcome[n] == Outcome.ACKED:
                     ack = self.ack(p, n)
-                    assert ack is not None
-                    yield ack
+                    if ack is not None:
+                        yield ack
 
     def counts(self) -> Counter[Outcome]:
         out: Counter[Outcome] = Counter()
-        for c in self._columns:
-            for o in c.outcome:
-                out[Outcome(o)] += 1
+        for p, c in enumerate(self._columns):
+            for n, o in enumerate(c.outcome):
+                out[self.outcome(p, n) if o == Outcome.ACKED else Outcome(o)] += 1
         return out
 
     def sent_hash(self, producer: int, n: int) -> int:
@@ -239,6 +303,7 @@ class StoredRecord:
     body: bytes
     keys: tuple[str, ...] = ()
     uniq_key: str = ""
+    store_timestamp_ms: int = 0
 
 
 @dataclass
@@ -328,6 +393,8 @@ class Audit:
                         f"producer {p} message {n} ({outcome.name}) stored {copies[n]} times "
                         f"(also at {others})",
                     )
+                elif outcome == Outcome.FORFEITED:
+                    verdicts[Verdict.FORFEITED] += 1
                 elif outcome == Outcome.ACKED:
                     if at_offset[n]:
                         verdicts[Verdict.OK] += 1

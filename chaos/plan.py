@@ -4,7 +4,10 @@
       cycles       per cycle: which service(s) to kill (commitlog, cq, index or all), when (a
                    delay after the cycle starts, or a number of acknowledged messages), under
                    which load (paced, or a burst), how long they stay down, whether they are
-                   killed again while recovering
+                   killed again while recovering; under async flush also "torn" cycles: the
+                   commit log killed and its unflushed tail damaged (how many bytes, whether
+                   cq_svc and index_svc are frozen across it, and whether they are thawed
+                   as soon as the log grew past the cut)
       salt         64 bits that, with (producer, n), fix every message: topic, size, key,
                    queue, unique id and body (`message(salt, producer, n)`)
       samples      the keys whose index answers are checked at the end
@@ -28,7 +31,7 @@ from typing import Final, Literal
 
 from mqstore.formats.javahash import java_string_hash
 
-Target = Literal["commitlog", "cq", "index", "all", "producer"]
+Target = Literal["commitlog", "cq", "index", "all", "producer", "torn"]
 TriggerKind = Literal["delay", "acks"]
 
 # The services each target kills; "all" kills them in an order the plan shuffles.
@@ -38,6 +41,23 @@ TARGET_WEIGHTS: Final[dict[Target, int]] = {"commitlog": 4, "cq": 2, "index": 2,
 # With producer restarts (opt-in, --producer-restarts): a cycle may instead close one producer
 # and open a new SDK Producer under the same producer id, as a restarted client process does.
 PRODUCER_RESTART_WEIGHT: Final = 2
+# Under async flush only: a cycle may instead kill the commit log and zero part of its unflushed
+# tail before the restart (chaos/torn.py), so that recovery cuts the log and the appends after it
+# regrow the same offsets. Under sync flush dispatch stops at the flushed offset: no follower
+# ever holds an unflushed byte, and no acknowledgement lies above the flushed offset.
+TORN_WEIGHT: Final = 3
+# Bytes a torn cycle zeroes at the end of the written data (never below the flushed offset nor
+# before the newest segment, so often fewer): inside one record, a record or two, a few, a page,
+# many, past all the unflushed data.
+TORN_ZERO_BYTES: Final = (1, 100, 300, 4096, 65536, 1 << 20)
+# The share of torn cycles that SIGSTOP cq_svc and index_svc from before the kill until the log
+# has regrown past where it was cut (issue 23's reproduction: they wake into a rewritten log).
+TORN_FREEZE_SHARE: Final = 0.5
+# The share of frozen torn cycles that thaw the followers as soon as the restarted log has grown
+# past the cut, rather than once it has regrown past its old end: they wake with entries past
+# the log's end (their handshake truncates there) and entries in the regrown part below it
+# (only the truncation where the histories part drops those).
+TORN_EARLY_THAW_SHARE: Final = 0.5
 TOPICS: Final = ("chaos_a", "chaos_b")
 QUEUES: Final = 4  # the SDK's queues_per_topic default (RocketMQ's defaultTopicQueueNums)
 KEY_POOL: Final = 32  # keys per run: a key gathers ~1/50 of the messages (index chains)
@@ -82,6 +102,9 @@ class CyclePlan:
     kill_order: tuple[str, ...]  # the services, in the order they are killed
     burst: bool = False  # the producers send unpaced until the kill
     victim: int = 0  # with target "producer": which one (modulo the number of producers)
+    zero_bytes: int = 0  # with target "torn": how many bytes of the tail to zero (at most)
+    freeze: bool = False  # with target "torn": SIGSTOP cq_svc and index_svc across it
+    early_thaw: bool = False  # with freeze: SIGCONT once the log grew past the cut at all
 
     def describe(self) -> str:
         when = (
@@ -92,6 +115,13 @@ class CyclePlan:
         again = f", killed again {self.rekill_s:.2f} s into recovery" if self.rekill_s else ""
         if self.target == "producer":
             return f"restart producer {self.victim} under its id {when}{load}"
+        if self.target == "torn":
+            frozen = ""
+            if self.freeze:
+                until = "it grew past the cut" if self.early_thaw else "it regrew"
+                frozen = f", cq and index frozen until {until}"
+            tear = f"tear the log's unflushed tail (up to {self.zero_bytes} B)"
+            return f"{tear} {when}{load}{frozen}, {down}"
         return f"kill {'+'.join(self.kill_order)} {when}{load}, {down}{again}"
 
 
@@ -102,16 +132,26 @@ class Plan:
     cycles: tuple[CyclePlan, ...]
     key_sample: tuple[str, ...]  # keys whose index answers are compared with the log
     producer_restarts: bool = False
+    torn: bool = False  # torn-tail cycles may be drawn (async flush)
 
 
 def make_plan(
-    seed: int, cycles: int, *, producers: int = 2, producer_restarts: bool = False
+    seed: int,
+    cycles: int,
+    *,
+    producers: int = 2,
+    producer_restarts: bool = False,
+    torn: bool = False,
 ) -> Plan:
+    """The seed's schedule. `torn` (async flush only) adds torn-tail cycles; without it a seed
+    draws exactly what it drew before they existed, so that old sync seeds replay."""
     rng = random.Random(seed)
     salt = rng.getrandbits(64)
     weighted = dict(TARGET_WEIGHTS)
     if producer_restarts:
         weighted["producer"] = PRODUCER_RESTART_WEIGHT
+    if torn:
+        weighted["torn"] = TORN_WEIGHT
     targets = list(weighted)
     weights = list(weighted.values())
     out = []
@@ -124,10 +164,21 @@ def make_plan(
         down_s = 0.0 if rng.random() < IMMEDIATE_RESTART_SHARE else rng.uniform(*DOWN_S_RANGE)
         rekill_s = rng.uniform(*REKILL_S_RANGE) if rng.random() < REKILL_SHARE else None
         victim = rng.randrange(producers)
+        zero_bytes, freeze, early_thaw = 0, False, False
+        if torn:  # drawn for every cycle of an async plan, so the draws stay in step
+            zero_bytes = rng.choice(TORN_ZERO_BYTES)
+            freeze = rng.random() < TORN_FREEZE_SHARE
+            early_thaw = freeze and rng.random() < TORN_EARLY_THAW_SHARE
+        if target == "torn":
+            rekill_s = None  # the check is of one cut; a kill in recovery is the commit log's
+        else:
+            zero_bytes, freeze, early_thaw = 0, False, False
         if target == "all":
             order = list(SERVICES)
             rng.shuffle(order)
             kill_order = tuple(order)
+        elif target == "torn":
+            kill_order = ("commitlog",)
         else:
             kill_order = (target,)
         out.append(
@@ -142,10 +193,13 @@ def make_plan(
                 kill_order=kill_order,
                 burst=burst,
                 victim=victim,
+                zero_bytes=zero_bytes,
+                freeze=freeze,
+                early_thaw=early_thaw,
             )
         )
     sample = tuple(sorted(rng.sample(all_keys(), k=KEY_POOL // 2)))
-    return Plan(seed, salt, tuple(out), sample, producer_restarts)
+    return Plan(seed, salt, tuple(out), sample, producer_restarts, torn)
 
 
 def all_keys() -> list[str]:

@@ -50,9 +50,11 @@ from chaos.services import (
     RecoveryFailed,
     Services,
 )
+from chaos.torn import TornCycle, TornFigures
 from mqstore.client.admin import Admin
 from mqstore.client.connection import Connection
 from mqstore.client.errors import ClientError
+from mqstore.errors import MqstoreError
 
 # About 3.5 s a cycle on this 2-core machine (the trigger, a pause, a Python service's
 # restart): 60 cycles make `make chaos` take about four minutes. CYCLES=1000 is the long run.
@@ -99,9 +101,10 @@ class ChaosConfig:
         return f"python -m chaos --seed {self.seed} --cycles {self.cycles} {self._options()}"
 
     def make_command(self) -> str:
-        extra = self._options()
-        args = f' CHAOS_ARGS="{extra}"' if extra != "--flush sync" else ""
-        return f"make chaos SEED={self.seed} CYCLES={self.cycles}{args}"
+        extra = self._options().removeprefix(f"--flush {self.flush}").strip()
+        flush = " FLUSH=async" if self.flush == "async" else ""
+        args = f' CHAOS_ARGS="{extra}"' if extra else ""
+        return f"make chaos SEED={self.seed} CYCLES={self.cycles}{flush}{args}"
 
 
 @dataclass
@@ -132,6 +135,8 @@ class Report:
     failure_examples: dict[str, str] = field(default_factory=dict)
     unacked_stored: int = 0
     unacked_absent: int = 0
+    forfeited: int = 0  # acknowledged, then cut by a torn cycle (async flush: allowed)
+    torn: TornFigures = field(default_factory=TornFigures)
     lost: int = 0
     duplicates: int = 0
     corrupt_reads: int = 0
@@ -181,6 +186,7 @@ def run(config: ChaosConfig, *, plan: Plan | None = None, say: Say | None = None
         config.cycles,
         producers=config.producers,
         producer_restarts=config.producer_restarts,
+        torn=config.flush == "async",
     )
     report = Report(
         seed=config.seed, replay=config.replay_command(), replay_make=config.make_command()
@@ -234,6 +240,7 @@ class _Run:
         self.followers = [Follower(topic, settings, plan.salt) for topic in TOPICS]
         self.problems = Problems()
         self.resume_from: float | None = None  # the commit log's ready time, until an ack
+        self.conn = Connection(settings)  # the torn cycles' status calls and tail checks
 
     def drive(self) -> None:
         for thread in (*self.followers, *self.producers):
@@ -241,6 +248,7 @@ class _Run:
         try:
             self._cycles()
         finally:
+            self.conn.close()
             for p in self.producers:
                 p.stop()
             for p in self.producers:
@@ -302,10 +310,26 @@ class _Run:
             report.kills["producer"] += 1
             self.say(f"cycle {cycle.index}/{total}: {cycle.describe()}")
             return True
+        torn: TornCycle | None = None
         try:
-            recoveries = self.services.crash_and_recover(cycle)
+            if cycle.target == "torn":
+                torn = TornCycle(
+                    cycle,
+                    self.services,
+                    self.oracle,
+                    self.followers,
+                    self.conn,
+                    self.problems,
+                    report.torn,
+                )
+                recoveries = torn.run()
+            else:
+                recoveries = self.services.crash_and_recover(cycle)
         except RecoveryFailed as err:
             self.problems.add(f"cycle {cycle.index}: {err}")
+            return False
+        except (MqstoreError, OSError, TimeoutError) as err:  # a torn cycle's calls and files
+            self.problems.add(f"cycle {cycle.index} could not finish: {err!r}")
             return False
         if "commitlog" in cycle.kill_order:
             self.oracle.mark()
@@ -316,9 +340,22 @@ class _Run:
         report.rekills += cycle.rekill_s is not None
         report.recoveries.extend(recoveries)
         ready = ", ".join(f"{r.service} {r.seconds:.2f} s" for r in recoveries)
+        tail = ""
+        if torn is not None and torn.tear is not None:
+            tear = torn.tear
+            tail = (
+                f"; zeroed {tear.zeroed} B of [{tear.segment_start}, {tear.end}) above "
+                f"flushed {tear.flushed}, cut {tear.records_cut} records at {tear.cut}"
+            )
+            if torn.tail is not None:
+                t = torn.tail
+                tail += (
+                    f"; tail check {'passed' if not t.failures else 'FAILED'} "
+                    f"({t.records} records of [{t.start}, {t.end}))"
+                )
         self.say(
             f"cycle {cycle.index}/{total}: {cycle.describe()}; ready: {ready}; "
-            f"acked {self.oracle.acked_count}"
+            f"acked {self.oracle.acked_count}{tail}"
         )
         return True
 
@@ -416,6 +453,7 @@ def _final_checks(
         report.duplicates = result.verdicts[Verdict.DUPLICATED]
         report.unacked_stored = result.verdicts[Verdict.UNACKED_STORED]
         report.unacked_absent = result.verdicts[Verdict.UNACKED_ABSENT]
+        report.forfeited = result.verdicts[Verdict.FORFEITED]
         if result.foreign:
             problems.add(f"log: {result.foreign} records that no producer of this run sent")
         check_queue_offsets_dense(view, problems)
@@ -440,7 +478,7 @@ def _count(
 ) -> None:
     outcomes = oracle.counts()
     report.sent = sum(outcomes.values())
-    report.acknowledged = outcomes[Outcome.ACKED]
+    report.acknowledged = outcomes[Outcome.ACKED] + outcomes[Outcome.FORFEITED]
     report.failed = outcomes[Outcome.FAILED]
     report.no_answer = outcomes[Outcome.PENDING]
     report.failures = oracle.failures
@@ -488,6 +526,11 @@ def _print_figures(r: Report, say: Say) -> None:
     )
     for kind, text in sorted(r.failure_examples.items()):
         say(f"    e.g. {kind}: {text[:300]}")
+    if r.torn.cycles or r.forfeited:
+        say(
+            f"  forfeited         {r.forfeited}  (acknowledged in an unflushed tail that a "
+            "torn cycle cut)"
+        )
     say(f"  lost              {r.lost}  (must be 0)")
     say(f"  duplicates        {r.duplicates}  (must be 0)")
     say(f"  corrupt reads     {r.corrupt_reads}  (must be 0)")
@@ -507,6 +550,25 @@ def _print_figures(r: Report, say: Say) -> None:
         f"  torn tails        {r.torn_tails} commit-log recoveries cut one ({r.torn_bytes} bytes); "
         f"{r.recovery_crc_mismatches} records failed their checks in recovery"
     )
+    t = r.torn
+    if t.cycles:
+        checked = sum(c.records for c in t.tail_checks)
+        say(
+            f"  torn cycles       {t.cycles} ({t.frozen} with cq and index frozen, "
+            f"{t.early_thaws} of them thawed early): "
+            f"{t.zeroed_bytes} bytes zeroed, {t.cuts} cut records ({t.records_cut}; "
+            f"{t.request_cuts} moved down to a request's start; {t.nothing_unflushed} found "
+            f"nothing unflushed); the followers had confirmed past the cut in "
+            f"{t.confirmed_past_cut}; new epoch at the cut {t.epoch_at_cut} of {t.cycles}; "
+            f"consumer positions rewound {t.rewound}"
+        )
+        took = [c.seconds for c in t.tail_checks]
+        say(
+            f"  tail checks       {t.tail_checks_passed} of {len(t.tail_checks)} passed "
+            f"({checked} records compared with cq_svc and index_svc; max "
+            f"{max(took, default=0.0):.2f} s, median "
+            f"{statistics.median(took) if took else 0.0:.2f} s each)"
+        )
     if r.resumes or r.resumes_unobserved:
         say(
             f"  producers resumed max {max(r.resumes, default=0.0):.2f} s, median "

@@ -16,15 +16,22 @@ A cycle's kill, restart and recovery:
               `rekill_s` into its recovery and started once more
     ready     recovery time = from the (last) kill to readiness SERVING on its health port
 
+A torn-tail cycle (chaos/torn.py) uses the same steps one at a time (kill, start, await_ready),
+damages the commit log's files between the kill and the start, and may freeze cq_svc and
+index_svc (SIGSTOP, then SIGCONT) across it.
+
 Smaller files than the defaults, so that a run crosses file boundaries often: commit-log
 segments of 4 MiB (a roll every few thousand messages), consume-queue files of 4,096 units,
-index files of 16,384 entries.
+index files of 16,384 entries. Under async flush the followers also confirm every 100 ms
+(ASYNC_EXTRA_ARGS).
 """
 
 from __future__ import annotations
 
+import signal
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +47,22 @@ CQ_UNITS_PER_FILE = 4_096
 EXTRA_ARGS = {
     "commitlog_svc": ["--file-bytes", str(SEGMENT_BYTES), "--warm-ahead-bytes", "0"],
     "cq_svc": ["--units-per-file", str(CQ_UNITS_PER_FILE)],
+}
+# Under async flush the followers confirm every tenth of a second (cq_svc confirms after its
+# journal flush and its thorough flush, 1 s and 60 s by default; index_svc after each flush,
+# 1 s), so that when a torn cycle cuts the log they have often confirmed past the cut: the case
+# in which a confirmed offset alone cannot say which log it was confirmed against. With the
+# defaults they would mostly replay from below the cut, and the regrown log would overwrite
+# what they held there.
+FAST_CONFIRM_MS = 100
+ASYNC_EXTRA_ARGS = {
+    "commitlog_svc": EXTRA_ARGS["commitlog_svc"],
+    "cq_svc": [
+        *EXTRA_ARGS["cq_svc"],
+        *("--flush-interval-ms", str(FAST_CONFIRM_MS)),
+        *("--flush-thorough-interval-ms", str(FAST_CONFIRM_MS)),
+    ],
+    "index_svc": ["--flush-interval-ms", str(FAST_CONFIRM_MS)],
 }
 # How long a killed service may take to be ready again before the run calls it a failure to
 # recover (the recovery bound the run checks, RECOVERY_S_MAX, is lower).
@@ -67,7 +90,8 @@ class Recovery:
 class Services:
     def __init__(self, root: Path, *, flush: str) -> None:
         self.root = root
-        self.cluster = Cluster(root, flush=flush, extra=EXTRA_ARGS)
+        extra = ASYNC_EXTRA_ARGS if flush == "async" else EXTRA_ARGS
+        self.cluster = Cluster(root, flush=flush, extra=extra)
 
     def start(self) -> None:
         start_all(self.cluster)
@@ -116,32 +140,54 @@ class Services:
         return self.cluster.logs
 
     def stop(self) -> None:
+        self.thaw(list(self.cluster.followers))  # a stopped process would not see SIGTERM
         self.cluster.stop_all()
 
     # -- one cycle --------------------------------------------------------------------------------
 
     def crash_and_recover(self, cycle: CyclePlan) -> list[Recovery]:
-        processes = self.processes()
-        victims = [processes[name] for name in cycle.kill_order]
-        for p in victims:
-            p.kill()
-        killed_at = time.monotonic()
+        victims = cycle.kill_order
+        killed_at = self.kill(victims)
         if cycle.down_s:
             time.sleep(cycle.down_s)
-        for p in victims:
-            p.start()
+        processes = self.processes()
+        for name in victims:
+            processes[name].start()
         if cycle.rekill_s is not None:
             time.sleep(cycle.rekill_s)
-            for p in victims:
-                p.kill()
-            killed_at = time.monotonic()
-            for p in victims:
-                p.start()
-        ready_at = _await_ready(dict(zip(cycle.kill_order, victims, strict=True)))
-        return [
-            Recovery(cycle.index, name, ready_at[name] - killed_at, ready_at[name])
-            for name in cycle.kill_order
-        ]
+            killed_at = self.kill(victims)
+            for name in victims:
+                processes[name].start()
+        return self.await_ready(cycle.index, victims, killed_at)
+
+    def kill(self, names: Sequence[str]) -> float:
+        """SIGKILL each, in order, each gone before the next; returns when (monotonic)."""
+        processes = self.processes()
+        for name in names:
+            processes[name].kill()
+        return time.monotonic()
+
+    def restart(self, names: Sequence[str]) -> None:
+        """Start each killed service again (on its pinned ports)."""
+        processes = self.processes()
+        for name in names:
+            processes[name].start()
+
+    def await_ready(self, cycle: int, names: Sequence[str], killed_at: float) -> list[Recovery]:
+        processes = self.processes()
+        ready_at = _await_ready({name: processes[name] for name in names})
+        return [Recovery(cycle, name, ready_at[name] - killed_at, ready_at[name]) for name in names]
+
+    def freeze(self, names: Sequence[str]) -> None:
+        """SIGSTOP: the processes keep their sockets and files, and do nothing."""
+        processes = self.processes()
+        for name in names:
+            processes[name].signal(signal.SIGSTOP)
+
+    def thaw(self, names: Sequence[str]) -> None:
+        processes = self.processes()
+        for name in names:
+            processes[name].signal(signal.SIGCONT)
 
 
 def _metric_sum(text: str, name: str) -> float:
