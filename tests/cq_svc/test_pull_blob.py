@@ -41,7 +41,7 @@ def log(tmp_path: Path) -> Iterator[ServiceProcess]:
 @pytest.fixture
 def api(tmp_path: Path, log: ServiceProcess) -> Iterator[ApiHarness]:
     harness = ApiHarness(tmp_path / "cq", commitlog_target=log.target)
-    harness.handshake()
+    harness.agree_with_log()
     yield harness
     harness.stop()
 
