@@ -16,10 +16,12 @@ from mqstore.coordination.coordinator import (
     Subscription,
     Term,
 )
+from mqstore.coordination.etcd import EtcdCoordinator
 from mqstore.coordination.lease import FencingClock, TermKeeper
 
 __all__ = [
     "Coordinator",
+    "EtcdCoordinator",
     "FencingClock",
     "GroupState",
     "InSyncSet",
