@@ -8,15 +8,22 @@
     ├── OutOfRange                    OUT_OF_RANGE      an offset outside what is stored
     ├── NotFound                      NOT_FOUND         an unknown id or queue
     ├── FailedPrecondition            FAILED_PRECONDITION  asked of the wrong place (shard)
+    │   └── NotEligible               a candidate outside the in-sync set (no unclean election)
+    ├── Aborted                       ABORTED           a compare-and-set lost to another write
+    │   └── InSyncSetConflict         the in-sync set changed since the leader read it
     ├── ResourceExhausted             RESOURCE_EXHAUSTED
     │   ├── DiskFull                  no space to preallocate a file
     │   └── StoreBusy                 the write lock was not free within the bound
     ├── Unavailable                   UNAVAILABLE       closed, not writable, recovering
-    │   └── StoreLocked               another process holds the store's lock file
+    │   ├── StoreLocked               another process holds the store's lock file
+    │   ├── CoordinatorUnavailable    the coordinator (etcd) did not answer within its bound
+    │   └── LeadershipLost            this replica's term is over: lease gone, key not ours,
+    │                                 or its fencing deadline passed
     ├── DataLoss                      DATA_LOSS         stored bytes fail their checks
     │   ├── CorruptRecord             a commit-log record fails its CRC or length check
     │   ├── CorruptFile               a metadata file (checkpoint, meta) fails its CRC
-    │   └── MalformedFrame            a dispatch frame whose columns do not fit together
+    │   ├── MalformedFrame            a dispatch frame whose columns do not fit together
+    │   └── CorruptCoordinatorValue   a value under the group's coordinator keys does not parse
     ├── Unauthenticated               UNAUTHENTICATED   no token, a malformed one, or one no
     │                                                   entry of the tokens file matches
     ├── PermissionDenied              PERMISSION_DENIED a valid token without the scope
@@ -69,6 +76,10 @@ class FailedPrecondition(MqstoreError):
     grpc_code = "FAILED_PRECONDITION"
 
 
+class NotEligible(FailedPrecondition):
+    """A candidate for leadership outside the in-sync set, unclean election not allowed."""
+
+
 class ResourceExhausted(MqstoreError):
     grpc_code = "RESOURCE_EXHAUSTED"
 
@@ -87,6 +98,28 @@ class Unavailable(MqstoreError):
 
 class StoreLocked(Unavailable):
     pass
+
+
+class CoordinatorUnavailable(Unavailable):
+    """The coordinator did not answer within its bound (refused, timed out, or an error of its
+    own); `operation` names the call. Nothing is known about whether a write took effect."""
+
+    def __init__(self, operation: str, reason: str) -> None:
+        super().__init__(f"coordinator unavailable during {operation}: {reason}")
+        self.operation = operation
+        self.reason = reason
+
+
+class LeadershipLost(Unavailable):
+    """This replica's leadership term is over; it must not acknowledge and must step down."""
+
+
+class Aborted(MqstoreError):
+    grpc_code = "ABORTED"
+
+
+class InSyncSetConflict(Aborted):
+    """The in-sync set changed since it was read: read it again and decide anew."""
 
 
 class DataLoss(MqstoreError):
@@ -121,6 +154,15 @@ class PermissionDenied(MqstoreError):
 
 class MalformedFrame(DataLoss):
     """A dispatch frame from the commit log that cannot be applied as it is."""
+
+
+class CorruptCoordinatorValue(DataLoss):
+    """A value under a broker group's coordinator keys that is not what mqstore writes."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"corrupt coordinator value at {key}: {reason}")
+        self.key = key
+        self.reason = reason
 
 
 class StorageError(MqstoreError):

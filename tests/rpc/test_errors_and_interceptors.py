@@ -9,10 +9,15 @@ import grpc
 import pytest
 
 from mqstore.errors import (
+    CoordinatorUnavailable,
+    CorruptCoordinatorValue,
     CorruptRecord,
     DiskFull,
     FailedPrecondition,
+    InSyncSetConflict,
     InvalidArgument,
+    LeadershipLost,
+    NotEligible,
     NotFound,
     OutOfRange,
     Unavailable,
@@ -29,6 +34,11 @@ ERRORS: dict[bytes, Exception] = {
     b"full": DiskFull("no space"),
     b"down": Unavailable("recovering"),
     b"crc": CorruptRecord(4096, "body CRC mismatch"),
+    b"etcd": CoordinatorUnavailable("renew", "connection refused"),
+    b"deposed": LeadershipLost("lease 1f of epoch 3 expired"),
+    b"unclean": NotEligible("c is not in the in-sync set"),
+    b"isr": InSyncSetConflict("in-sync set changed"),
+    b"etcd-value": CorruptCoordinatorValue("/mqstore/g/leader", "not JSON"),
     b"bug": ValueError("a bug's private details"),
 }
 
@@ -77,6 +87,11 @@ def channel() -> Iterator[grpc.Channel]:
         (b"full", grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
         (b"down", grpc.StatusCode.UNAVAILABLE, ""),
         (b"crc", grpc.StatusCode.DATA_LOSS, ""),
+        (b"etcd", grpc.StatusCode.UNAVAILABLE, ""),
+        (b"deposed", grpc.StatusCode.UNAVAILABLE, ""),
+        (b"unclean", grpc.StatusCode.FAILED_PRECONDITION, ""),
+        (b"isr", grpc.StatusCode.ABORTED, ""),
+        (b"etcd-value", grpc.StatusCode.DATA_LOSS, ""),
     ],
 )
 def test_a_typed_error_becomes_its_status_with_the_field(
