@@ -268,7 +268,9 @@ def test_the_repair_ends_the_log_in_the_short_older_segment_and_keeps_what_it_mo
     assert plan.damaged is not None and plan.damaged.path == older
     assert [f.name for f in plan.moved] == [offset_to_file_name(FILE)]
     assert (plan.end_offset, plan.old_end_offset) == (survivors[-1].end, stored[LAST].end)
-    assert plan.records_lost == COUNT - len(in_first)  # the later segment's; file 0's lost tail is unknown
+    assert plan.records_lost == COUNT - len(
+        in_first
+    )  # the later segment's; file 0's lost tail is unknown
     assert segment_names(config) == [offset_to_file_name(0), offset_to_file_name(FILE)]
 
     done, aside = log_repair.repair(config.data_dir)
