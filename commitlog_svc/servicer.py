@@ -746,6 +746,16 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         log.info("subscriber %s forgotten; retention floor now %s", sid, floor)
         return pb.ForgetSubscriberResponse(retention_floor=-1 if floor is None else floor)
 
+    # -- replication ----------------------------------------------------------------------------
+
+    def Replicate(
+        self, request_iterator: Iterator[pb.ReplicateRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.ReplicateResponse]:
+        raise FailedPrecondition(
+            "this commitlog_svc is a single replica, not in a broker group: "
+            "there is no log to replicate from it (docs/replication.md)"
+        )
+
     def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetStatusResponse:
@@ -762,6 +772,8 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             writable=engine.writable and not self._draining.is_set(),
             store_host=engine.store_host,
             history=history_to_proto(engine.history.compacted(engine.min_offset)),
+            role="single",
+            commit_offset=high,
         )
         for sub in self.registry.snapshot():
             lag_bytes = max(0, high - sub.confirmed_offset)

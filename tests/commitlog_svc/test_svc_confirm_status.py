@@ -163,3 +163,14 @@ def test_status_shows_how_far_a_stream_has_sent_ahead_of_what_is_confirmed(
     reader.cancel()
     wait_until(lambda: not svc.status().subscribers[0].connected, "the stream to end")
     assert svc.status().subscribers[0].sent_offset == -1
+
+
+def test_a_single_replica_says_so_and_refuses_to_be_replicated(svc: Running) -> None:
+    """Without a broker group the status says "single", the commit offset is the log's end, and
+    Replicate is FAILED_PRECONDITION naming why (docs/replication.md)."""
+    svc.append_ok(batch(0, 3))
+    status = svc.status()
+    assert status.role == "single" and status.commit_offset == status.max_offset > 0
+    hello = pb.ReplicateRequest(hello=pb.ReplicaHello(group="g", replica="b"))
+    code, message, _ = rpc_error(lambda: list(svc.stub.Replicate(iter([hello]), timeout=10)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "single replica" in message

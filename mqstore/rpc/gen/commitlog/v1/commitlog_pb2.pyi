@@ -823,6 +823,13 @@ class GetStatusResponse(_message.Message):
     SUBSCRIBERS_FIELD_NUMBER: _builtins.int
     STORE_HOST_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    LEADER_ADDRESS_FIELD_NUMBER: _builtins.int
+    COMMIT_OFFSET_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
     store_id: _builtins.bytes
     min_offset: _builtins.int
     max_offset: _builtins.int
@@ -833,11 +840,25 @@ class GetStatusResponse(_message.Message):
     """"sync" | "async" """
     writable: _builtins.bool
     store_host: _builtins.bytes
+    role: _builtins.str
+    """Broker groups (docs/replication.md). role: "single" (no group), "leader", "follower" or
+    "candidate" (no leader known). commit_offset: what the whole in-sync set holds durably;
+    dispatch and reads stop there (max_offset for a single replica).
+    """
+    group: _builtins.str
+    replica: _builtins.str
+    leader: _builtins.str
+    leader_address: _builtins.str
+    commit_offset: _builtins.int
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberStatus]: ...
     @_builtins.property
     def history(self) -> Global___LogHistory:
         """The log's history; its last epoch is the current one (a new one at every start)."""
+
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaStatus]:
+        """the leader's view of every replica, itself included"""
 
     def __init__(
         self,
@@ -852,11 +873,243 @@ class GetStatusResponse(_message.Message):
         subscribers: _abc.Iterable[Global___SubscriberStatus] | None = ...,
         store_host: _builtins.bytes = ...,
         history: Global___LogHistory | None = ...,
+        role: _builtins.str = ...,
+        group: _builtins.str = ...,
+        replica: _builtins.str = ...,
+        leader: _builtins.str = ...,
+        leader_address: _builtins.str = ...,
+        commit_offset: _builtins.int = ...,
+        replicas: _abc.Iterable[Global___ReplicaStatus] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["history", b"history"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirm_offset", b"confirm_offset", "flush", b"flush", "flushed_offset", b"flushed_offset", "history", b"history", "max_offset", b"max_offset", "min_offset", b"min_offset", "store_host", b"store_host", "store_id", b"store_id", "subscribers", b"subscribers", "writable", b"writable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_offset", b"commit_offset", "confirm_offset", b"confirm_offset", "flush", b"flush", "flushed_offset", b"flushed_offset", "group", b"group", "history", b"history", "leader", b"leader", "leader_address", b"leader_address", "max_offset", b"max_offset", "min_offset", b"min_offset", "replica", b"replica", "replicas", b"replicas", "role", b"role", "store_host", b"store_host", "store_id", b"store_id", "subscribers", b"subscribers", "writable", b"writable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
+
+@_typing.final
+class ReplicaStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    DURABLE_OFFSET_FIELD_NUMBER: _builtins.int
+    LAG_BYTES_FIELD_NUMBER: _builtins.int
+    IN_SYNC_FIELD_NUMBER: _builtins.int
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    CAUGHT_UP_MS_AGO_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    end_offset: _builtins.int
+    durable_offset: _builtins.int
+    lag_bytes: _builtins.int
+    """the leader's end offset - end_offset"""
+    in_sync: _builtins.bool
+    connected: _builtins.bool
+    caught_up_ms_ago: _builtins.int
+    """since it last held everything the leader had (-1: never)"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        end_offset: _builtins.int = ...,
+        durable_offset: _builtins.int = ...,
+        lag_bytes: _builtins.int = ...,
+        in_sync: _builtins.bool = ...,
+        connected: _builtins.bool = ...,
+        caught_up_ms_ago: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caught_up_ms_ago", b"caught_up_ms_ago", "connected", b"connected", "durable_offset", b"durable_offset", "end_offset", b"end_offset", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaStatus: _TypeAlias = ReplicaStatus  # noqa: Y015
+
+@_typing.final
+class ReplicaHello(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
+    STORE_ID_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    replica: _builtins.str
+    """its name in the group"""
+    store_id: _builtins.bytes
+    """empty: an empty replica, which adopts the leader's"""
+    end_offset: _builtins.int
+    @_builtins.property
+    def history(self) -> Global___LogHistory: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        replica: _builtins.str = ...,
+        store_id: _builtins.bytes = ...,
+        history: Global___LogHistory | None = ...,
+        end_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["history", b"history"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "group", b"group", "history", b"history", "replica", b"replica", "store_id", b"store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaHello: _TypeAlias = ReplicaHello  # noqa: Y015
+
+@_typing.final
+class ReplicaAck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    DURABLE_OFFSET_FIELD_NUMBER: _builtins.int
+    end_offset: _builtins.int
+    """written through"""
+    durable_offset: _builtins.int
+    """durable by the follower's own flush policy"""
+    def __init__(
+        self,
+        *,
+        end_offset: _builtins.int = ...,
+        durable_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["durable_offset", b"durable_offset", "end_offset", b"end_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaAck: _TypeAlias = ReplicaAck  # noqa: Y015
+
+@_typing.final
+class ReplicateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELLO_FIELD_NUMBER: _builtins.int
+    ACK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hello(self) -> Global___ReplicaHello:
+        """the first message, once"""
+
+    @_builtins.property
+    def ack(self) -> Global___ReplicaAck: ...
+    def __init__(
+        self,
+        *,
+        hello: Global___ReplicaHello | None = ...,
+        ack: Global___ReplicaAck | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "hello", b"hello", "kind", b"kind"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "hello", b"hello", "kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "ack"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___ReplicateRequest: _TypeAlias = ReplicateRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaAgreement(_message.Message):
+    """The leader's answer to a hello. The follower cuts its log at truncate_offset (the last offset
+    where its history and the leader's agree) and copies from start_offset: the same offset,
+    unless the follower holds nothing the leader still has (then it drops its log and starts at
+    the leader's oldest segment).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORE_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    TRUNCATE_OFFSET_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
+    store_id: _builtins.bytes
+    epoch: _builtins.int
+    """the leader's current epoch"""
+    truncate_offset: _builtins.int
+    start_offset: _builtins.int
+    @_builtins.property
+    def history(self) -> Global___LogHistory:
+        """the leader's history up to start_offset"""
+
+    def __init__(
+        self,
+        *,
+        store_id: _builtins.bytes = ...,
+        epoch: _builtins.int = ...,
+        truncate_offset: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+        history: Global___LogHistory | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["history", b"history"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "history", b"history", "start_offset", b"start_offset", "store_id", b"store_id", "truncate_offset", b"truncate_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaAgreement: _TypeAlias = ReplicaAgreement  # noqa: Y015
+
+@_typing.final
+class ReplicaChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    EPOCHS_FIELD_NUMBER: _builtins.int
+    COMMIT_OFFSET_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """where data begins: the follower's end offset"""
+    data: _builtins.bytes
+    """whole records, and the blank that ends a segment; empty as a heartbeat"""
+    commit_offset: _builtins.int
+    @_builtins.property
+    def epochs(self) -> Global___LogHistory:
+        """the leader's epochs that begin within [offset, offset + len(data)]"""
+
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        epochs: Global___LogHistory | None = ...,
+        commit_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["epochs", b"epochs"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_offset", b"commit_offset", "data", b"data", "epochs", b"epochs", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaChunk: _TypeAlias = ReplicaChunk  # noqa: Y015
+
+@_typing.final
+class ReplicateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGREEMENT_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def agreement(self) -> Global___ReplicaAgreement: ...
+    @_builtins.property
+    def chunk(self) -> Global___ReplicaChunk: ...
+    def __init__(
+        self,
+        *,
+        agreement: Global___ReplicaAgreement | None = ...,
+        chunk: Global___ReplicaChunk | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agreement", b"agreement", "chunk", b"chunk", "kind", b"kind"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agreement", b"agreement", "chunk", b"chunk", "kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["agreement", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___ReplicateResponse: _TypeAlias = ReplicateResponse  # noqa: Y015

@@ -75,6 +75,11 @@ class CommitLogStub:
                 request_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberRequest.SerializeToString,
                 response_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberResponse.FromString,
                 _registered_method=True)
+        self.Replicate = channel.stream_stream(
+                '/mqstore.commitlog.v1.CommitLog/Replicate',
+                request_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateResponse.FromString,
+                _registered_method=True)
 
 
 class CommitLogServicer:
@@ -140,6 +145,17 @@ class CommitLogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request_iterator, context):
+        """A follower replica of a broker group copies the leader's log (docs/replication.md): it
+        says who it is and what it holds (ReplicaHello), the leader answers where the two logs
+        agree (ReplicaAgreement) and then sends the log's bytes from there, at the same offsets
+        (ReplicaChunk); the follower reports what it wrote and holds durably (ReplicaAck). Only
+        the leader answers; another replica refuses with FAILED_PRECONDITION naming the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CommitLogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +198,11 @@ def add_CommitLogServicer_to_server(servicer, server):
                     servicer.ForgetSubscriber,
                     request_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberRequest.FromString,
                     response_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberResponse.SerializeToString,
+            ),
+            'Replicate': grpc.stream_stream_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateRequest.FromString,
+                    response_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -400,6 +421,33 @@ class CommitLog:
             '/mqstore.commitlog.v1.CommitLog/ForgetSubscriber',
             mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberRequest.SerializeToString,
             mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ForgetSubscriberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replicate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/mqstore.commitlog.v1.CommitLog/Replicate',
+            mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateRequest.SerializeToString,
+            mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,13 @@ class CommitLogStub:
     """Forget a subscriber that will not come back (a replica scaled away), so that its confirmed
     offset no longer holds retention back. Refused while it is connected.
     """
+    Replicate: _grpc.StreamStreamMultiCallable[_commitlog_pb2.ReplicateRequest, _commitlog_pb2.ReplicateResponse]
+    """A follower replica of a broker group copies the leader's log (docs/replication.md): it
+    says who it is and what it holds (ReplicaHello), the leader answers where the two logs
+    agree (ReplicaAgreement) and then sends the log's bytes from there, at the same offsets
+    (ReplicaChunk); the follower reports what it wrote and holds durably (ReplicaAck). Only
+    the leader answers; another replica refuses with FAILED_PRECONDITION naming the leader.
+    """
 
 @_typing.type_check_only
 class CommitLogAsyncStub(CommitLogStub):
@@ -82,6 +89,13 @@ class CommitLogAsyncStub(CommitLogStub):
     ForgetSubscriber: _aio.UnaryUnaryMultiCallable[_commitlog_pb2.ForgetSubscriberRequest, _commitlog_pb2.ForgetSubscriberResponse]  # type: ignore[assignment]
     """Forget a subscriber that will not come back (a replica scaled away), so that its confirmed
     offset no longer holds retention back. Refused while it is connected.
+    """
+    Replicate: _aio.StreamStreamMultiCallable[_commitlog_pb2.ReplicateRequest, _commitlog_pb2.ReplicateResponse]  # type: ignore[assignment]
+    """A follower replica of a broker group copies the leader's log (docs/replication.md): it
+    says who it is and what it holds (ReplicaHello), the leader answers where the two logs
+    agree (ReplicaAgreement) and then sends the log's bytes from there, at the same offsets
+    (ReplicaChunk); the follower reports what it wrote and holds durably (ReplicaAck). Only
+    the leader answers; another replica refuses with FAILED_PRECONDITION naming the leader.
     """
 
 class CommitLogServicer(metaclass=_abc_1.ABCMeta):
@@ -153,6 +167,19 @@ class CommitLogServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_commitlog_pb2.ForgetSubscriberResponse, _abc.Awaitable[_commitlog_pb2.ForgetSubscriberResponse]]:
         """Forget a subscriber that will not come back (a replica scaled away), so that its confirmed
         offset no longer holds retention back. Refused while it is connected.
+        """
+
+    @_abc_1.abstractmethod
+    def Replicate(
+        self,
+        request_iterator: _MaybeAsyncIterator[_commitlog_pb2.ReplicateRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_commitlog_pb2.ReplicateResponse], _abc.AsyncIterator[_commitlog_pb2.ReplicateResponse]]:
+        """A follower replica of a broker group copies the leader's log (docs/replication.md): it
+        says who it is and what it holds (ReplicaHello), the leader answers where the two logs
+        agree (ReplicaAgreement) and then sends the log's bytes from there, at the same offsets
+        (ReplicaChunk); the follower reports what it wrote and holds durably (ReplicaAck). Only
+        the leader answers; another replica refuses with FAILED_PRECONDITION naming the leader.
         """
 
 def add_CommitLogServicer_to_server(servicer: CommitLogServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
