@@ -324,14 +324,23 @@ def run(ctx: Context) -> None:
         store_root = ctx.root / f"mqstore-{flush}"
         ctx.say(f"mqstore: starting the three services (flush {flush})")
         cluster = start_store(store_root, flush=flush, extra=extra)
+        # The whole-record CRC's cost: a twin store without it, produced to right after each
+        # produce run of the store with it (flush async only), so both see the same machine.
+        twin: Cluster | None = None
         try:
-            _run_store(ctx, cluster, flush)
+            if flush == "async":
+                twin_extra = {**extra, "commitlog_svc": [*disk_flags, "--record-crc", "false"]}
+                twin = start_store(ctx.root / "mqstore-no-crc", flush=flush, extra=twin_extra)
+            _run_store(ctx, cluster, flush, twin)
         finally:
-            cluster.stop_all()
+            for store in (cluster, twin):
+                if store is not None:
+                    store.stop_all()
             shutil.rmtree(store_root, ignore_errors=True)
+            shutil.rmtree(ctx.root / "mqstore-no-crc", ignore_errors=True)
 
 
-def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
+def _run_store(ctx: Context, cluster: Cluster, flush: str, twin: Cluster | None = None) -> None:
     scale, results = ctx.scale, ctx.results
     settings = settings_of(cluster)
     servers = _services(cluster)
@@ -360,6 +369,8 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str) -> None:
                 cores=cores,
                 **made,
             )
+            if twin is not None:
+                _produce_twin(ctx, twin, f"{topic}-no-crc", size, made["rate"])
             if flush == "sync":
                 continue
             wait_caught_up(settings)
@@ -505,6 +516,30 @@ def _lookup_note(results: Any) -> None:
         "mqstore time lookups, each followed by one bare Ping of the gRPC ceiling's server (its "
         "own process, started for the lookups): lookup p50 against that round trip's p50, "
         "median of the runs: " + "; ".join(parts) + ".",
+    )
+
+
+def _produce_twin(ctx: Context, twin: Cluster, topic: str, size: int, with_crc: float) -> None:
+    """Produce to the twin store without the whole-record CRC and note what the CRC costs:
+    the rate with it over the rate without, pairs of runs back to back."""
+    settings = settings_of(twin)
+    wait_caught_up(settings)
+    made, _ = ctx.measure(_services(twin), produce, settings, topic, size, ctx.scale.messages)
+    wait_caught_up(settings)
+    pairs = ctx.results.extras.setdefault("mqstore_record_crc_produce", {})
+    pairs.setdefault(str(size), []).append([with_crc, made["rate"]])
+    parts = []
+    for key, runs in pairs.items():
+        ratios = [a / b for a, b in runs if b > 0]
+        parts.append(
+            f"{size_name(int(key))} {statistics.median(ratios):.2f}x "
+            f"(without it {statistics.median([b for _, b in runs]):,.0f} msg/s)"
+        )
+    ctx.results.set_note(
+        "mqstore_record_crc",
+        "mqstore's whole-record CRC (__CRC32#, on by default): produce (flush async) with it, as "
+        "a ratio of the same produce to a twin store started with --record-crc false, run "
+        "right after it (median of the pairs): " + "; ".join(parts) + ".",
     )
 
 

@@ -98,6 +98,9 @@ def test_mqstore_and_ceiling_quick(tmp_path: Path) -> None:
         assert 0 < lookup.runs[0]["round_trip_p50_ms"] < LATENCY_MAX_MS
     (note,) = [n for n in report.results.notes if n.startswith("mqstore time lookups")]
     assert re.search(r"100 B [\d.]+ ms against [\d.]+ ms, [\d.]+x", note), note
+    # the whole-record CRC's cost: a twin store without it produced right after each run
+    (note,) = [n for n in report.results.notes if n.startswith("mqstore's whole-record CRC")]
+    assert re.search(r"100 B [\d.]+x \(without it [\d,]+ msg/s\); 1 KiB [\d.]+x", note), note
     memory = report.results.get("memory", 0, "mqstore")
     assert memory is not None
     assert set(memory.runs[0]) >= {"commitlog_svc", "cq_svc", "index_svc"}
