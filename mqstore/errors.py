@@ -8,13 +8,20 @@
     ├── OutOfRange                    OUT_OF_RANGE      an offset outside what is stored
     ├── NotFound                      NOT_FOUND         an unknown id or queue
     ├── FailedPrecondition            FAILED_PRECONDITION  asked of the wrong place (shard)
+    │   ├── NotFollower               replicated bytes sent to a replica that leads
+    │   ├── ReplicaOffsetMismatch     replicated bytes that do not start at the replica's end
+    │   ├── HistoryMismatch           a leader's epochs that contradict the replica's history
+    │   ├── StaleEpoch                an epoch not newer than the replica's last
+    │   └── StoreIdMismatch           a replica holding another log than its group's
     ├── ResourceExhausted             RESOURCE_EXHAUSTED
     │   ├── DiskFull                  no space to preallocate a file
     │   └── StoreBusy                 the write lock was not free within the bound
     ├── Unavailable                   UNAVAILABLE       closed, not writable, recovering
-    │   └── StoreLocked               another process holds the store's lock file
+    │   ├── StoreLocked               another process holds the store's lock file
+    │   └── NotLeader                 a follower refuses producers' appends (names the leader)
     ├── DataLoss                      DATA_LOSS         stored bytes fail their checks
     │   ├── CorruptRecord             a commit-log record fails its CRC or length check
+    │   ├── ChunkRefused              replicated bytes fail recovery's checks: none stored
     │   ├── CorruptFile               a metadata file (checkpoint, meta) fails its CRC
     │   └── MalformedFrame            a dispatch frame whose columns do not fit together
     ├── Unauthenticated               UNAUTHENTICATED   no token, a malformed one, or one no
@@ -69,6 +76,35 @@ class FailedPrecondition(MqstoreError):
     grpc_code = "FAILED_PRECONDITION"
 
 
+class NotFollower(FailedPrecondition):
+    """Replicated bytes, a truncation or a start sent to a replica that leads."""
+
+
+class ReplicaOffsetMismatch(FailedPrecondition):
+    """Replicated bytes for `offset` reached a replica whose log ends at `end_offset`: the
+    stream and the replica disagree (re-handshake)."""
+
+    def __init__(self, offset: int, end_offset: int) -> None:
+        super().__init__(
+            f"replicated bytes start at {offset} but this replica's log ends at {end_offset}"
+        )
+        self.offset = offset
+        self.end_offset = end_offset
+
+
+class HistoryMismatch(FailedPrecondition):
+    """The leader's epochs for some bytes contradict this replica's history (it was not
+    truncated at the agreed offset first)."""
+
+
+class StaleEpoch(FailedPrecondition):
+    """An epoch to begin that is not newer than the replica's last."""
+
+
+class StoreIdMismatch(FailedPrecondition):
+    """A replica holding bytes of another log than its group's."""
+
+
 class ResourceExhausted(MqstoreError):
     grpc_code = "RESOURCE_EXHAUSTED"
 
@@ -89,6 +125,15 @@ class StoreLocked(Unavailable):
     pass
 
 
+class NotLeader(Unavailable):
+    """This replica follows: producers append to the leader (`leader`: its name or address as
+    the service knows it, "" when it does not know one yet)."""
+
+    def __init__(self, message: str, *, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
 class DataLoss(MqstoreError):
     grpc_code = "DATA_LOSS"
 
@@ -98,6 +143,16 @@ class CorruptRecord(DataLoss):
 
     def __init__(self, offset: int, reason: str) -> None:
         super().__init__(f"corrupt record at offset {offset}: {reason}")
+        self.offset = offset
+        self.reason = reason
+
+
+class ChunkRefused(DataLoss):
+    """Bytes sent to a follower fail the checks recovery makes, at `offset`; none of the chunk
+    was stored."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(f"replicated bytes refused at offset {offset}: {reason}; none stored")
         self.offset = offset
         self.reason = reason
 
