@@ -141,14 +141,16 @@ def chunk_end(
                 base_offset + pos, "no record frames there: no follower can copy it"
             )
     if stop < data_end:
-        stop = _request_aligned(buf, pos, stop, data_end, starts)
+        stop = _request_aligned(buf, pos, stop, data_end, base_offset, starts)
     blank_fits = stop + END_FILE_MIN_BLANK_BYTES - pos <= max_bytes
     if closed and blank_fits and is_blank_at(buf, stop, file_size):
         return stop + END_FILE_MIN_BLANK_BYTES, True
     return stop, False
 
 
-def _request_aligned(buf: Searchable, pos: int, stop: int, data_end: int, starts: IntArray) -> int:
+def _request_aligned(
+    buf: Searchable, pos: int, stop: int, data_end: int, base_offset: int, starts: IntArray
+) -> int:
     """`stop`, unless it falls inside an idempotent request (its records follow the one tagged
     MQS_PSEQ): then where the request begins, or its end when it begins at `pos`. Only the last
     tagged record before `stop` can begin such a request (a request is one write)."""
@@ -173,12 +175,24 @@ def _request_aligned(buf: Searchable, pos: int, stop: int, data_end: int, starts
             return stop  # the request ends by `stop`
         if first > pos:
             return first
-        end = first
-        for _ in range(stored):  # the request begins the chunk: all of it (one segment)
-            if end >= data_end:
-                break
-            end += max(_I32.unpack_from(buf, end)[0], 1)
-        return min(end, data_end)
+        # The request begins the chunk: all of it goes (it lies in one segment).
+        return _records_end(buf, first, stored, data_end, base_offset, stop - first)
+
+
+def _records_end(
+    buf: Searchable, first: int, count: int, data_end: int, base_offset: int, guess: int
+) -> int:
+    """The end of `count` records chained from `first` (at most `data_end`), found a window
+    at a time, the first twice `guess` long."""
+    window = max(2 * guess, 1 << 16)
+    while True:
+        hi = min(data_end, first + window)
+        starts, stop = record_starts(buf, first, hi, base_offset)
+        if len(starts) > count:
+            return int(starts[count])
+        if len(starts) == count or hi == data_end:
+            return stop
+        window *= 2
 
 
 # -- the follower's check -----------------------------------------------------------------------

@@ -13,7 +13,8 @@ equal the record's own commit-log offset (record.py). Nothing else of a record i
 How, per call (records starting in [pos, end) that also end by `end`):
 
 1. A run of records of one size (fixed-size messages, the common case): the positions
-   pos + k * size are tested at once through a strided view (TOTALSIZE, magic, own offset).
+   pos + k * size are tested at once through a strided view (TOTALSIZE, magic, own offset);
+   also after one record of another size (an idempotent request's first, with its tag).
 2. Otherwise the candidates: every p where a record magic sits at p + 4 and the PHYSICALOFFSET
    field at p + 28 holds p's own offset. Every boundary of the chain is a candidate. When each
    candidate ends where the next begins, the candidates are the chain. A candidate inside a
@@ -79,6 +80,8 @@ def record_starts(buf: Buffer, pos: int, end: int, base_offset: int) -> tuple[In
             else:
                 starts, stop = _stride(view, pos, window_end, base_offset)
                 if len(starts) < STRIDE_RUN_MIN:
+                    starts, stop = _odd_then_stride(view, pos, first, window_end, base_offset)
+                if len(starts) < STRIDE_RUN_MIN:
                     starts, stop = _candidates(view, pos, window_end, base_offset)
             out.append(starts)
             pos = stop
@@ -127,6 +130,18 @@ def _stride(view: memoryview, pos: int, end: int, base_offset: int) -> tuple[Int
     del frames, own, magic
     run = n if bool(fits.all()) else int(np.argmin(fits))
     return starts[:run], pos + run * size
+
+
+def _odd_then_stride(
+    view: memoryview, pos: int, first: int, end: int, base_offset: int
+) -> tuple[IntArray, int]:
+    """One record of its own size, then a run of equal ones from the next (an idempotent
+    request: its first record carries the MQS_PSEQ tag, the others are alike)."""
+    after = pos + first
+    if not _frames_record(view, after, end, base_offset):
+        return np.empty(0, dtype=np.int64), pos
+    run, stop = _stride(view, after, end, base_offset)
+    return np.concatenate(([pos], run)).astype(np.int64), stop
 
 
 def _candidates(view: memoryview, pos: int, end: int, base_offset: int) -> tuple[IntArray, int]:

@@ -143,24 +143,30 @@ def test_a_chunk_never_ends_inside_an_idempotent_request(tmp_path: Path) -> None
     a request longer than the bound whole."""
     lead = leader(tmp_path / "leader")
     rng = random.Random(5)
-    ends = {0}
+    requests = {}  # start -> end of each request
     for sequence in range(1, 30):
         batch = [
             message(rng, sequence * 100 + j, body_bytes=150) for j in range(rng.randrange(1, 9))
         ]
         result = lead.append_batch(batch, producer=("p", sequence))
         assert result.ok
-        ends.add(result.offsets[-1] + result.sizes[-1])
-        ends.add(result.offsets[0])
+        requests[result.offsets[0]] = result.offsets[-1] + result.sizes[-1]
+    ends = {0, *requests, *requests.values()}
     offset = 0
+    longer = 0
     while offset < lead.max_offset:
-        chunk = lead.read_chunk(offset, max_bytes=rng.choice([300, 700, 1500]))
+        max_bytes = rng.choice([300, 700, 1500])
+        chunk = lead.read_chunk(offset, max_bytes=max_bytes)
         assert chunk.data
         records_end = offset + len(chunk.data)
         if chunk.next_offset != records_end:  # ends with the blank
             records_end -= 8
         assert records_end in ends, f"a chunk [{offset}, {records_end}) ends inside a request"
+        if len(chunk.data) > max_bytes:  # only ever one request, whole
+            assert requests[offset] == records_end
+            longer += 1
         offset = chunk.next_offset
+    assert longer > 0
 
 
 def test_the_end_of_segment_blank_moves_the_follower_to_the_next_segment(tmp_path: Path) -> None:
