@@ -182,6 +182,13 @@ class CommitLog:
         self._limits = config.limits
         self._put_lock = threading.Lock()
         self._put_lock_timeout_s = config.put_lock_timeout_ms / 1000.0
+        # Held by a checkpoint round from its snapshot to its write, so that nothing else
+        # (a replica's truncation, commitlog_svc/replica.py) writes the checkpoint in between.
+        # Taken before the put lock, never after it.
+        self._checkpoint_lock = threading.Lock()
+        # While set, producers' appends raise what it makes (a follower of a replicated log
+        # refuses them: commitlog_svc/replica.py).
+        self._refuse_appends: Callable[[], MqstoreError] | None = None
         self._encoder = BatchEncoder(self._store_host, self._limits, record_crc=config.record_crc)
         self._queue_offsets: QueueTable = {}
         self._lock: FileLock | None = None
@@ -253,7 +260,7 @@ class CommitLog:
             self.queue.committed_where = end
             self.queue.flush(0)
             self.queue.flushed_where = end
-            self._begin_epoch(meta, end)
+            self._open_history(meta, end)
             self._write_checkpoint(end, table_to_pairs(self._queue_offsets))
             self._files.create_abort()
         except BaseException:
@@ -301,26 +308,31 @@ class CommitLog:
             )
         return report
 
-    def _begin_epoch(self, meta: StoreMeta, end: int) -> None:
+    def _open_history(self, meta: StoreMeta, end: int) -> None:
         """Every start begins a new epoch at the end of what recovery kept (mqstore/history.py),
         durable before anything is appended or served: whatever a crash may have cut, the next
-        writes are never taken for the bytes a follower saw there. A damaged epoch file leaves
-        the history unknown, so the store takes a new id and every follower rebuilds."""
-        low = self.queue.min_offset()
+        writes are never taken for the bytes a follower saw there. (A replica of a broker group
+        begins none of its own: replica.py overrides this.)"""
+        history = self._load_history(meta)
+        # Recovery may have cut below where the last epochs began: they wrote nothing that is
+        # left. The new epoch is still newer than all of them (a follower may hold theirs).
+        epoch = history.next_epoch()
+        self.history = history.compacted(self.queue.min_offset()).truncated(end).begin(epoch, end)
+        self._files.save_history(self.store_id, self.history)
+        log.info("epoch %d begins at %d", self.history.last_epoch, end)
+
+    def _load_history(self, meta: StoreMeta) -> LogHistory:
+        """The history as kept. A damaged epoch file leaves it unknown, so the store takes a
+        new id (every follower rebuilds) and an empty history."""
         history = self._files.load_history(
-            meta.store_id, min_offset=low, has_data=bool(self.queue.files)
+            meta.store_id, min_offset=self.queue.min_offset(), has_data=bool(self.queue.files)
         )
         if history is None:
             meta = self._files.reissue_meta(meta)
             self.store_id = meta.store_id
             log.error("the log's history is lost: new store id %s", meta.store_id.hex())
             history = LogHistory()
-        # Recovery may have cut below where the last epochs began: they wrote nothing that is
-        # left. The new epoch is still newer than all of them (a follower may hold theirs).
-        epoch = history.next_epoch()
-        self.history = history.compacted(low).truncated(end).begin(epoch, end)
-        self._files.save_history(self.store_id, self.history)
-        log.info("epoch %d begins at %d", self.history.last_epoch, end)
+        return history
 
     def _load_segments(self) -> ShortSegment | None:
         """Map the segments; a short newest one is extended (returned, for the report), a
@@ -519,6 +531,9 @@ class CommitLog:
         """Write and publish (or refuse, or recognise a retry); `finish_append` answers.
         Raises InvalidArgument for a bad producer id and FailedPrecondition for a sequence that
         goes backwards."""
+        refuse = self._refuse_appends
+        if refuse is not None:
+            raise refuse()
         batches = _as_batches(messages)
         count = sum(len(b) for b in batches)
         if count == 0:
@@ -592,6 +607,9 @@ class CommitLog:
     ) -> tuple[AppendResult, int]:
         """Under the put lock: encode (assigning queue offsets), place, write, publish.
         Returns the result and the end offset of what was written (-1 if nothing)."""
+        refuse = self._refuse_appends
+        if refuse is not None:
+            raise refuse()  # set under the put lock: checked again now that it is held
         refusal = self._refusal()
         if refusal is not None:
             return AppendResult.refused(count, *refusal), -1
@@ -1110,22 +1128,23 @@ class CommitLog:
     def _checkpoint(self) -> None:
         """On the flush thread: snapshot the table with the write position, make everything up
         to it durable, then write the checkpoint that vouches for it."""
-        with self._put_lock:
-            wrote = self.queue.max_wrote_offset()
-            if wrote == self._last_checkpoint_offset:
-                return
-            table = table_to_pairs(self._queue_offsets)
-            producers = self._producers.snapshot()
-        assert self._flusher is not None
-        self._flusher.flush_now()  # a failure here is a flush failure: fatal, as any other
-        check(self.queue.flushed_where >= wrote, "checkpoint offset beyond the flushed end")
-        try:
-            self._write_checkpoint(wrote, table, producers)
-        except (OSError, DiskFull) as exc:
-            # Nothing was acknowledged on the strength of this file: the data it describes is
-            # already flushed. An older checkpoint only makes recovery check more; try again
-            # at the next interval instead of stopping writes.
-            log.error("checkpoint not written (will retry): %r", exc)
+        with self._checkpoint_lock:
+            with self._put_lock:
+                wrote = self.queue.max_wrote_offset()
+                if wrote == self._last_checkpoint_offset:
+                    return
+                table = table_to_pairs(self._queue_offsets)
+                producers = self._producers.snapshot()
+            assert self._flusher is not None
+            self._flusher.flush_now()  # a failure here is a flush failure: fatal, as any other
+            check(self.queue.flushed_where >= wrote, "checkpoint offset beyond the flushed end")
+            try:
+                self._write_checkpoint(wrote, table, producers)
+            except (OSError, DiskFull) as exc:
+                # Nothing was acknowledged on the strength of this file: the data it describes
+                # is already flushed. An older checkpoint only makes recovery check more; try
+                # again at the next interval instead of stopping writes.
+                log.error("checkpoint not written (will retry): %r", exc)
 
     def _write_checkpoint(
         self,

@@ -56,6 +56,9 @@ class FlushService:
         self._sync = config.flush is FlushMode.SYNC
         self._pool = queue.pool is not None
         self._cond = threading.Condition()
+        # One flush at a time: the thread's rounds, and flush_now from another thread (a
+        # replica's truncation). Re-entrant: a round's checkpoint calls flush_now.
+        self._flush_lock = threading.RLock()
         self._requested = 0
         self._stop = False
         self.failure: BaseException | None = None
@@ -98,6 +101,20 @@ class FlushService:
                     return PutStatus.FLUSH_DISK_TIMEOUT
                 self._cond.wait(remaining_ms / 1000.0)
         return PutStatus.PUT_OK
+
+    def request(self, end_offset: int) -> None:
+        """Sync mode: flush every byte below `end_offset` soon, without waiting for it (a
+        follower's group commit: it reports its durable offset when the flush is done)."""
+        with self._cond:
+            if end_offset > self._requested:
+                self._requested = end_offset
+                self._cond.notify_all()
+
+    def truncated(self, offset: int) -> None:
+        """The log was cut at `offset`: requests beyond it can never be met (and would keep
+        the thread flushing)."""
+        with self._cond:
+            self._requested = min(self._requested, offset)
 
     def wake(self) -> None:
         with self._cond:
@@ -146,7 +163,8 @@ class FlushService:
     def _round(self, now: float) -> None:
         config = self._config
         if self._pool and now >= self._next_commit:
-            self._queue.commit(0)
+            with self._flush_lock:
+                self._queue.commit(0)
             self._next_commit = now + config.commit_interval_ms
             if self._after_commit is not None:
                 self._after_commit()
@@ -167,12 +185,13 @@ class FlushService:
                 self._cond.notify_all()
 
     def _flush(self, least_pages: int) -> None:
-        failpoints.hit("commitlog.before_flush")
-        began = time.perf_counter()
-        self._queue.flush(least_pages)
-        took = time.perf_counter() - began
-        self.flush_count += 1
-        failpoints.hit("commitlog.after_flush")
+        with self._flush_lock:
+            failpoints.hit("commitlog.before_flush")
+            began = time.perf_counter()
+            self._queue.flush(least_pages)
+            took = time.perf_counter() - began
+            self.flush_count += 1
+            failpoints.hit("commitlog.after_flush")
         with self._cond:
             self._cond.notify_all()
         if self._after_flush is not None:
@@ -180,11 +199,12 @@ class FlushService:
 
     def flush_now(self) -> None:
         """Commit and flush everything (used by the checkpoint and on shutdown)."""
-        if self._pool:
-            self._queue.commit(0)
-            if self._after_commit is not None:
-                self._after_commit()
-        self._flush(0)
+        with self._flush_lock:
+            if self._pool:
+                self._queue.commit(0)
+                if self._after_commit is not None:
+                    self._after_commit()
+            self._flush(0)
 
     @property
     def alive(self) -> bool:

@@ -92,6 +92,12 @@ class StoreFiles:
         write_atomic(self.disk, self._path(META_FILE), encode_meta(fresh))
         return fresh
 
+    def adopt_meta(self, meta: StoreMeta, store_id: bytes) -> StoreMeta:
+        """The store under the id `store_id` (an empty replica joining its broker group)."""
+        adopted = StoreMeta(store_id, meta.created_at_ms, meta.file_bytes)
+        write_atomic(self.disk, self._path(META_FILE), encode_meta(adopted))
+        return adopted
+
     # -- history --------------------------------------------------------------------------------
 
     def load_history(

@@ -8,7 +8,12 @@
     ├── OutOfRange                    OUT_OF_RANGE      an offset outside what is stored
     ├── NotFound                      NOT_FOUND         an unknown id or queue
     ├── FailedPrecondition            FAILED_PRECONDITION  asked of the wrong place (shard)
-    │   └── NotEligible               a candidate outside the in-sync set (no unclean election)
+    │   ├── NotEligible               a candidate outside the in-sync set (no unclean election)
+    │   ├── NotFollower               replicated bytes sent to a replica that leads
+    │   ├── ReplicaOffsetMismatch     replicated bytes that do not start at the replica's end
+    │   ├── HistoryMismatch           a leader's epochs that contradict the replica's history
+    │   ├── StaleEpoch                an epoch not newer than the replica's last
+    │   └── StoreIdMismatch           a replica holding another log than its group's
     ├── Aborted                       ABORTED           a compare-and-set lost to another write
     │   └── InSyncSetConflict         the in-sync set changed since the leader read it
     ├── ResourceExhausted             RESOURCE_EXHAUSTED
@@ -17,10 +22,12 @@
     ├── Unavailable                   UNAVAILABLE       closed, not writable, recovering
     │   ├── StoreLocked               another process holds the store's lock file
     │   ├── CoordinatorUnavailable    the coordinator (etcd) did not answer within its bound
-    │   └── LeadershipLost            this replica's term is over: lease gone, key not ours,
-    │                                 or its fencing deadline passed
+    │   ├── LeadershipLost            this replica's term is over: lease gone, key not ours,
+    │   │                             or its fencing deadline passed
+    │   └── NotLeader                 a follower refuses producers' appends (names the leader)
     ├── DataLoss                      DATA_LOSS         stored bytes fail their checks
     │   ├── CorruptRecord             a commit-log record fails its CRC or length check
+    │   ├── ChunkRefused              replicated bytes fail recovery's checks: none stored
     │   ├── CorruptFile               a metadata file (checkpoint, meta) fails its CRC
     │   ├── MalformedFrame            a dispatch frame whose columns do not fit together
     │   └── CorruptCoordinatorValue   a value under the group's coordinator keys does not parse
@@ -80,6 +87,35 @@ class NotEligible(FailedPrecondition):
     """A candidate for leadership outside the in-sync set, unclean election not allowed."""
 
 
+class NotFollower(FailedPrecondition):
+    """Replicated bytes, a truncation or a start sent to a replica that leads."""
+
+
+class ReplicaOffsetMismatch(FailedPrecondition):
+    """Replicated bytes for `offset` reached a replica whose log ends at `end_offset`: the
+    stream and the replica disagree (re-handshake)."""
+
+    def __init__(self, offset: int, end_offset: int) -> None:
+        super().__init__(
+            f"replicated bytes start at {offset} but this replica's log ends at {end_offset}"
+        )
+        self.offset = offset
+        self.end_offset = end_offset
+
+
+class HistoryMismatch(FailedPrecondition):
+    """The leader's epochs for some bytes contradict this replica's history (it was not
+    truncated at the agreed offset first)."""
+
+
+class StaleEpoch(FailedPrecondition):
+    """An epoch to begin that is not newer than the replica's last."""
+
+
+class StoreIdMismatch(FailedPrecondition):
+    """A replica holding bytes of another log than its group's."""
+
+
 class ResourceExhausted(MqstoreError):
     grpc_code = "RESOURCE_EXHAUSTED"
 
@@ -122,6 +158,15 @@ class InSyncSetConflict(Aborted):
     """The in-sync set changed since it was read: read it again and decide anew."""
 
 
+class NotLeader(Unavailable):
+    """This replica follows: producers append to the leader (`leader`: its name or address as
+    the service knows it, "" when it does not know one yet)."""
+
+    def __init__(self, message: str, *, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
 class DataLoss(MqstoreError):
     grpc_code = "DATA_LOSS"
 
@@ -131,6 +176,16 @@ class CorruptRecord(DataLoss):
 
     def __init__(self, offset: int, reason: str) -> None:
         super().__init__(f"corrupt record at offset {offset}: {reason}")
+        self.offset = offset
+        self.reason = reason
+
+
+class ChunkRefused(DataLoss):
+    """Bytes sent to a follower fail the checks recovery makes, at `offset`; none of the chunk
+    was stored."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(f"replicated bytes refused at offset {offset}: {reason}; none stored")
         self.offset = offset
         self.reason = reason
 

@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 
 from mqstore.storage import failpoints
+from tests.commitlog_svc.replica_support import close_all
 from tests.commitlog_svc.support import Running
+
+
+@pytest.fixture(autouse=True)
+def _replicas_closed() -> Iterator[None]:
+    """Close every replica a test opened through replica_support (a failed assertion must not
+    leave a flush thread running), and disarm failpoints."""
+    yield
+    failpoints.disarm_all()
+    close_all()
 
 
 @pytest.fixture
