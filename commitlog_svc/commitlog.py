@@ -212,6 +212,8 @@ class CommitLog:
         # Notified whenever the confirm offset may have moved (an append under async flush, a
         # flush, a pool commit) and on close: dispatch waits on it instead of polling.
         self._progress = threading.Condition()
+        # Notified after every write, flushed or not (a leader's feed to its followers).
+        self._written = threading.Condition()
         self._flush_observers: list[Callable[[float], None]] = []
         self._newest_store_ts = -1  # store time of the newest record; -1 = not known yet
         # Dispatch columns of the newest appends (append_frames.py), for subscribers in step.
@@ -478,8 +480,24 @@ class CommitLog:
             self._progress.notify_all()
 
     def wake_waiters(self) -> None:
-        """Wake every `wait_for_data` (a subscriber went away, the service drains)."""
+        """Wake every `wait_for_data` and `wait_for_written` (a subscriber or a follower went
+        away, the service drains)."""
         self._notify_progress()
+        self._notify_written()
+
+    def _notify_written(self) -> None:
+        with self._written:
+            self._written.notify_all()
+
+    def wait_for_written(self, offset: int, timeout_s: float) -> bool:
+        """Block until bytes past `offset` are written (flushed or not: a leader's feed sends
+        them to its followers at once), the store closes, someone calls `wake_waiters`, or
+        `timeout_s` passes. True if there are bytes past `offset`."""
+        with self._written:
+            if self.queue.max_offset() > offset or not self._running:
+                return self.queue.max_offset() > offset
+            self._written.wait(timeout_s)
+        return self.queue.max_offset() > offset
 
     def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Block until the confirm offset passes `offset`, the store closes, someone calls
@@ -594,6 +612,8 @@ class CommitLog:
             result, end = self._append_locked(batches, count, producer, props)
         finally:
             self._put_lock.release()
+        if end >= 0:
+            self._notify_written()
         if end >= 0 and self.config.flush is FlushMode.ASYNC and self.queue.pool is None:
             self._notify_progress()  # visible now; under sync flush, once flushed
         return PendingAppend(result, end)

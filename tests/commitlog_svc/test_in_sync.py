@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from commitlog_svc.in_sync import InSyncTracker
+from commitlog_svc.replication.in_sync import InSyncTracker
 from mqstore.storage.clock import ManualClock
 
 LAG_MS = 1_000

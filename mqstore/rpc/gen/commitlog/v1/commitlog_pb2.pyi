@@ -1029,11 +1029,17 @@ class ReplicaAgreement(_message.Message):
     TRUNCATE_OFFSET_FIELD_NUMBER: _builtins.int
     START_OFFSET_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
+    START_TABLES_FIELD_NUMBER: _builtins.int
     store_id: _builtins.bytes
     epoch: _builtins.int
     """the leader's current epoch"""
     truncate_offset: _builtins.int
     start_offset: _builtins.int
+    start_tables: _builtins.bytes
+    """When start_offset != truncate_offset: the leader's queue-offset and producer tables as of
+    its end when it answered, which the follower starts from (a checkpoint frame,
+    mqstore/formats/commitlog_checkpoint.py; flushed_offset is that end).
+    """
     @_builtins.property
     def history(self) -> Global___LogHistory:
         """the leader's history up to start_offset"""
@@ -1046,10 +1052,11 @@ class ReplicaAgreement(_message.Message):
         truncate_offset: _builtins.int = ...,
         start_offset: _builtins.int = ...,
         history: Global___LogHistory | None = ...,
+        start_tables: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["history", b"history"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "history", b"history", "start_offset", b"start_offset", "store_id", b"store_id", "truncate_offset", b"truncate_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "history", b"history", "start_offset", b"start_offset", "start_tables", b"start_tables", "store_id", b"store_id", "truncate_offset", b"truncate_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1063,11 +1070,14 @@ class ReplicaChunk(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
     COMMIT_OFFSET_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
     offset: _builtins.int
     """where data begins: the follower's end offset"""
     data: _builtins.bytes
     """whole records, and the blank that ends a segment; empty as a heartbeat"""
     commit_offset: _builtins.int
+    next_offset: _builtins.int
+    """where the next chunk begins (past a blank: the next segment)"""
     @_builtins.property
     def epochs(self) -> Global___LogHistory:
         """the leader's epochs that begin within [offset, offset + len(data)]"""
@@ -1079,10 +1089,11 @@ class ReplicaChunk(_message.Message):
         data: _builtins.bytes = ...,
         epochs: Global___LogHistory | None = ...,
         commit_offset: _builtins.int = ...,
+        next_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["epochs", b"epochs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_offset", b"commit_offset", "data", b"data", "epochs", b"epochs", "offset", b"offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_offset", b"commit_offset", "data", b"data", "epochs", b"epochs", "next_offset", b"next_offset", "offset", b"offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
