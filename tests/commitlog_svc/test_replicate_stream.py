@@ -40,7 +40,7 @@ class _Feeding(pb_grpc.CommitLogServicer):
     def __init__(self, feed: LeaderFeed) -> None:
         self.feed = feed
 
-    def Replicate(  # noqa: N802 (gRPC's name)
+    def Replicate(
         self, request_iterator: Iterator[pb.ReplicateRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.ReplicateResponse]:
         return self.feed.serve(request_iterator, context)
