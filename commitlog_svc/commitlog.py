@@ -28,6 +28,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -120,6 +121,21 @@ _I64 = struct.Struct(">q")
 _BLANK_MAGIC_BYTES = _I32.pack(BLANK_MAGIC)
 # A store-level refusal: the status every message of the call gets, and why.
 Refusal = tuple[PutStatus, str]
+
+
+class AckGate(Protocol):
+    """What a replicated log's leader checks around each append (replication/controller.py)."""
+
+    def refusal(self) -> Refusal | None:
+        """Why an append may not be taken now, or None."""
+        ...
+
+    def replicated(self, end_offset: int) -> tuple[PutStatus, str]:
+        """After the local flush: PUT_OK once the append up to `end_offset` may be
+        acknowledged, else the status (and reason) to answer instead."""
+        ...
+
+
 # (producer id, sequence, its state) of an idempotent append in progress.
 _Producer = tuple[str, int, ProducerState]
 
@@ -189,6 +205,11 @@ class CommitLog:
         # While set, producers' appends raise what it makes (a follower of a replicated log
         # refuses them: commitlog_svc/replica.py).
         self._refuse_appends: Callable[[], MqstoreError] | None = None
+        # A broker group's leader (commitlog_svc/replication/controller.py): refuses appends it
+        # may not acknowledge, and answers each only once the in-sync set holds it; and the
+        # commit offset, which bounds dispatch. None: a single replica.
+        self._ack_gate: AckGate | None = None
+        self._commit_bound: Callable[[], int] | None = None
         self._encoder = BatchEncoder(self._store_host, self._limits, record_crc=config.record_crc)
         self._queue_offsets: QueueTable = {}
         self._lock: FileLock | None = None
@@ -411,9 +432,21 @@ class CommitLog:
     def confirm_offset(self) -> int:
         """How far dispatch may go: the flushed end under sync flush (nothing is visible before
         it is durable), the readable end under async (RocketMQ's getConfirmOffset)."""
-        if self.config.flush is FlushMode.SYNC:
-            return self.queue.flushed_where
-        return self.queue.max_offset()
+        local = (
+            self.queue.flushed_where
+            if self.config.flush is FlushMode.SYNC
+            else self.queue.max_offset()
+        )
+        bound = self._commit_bound
+        return local if bound is None else min(local, bound())
+
+    def set_commit_bound(self, bound: Callable[[], int] | None) -> None:
+        """Dispatch stops at `bound()` too: a broker group's commit offset."""
+        self._commit_bound = bound
+
+    def set_ack_gate(self, gate: AckGate | None) -> None:
+        """A replicated log's leader gate (see AckGate); None: acknowledge as a single store."""
+        self._ack_gate = gate
 
     @property
     def warmed_bytes(self) -> int:
@@ -468,6 +501,14 @@ class CommitLog:
         if self._disk_full_until_ms and self.clock.monotonic_ms() < self._disk_full_until_ms:
             return PutStatus.CREATE_MAPPED_FILE_FAILED, "disk full: no space for a new segment"
         return None
+
+    def _append_refusal(self) -> Refusal | None:
+        """_refusal, and what a replicated log's leader gate says of producers' appends."""
+        refusal = self._refusal()
+        if refusal is not None:
+            return refusal
+        gate = self._ack_gate
+        return None if gate is None else gate.refusal()
 
     def _on_flush_failure(self, exc: BaseException) -> None:
         self._flush_failed = exc
@@ -590,6 +631,15 @@ class CommitLog:
                     if s is PutStatus.PUT_OK:
                         result.statuses[i] = status
                         result.reasons[i] = "not durable: " + status.name
+                return result
+        gate = self._ack_gate
+        if pending.end_offset >= 0 and gate is not None:
+            status, reason = gate.replicated(pending.end_offset)
+            if status is not PutStatus.PUT_OK:
+                for i, s in enumerate(result.statuses):
+                    if s is PutStatus.PUT_OK:
+                        result.statuses[i] = status
+                        result.reasons[i] = f"not replicated: {reason}"
         return result
 
     def _refused(self, count: int, refusal: Refusal) -> PendingAppend:
@@ -600,7 +650,7 @@ class CommitLog:
     def _write(
         self, batches: Sequence[MessageBatch], count: int, producer: _Producer | None
     ) -> PendingAppend:
-        refusal = self._refusal()
+        refusal = self._append_refusal()
         if refusal is not None:
             return self._refused(count, refusal)
         if not self._put_lock.acquire(timeout=self._put_lock_timeout_s):
@@ -630,7 +680,7 @@ class CommitLog:
         refuse = self._refuse_appends
         if refuse is not None:
             raise refuse()  # set under the put lock: checked again now that it is held
-        refusal = self._refusal()
+        refusal = self._append_refusal()
         if refusal is not None:
             return AppendResult.refused(count, *refusal), -1
         try:

@@ -12,7 +12,9 @@ The rules (docs/replication.md "The rules"): an append is acknowledged once the 
 passes its end; appends are refused while the set has fewer than `min_insync` members; a member
 that has not caught up with the leader's end within `lag_max_ms` is proposed for removal, a
 non-member that reached the leader's end for addition. A follower "caught up" when it reported
-an end offset at or past the leader's end at that moment (Kafka's lastCaughtUpTime).
+an end offset at or past the leader's end at that moment (Kafka's lastCaughtUpTime), and is
+caught up still while it is connected and holds the leader's end (an idle group lags nowhere);
+a disconnected one is timed from its last catch-up.
 
 Pure bookkeeping and waiting: the controller writes a proposed set to the coordinator first and
 calls `set_members` only once it is recorded there, so the set never takes effect before a new
@@ -127,6 +129,12 @@ class InSyncTracker:
             out = set()
             for name in self._members - {self.leader}:
                 replica = self._replicas.get(name)
+                if (
+                    replica is not None
+                    and replica.connected
+                    and replica.end_offset >= self._leader_end
+                ):
+                    replica.caught_up_at_ms = now  # holds everything: idle, not lagging
                 caught = replica.caught_up_at_ms if replica is not None else 0.0
                 if now - max(caught, self._since_ms) > self.lag_max_ms:
                     out.add(name)

@@ -58,16 +58,30 @@ def test_a_member_past_the_lag_bound_is_proposed_for_removal() -> None:
     t = InSyncTracker("a", ("a", "b", "c"), min_insync=2, lag_max_ms=LAG_MS, clock=clock)
     t.leader_progress(end_offset=100, durable_offset=100)
     t.follower_progress("b", end_offset=100, durable_offset=100)
+    t.leader_progress(end_offset=200, durable_offset=200)  # b is behind from now
     clock.advance(LAG_MS)
     assert t.lagging() == frozenset()  # exactly at the bound: not yet
     clock.advance(1)
     assert t.lagging() == {"b", "c"}  # c never reported: timed from the leader's start
-    t.follower_progress("b", end_offset=100, durable_offset=100)
+    t.follower_progress("b", end_offset=200, durable_offset=200)
     assert t.lagging() == {"c"}
-    t.leader_progress(end_offset=200, durable_offset=200)
+    t.leader_progress(end_offset=300, durable_offset=300)
     clock.advance(LAG_MS + 1)
-    t.follower_progress("b", end_offset=150, durable_offset=150)  # behind: not caught up
+    t.follower_progress("b", end_offset=250, durable_offset=250)  # behind: not caught up
     assert t.lagging() == {"b", "c"}
+
+
+def test_an_idle_caught_up_follower_never_lags_and_a_disconnected_one_does() -> None:
+    clock = ManualClock()
+    t = InSyncTracker("a", ("a", "b", "c"), min_insync=2, lag_max_ms=LAG_MS, clock=clock)
+    t.leader_progress(end_offset=100, durable_offset=100)
+    t.follower_progress("b", end_offset=100, durable_offset=100)
+    t.follower_progress("c", end_offset=100, durable_offset=100)
+    clock.advance(10 * LAG_MS)  # no appends, no reports
+    assert t.lagging() == frozenset()
+    t.disconnected("c")
+    clock.advance(LAG_MS + 1)
+    assert t.lagging() == {"c"}
 
 
 def test_a_caught_up_follower_outside_the_set_is_proposed_for_addition() -> None:

@@ -1,0 +1,376 @@
+"""A replica's role in its broker group, kept by one thread (docs/replication.md).
+
+    ┌──────────── leader record gone, this replica may lead ────────────┐
+    │                                                                   ▼
+  FOLLOWER ◀── another holds the leader record ── CANDIDATE ── campaign won ──▶ LEADER
+  (link to the leader:                             (nobody leads,               (term kept alive;
+   copy, ack)                                       or not eligible:            feed followers;
+    ▲                                               wait for a change)          in-sync set kept
+    └──────── term lost (renewal failed, fencing deadline, etcd gone) ─────────  in etcd)
+
+A leader begins its epoch (max of the group's and its own, plus one) at its end before it takes
+an append, acknowledges an append only while its fencing clock allows and once every member of
+the in-sync set holds it durably (sync replication), and refuses appends while the set has
+fewer than `min_insync` members. It shrinks the set by followers past the lag bound and grows it
+by followers that caught up, each change written to the coordinator (fenced by its term) before
+it takes effect. When the term ends it stops acknowledging at once and becomes a candidate; a
+stop of the service resigns the term so that another replica takes over without waiting for
+the lease to lapse.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from commitlog_svc.commitlog import Refusal
+from commitlog_svc.config import FlushMode
+from commitlog_svc.messages import PutStatus
+from commitlog_svc.replica import ReplicaLog
+from commitlog_svc.replication.feed import LeaderFeed
+from commitlog_svc.replication.in_sync import InSyncTracker
+from commitlog_svc.replication.link import FollowerLink
+from mqstore.coordination.coordinator import Coordinator, GroupState, InSyncSet, Subscription, Term
+from mqstore.coordination.lease import TermKeeper
+from mqstore.errors import (
+    CoordinatorUnavailable,
+    FailedPrecondition,
+    InSyncSetConflict,
+    LeadershipLost,
+    MqstoreError,
+    NotEligible,
+)
+from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity
+from mqstore.storage.clock import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+# How often a leader checks its in-sync set (lag, catch-up) and a candidate re-reads the group.
+CHECK_INTERVAL_S = 0.1
+# After a failed link or coordinator call, wait this long before the next try.
+RETRY_S = 0.2
+
+
+class Role(enum.Enum):
+    CANDIDATE = "candidate"
+    FOLLOWER = "follower"
+    LEADER = "leader"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSettings:
+    group: str
+    name: str
+    address: str  # where the other replicas and clients reach this one
+    sync: bool = True  # acknowledge only once the in-sync set holds an append
+    min_insync: int = 2
+    lag_max_ms: int = 3_000
+    lease_ttl_s: int = 2
+    allow_unclean: bool = False
+    ack_timeout_ms: int = 5_000  # how long an append waits for the in-sync set
+
+
+class ReplicaController:
+    def __init__(
+        self,
+        log_: ReplicaLog,
+        coordinator: Coordinator,
+        settings: ReplicationSettings,
+        *,
+        security: ChannelSecurity = PLAINTEXT,
+        clock: Clock | None = None,
+    ) -> None:
+        self._log = log_
+        self._coordinator = coordinator
+        self.settings = settings
+        self._security = security
+        self._clock = clock if clock is not None else SystemClock()
+        self.role = Role.CANDIDATE
+        self.leader_name = ""
+        self.leader_address = ""
+        self.tracker: InSyncTracker | None = None
+        self._keeper: TermKeeper | None = None
+        self._term: Term | None = None
+        self._commit_known = 0  # the highest commit offset heard (as follower) or made
+        self._link: FollowerLink | None = None
+        self._last_leader = ""  # the leader this replica last followed
+        self._stopping = threading.Event()
+        self._resign = True
+        self._changed = threading.Event()
+        self._state: GroupState | None = None
+        self._state_lock = threading.Lock()
+        self._watch: Subscription | None = None
+        self._link_stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replica-controller", daemon=True)
+        self.failovers = 0  # terms this replica won
+        self.feed = LeaderFeed(
+            log_, group=settings.group, name=settings.name, tracker=lambda: self.tracker
+        )
+        log_.set_commit_bound(self.commit_offset)
+        log_.set_ack_gate(self)
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def join(self) -> None:
+        """Agree with the group on the log's identity (before serving anything): the group's
+        store id is set once, by the first replica to ask; an empty replica adopts it, one
+        holding another log is refused (StoreIdMismatch)."""
+        group_id = self._coordinator.ensure_store_id(self._log.store_id.hex())
+        if group_id != self._log.store_id.hex():
+            self._log.adopt_store_id(bytes.fromhex(group_id))
+
+    def start(self) -> None:
+        self._watch = self._coordinator.watch(self._on_change)
+        self._thread.start()
+
+    def stop(self, *, resign: bool = True) -> None:
+        """Stop; a leader resigns its term (unless `resign` is False: its lease then lapses on
+        its own, as after a crash) so that another takes over at once."""
+        self._resign = resign
+        self._stopping.set()
+        self._changed.set()
+        self._link_stop.set()
+        self.feed.stop()
+        self._thread.join(timeout=15)
+        if self._watch is not None:
+            self._watch.close()
+
+    # -- what the service asks -----------------------------------------------------------------
+
+    def commit_offset(self) -> int:
+        tracker = self.tracker
+        if tracker is not None:
+            return tracker.commit_offset
+        link = self._link
+        if link is not None:
+            self._commit_known = max(self._commit_known, link.commit_offset)
+        return self._commit_known
+
+    def refusal(self) -> Refusal | None:
+        """Why this leader may not take an append now (a follower raises NotLeader earlier)."""
+        keeper, tracker = self._keeper, self.tracker
+        if keeper is None or tracker is None:
+            return PutStatus.SERVICE_NOT_AVAILABLE, "this replica does not lead (yet)"
+        if not keeper.may_acknowledge():
+            return (
+                PutStatus.SERVICE_NOT_AVAILABLE,
+                f"leadership not renewed in time: {keeper.fence.over_reason or 'term over'}",
+            )
+        if self.settings.sync and not tracker.accepting():
+            return (
+                PutStatus.SLAVE_NOT_AVAILABLE,
+                f"the in-sync set {sorted(tracker.members)} has fewer than "
+                f"{self.settings.min_insync} members",
+            )
+        return None
+
+    def replicated(self, end_offset: int) -> tuple[PutStatus, str]:
+        """After the leader's own flush: wait until the in-sync set holds `end_offset`
+        durably (sync replication), then check the term still holds."""
+        keeper, tracker = self._keeper, self.tracker
+        if keeper is None or tracker is None:
+            return PutStatus.SERVICE_NOT_AVAILABLE, "this replica stopped leading"
+        replica = self._log
+        tracker.leader_progress(replica.end_offset, self._durable())
+        if self.settings.sync:
+            deadline = time.monotonic() + self.settings.ack_timeout_ms / 1000
+            while not tracker.wait_committed(end_offset, 0.05):
+                if self.tracker is not tracker or not keeper.may_acknowledge():
+                    return (
+                        PutStatus.SERVICE_NOT_AVAILABLE,
+                        "leadership lost before the in-sync set held it",
+                    )
+                if time.monotonic() >= deadline:
+                    return PutStatus.FLUSH_SLAVE_TIMEOUT, "the in-sync set did not hold it in time"
+        if not keeper.may_acknowledge():
+            return PutStatus.SERVICE_NOT_AVAILABLE, "leadership lost before the acknowledgement"
+        return PutStatus.PUT_OK, ""
+
+    def _durable(self) -> int:
+        replica = self._log
+        if replica.config.flush is FlushMode.SYNC:
+            return replica.durable_offset
+        return replica.end_offset
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _on_change(self, state: GroupState) -> None:
+        with self._state_lock:
+            self._state = state
+        leader = state.leader
+        if self.role is Role.FOLLOWER and (leader is None or leader.name != self.leader_name):
+            self._link_stop.set()
+        self._changed.set()
+
+    def _latest(self) -> GroupState:
+        with self._state_lock:
+            state = self._state
+        if state is None:
+            state = self._coordinator.read()
+        return state
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._step()
+            except CoordinatorUnavailable as err:
+                log.warning("coordinator unavailable: %s", err)
+                self._stopping.wait(RETRY_S)
+            except Exception:
+                log.exception("replica controller step failed")
+                self._stopping.wait(RETRY_S)
+
+    def _step(self) -> None:
+        self._changed.clear()
+        state = self._latest()
+        leader = state.leader
+        name = self.settings.name
+        if leader is not None and leader.name != name:
+            self._follow(leader.name, leader.address)
+            return
+        if leader is None and state.may_lead(name, allow_unclean=self.settings.allow_unclean):
+            try:
+                term = self._coordinator.campaign(
+                    name,
+                    self.settings.address,
+                    self.settings.lease_ttl_s,
+                    last_log_epoch=self._log.history.last_epoch,
+                    allow_unclean=self.settings.allow_unclean,
+                )
+            except NotEligible:
+                term = None
+            if term is not None:
+                self._lead(term, state)
+                return
+        # Nobody to follow and nothing won (or our own record of a previous life, which must
+        # lapse): wait for a change.
+        self.role = Role.CANDIDATE
+        self._changed.wait(CHECK_INTERVAL_S * 5)
+        with self._state_lock:
+            self._state = None  # read afresh next time
+
+    # -- following ----------------------------------------------------------------------------
+
+    def _follow(self, leader: str, address: str) -> None:
+        replica = self._log
+        if self.role is not Role.FOLLOWER or self.leader_name != leader:
+            log.info("following %s at %s", leader, address)
+        self.role = Role.FOLLOWER
+        self.leader_name, self.leader_address = leader, address
+        self._last_leader = leader
+        replica.become_follower(address)
+        self._link_stop.clear()
+        link = FollowerLink(
+            replica, group=self.settings.group, name=self.settings.name, security=self._security
+        )
+        self._link = link
+        try:
+            link.run(address, self._link_stop)
+        except MqstoreError as err:
+            log.warning("link to %s ended: %s", leader, err)
+            if isinstance(err, FailedPrecondition):
+                self._stopping.wait(RETRY_S * 5)
+            else:
+                self._stopping.wait(RETRY_S)
+        finally:
+            self._commit_known = max(self._commit_known, link.commit_offset)
+            with self._state_lock:
+                self._state = None  # read afresh: the leader may have changed
+
+    # -- leading ------------------------------------------------------------------------------
+
+    def _lead(self, term: Term, state: GroupState) -> None:
+        replica = self._log
+        lost = threading.Event()
+        keeper = TermKeeper(self._coordinator, term, on_lost=lambda _reason: lost.set())
+        keeper.start()
+        begins = replica.become_leader(term.epoch)
+        members = state.in_sync.members or (self.settings.name,)
+        tracker = InSyncTracker(
+            self.settings.name,
+            members,
+            min_insync=self.settings.min_insync,
+            lag_max_ms=self.settings.lag_max_ms,
+            clock=self._clock,
+            commit_offset=self._commit_known,
+        )
+        tracker.add_listener(lambda _offset: replica.wake_waiters())
+        in_sync = state.in_sync
+        if not in_sync.members:
+            in_sync = self._coordinator.read().in_sync
+        previous = self._last_leader
+        if previous and previous != self.settings.name and previous in tracker.members:
+            # The leader before this one lost its lease: it is gone, or cut off and fenced.
+            # Waiting out the lag bound for it would stall every append that long.
+            in_sync = self._shrink(term, tracker, in_sync, {previous})
+        self._term, self._keeper = term, keeper
+        self.leader_name, self.leader_address = term.name, term.address
+        self.tracker = tracker
+        self.role = Role.LEADER
+        self.failovers += 1
+        log.info(
+            "leading group %s in epoch %d from %d; in-sync set %s",
+            term.group,
+            term.epoch,
+            begins,
+            sorted(tracker.members),
+        )
+        try:
+            while not lost.is_set() and not self._stopping.is_set():
+                tracker.leader_progress(replica.end_offset, self._durable())
+                try:
+                    in_sync = self._keep_in_sync(term, tracker, in_sync)
+                except LeadershipLost as err:
+                    log.warning("in-sync set not written: %s", err)
+                    break
+                except CoordinatorUnavailable as err:
+                    log.warning("in-sync set not written: %s", err)
+                lost.wait(CHECK_INTERVAL_S)
+        finally:
+            self.role = Role.CANDIDATE
+            self.tracker = None
+            self._keeper = None
+            keeper.stop()
+            replica.become_follower("")
+            tracker.wake()
+            replica.wake_waiters()
+            self._commit_known = max(self._commit_known, tracker.commit_offset)
+            if self._stopping.is_set() and self._resign:
+                try:
+                    self._coordinator.resign(term)
+                except MqstoreError as err:
+                    log.warning("resigning failed (the lease will lapse): %s", err)
+            log.info("no longer leading group %s (epoch %d)", term.group, term.epoch)
+            with self._state_lock:
+                self._state = None
+
+    def _keep_in_sync(self, term: Term, tracker: InSyncTracker, current: InSyncSet) -> InSyncSet:
+        """Shrink by the lagging, grow by the caught up: written first, then in effect."""
+        members = set(tracker.members)
+        wanted = (members - tracker.lagging()) | tracker.caught_up()
+        if wanted == members:
+            return current
+        return self._write_in_sync(term, tracker, current, wanted)
+
+    def _shrink(
+        self, term: Term, tracker: InSyncTracker, current: InSyncSet, gone: set[str]
+    ) -> InSyncSet:
+        try:
+            return self._write_in_sync(term, tracker, current, set(tracker.members) - gone)
+        except CoordinatorUnavailable as err:
+            log.warning("in-sync set not written: %s", err)
+            return current
+
+    def _write_in_sync(
+        self, term: Term, tracker: InSyncTracker, current: InSyncSet, wanted: set[str]
+    ) -> InSyncSet:
+        try:
+            written = self._coordinator.update_in_sync(term, current, sorted(wanted))
+        except InSyncSetConflict:
+            return self._coordinator.read().in_sync
+        log.info("in-sync set %s -> %s", sorted(tracker.members), sorted(written.members))
+        tracker.set_members(written.members)
+        return written

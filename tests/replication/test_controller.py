@@ -1,0 +1,238 @@
+"""Broker groups in one process, on a real etcd and real gRPC on loopback
+(commitlog_svc/replication/controller.py): three replicas elect one leader, the others follow
+and join the in-sync set; sync appends are acknowledged only once every member holds them; a
+leader that resigns or dies (its lease lapses) is replaced by an in-sync follower in a new
+epoch, with every acknowledged message kept; the in-sync set shrinks by a dead follower, and
+appends are refused below min-insync."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from commitlog_svc.messages import MessageIn, PutStatus
+from commitlog_svc.replica import ReplicaLog
+from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings, Role
+from mqstore.coordination.etcd import EtcdCoordinator
+from mqstore.errors import NotLeader
+from mqstore.rpc.errors import ErrorInterceptor
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
+from tests.commitlog_svc.replica_support import assert_same_log, replica
+
+LAG_MAX_MS = 600
+
+
+class _Feeding(pb_grpc.CommitLogServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def Replicate(
+        self, request_iterator: Iterator[pb.ReplicateRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.ReplicateResponse]:
+        return self.node.controller.feed.serve(request_iterator, context)
+
+
+class Node:
+    """One replica: its log, a gRPC server answering Replicate, its controller."""
+
+    def __init__(
+        self, root: Path, name: str, coordinator: EtcdCoordinator, group: str, **settings: object
+    ) -> None:
+        self.name = name
+        self.log = replica(root / name)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()]
+        )
+        pb_grpc.add_CommitLogServicer_to_server(_Feeding(self), self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
+        self.server.start()
+        self.settings = ReplicationSettings(
+            group=group,
+            name=name,
+            address=self.address,
+            min_insync=2,
+            lag_max_ms=LAG_MAX_MS,
+            **settings,  # type: ignore[arg-type]
+        )
+        self.coordinator = coordinator
+        self.controller = ReplicaController(self.log, coordinator, self.settings)
+        self.controller.join()
+        self.controller.start()
+        self.down = False
+
+    def stop(self) -> None:
+        """A clean stop: the controller resigns, the server goes."""
+        if self.down:
+            return
+        self.down = True
+        self.controller.stop()
+        self.server.stop(grace=None).wait()
+
+    def crash(self) -> None:
+        """As a kill -9 looks to the others: the server goes at once and nothing resigns (the
+        lease lapses on its own)."""
+        self.down = True
+        self.server.stop(grace=None).wait()
+        self.controller.stop(resign=False)
+
+    def restart(self) -> None:
+        """A new controller and server on the same (still open) log."""
+        assert self.down
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()]
+        )
+        pb_grpc.add_CommitLogServicer_to_server(_Feeding(self), self.server)
+        self.server.add_insecure_port(self.address)
+        self.server.start()
+        self.controller = ReplicaController(self.log, self.coordinator, self.settings)
+        self.controller.join()
+        self.controller.start()
+        self.down = False
+
+
+@pytest.fixture
+def cluster(
+    tmp_path: Path, coordinators: Callable[[], EtcdCoordinator], group: str
+) -> Iterator[Callable[..., list[Node]]]:
+    made: list[Node] = []
+
+    def make(count: int = 3, **settings: object) -> list[Node]:
+        nodes = [
+            Node(tmp_path, name, coordinators(), group, **settings) for name in "abcde"[:count]
+        ]
+        made.extend(nodes)
+        return nodes
+
+    yield make
+    for node in made:
+        node.stop()
+    for node in made:
+        if node.log.running:
+            node.log.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> float:
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, "timed out"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def leader_of(nodes: list[Node]) -> Node:
+    (lead,) = [n for n in nodes if not n.down and n.controller.role is Role.LEADER]
+    return lead
+
+
+def settled(nodes: list[Node], members: int) -> Callable[[], bool]:
+    def check() -> bool:
+        up = [n for n in nodes if not n.down]
+        leaders = [n for n in up if n.controller.role is Role.LEADER]
+        if len(leaders) != 1:
+            return False
+        tracker = leaders[0].controller.tracker
+        followers = [n for n in up if n.controller.role is Role.FOLLOWER]
+        return (
+            tracker is not None
+            and len(tracker.members) == members
+            and len(followers) == len(up) - 1
+        )
+
+    return check
+
+
+def append(node: Node, i: int) -> PutStatus:
+    result = node.log.append_batch([MessageIn(topic="T", queue_id=i % 4, body=b"m%d" % i)])
+    return result.statuses[0]
+
+
+def test_three_replicas_elect_one_leader_and_acknowledge_only_what_all_hold(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    nodes = cluster(3)
+    wait_until(settled(nodes, 3))
+    lead = leader_of(nodes)
+    for i in range(50):
+        assert append(lead, i) is PutStatus.PUT_OK
+        # acknowledged: every member of the in-sync set holds it durably
+        assert all(n.log.end_offset >= lead.log.end_offset for n in nodes)
+    follower = next(n for n in nodes if n is not lead)
+    with pytest.raises(NotLeader):
+        append(follower, 0)
+    assert lead.controller.commit_offset() == lead.log.end_offset
+    for n in nodes:
+        if n is not lead:
+            assert_same_log(lead.log, n.log)
+
+
+def test_a_resigning_leader_is_replaced_in_a_new_epoch_and_catches_up_as_a_follower(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    nodes = cluster(3)
+    wait_until(settled(nodes, 3))
+    first = leader_of(nodes)
+    epoch = first.log.history.last_epoch
+    for i in range(20):
+        assert append(first, i) is PutStatus.PUT_OK
+    acked_end = first.log.end_offset
+    first.stop()
+    took = wait_until(lambda: any(n.controller.role is Role.LEADER for n in nodes if not n.down))
+    second = leader_of(nodes)
+    assert second.log.history.last_epoch == epoch + 1
+    assert second.log.history.starts[-1] == acked_end
+    assert took < 2.0, took  # a resignation needs no lease to lapse
+    wait_until(lambda: append(second, 100) is PutStatus.PUT_OK)
+    first.restart()
+    wait_until(settled(nodes, 3))
+    assert append(second, 101) is PutStatus.PUT_OK
+    for n in nodes:
+        if n is not second:
+            wait_until(lambda n=n: n.log.end_offset == second.log.end_offset)
+            assert_same_log(second.log, n.log)
+
+
+def test_a_dead_leader_is_replaced_once_its_lease_lapses_and_loses_nothing_acknowledged(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    nodes = cluster(3)
+    wait_until(settled(nodes, 3))
+    first = leader_of(nodes)
+    for i in range(30):
+        assert append(first, i) is PutStatus.PUT_OK
+    acked_end = first.log.end_offset
+    first.crash()
+    took = wait_until(lambda: any(n.controller.role is Role.LEADER for n in nodes if not n.down))
+    second = leader_of(nodes)
+    assert second.log.end_offset >= acked_end
+    assert took < 6.0, took
+    # the dead leader left the in-sync set at once: appends do not wait out the lag bound
+    assert first.name not in second.controller.tracker.members  # type: ignore[union-attr]
+    assert append(second, 200) is PutStatus.PUT_OK
+
+
+def test_the_in_sync_set_shrinks_by_a_dead_follower_and_appends_stop_below_min_insync(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    nodes = cluster(3)
+    wait_until(settled(nodes, 3))
+    lead = leader_of(nodes)
+    one, two = [n for n in nodes if n is not lead]
+    one.stop()
+    tracker = lead.controller.tracker
+    assert tracker is not None
+    wait_until(lambda: one.name not in tracker.members)
+    assert append(lead, 1) is PutStatus.PUT_OK  # {lead, two}: still 2
+    two.stop()
+    wait_until(lambda: two.name not in tracker.members)
+    assert append(lead, 2) is PutStatus.SLAVE_NOT_AVAILABLE
+    two.restart()
+    wait_until(lambda: two.name in tracker.members)
+    assert append(lead, 3) is PutStatus.PUT_OK
