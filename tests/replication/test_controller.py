@@ -7,7 +7,6 @@ appends are refused below min-insync."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -17,7 +16,6 @@ import grpc
 import pytest
 
 from commitlog_svc.messages import MessageIn, PutStatus
-from commitlog_svc.replica import ReplicaLog
 from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings, Role
 from mqstore.coordination.etcd import EtcdCoordinator
 from mqstore.errors import NotLeader
