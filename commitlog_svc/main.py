@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Sequence
 from types import FrameType
@@ -36,12 +37,16 @@ import grpc
 
 from commitlog_svc import metrics
 from commitlog_svc.commitlog import CommitLog
+from commitlog_svc.replica import ReplicaLog
+from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings, Role
 from commitlog_svc.servicer import CommitLogServicer
 from commitlog_svc.settings import CommitLogSettings
 from commitlog_svc.subscribers import SubscriberRegistry
+from mqstore.coordination.etcd import EtcdCoordinator
 from mqstore.errors import MqstoreError
 from mqstore.formats.record import pack_host
 from mqstore.rpc import logs
+from mqstore.rpc.channel import PLAINTEXT
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.server import READINESS, ServiceHost
@@ -82,6 +87,7 @@ class CommitLogService:
         self.engine: CommitLog | None = None
         self.registry: SubscriberRegistry | None = None
         self.servicer: CommitLogServicer | None = None
+        self.replication: ReplicaController | None = None
         self._readiness_stop = threading.Event()
         self._readiness: threading.Thread | None = None
         self._health_started = False
@@ -99,11 +105,12 @@ class CommitLogService:
         s = self.settings
         self.start_health()
         store_ip, _ = s.store_address(s.port)
-        engine = CommitLog(
-            s.engine_config(store_ip=store_ip, store_port=s.store_port or s.port),
-            disk=self._disk,
-            clock=self._clock,
-        )
+        config = s.engine_config(store_ip=store_ip, store_port=s.store_port or s.port)
+        engine: CommitLog
+        if s.group:
+            engine = ReplicaLog(config, disk=self._disk, clock=self._clock)
+        else:
+            engine = CommitLog(config, disk=self._disk, clock=self._clock)
         report = engine.open(retention=s.retention)
         self.engine = engine
         metrics.RECOVERY_TRUNCATED_BYTES.inc(report.truncated_bytes)
@@ -123,13 +130,20 @@ class CommitLogService:
             engine.set_floor_offset(self._floor)
             engine.add_flush_observer(metrics.FLUSH_SECONDS.observe)
             self.servicer = CommitLogServicer(engine, registry, s)
+            if isinstance(engine, ReplicaLog):
+                self.replication = self._join_group(engine)
+                self.servicer.attach_replication(self.replication)
             self.host.start()
         except BaseException:
+            if self.replication is not None:
+                self.replication.stop()
             engine.close()
             raise
         ip, port = s.store_address(self.host.port)
         engine.set_store_host(pack_host(ip, port))
         self.servicer.open_for_appends()
+        if self.replication is not None:
+            self.replication.start(address=s.advertise or f"{ip}:{self.host.port}")
         self._readiness = threading.Thread(
             target=self._watch_readiness, name="readiness", daemon=True
         )
@@ -144,6 +158,37 @@ class CommitLogService:
             engine.min_offset,
             engine.max_offset,
         )
+
+    def _join_group(self, engine: ReplicaLog) -> ReplicaController:
+        """The broker group's coordinator, and agreement on the log's identity with it."""
+        s = self.settings
+        coordinator = EtcdCoordinator(s.etcd, s.group)
+        controller = ReplicaController(
+            engine,
+            coordinator,
+            ReplicationSettings(
+                group=s.group,
+                name=s.replica_name or socket.gethostname(),
+                address=s.advertise,
+                sync=s.replication == "sync",
+                min_insync=s.min_insync,
+                lag_max_ms=s.replica_lag_max_ms,
+                lease_ttl_s=s.lease_ttl_s,
+                allow_unclean=s.allow_unclean_election,
+                ack_timeout_ms=s.replication_ack_timeout_ms,
+            ),
+            security=PLAINTEXT,  # TLS and tokens between replicas: not yet (docs/replication.md)
+        )
+        controller.join()
+        log.info(
+            "replica %s of group %s (etcd %s): %s replication, min in-sync %d",
+            controller.settings.name,
+            s.group,
+            s.etcd,
+            s.replication,
+            s.min_insync,
+        )
+        return controller
 
     def _register(self, server: grpc.Server) -> list[str]:
         assert self.servicer is not None
@@ -163,12 +208,14 @@ class CommitLogService:
 
     def ready(self) -> bool:
         engine, servicer = self.engine, self.servicer
+        replication = self.replication
         return (
             engine is not None
             and servicer is not None
             and engine.running
             and engine.writable
             and not servicer.draining
+            and (replication is None or replication.role is not Role.CANDIDATE)
         )
 
     def _watch_readiness(self) -> None:
@@ -198,6 +245,8 @@ class CommitLogService:
         self._readiness_stop.set()
         if self._readiness is not None:
             self._readiness.join()
+        if self.replication is not None:
+            self.replication.stop()  # a leader resigns: another takes over at once
         if self.servicer is not None:
             self.servicer.close()
         try:

@@ -66,6 +66,7 @@ from commitlog_svc.dispatch_scan import DispatchScan, frame_of_runs, scan_dispat
 from commitlog_svc.frame_cache import FrameCache
 from commitlog_svc.messages import AppendResult, PendingAppend, PutStatus
 from commitlog_svc.recovery import CorruptRange
+from commitlog_svc.replication.controller import ReplicaController, Role
 from commitlog_svc.settings import CommitLogSettings
 from commitlog_svc.subscribers import SubscriberRegistry
 from mqstore.dispatch import DISPATCH_LINGER_MS_MAX
@@ -76,6 +77,7 @@ from mqstore.errors import (
     InvalidArgument,
     MqstoreError,
     NotFound,
+    NotLeader,
     OutOfRange,
     ResourceExhausted,
     Unavailable,
@@ -180,6 +182,11 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         # Records ride in a frame only while it stays well under the message limit.
         self._records_frame_bytes = settings.max_message_bytes // 2
         self._metrics_key = metrics.SCRAPE_TIME.add(self.gauges)
+        # A broker group's replica (docs/replication.md); None: a single replica.
+        self.replication: ReplicaController | None = None
+
+    def attach_replication(self, controller: ReplicaController) -> None:
+        self.replication = controller
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -594,6 +601,14 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             )
         if self._draining.is_set() or not self.engine.running:
             raise Unavailable("the commit log is shutting down")
+        replication = self.replication
+        if replication is not None and replication.role is not Role.LEADER:
+            raise NotLeader(
+                f"replica {replication.settings.name} does not lead group "
+                f"{replication.settings.group}: subscribe to the leader "
+                f"{replication.leader_address or '(not known yet)'}",
+                leader=replication.leader_address,
+            )
         s = self.settings
         entries_max = min(request.max_batch_entries or s.dispatch_batch_entries,
                           s.dispatch_batch_entries)  # fmt: skip
@@ -751,6 +766,10 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
     def Replicate(
         self, request_iterator: Iterator[pb.ReplicateRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.ReplicateResponse]:
+        if self.replication is not None:
+            return self.replication.feed.serve(request_iterator, context)
+        if next(request_iterator, None) is None:
+            return iter(())  # no request, or bytes that did not parse (admission answers)
         raise FailedPrecondition(
             "this commitlog_svc is a single replica, not in a broker group: "
             "there is no log to replicate from it (docs/replication.md)"
@@ -775,6 +794,9 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             role="single",
             commit_offset=high,
         )
+        replication = self.replication
+        if replication is not None:
+            self._replica_status(replication, response)
         for sub in self.registry.snapshot():
             lag_bytes = max(0, high - sub.confirmed_offset)
             lag_ms = 0
@@ -792,6 +814,44 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                 updated_at_ms=sub.updated_at_ms,
             )
         return response
+
+    def _replica_status(
+        self, replication: ReplicaController, response: pb.GetStatusResponse
+    ) -> None:
+        settings = replication.settings
+        response.role = replication.role.value
+        response.group, response.replica = settings.group, settings.name
+        response.leader, response.leader_address = (
+            replication.leader_name,
+            replication.leader_address,
+        )
+        response.commit_offset = replication.commit_offset()
+        tracker = replication.tracker
+        if tracker is None:
+            return
+        view = tracker.view()
+        end = self.engine.max_offset
+        now_ms = self.engine.clock.monotonic_ms()
+        response.replicas.add(
+            name=settings.name,
+            end_offset=end,
+            durable_offset=self.engine.flushed_offset,
+            in_sync=True,
+            connected=True,
+            caught_up_ms_ago=0,
+        )
+        for replica in view.replicas:
+            response.replicas.add(
+                name=replica.name,
+                end_offset=replica.end_offset,
+                durable_offset=replica.durable_offset,
+                lag_bytes=max(0, end - replica.end_offset),
+                in_sync=replica.name in view.members,
+                connected=replica.connected,
+                caught_up_ms_ago=int(now_ms - replica.caught_up_at_ms)
+                if replica.caught_up_at_ms
+                else -1,
+            )
 
     def gauges(self) -> metrics.GaugeValues:
         engine = self.engine

@@ -96,6 +96,46 @@ class CommitLogSettings(ServiceSettings):
     # max_workers (16 of 64), at least 1.
     subscribe_streams_max: int = Field(0, ge=0)
 
+    # Broker groups (docs/replication.md). An empty group: a single replica, no coordinator.
+    group: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9._-]{0,64}$",
+        description="broker group name; empty: a single replica without etcd",
+    )
+    replica_name: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9._-]{0,64}$",
+        description="this replica's name in its group (default: the host name)",
+    )
+    etcd: str = Field("", description="etcd endpoint of the group's coordinator (http://h:p)")
+    advertise: str = Field(
+        "", description="host:port the other replicas and clients reach (default: store host)"
+    )
+    replication: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: acknowledge once every in-sync replica holds an append durably; "
+        "async: the leader alone (a failover may lose its newest appends)",
+    )
+    min_insync: int = Field(
+        2, ge=1, le=5, description="in-sync replicas (the leader included) to take appends"
+    )
+    replica_lag_max_ms: int = Field(
+        3_000, gt=0, description="a follower behind this long leaves the in-sync set"
+    )
+    lease_ttl_s: int = Field(2, ge=2, le=60, description="leadership lease in etcd")
+    allow_unclean_election: bool = Field(
+        False, description="let a replica outside the in-sync set lead (may lose acknowledged)"
+    )
+    replication_ack_timeout_ms: int = Field(
+        5_000, gt=0, description="how long an append waits for the in-sync set"
+    )
+
+    @model_validator(mode="after")
+    def _check_group(self) -> Self:
+        if self.group and not self.etcd:
+            raise ValueError("a broker group (--group) needs its coordinator (--etcd URL)")
+        return self
+
     @property
     def append_streams_cap(self) -> int:
         return self.append_streams_max or max(1, self.max_workers // 4)

@@ -20,6 +20,7 @@ the lease to lapse.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -122,7 +123,13 @@ class ReplicaController:
         if group_id != self._log.store_id.hex():
             self._log.adopt_store_id(bytes.fromhex(group_id))
 
-    def start(self) -> None:
+    def start(self, *, address: str = "") -> None:
+        """Take part in the group; `address` (host:port), when given, is where the others
+        reach this replica (known only once the server listens)."""
+        if address:
+            self.settings = dataclasses.replace(self.settings, address=address)
+        if not self.settings.address:
+            raise ValueError("a replica needs the address the others reach it at")
         self._watch = self._coordinator.watch(self._on_change)
         self._thread.start()
 

@@ -82,7 +82,9 @@ class LeaderFeed:
         self, requests: Iterator[pb.ReplicateRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.ReplicateResponse]:
         first = next(requests, None)
-        if first is None or first.WhichOneof("kind") != "hello":
+        if first is None:
+            return  # no request, or bytes that did not parse (admission answers)
+        if first.WhichOneof("kind") != "hello":
             raise InvalidArgument("a Replicate stream begins with a hello", field="hello")
         hello = first.hello
         follower = self._check_hello(hello)
