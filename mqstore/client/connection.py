@@ -20,7 +20,7 @@ from mqstore.client.errors import Cancelled, ClientError, FailedPrecondition, fr
 from mqstore.client.settings import ClientSettings
 from mqstore.rpc.allocator import keep_large_blocks
 from mqstore.rpc.channel import ChannelSecurity
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2, commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
 
@@ -29,6 +29,9 @@ S = TypeVar("S")
 
 # Codes after which another replica (or a later attempt) may answer.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+# How long a replica of the commit log has to say its role when the client looks for the
+# leader (a stopped process would otherwise hold the search for a whole call deadline).
+LEADER_PROBE_TIMEOUT_S = 1.0
 
 
 def security_of(settings: ClientSettings) -> ChannelSecurity:
@@ -61,6 +64,9 @@ class Connection:
         self._lock = threading.Lock()
         self._closed = False
         self._cq_preferred = 0  # the consume-queue replica that answered last
+        # The commit-log replica taken for the leader (one address: that one).
+        self._commitlog_targets = self.settings.commitlog_targets
+        self._commitlog_at = 0
 
     def channel(self, target: str) -> grpc.Channel:
         with self._lock:
@@ -85,7 +91,40 @@ class Connection:
         return stub
 
     def commitlog(self) -> commitlog_pb2_grpc.CommitLogStub:
-        return self._stub(commitlog_pb2_grpc.CommitLogStub, self.settings.commitlog)
+        """The commit log: with several addresses (a broker group), the replica last found
+        leading (`find_commitlog_leader`)."""
+        return self._stub(
+            commitlog_pb2_grpc.CommitLogStub, self._commitlog_targets[self._commitlog_at]
+        )
+
+    @property
+    def commitlog_target(self) -> str:
+        return self._commitlog_targets[self._commitlog_at]
+
+    def find_commitlog_leader(self) -> str:
+        """Ask each commit-log replica (from the one after the current) which role it has, and
+        take the leader (a single replica is its own); without an answer naming one, move to
+        the next address. Called after a stream to the commit log failed; returns the address
+        taken. One address: nothing to find."""
+        targets = self._commitlog_targets
+        if len(targets) == 1:
+            return targets[0]
+        for i in range(1, len(targets) + 1):
+            at = (self._commitlog_at + i) % len(targets)
+            stub = self._stub(commitlog_pb2_grpc.CommitLogStub, targets[at])
+            try:
+                status = stub.GetStatus(
+                    commitlog_pb2.GetStatusRequest(),
+                    timeout=LEADER_PROBE_TIMEOUT_S,
+                    metadata=self.metadata,
+                )
+            except grpc.RpcError:
+                continue
+            if status.role in ("leader", "single"):
+                self._commitlog_at = at
+                return targets[at]
+        self._commitlog_at = (self._commitlog_at + 1) % len(targets)
+        return targets[self._commitlog_at]
 
     def cq(self, target: str) -> consumequeue_pb2_grpc.ConsumeQueueStub:
         return self._stub(consumequeue_pb2_grpc.ConsumeQueueStub, target)

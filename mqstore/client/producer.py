@@ -925,6 +925,9 @@ class Producer:
 
     def _open_stream(self) -> None:
         try:
+            if self._streams_opened:
+                # The last stream failed: with a broker group, the leader may have moved.
+                self._conn.find_commitlog_leader()
             stream = _Stream(self._conn)
         except ClientError as err:  # the connection is closed
             with self._cond:

@@ -94,6 +94,12 @@ class ClientSettings:
             if address.startswith(DNS_ALL_PREFIX):
                 _host_port(address[len(DNS_ALL_PREFIX) :], address)
 
+    @property
+    def commitlog_targets(self) -> tuple[str, ...]:
+        """The commit log's addresses: one, or every replica of a broker group
+        (`a:7100,b:7100,c:7100`), of which the client finds and follows the leader."""
+        return split_addresses(self.commitlog)
+
     def bearer_token(self) -> str | None:
         if self.token_file is not None:
             token = _read(self.token_file)
