@@ -34,9 +34,9 @@ from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
 from mqstore.cpu_section import CPU_SECTION
 from mqstore.rpc import logs
-from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
+from mqstore.rpc.leader_channel import commitlog_channel
 from mqstore.rpc.server import READINESS, ServiceHost
 from mqstore.rpc.subscriber import Subscriber
 from mqstore.storage import data_mode
@@ -58,6 +58,9 @@ class CqService:
         self.sink = EngineSink(self.engine, self.watch, self.tail, self.local)
         # TLS and this replica's token for the subscription and for Reads and probes.
         security = settings.commitlog_security()
+        # One channel to the commit log (every replica of a broker group: it follows the
+        # leader) for the subscription, Reads and probes.
+        self.channel: grpc.Channel = commitlog_channel(settings.commitlog_target, security)
         self.subscriber = Subscriber(
             settings.commitlog_target,
             settings.subscriber_id,
@@ -67,8 +70,8 @@ class CqService:
             on_ready_change=self._ready_changed,
             security=security,
             section=CPU_SECTION,  # a frame's apply takes turns with the pulls (cpu_section.py)
+            channel=self.channel,
         )
-        self.channel: grpc.Channel = make_channel(settings.commitlog_target, security)
         self.probe = HeadProbe(self.channel, self.sink, settings.log_probe_interval_ms / 1000)
         self.servicer = CqServicer(
             self.engine,

@@ -34,8 +34,8 @@ from index_svc.settings import IndexSettings
 from index_svc.sink import Flusher, IndexSink
 from mqstore.errors import MqstoreError
 from mqstore.rpc import logs
-from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.index.v1 import index_pb2, index_pb2_grpc
+from mqstore.rpc.leader_channel import commitlog_channel
 from mqstore.rpc.server import READINESS, ServiceHost
 from mqstore.rpc.subscriber import Subscriber
 from mqstore.storage import data_mode
@@ -58,6 +58,9 @@ class IndexService:
         self.sink = IndexSink(self.engine)
         # TLS and this replica's token for the subscription and for Reads and status.
         security = settings.commitlog_security()
+        # One channel to the commit log (every replica of a broker group: it follows the
+        # leader) for the subscription, queries' Reads and retention's GetStatus.
+        self._channel = commitlog_channel(settings.commitlog_target, security)
         self.subscriber = Subscriber(
             settings.commitlog_target,
             settings.subscriber_id,
@@ -67,10 +70,9 @@ class IndexService:
             linger_ms=settings.dispatch_linger_ms,
             on_ready_change=self._ready_changed,
             security=security,
+            channel=self._channel,
         )
         self.flusher = Flusher(self.engine)
-        # Queries' Reads and retention's GetStatus; the subscription has a channel of its own.
-        self._channel = make_channel(settings.commitlog_target, security)
         self.retention = RetentionFollower(
             self.engine, self._channel, settings.retention_check_interval_s
         )

@@ -35,7 +35,7 @@ import grpc
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import InvalidArgument, MalformedFrame
 from mqstore.history import LogHistory
-from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity, make_channel
+from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity
 from mqstore.rpc.dispatch_codec import (
     decode_columns,
     decode_dispatch,
@@ -44,6 +44,7 @@ from mqstore.rpc.dispatch_codec import (
 )
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
+from mqstore.rpc.leader_channel import LeaderChannel, commitlog_channel
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,12 @@ class Subscriber:
         on_ready_change: Callable[[bool], None] | None = None,
         security: ChannelSecurity = PLAINTEXT,
         section: AbstractContextManager[object] | None = None,
+        channel: grpc.Channel | None = None,
     ) -> None:
         self.target = target
+        # The channel to the commit log (leader_channel.commitlog_channel: with a broker
+        # group's addresses, one that follows the leader); made at start when not given.
+        self._given_channel = channel
         # Held while a frame is decoded and applied (cq_svc: mqstore/cpu_section.py, shared
         # with its pull handlers); none by default.
         self._section: AbstractContextManager[object] = section or nullcontext()
@@ -162,7 +167,7 @@ class Subscriber:
     # -- life cycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._channel = make_channel(self.target, self.security)
+        self._channel = self._given_channel or commitlog_channel(self.target, self.security)
         self._thread = threading.Thread(target=self._run, name="subscriber", daemon=True)
         self._thread.start()
         self._confirm_thread = threading.Thread(
@@ -184,8 +189,8 @@ class Subscriber:
         if flush is not None:
             flush()
         self.confirm_now()
-        if self._channel is not None:
-            self._channel.close()
+        if self._channel is not None and self._given_channel is None:
+            self._channel.close()  # a given channel is its owner's to close
 
     # -- the stream -----------------------------------------------------------------------------
 
@@ -224,6 +229,9 @@ class Subscriber:
             if self._stop.is_set():
                 return
             self.reconnects += 1
+            if isinstance(self._channel, LeaderChannel):
+                # A broker group: the leader may have moved (a follower refuses Subscribe).
+                self.target = self._channel.find_leader()
             if got_frames:
                 backoff = BACKOFF_INITIAL_S
             self._stop.wait(backoff)

@@ -13,12 +13,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.client import ClientSettings, Producer
+from mqstore.client import ClientSettings, Consumer, Producer
 from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
-from tests.e2e.cluster import EPHEMERAL, data_files
+from tests.e2e.cluster import EPHEMERAL, data_files, wait_ready
 
 FILE_BYTES = 64 * 1024  # several segments in a few hundred appends
 
@@ -179,3 +179,47 @@ def test_the_sdk_producer_follows_the_leader_through_a_kill_and_loses_nothing(
     assert list(read.statuses) == [pb.READ_OK] * len(results)
     bodies = [b"before-%05d" % i for i in range(500)] + [b"after-%05d" % i for i in range(500)]
     assert all(body in record for body, record in zip(bodies, read.records, strict=True))
+
+
+def test_cq_svc_follows_the_leader_through_a_kill_and_holds_every_acknowledged_message(
+    replicas: dict[str, ServiceProcess], tmp_path: Path
+) -> None:
+    """cq_svc given every replica (`--commitlog-target a,b,c`) subscribes to the leader, and
+    to the next one after a kill -9: a consumer then reads every acknowledged message once, in
+    queue order."""
+    wait_until(lambda: sorted(roles(replicas).values()) == ["follower", "follower", "leader"])
+    first = leader_name(replicas)
+    assert first is not None
+    addresses = ",".join(p.target for p in replicas.values())
+    cq = ServiceProcess(
+        "cq_svc",
+        str(tmp_path / "cq"),
+        args=[*EPHEMERAL, "--commitlog-target", addresses, "--subscriber-id", "cq"],
+        log_path=str(tmp_path / "cq.log"),
+        env={"MQSTORE_TEST_RUN": "1"},
+    )
+    cq.start()
+    try:
+        cq.wait_listening()
+        wait_ready(cq)
+        settings = ClientSettings(commitlog=addresses, cq=(cq.target,), index=())
+        with Producer(settings, linger_ms=1, retry_timeout_s=30, batch_messages=100) as producer:
+            sent = [producer.send("T", b"before-%05d" % i) for i in range(300)]
+            producer.flush()
+            replicas[first].kill()
+            sent += [producer.send("T", b"after-%05d" % i) for i in range(300)]
+            producer.flush()
+            acked = {f.result(timeout=60).msg_id: f for f in sent}
+        assert len(acked) == 600
+        expected = {b"before-%05d" % i for i in range(300)} | {
+            b"after-%05d" % i for i in range(300)
+        }
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            with Consumer(settings, "T", start="earliest") as consumer:
+                got = [m.body for m in consumer.messages(follow=False)]
+            time.sleep(0.2)
+        assert sorted(got) == sorted(expected)  # each once
+    finally:
+        cq.stop()
