@@ -20,18 +20,16 @@ from mqstore.client.errors import Cancelled, ClientError, FailedPrecondition, fr
 from mqstore.client.settings import ClientSettings
 from mqstore.rpc.allocator import keep_large_blocks
 from mqstore.rpc.channel import ChannelSecurity
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2, commitlog_pb2_grpc
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
+from mqstore.rpc.leader_channel import find_leading
 
 T = TypeVar("T")
 S = TypeVar("S")
 
 # Codes after which another replica (or a later attempt) may answer.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
-# How long a replica of the commit log has to say its role when the client looks for the
-# leader (a stopped process would otherwise hold the search for a whole call deadline).
-LEADER_PROBE_TIMEOUT_S = 1.0
 
 
 def security_of(settings: ClientSettings) -> ChannelSecurity:
@@ -107,23 +105,9 @@ class Connection:
         the next address. Called after a stream to the commit log failed; returns the address
         taken. One address: nothing to find."""
         targets = self._commitlog_targets
-        if len(targets) == 1:
-            return targets[0]
-        for i in range(1, len(targets) + 1):
-            at = (self._commitlog_at + i) % len(targets)
-            stub = self._stub(commitlog_pb2_grpc.CommitLogStub, targets[at])
-            try:
-                status = stub.GetStatus(
-                    commitlog_pb2.GetStatusRequest(),
-                    timeout=LEADER_PROBE_TIMEOUT_S,
-                    metadata=self.metadata,
-                )
-            except grpc.RpcError:
-                continue
-            if status.role in ("leader", "single"):
-                self._commitlog_at = at
-                return targets[at]
-        self._commitlog_at = (self._commitlog_at + 1) % len(targets)
+        if len(targets) > 1:
+            channels = [self.channel(t) for t in targets]
+            self._commitlog_at = find_leading(channels, self._commitlog_at, self.metadata)
         return targets[self._commitlog_at]
 
     def cq(self, target: str) -> consumequeue_pb2_grpc.ConsumeQueueStub:

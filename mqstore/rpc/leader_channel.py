@@ -34,6 +34,27 @@ def split_targets(target: str) -> list[str]:
     return [t.strip() for t in target.split(",") if t.strip()]
 
 
+def find_leading(
+    channels: Sequence[grpc.Channel],
+    current: int,
+    metadata: tuple[tuple[str, str], ...] | None = None,
+) -> int:
+    """The index of the replica that says it leads, asking from the one after `current`
+    around; without an answer naming one, the next index (the caller tries it)."""
+    count = len(channels)
+    for i in range(1, count + 1):
+        at = (current + i) % count
+        try:
+            status = pb_grpc.CommitLogStub(channels[at]).GetStatus(
+                pb.GetStatusRequest(), timeout=ROLE_PROBE_TIMEOUT_S, metadata=metadata
+            )
+        except grpc.RpcError:
+            continue
+        if status.role in LEADING_ROLES:
+            return at
+    return (current + 1) % count
+
+
 class LeaderChannel(grpc.Channel):
     def __init__(self, targets: Sequence[str], security: ChannelSecurity = PLAINTEXT) -> None:
         if not targets:
@@ -54,19 +75,7 @@ class LeaderChannel(grpc.Channel):
         """Take the replica that says it leads (from the one after the current), else the
         next address; returns the address taken."""
         with self._lock:
-            count = len(self.targets)
-            for i in range(1, count + 1):
-                at = (self._at + i) % count
-                try:
-                    status = pb_grpc.CommitLogStub(self._channels[at]).GetStatus(
-                        pb.GetStatusRequest(), timeout=ROLE_PROBE_TIMEOUT_S
-                    )
-                except grpc.RpcError:
-                    continue
-                if status.role in LEADING_ROLES:
-                    self._at = at
-                    return self.targets[at]
-            self._at = (self._at + 1) % count
+            self._at = find_leading(self._channels, self._at)
             return self.targets[self._at]
 
     # -- grpc.Channel --------------------------------------------------------------------------
