@@ -6,6 +6,7 @@ up, and every replica's segment files are byte-identical."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -223,3 +224,33 @@ def test_cq_svc_follows_the_leader_through_a_kill_and_holds_every_acknowledged_m
         assert sorted(got) == sorted(expected)  # each once
     finally:
         cq.stop()
+
+
+def test_a_paused_leader_acknowledges_nothing_more_and_comes_back_a_follower(
+    replicas: dict[str, ServiceProcess],
+) -> None:
+    """SIGSTOP of the leader past its lease TTL: another leads; after SIGCONT the old one
+    answers no append (its fencing deadline passed), steps down and follows the new leader."""
+    wait_until(lambda: sorted(roles(replicas).values()) == ["follower", "follower", "leader"])
+    first = leader_name(replicas)
+    assert first is not None
+    for i in range(50):
+        answer = append(replicas[first], i)
+        assert answer is not None and answer.statuses == [pb.PUT_OK], answer
+    replicas[first].signal(signal.SIGSTOP)
+    try:
+        survivors = {n: p for n, p in replicas.items() if n != first}
+        wait_until(lambda: leader_name(survivors) is not None)
+        second = leader_name(survivors)
+        assert second is not None
+        answer = append(replicas[second], 100)
+        assert answer is not None and answer.statuses == [pb.PUT_OK], answer
+    finally:
+        replicas[first].signal(signal.SIGCONT)
+    # woken, the old leader takes no append as leader: refused, or it already follows
+    late = append(replicas[first], 200)
+    assert late is None or late.statuses != [pb.PUT_OK], late
+    wait_until(lambda: roles(replicas)[first] == "follower")
+    end = status(replicas[second]).max_offset  # type: ignore[union-attr]
+    wait_until(lambda: status(replicas[first]).max_offset == end)  # type: ignore[union-attr]
+    assert status(replicas[first]).history == status(replicas[second]).history  # type: ignore[union-attr]
