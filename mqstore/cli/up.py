@@ -22,18 +22,24 @@ from types import FrameType
 import click
 
 from mqstore.cli.security import SecretFiles, prepare_secrets
+from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.launcher import DEFAULT_PORTS, ServiceProcess
 from mqstore.storage.data_mode import DATA_MODES, DataMode
 from mqstore.storage.data_mode import apply as apply_data_mode
 
 SERVICES = ("commitlog_svc", "cq_svc", "index_svc")
+# --replicas N: the broker group's name, and the in-sync replicas an append needs.
+GROUP = "mqstore"
+MIN_INSYNC = 2
+# Replica i listens on the commit log's three ports + 10 * i (below the consume queues' +100).
+REPLICA_PORT_STEP = 10
 
 
-def _ports_args(package: str, base: int) -> list[str]:
+def _ports_args(package: str, base: int, *, replica: int = 0) -> list[str]:
+    shift = base - DEFAULT_PORTS["commitlog_svc"][0] + REPLICA_PORT_STEP * replica
     port, health, metrics = (
-        (0, 0, 0) if base < 0 else tuple(p - DEFAULT_PORTS["commitlog_svc"][0] + base
-                                          for p in DEFAULT_PORTS[package])
-    )  # fmt: skip
+        (0, 0, 0) if base < 0 else tuple(p + shift for p in DEFAULT_PORTS[package])
+    )
     return ["--port", str(port), "--health-port", str(health), "--metrics-port", str(metrics)]
 
 
@@ -64,6 +70,14 @@ def _ports_args(package: str, base: int) -> list[str]:
 )
 @click.option("--mtls", is_flag=True, help="--secure, and require client certificates too")
 @click.option(
+    "--replicas",
+    type=click.Choice(["1", "3", "5"]),
+    default="1",
+    show_default=True,
+    help="commit-log replicas: 3 or 5 run a broker group on an etcd started here "
+    "(sync replication, min in-sync 2); replica i's ports are the commit log's + 10*i",
+)
+@click.option(
     "--data-mode",
     type=click.Choice(DATA_MODES),
     default="private",
@@ -77,6 +91,7 @@ def up(
     base_port: int,
     secure: bool,
     mtls: bool,
+    replicas: str,
     data_mode: DataMode,
 ) -> None:
     """Run the store here: commit log, consume queues and index, until Ctrl-C.
@@ -88,6 +103,12 @@ def up(
     are printed (MQSTORE_TLS_CA, MQSTORE_TOKEN_FILE, ...). Everything under DATA_DIR is
     readable by this user only (--data-mode), with or without --secure.
     """
+    count = int(replicas)
+    if count > 1 and (secure or mtls):
+        raise click.ClickException(
+            "--replicas with --secure is not there yet: replica links are plaintext "
+            "(docs/replication.md)"
+        )
     data_dir = os.path.abspath(data_dir)
     # Before anything is made: the logs, secrets and the services' directories are born
     # private too (the services apply the same mode to their own directories).
@@ -105,36 +126,56 @@ def up(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    etcd: EtcdProcess | None = None
     try:
-        commitlog = ServiceProcess(
-            "commitlog_svc",
-            os.path.join(data_dir, "commitlog_svc"),
-            args=[
-                *_ports_args("commitlog_svc", base_port),
-                *("--flush", flush),
-                *mode_args,
-                *server_args,
-            ],
-            log_path=os.path.join(logs, "commitlog_svc.log"),
-        )
-        commitlog.start()
-        started.append(commitlog)
-        commitlog.wait_listening()
+        group_args: list[list[str]] = [[]]
+        if count > 1:
+            etcd = EtcdProcess(
+                data_dir=os.path.join(data_dir, "etcd"), log_path=os.path.join(logs, "etcd.log")
+            )
+            etcd.start()
+            group_args = [
+                ["--group", GROUP, "--replica-name", f"commitlog-{i}", "--etcd", etcd.endpoint,
+                 "--min-insync", str(MIN_INSYNC)]
+                for i in range(count)
+            ]  # fmt: skip
+        replicas_started: list[ServiceProcess] = []
+        for i, extra in enumerate(group_args):
+            name = "commitlog_svc" if count == 1 else f"commitlog_svc-{i}"
+            replica = ServiceProcess(
+                "commitlog_svc",
+                os.path.join(data_dir, name),
+                args=[
+                    *_ports_args("commitlog_svc", base_port, replica=i),
+                    *("--flush", flush),
+                    *mode_args,
+                    *server_args,
+                    *extra,
+                ],
+                log_path=os.path.join(logs, f"{name}.log"),
+            )
+            replica.start()
+            started.append(replica)
+            replicas_started.append(replica)
+        for replica in replicas_started:
+            replica.wait_listening()
+        commitlog = replicas_started[0]
+        target = ",".join(r.target for r in replicas_started)
+        # One host and one replica: pulls read the log's segment files, not a Read per pull.
+        local = ["--commitlog-dir", commitlog.data_dir] if count == 1 else []
         followers = [
             ServiceProcess(
                 "cq_svc",
                 os.path.join(data_dir, "cq_svc"),
                 args=[*_ports_args("cq_svc", base_port), "--cq-store", cq_store, *mode_args,
-                      "--commitlog-target", commitlog.target, *server_args, *follower_args,
-                      # One host: pulls read the log's segment files, not a Read per pull.
-                      "--commitlog-dir", commitlog.data_dir],
+                      "--commitlog-target", target, *server_args, *follower_args, *local],
                 log_path=os.path.join(logs, "cq_svc.log"),
             ),
             ServiceProcess(
                 "index_svc",
                 os.path.join(data_dir, "index_svc"),
                 args=[*_ports_args("index_svc", base_port), *mode_args,
-                      "--commitlog-target", commitlog.target, *server_args, *follower_args],
+                      "--commitlog-target", target, *server_args, *follower_args],
                 log_path=os.path.join(logs, "index_svc.log"),
             ),
         ]  # fmt: skip
@@ -145,8 +186,10 @@ def up(
             service.wait_listening()
     except (RuntimeError, TimeoutError) as exc:
         _stop_all(started)
+        if etcd is not None:
+            etcd.stop()
         raise click.ClickException(str(exc)) from exc
-    _print_summary(data_dir, started, secrets, mtls)
+    _print_summary(data_dir, started, secrets, mtls, etcd)
     while not stop.wait(0.5):
         dead = [s for s in started if not s.running]
         if dead:
@@ -155,6 +198,10 @@ def up(
             break
     click.echo("stopping ...")
     codes = _stop_all(started)
+    if etcd is not None:
+        code = etcd.stop()
+        # etcd shuts down cleanly on SIGTERM and then ends by it (status -SIGTERM)
+        codes["etcd"] = 0 if code == -signal.SIGTERM else code
     bad = {name: code for name, code in codes.items() if code != 0}
     if bad:
         raise click.ClickException(f"services exited with errors: {bad}")
@@ -162,7 +209,7 @@ def up(
 
 
 def _stop_all(started: list[ServiceProcess]) -> dict[str, int]:
-    return {s.package: s.stop() for s in reversed(started)}
+    return {os.path.basename(s.data_dir): s.stop() for s in reversed(started)}
 
 
 def _security_args(secrets: SecretFiles | None, mtls: bool) -> tuple[list[str], list[str]]:
@@ -192,8 +239,9 @@ def client_environment(
 ) -> dict[str, str]:
     """What a client of this store needs (ClientSettings.from_env, the mqstore command)."""
     by_package = {s.package: s.target for s in started}
+    commitlog = ",".join(s.target for s in started if s.package == "commitlog_svc")
     env = {
-        "MQSTORE_COMMITLOG": by_package.get("commitlog_svc", ""),
+        "MQSTORE_COMMITLOG": commitlog,
         "MQSTORE_CQ": by_package.get("cq_svc", ""),
         "MQSTORE_INDEX": by_package.get("index_svc", ""),
         "MQSTORE_TLS_CA": str(secrets.ca),
@@ -206,16 +254,34 @@ def client_environment(
 
 
 def _print_summary(
-    data_dir: str, started: list[ServiceProcess], secrets: SecretFiles | None, mtls: bool
+    data_dir: str,
+    started: list[ServiceProcess],
+    secrets: SecretFiles | None,
+    mtls: bool,
+    etcd: EtcdProcess | None = None,
 ) -> None:
     click.echo(f"mqstore is up; data in {data_dir}")
     for s in started:
         click.echo(
-            f"  {s.package:<14} api {s.target:<16} health {s.health_target:<16} "
-            f"metrics http://127.0.0.1:{s.ports['metrics_port']}/metrics"
+            f"  {os.path.basename(s.data_dir):<16} api {s.target:<16} health "
+            f"{s.health_target:<16} metrics http://127.0.0.1:{s.ports['metrics_port']}/metrics"
         )
-    commitlog = started[0].target
-    cq = started[1].target if len(started) > 1 else "?"
+    replicas = [s for s in started if s.package == "commitlog_svc"]
+    commitlog = replicas[0].target
+    cq = next((s.target for s in started if s.package == "cq_svc"), "?")
+    if etcd is not None:
+        click.echo(
+            f"  {'etcd':<16} {etcd.endpoint}: broker group {GROUP!r} of {len(replicas)} "
+            f"replicas, sync replication, min in-sync {MIN_INSYNC} (docs/replication.md)"
+        )
+        click.echo("A client needs (paste into a shell; it finds and follows the leader):")
+        env = {
+            "MQSTORE_COMMITLOG": ",".join(r.target for r in replicas),
+            "MQSTORE_CQ": cq,
+            "MQSTORE_INDEX": next((s.target for s in started if s.package == "index_svc"), ""),
+        }
+        for name, value in env.items():
+            click.echo(f"  export {name}={shlex.quote(value)}")
     if secrets is None:
         grpcurl = "grpcurl -plaintext"
     else:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mqstore.client import ClientSettings, Consumer, Producer
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
@@ -62,3 +63,50 @@ def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
             if n == "abort"
         ]
         assert leftovers == [], f"{service} left an abort marker: not a clean stop"
+
+
+def test_up_with_three_replicas_runs_a_broker_group_a_client_reaches_as_printed(
+    tmp_path: Path,
+) -> None:
+    """`mqstore up --replicas 3`: etcd and three commit-log replicas (plus cq_svc and
+    index_svc following the leader); the printed `export` lines are all a client needs; Ctrl-C
+    stops everything cleanly."""
+    data = tmp_path / "data"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mqstore.cli", "up", "--replicas", "3", "--data-dir", str(data),
+         "--base-port", "-1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Ctrl-C stops" in line:
+            break
+    text = "".join(lines)
+    env = dict(re.findall(r"^\s+export (MQSTORE_\w+)=(\S+)", text, re.M))
+    assert set(env) == {"MQSTORE_COMMITLOG", "MQSTORE_CQ", "MQSTORE_INDEX"}, text
+    assert len(env["MQSTORE_COMMITLOG"].split(",")) == 3, text
+    assert "etcd" in text and "broker group" in text, text
+    settings = ClientSettings.from_env(env)
+    with Producer(settings, retry_timeout_s=60) as producer:
+        sent = [producer.send("hello", b"world-%d" % i) for i in range(100)]
+        producer.flush()
+        assert all(f.result(timeout=60) for f in sent)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 100 and time.monotonic() < deadline:
+        with Consumer(settings, "hello", start="earliest") as consumer:
+            got = [m.body for m in consumer.messages(follow=False)]
+        time.sleep(0.1)
+    assert sorted(got) == sorted(b"world-%d" % i for i in range(100))
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, text + out
+    assert "stopped cleanly" in out
