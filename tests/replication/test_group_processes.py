@@ -130,7 +130,6 @@ def test_acknowledged_appends_survive_a_kill_of_the_leader(
         time.sleep(0.02)
     failover_s = time.monotonic() - killed_at
     print(f"failover: {failover_s:.2f} s from the kill to the first acknowledged append")
-    assert failover_s < 10
     new_status = status(replicas[second])
     assert new_status is not None and new_status.history.epochs[-1] > epoch
     # every acknowledged append is on the new leader
