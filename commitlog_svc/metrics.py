@@ -11,6 +11,14 @@
                                                              stream has sent (or its confirmed
                                                              offset while it is disconnected)
     mqstore_subscriber_lag_bytes{subscriber}      gauge      log end minus its confirmed offset
+    mqstore_replica_role{role}                    gauge      1 for this replica's role in its
+                                                             broker group (absent: single)
+    mqstore_replica_epoch                         gauge      the log's current epoch
+    mqstore_replica_commit_offset                 gauge      what the in-sync set holds
+    mqstore_replica_in_sync_size                  gauge      in-sync replicas (on the leader)
+    mqstore_replica_lag_bytes{replica}            gauge      leader end minus a follower's end
+    mqstore_replica_lag_seconds{replica}          gauge      since a follower last caught up
+    mqstore_replica_terms_won_total               counter    leadership terms this replica won
     mqstore_recovery_truncated_bytes_total        counter    dirty tail cut by recovery
     mqstore_crc_mismatch_total{source}            counter    records failing their checks, found
                                                              by recovery, a read or dispatch
@@ -26,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 # Flush latency, from 50 us (a page already clean) to 5 s (a stalled disk).
@@ -74,6 +82,18 @@ class GaugeValues:
     flush_behind_bytes: int
     dispatch_behind: dict[str, int] = field(default_factory=dict)
     subscriber_lag: dict[str, int] = field(default_factory=dict)
+    replica: ReplicaGauges | None = None  # a broker group's replica
+
+
+@dataclass(slots=True)
+class ReplicaGauges:
+    role: str
+    epoch: int
+    commit_offset: int
+    terms_won: int
+    in_sync_size: int = 0  # the leader's view; 0 on a follower
+    lag_bytes: dict[str, int] = field(default_factory=dict)
+    lag_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class _ScrapeTime(Collector):
@@ -134,6 +154,48 @@ class _ScrapeTime(Collector):
         yield from plain.values()
         yield behind
         yield lag
+        yield from _replica_families([v.replica for v in values if v.replica is not None])
+
+
+ROLES = ("leader", "follower", "candidate")
+
+
+def _replica_families(replicas: list[ReplicaGauges]) -> Iterator[Metric]:
+    if not replicas:
+        return
+    role = GaugeMetricFamily(
+        "mqstore_replica_role", "1 for this replica's role in its broker group.", labels=["role"]
+    )
+    epoch = GaugeMetricFamily("mqstore_replica_epoch", "The log's current epoch.")
+    commit = GaugeMetricFamily(
+        "mqstore_replica_commit_offset", "What the whole in-sync set holds durably."
+    )
+    in_sync = GaugeMetricFamily(
+        "mqstore_replica_in_sync_size", "Replicas in the in-sync set (the leader's view)."
+    )
+    terms = CounterMetricFamily(
+        "mqstore_replica_terms_won", "Leadership terms this replica won (failovers to it)."
+    )
+    lag_bytes = GaugeMetricFamily(
+        "mqstore_replica_lag_bytes", "Leader's end minus a follower's end.", labels=["replica"]
+    )
+    lag_seconds = GaugeMetricFamily(
+        "mqstore_replica_lag_seconds",
+        "Seconds since a follower last held everything the leader had.",
+        labels=["replica"],
+    )
+    for r in replicas:
+        for name in ROLES:
+            role.add_metric([name], 1.0 if r.role == name else 0.0)
+        epoch.add_metric([], float(r.epoch))
+        commit.add_metric([], float(r.commit_offset))
+        in_sync.add_metric([], float(r.in_sync_size))
+        terms.add_metric([], float(r.terms_won))
+        for name, nbytes in r.lag_bytes.items():
+            lag_bytes.add_metric([name], float(nbytes))
+        for name, seconds in r.lag_seconds.items():
+            lag_seconds.add_metric([name], seconds)
+    yield from (role, epoch, commit, in_sync, terms, lag_bytes, lag_seconds)
 
 
 SCRAPE_TIME = _ScrapeTime()

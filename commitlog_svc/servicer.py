@@ -866,7 +866,29 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             sent = sub.position if sub.streams > 0 else sub.confirmed_offset
             values.dispatch_behind[sub.subscriber_id] = max(0, high - sent)
             values.subscriber_lag[sub.subscriber_id] = max(0, high - sub.confirmed_offset)
+        replication = self.replication
+        if replication is not None:
+            values.replica = self._replica_gauges(replication, high)
         return values
+
+    def _replica_gauges(self, replication: ReplicaController, high: int) -> metrics.ReplicaGauges:
+        gauges = metrics.ReplicaGauges(
+            role=replication.role.value,
+            epoch=self.engine.history.last_epoch,
+            commit_offset=replication.commit_offset(),
+            terms_won=replication.failovers,
+        )
+        tracker = replication.tracker
+        if tracker is not None:
+            view = tracker.view()
+            now_ms = self.engine.clock.monotonic_ms()
+            gauges.in_sync_size = len(view.members)
+            for r in view.replicas:
+                gauges.lag_bytes[r.name] = max(0, high - r.end_offset)
+                since = now_ms - r.caught_up_at_ms if r.caught_up_at_ms else 0.0
+                caught_up = r.connected and r.end_offset >= high
+                gauges.lag_seconds[r.name] = 0.0 if caught_up else since / 1000
+        return gauges
 
 
 def _check_store_id(store_id: bytes) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -86,6 +87,12 @@ def leader_name(replicas: dict[str, ServiceProcess]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
+def scrape(process: ServiceProcess) -> str:
+    url = f"http://127.0.0.1:{process.ports['metrics_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return str(answer.read().decode())
+
+
 def append(process: ServiceProcess, i: int) -> pb.AppendResponse | None:
     request = pb.AppendRequest(
         batches=[pb.MessageBatch(topic="T", queue_ids=[i % 4], bodies=[b"m-%06d" % i])]
@@ -119,6 +126,13 @@ def test_acknowledged_appends_survive_a_kill_of_the_leader(
         assert answer is not None and answer.statuses == [pb.PUT_OK], answer
         acked[answer.commit_log_offsets[0]] = (answer.sizes[0], b"m-%06d" % i)
     epoch = status(replicas[first]).history.epochs[-1]  # type: ignore[union-attr]
+    # the metrics say who leads, in which epoch, and the set (scraped as Prometheus would)
+    wait_until(lambda: "mqstore_replica_in_sync_size 3.0" in scrape(replicas[first]))
+    lead_metrics = scrape(replicas[first])
+    assert 'mqstore_replica_role{role="leader"} 1.0' in lead_metrics
+    assert f"mqstore_replica_epoch {float(epoch)}" in lead_metrics
+    follower = next(p for n, p in replicas.items() if n != first)
+    assert 'mqstore_replica_role{role="follower"} 1.0' in scrape(follower)
     killed_at = time.monotonic()
     replicas[first].kill()
     survivors = {n: p for n, p in replicas.items() if n != first}
