@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import click
 
+from mqstore.cli.cluster import cluster_group
 from mqstore.cli.consume import consume
 from mqstore.cli.log import log_group
 from mqstore.cli.log_repair import repair as log_repair
@@ -95,6 +96,7 @@ log_group.add_command(log_repair)
 cli.add_command(log_group)
 cli.add_command(token_group)
 cli.add_command(spark_group)
+cli.add_command(cluster_group)
 
 
 def main() -> None:

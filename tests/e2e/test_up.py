@@ -3,6 +3,7 @@ on Ctrl-C stops them all cleanly."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -106,6 +107,21 @@ def test_up_with_three_replicas_runs_a_broker_group_a_client_reaches_as_printed(
             got = [m.body for m in consumer.messages(follow=False)]
         time.sleep(0.1)
     assert sorted(got) == sorted(b"world-%d" % i for i in range(100))
+    # `mqstore cluster status --json` with the same environment: one leader, all in sync
+    shown = subprocess.run(
+        [sys.executable, "-m", "mqstore.cli", "cluster", "status", "--json"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    cluster = json.loads(shown.stdout)
+    rows = cluster["replicas"]
+    assert sorted(r["role"] for r in rows) == ["follower", "follower", "leader"], rows
+    assert all(r["in_sync"] for r in rows), rows
+    (lead,) = [r for r in rows if r["role"] == "leader"]
+    assert cluster["leader"] == lead["replica"] and cluster["commit_offset"] == lead["end_offset"]
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, text + out
