@@ -232,6 +232,10 @@ class CommitLogService:
         every probe says NOT_SERVING and drain_delay_s has passed."""
         self._readiness_stop.set()
         self.host.set_serving(READINESS, False)
+        if self.replication is not None:
+            # A leader resigns first (another takes over at once) and its followers' streams
+            # end: they never finish on their own, so the server's grace period would wait.
+            self.replication.stop()
         if self.servicer is not None:
             self.servicer.drain()
 

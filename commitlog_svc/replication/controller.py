@@ -141,9 +141,11 @@ class ReplicaController:
         self._changed.set()
         self._link_stop.set()
         self.feed.stop()
-        self._thread.join(timeout=15)
-        if self._watch is not None:
-            self._watch.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=15)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
 
     # -- what the service asks -----------------------------------------------------------------
 

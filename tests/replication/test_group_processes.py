@@ -66,6 +66,15 @@ def status(process: ServiceProcess) -> pb.GetStatusResponse | None:
         return None
 
 
+def answered(process: ServiceProcess, timeout_s: float = 30.0) -> pb.GetStatusResponse:
+    """Its status, asking again while it does not answer (busy catching up, or just resumed)."""
+    deadline = time.monotonic() + timeout_s
+    while (answer := status(process)) is None:
+        assert time.monotonic() < deadline, f"{process.target} did not answer GetStatus"
+        time.sleep(0.05)
+    return answer
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> float:
     start = time.monotonic()
     while not condition():
@@ -125,7 +134,7 @@ def test_acknowledged_appends_survive_a_kill_of_the_leader(
         answer = append(replicas[first], i)
         assert answer is not None and answer.statuses == [pb.PUT_OK], answer
         acked[answer.commit_log_offsets[0]] = (answer.sizes[0], b"m-%06d" % i)
-    epoch = status(replicas[first]).history.epochs[-1]  # type: ignore[union-attr]
+    epoch = answered(replicas[first]).history.epochs[-1]
     # the metrics say who leads, in which epoch, and the set (scraped as Prometheus would)
     wait_until(lambda: "mqstore_replica_in_sync_size 3.0" in scrape(replicas[first]))
     lead_metrics = scrape(replicas[first])
@@ -158,8 +167,8 @@ def test_acknowledged_appends_survive_a_kill_of_the_leader(
     replicas[first].start()
     replicas[first].wait_listening()
     wait_until(lambda: roles(replicas)[first] == "follower")
-    end = status(replicas[second]).max_offset  # type: ignore[union-attr]
-    wait_until(lambda: all(status(p).max_offset == end for p in replicas.values()))  # type: ignore[union-attr]
+    end = answered(replicas[second]).max_offset
+    wait_until(lambda: all(answered(p).max_offset == end for p in replicas.values()))
     files = [data_files(str(Path(p.data_dir) / "commitlog")) for p in replicas.values()]
     assert files[0] == files[1] == files[2]
 
@@ -264,6 +273,6 @@ def test_a_paused_leader_acknowledges_nothing_more_and_comes_back_a_follower(
     late = append(replicas[first], 200)
     assert late is None or late.statuses != [pb.PUT_OK], late
     wait_until(lambda: roles(replicas)[first] == "follower")
-    end = status(replicas[second]).max_offset  # type: ignore[union-attr]
-    wait_until(lambda: status(replicas[first]).max_offset == end)  # type: ignore[union-attr]
-    assert status(replicas[first]).history == status(replicas[second]).history  # type: ignore[union-attr]
+    end = answered(replicas[second]).max_offset
+    wait_until(lambda: answered(replicas[first]).max_offset == end)
+    assert answered(replicas[first]).history == answered(replicas[second]).history
