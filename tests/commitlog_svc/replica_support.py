@@ -16,7 +16,6 @@ from commitlog_svc.replica_chunk import Chunk
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record_batch import table_to_pairs
 from mqstore.storage.disk import Disk
-from mqstore.storage.simdisk import CrashMode, SimDisk
 
 FILE_BYTES = 4096
 TOPICS = ("orders", "audit")
@@ -169,31 +168,6 @@ def table_of(log: ReplicaLog) -> dict[tuple[str, int], int]:
 
 
 # -- crashes -----------------------------------------------------------------------------------
-
-
-def kill(log: ReplicaLog) -> None:
-    """kill -9 on real files: the threads stop without a last flush or checkpoint, the maps go
-    (their bytes stay in the page cache, so the files keep them), the lock is released and the
-    abort marker stays."""
-    flusher = log._flusher
-    assert flusher is not None
-    flusher.stop()
-    log._running = False
-    log.queue.shutdown()
-    lock = log._lock
-    assert lock is not None
-    lock.release()
-    log._lock = None
-
-
-def power_loss(log: ReplicaLog, disk: SimDisk, rng: random.Random, mode: CrashMode) -> None:
-    """A power loss under a replica on a SimDisk (its threads stop first: a dead process
-    writes nothing more)."""
-    flusher = log._flusher
-    assert flusher is not None
-    flusher.stop()
-    log._running = False
-    disk.crash(rng, mode)
 
 
 # Settings under which nothing is flushed or checkpointed unless a test asks (a crash then finds

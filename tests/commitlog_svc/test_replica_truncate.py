@@ -20,6 +20,8 @@ from mqstore.formats import sysflag
 from mqstore.history import LogHistory
 from mqstore.storage import failpoints
 from mqstore.storage.simdisk import CrashMode, SimDisk
+from tests.commitlog.commitlog_testlib import kill
+from tests.commitlog.commitlog_testlib import sim_crash as power_loss
 from tests.commitlog_svc.replica_support import (
     FILE_BYTES,
     QUIET,
@@ -27,10 +29,8 @@ from tests.commitlog_svc.replica_support import (
     assert_same_log,
     copy,
     follower_of,
-    kill,
     leader,
     message,
-    power_loss,
     producers_of,
     reopen,
     segments,
