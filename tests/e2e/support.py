@@ -3,9 +3,12 @@ from a consume-queue replica and an index replica in comparable form."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import Record, read_record
@@ -127,3 +130,29 @@ def eventually(check: Callable[[], bool], timeout_s: float = 30.0, step_s: float
             return
         time.sleep(step_s)
     raise AssertionError(f"not true within {timeout_s} s: {check}")
+
+
+def start_up(
+    data: Path, *flags: str, umask: int | None = None, timeout_s: float = 90.0
+) -> tuple[subprocess.Popen[str], str]:
+    """`mqstore up --data-dir DATA --base-port -1 FLAGS` as a user runs it, and what it
+    printed up to "Ctrl-C stops" (everything is up then)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mqstore.cli", "up", "--data-dir", str(data), "--base-port", "-1",
+         *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        umask=-1 if umask is None else umask,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Ctrl-C stops" in line:
+            break
+    return proc, "".join(lines)

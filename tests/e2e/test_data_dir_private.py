@@ -12,12 +12,11 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from .support import eventually
+from .support import eventually, start_up
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -27,25 +26,7 @@ TOPIC = "private-files"
 
 
 def _up(data: Path, *flags: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mqstore.cli", "up", "--data-dir", str(data), "--base-port", "-1",
-         *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        umask=SHELL_UMASK,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C stops" in line:
-            break
-    return proc, "".join(lines)
+    return start_up(data, *flags, umask=SHELL_UMASK)
 
 
 def _client_env(text: str) -> dict[str, str]:

@@ -19,30 +19,14 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 
-from .support import append, eventually, pull_all
+from .support import append, eventually, pull_all, start_up
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mqstore.cli", "up", "--data-dir", str(data), "--base-port", "-1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C stops" in line:
-            break
-    text = "".join(lines)
+    proc, text = start_up(data)
     targets = dict(re.findall(r"^\s+(\w+_svc)\s+api (\S+)", text, re.M))
     assert set(targets) == {"commitlog_svc", "cq_svc", "index_svc"}, text
     with (
@@ -73,24 +57,7 @@ def test_up_with_three_replicas_runs_a_broker_group_a_client_reaches_as_printed(
     index_svc following the leader); the printed `export` lines are all a client needs; Ctrl-C
     stops everything cleanly."""
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mqstore.cli", "up", "--replicas", "3", "--data-dir", str(data),
-         "--base-port", "-1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C stops" in line:
-            break
-    text = "".join(lines)
+    proc, text = start_up(data, "--replicas", "3", timeout_s=120)
     env = dict(re.findall(r"^\s+export (MQSTORE_\w+)=(\S+)", text, re.M))
     assert set(env) == {"MQSTORE_COMMITLOG", "MQSTORE_CQ", "MQSTORE_INDEX"}, text
     assert len(env["MQSTORE_COMMITLOG"].split(",")) == 3, text
