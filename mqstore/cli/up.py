@@ -190,12 +190,25 @@ def up(
             etcd.stop()
         raise click.ClickException(str(exc)) from exc
     _print_summary(data_dir, started, secrets, mtls, etcd)
+    told: set[str] = set()
     while not stop.wait(0.5):
         dead = [s for s in started if not s.running]
-        if dead:
-            names = ", ".join(s.package for s in dead)
+        # A broker group outlives a replica: the store goes on while min-insync replicas live.
+        lost = [s for s in dead if etcd is not None and s.package == "commitlog_svc"]
+        alive = sum(1 for s in started if s.package == "commitlog_svc" and s.running)
+        if dead and (len(lost) < len(dead) or alive < MIN_INSYNC):
+            names = ", ".join(os.path.basename(s.data_dir) for s in dead)
             click.echo(f"stopped unexpectedly: {names} (see {logs}); stopping the rest", err=True)
             break
+        for s in lost:
+            name = os.path.basename(s.data_dir)
+            if name not in told:
+                told.add(name)
+                click.echo(
+                    f"{name} stopped unexpectedly (see {logs}); the broker group goes on with "
+                    f"{alive} replicas",
+                    err=True,
+                )
     click.echo("stopping ...")
     codes = _stop_all(started)
     if etcd is not None:
