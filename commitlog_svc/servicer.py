@@ -76,6 +76,7 @@ from mqstore.errors import (
     FailedPrecondition,
     InvalidArgument,
     MqstoreError,
+    NotCommitted,
     NotFound,
     NotLeader,
     OutOfRange,
@@ -512,6 +513,8 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         except CorruptRecord:
             metrics.CRC_MISMATCHES.labels("read").inc()
             raise
+        except NotCommitted as exc:
+            raise Unavailable(str(exc)) from exc
         except (OutOfRange, InvalidArgument, DataLoss) as exc:
             raise NotFound(f"no message {request.msg_id} in this store ({exc})") from exc
         if record.store_host != host:
