@@ -128,12 +128,15 @@ class AckGate(Protocol):
     """What a replicated log's leader checks around each append (replication/controller.py)."""
 
     def refusal(self) -> Refusal | None:
-        """Why an append may not be taken now, or None."""
+        """Why an append may not be taken now, or None. Raises NotLeader when this replica
+        may not lead an append at all (the producer sends the whole request to the leader)."""
         ...
 
     def replicated(self, end_offset: int) -> tuple[PutStatus, str]:
         """After the local flush: PUT_OK once the append up to `end_offset` may be
-        acknowledged, else the status (and reason) to answer instead."""
+        acknowledged, else the status (and reason) to answer instead. Raises NotLeader when
+        the term ended first: the producer sends the request again to the new leader, whose
+        producer table answers it as a duplicate if the append reached it."""
         ...
 
 

@@ -148,6 +148,7 @@ REQUIREMENTS: dict[str, Requirement] = {
     _CL + "ForgetSubscriber": NEEDS_ADMIN,
     # A follower replica copies the whole log: admin until replicas get a scope of their own.
     _CL + "Replicate": NEEDS_ADMIN,
+    _CL + "Switchover": NEEDS_ADMIN,
     _CQ + "Pull": CONSUME_TOPIC,
     _CQ + "PullStream": CONSUME_PULL_TOPIC,
     _CQ + "Follow": CONSUME_PULLS_TOPICS,

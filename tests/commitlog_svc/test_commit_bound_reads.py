@@ -33,9 +33,7 @@ def test_records_past_the_commit_offset_are_not_served_until_it_passes_them(
         # Size 0 (the whole record, its size from its header) is bounded the same way.
         assert read_statuses(svc, offsets, [0] * 6, blob) == list(wanted)
     # A range that starts below the commit offset and ends past it is not served either.
-    assert read_statuses(svc, [offsets[2]], [sizes[2] + sizes[3]], True) == [
-        pb.READ_OUT_OF_RANGE
-    ]
+    assert read_statuses(svc, [offsets[2]], [sizes[2] + sizes[3]], True) == [pb.READ_OUT_OF_RANGE]
 
     host = stored.store_host
     got = svc.stub.GetMessage(pb.GetMessageRequest(msg_id=offset_msg_id(host, offsets[2])))
@@ -52,3 +50,11 @@ def test_records_past_the_commit_offset_are_not_served_until_it_passes_them(
     assert [parse(r).physical_offset for r in answer.records] == offsets
     got = svc.stub.GetMessage(pb.GetMessageRequest(msg_id=offset_msg_id(host, offsets[4])))
     assert got.commit_log_offset == offsets[4]
+
+
+def test_a_single_replica_has_nobody_to_hand_the_lead_to(svc: Running) -> None:
+    """Switchover on a store outside a broker group, and a timeout out of bounds."""
+    code, message, _ = rpc_error(lambda: svc.stub.Switchover(pb.SwitchoverRequest()))
+    assert code is grpc.StatusCode.FAILED_PRECONDITION and "single replica" in message
+    code, _, field = rpc_error(lambda: svc.stub.Switchover(pb.SwitchoverRequest(timeout_ms=-1)))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and field == "timeout_ms"
