@@ -48,7 +48,6 @@ from mqstore.coordination.etcd import EtcdCoordinator
 from mqstore.errors import MqstoreError
 from mqstore.formats.record import pack_host
 from mqstore.rpc import logs
-from mqstore.rpc.channel import PLAINTEXT
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.server import READINESS, ServiceHost
@@ -179,7 +178,7 @@ class CommitLogService:
                 allow_unclean=s.allow_unclean_election,
                 ack_timeout_ms=s.replication_ack_timeout_ms,
             ),
-            security=PLAINTEXT,  # TLS and tokens between replicas: not yet (docs/replication.md)
+            security=s.commitlog_security(),  # how this replica reaches the others
         )
         controller.join()
         log.info(
