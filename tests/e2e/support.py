@@ -133,10 +133,14 @@ def eventually(check: Callable[[], bool], timeout_s: float = 30.0, step_s: float
 
 
 def start_up(
-    data: Path, *flags: str, umask: int | None = None, timeout_s: float = 90.0
+    data: Path,
+    *flags: str,
+    umask: int | None = None,
+    timeout_s: float = 90.0,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
-    """`mqstore up --data-dir DATA --base-port -1 FLAGS` as a user runs it, and what it
-    printed up to "Ctrl-C stops" (everything is up then)."""
+    """`mqstore up --data-dir DATA --base-port -1 FLAGS` as a user runs it (in `env`, when
+    given), and what it printed up to "Ctrl-C stops" (everything is up then)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "mqstore.cli", "up", "--data-dir", str(data), "--base-port", "-1",
          *flags],
@@ -144,6 +148,7 @@ def start_up(
         stderr=subprocess.STDOUT,
         text=True,
         umask=-1 if umask is None else umask,
+        env=env,
     )  # fmt: skip
     assert proc.stdout is not None
     lines = []

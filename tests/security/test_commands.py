@@ -21,6 +21,7 @@ from mqstore.cli import cli
 from mqstore.client import Admin, ClientSettings, Consumer, Producer
 from mqstore.client.errors import Unauthenticated
 from mqstore.rpc.auth import TokenTable
+from tests.e2e.support import start_up
 
 pytestmark = pytest.mark.timeout(120)
 START_S = 90.0
@@ -88,26 +89,8 @@ def test_up_secure_runs_a_store_that_a_client_reaches_with_the_printed_environme
     tmp_path: Path,
 ) -> None:
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mqstore.cli", "up", "--secure", "--data-dir", str(data),
-         "--base-port", "-1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_without_mqstore_env(),
-    )  # fmt: skip
+    proc, text = start_up(data, "--secure", timeout_s=START_S, env=_without_mqstore_env())
     try:
-        assert proc.stdout is not None
-        lines = []
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "Ctrl-C stops" in line:
-                break
-        text = "".join(lines)
         env = dict(re.findall(r"^\s+export (MQSTORE_\w+)=(\S+)$", text, re.M))
         assert set(env) == {
             "MQSTORE_COMMITLOG",
@@ -162,26 +145,10 @@ def test_up_secure_with_three_replicas_replicates_over_tls_with_the_replicate_sc
     token of their own (scope replicate, nothing else); a client with the printed environment
     produces, and `mqstore cluster status` / `switchover` work with the admin token."""
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mqstore.cli", "up", "--secure", "--replicas", "3",
-         "--data-dir", str(data), "--base-port", "-1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_without_mqstore_env(),
-    )  # fmt: skip
+    proc, text = start_up(
+        data, "--secure", "--replicas", "3", timeout_s=START_S, env=_without_mqstore_env()
+    )
     try:
-        assert proc.stdout is not None
-        lines = []
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "Ctrl-C stops" in line:
-                break
-        text = "".join(lines)
         env = dict(re.findall(r"^\s+export (MQSTORE_\w+)=(\S+)$", text, re.M))
         assert len(env["MQSTORE_COMMITLOG"].split(",")) == 3, text
         table = TokenTable.from_file(str(data / "secrets" / "tokens.toml"))
