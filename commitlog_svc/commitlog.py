@@ -60,6 +60,7 @@ from mqstore.errors import (
     FailedPrecondition,
     InvalidArgument,
     MqstoreError,
+    NotCommitted,
     OutOfRange,
     PropertiesTooLarge,
     Unavailable,
@@ -127,12 +128,15 @@ class AckGate(Protocol):
     """What a replicated log's leader checks around each append (replication/controller.py)."""
 
     def refusal(self) -> Refusal | None:
-        """Why an append may not be taken now, or None."""
+        """Why an append may not be taken now, or None. Raises NotLeader when this replica
+        may not lead an append at all (the producer sends the whole request to the leader)."""
         ...
 
     def replicated(self, end_offset: int) -> tuple[PutStatus, str]:
         """After the local flush: PUT_OK once the append up to `end_offset` may be
-        acknowledged, else the status (and reason) to answer instead."""
+        acknowledged, else the status (and reason) to answer instead. Raises NotLeader when
+        the term ended first: the producer sends the request again to the new leader, whose
+        producer table answers it as a duplicate if the append reached it."""
         ...
 
 
@@ -441,8 +445,16 @@ class CommitLog:
         return local if bound is None else min(local, bound())
 
     def set_commit_bound(self, bound: Callable[[], int] | None) -> None:
-        """Dispatch stops at `bound()` too: a broker group's commit offset."""
+        """Dispatch and reads stop at `bound()` too: a broker group's commit offset."""
         self._commit_bound = bound
+
+    @property
+    def served_end(self) -> int:
+        """Where reads stop: the readable end, or a broker group's commit offset when lower
+        (a record past it may still be cut by a failover; NotCommitted)."""
+        high = self.max_offset
+        bound = self._commit_bound
+        return high if bound is None else min(high, bound())
 
     def set_ack_gate(self, gate: AckGate | None) -> None:
         """A replicated log's leader gate (see AckGate); None: acknowledge as a single store."""
@@ -919,7 +931,11 @@ class CommitLog:
     def read_record(self, offset: int) -> Record:
         """The record starting at `offset`, CRC-checked. InvalidArgument if no record starts
         there, CorruptRecord (DATA_LOSS) if the one there fails its checks (a record whose
-        magic code was damaged too: its PHYSICALOFFSET field still says it started there)."""
+        magic code was damaged too: its PHYSICALOFFSET field still says it started there).
+        NotCommitted for a record past served_end."""
+        served_end = self.served_end
+        if offset >= served_end:
+            raise _not_served(offset, served_end, self.max_offset)
         mf = self._file_at(offset)
         if not mf.hold():
             raise DataLoss(f"the segment holding {offset} was deleted")
@@ -932,6 +948,8 @@ class CommitLog:
         finally:
             mf.release()
         if isinstance(found, Record):
+            if offset + found.total_size > served_end:
+                raise _not_served(offset, served_end, self.max_offset)
             return found
         known = self._corrupt_starts.get(offset)
         if known is not None:
@@ -1012,16 +1030,17 @@ class CommitLog:
         off = np.asarray(offsets, dtype=np.int64)
         size = np.asarray(sizes, dtype=np.int64)
         check(off.shape == size.shape and off.ndim == 1, "one size for every offset")
-        low, high = self.min_offset, self.max_offset
+        low, high, served_end = self.min_offset, self.max_offset, self.served_end
         errors: dict[int, MqstoreError] = {}
-        wanted = (size > 0) & (off >= low) & (off < high)
+        wanted = (size > 0) & (off >= low) & (off < high) & (off + size <= served_end)
         for i in np.flatnonzero(~wanted).tolist():
             offset, nbytes = int(off[i]), int(size[i])
-            errors[i] = (
-                InvalidArgument(f"size must be positive, got {nbytes}")
-                if nbytes <= 0
-                else OutOfRange(f"offset {offset} is outside the log [{low}, {high})")
-            )
+            if nbytes <= 0:
+                errors[i] = InvalidArgument(f"size must be positive, got {nbytes}")
+            elif low <= offset < high:
+                errors[i] = _not_served(offset, served_end, high)
+            else:
+                errors[i] = OutOfRange(f"offset {offset} is outside the log [{low}, {high})")
         served = np.zeros(len(off), dtype=np.int64)
         pieces = self._copy_ranges(off, size, np.flatnonzero(wanted), served, errors)
         blob = pieces[0] if len(pieces) == 1 else b"".join(pieces)
@@ -1392,6 +1411,15 @@ def _with_property(batches: Sequence[MessageBatch], index: int, extra: bytes) ->
             return out
         index -= n
     raise InvalidArgument(f"message {index} is not in the batch")
+
+
+def _not_served(offset: int, served_end: int, high: int) -> OutOfRange:
+    if served_end < high:
+        return NotCommitted(
+            f"the record at {offset} is not yet held by the whole in-sync set (commit offset "
+            f"{served_end}); retry shortly"
+        )
+    return OutOfRange(f"[{offset}, ...) runs past readable data (end {high})")
 
 
 def _holds_own_offset(buf: Buffer, pos: int, readable: int, offset: int) -> bool:

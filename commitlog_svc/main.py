@@ -10,7 +10,9 @@ Start-up, in order:
     store host        now that the port is known (port 0: the kernel's pick); appends that
                       arrived in between waited for it
     readiness         SERVING while the store is open, writable and not draining (re-checked
-                      every READINESS_CHECK_S); liveness = the flush thread alive, no flush failed
+                      every READINESS_CHECK_S), and in a broker group while it leads or follows
+                      as a member of the in-sync set; liveness = the flush thread alive, no
+                      flush failed
 
 SIGTERM / SIGINT: ServiceHost's graceful stop: every health name NOT_SERVING, drain_delay_s
 for endpoints to go, then the drain (subscriptions and append streams end; subscribers
@@ -38,7 +40,7 @@ import grpc
 from commitlog_svc import metrics
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.replica import ReplicaLog
-from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings, Role
+from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings
 from commitlog_svc.servicer import CommitLogServicer
 from commitlog_svc.settings import CommitLogSettings
 from commitlog_svc.subscribers import SubscriberRegistry
@@ -46,7 +48,6 @@ from mqstore.coordination.etcd import EtcdCoordinator
 from mqstore.errors import MqstoreError
 from mqstore.formats.record import pack_host
 from mqstore.rpc import logs
-from mqstore.rpc.channel import PLAINTEXT
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.server import READINESS, ServiceHost
@@ -177,7 +178,7 @@ class CommitLogService:
                 allow_unclean=s.allow_unclean_election,
                 ack_timeout_ms=s.replication_ack_timeout_ms,
             ),
-            security=PLAINTEXT,  # TLS and tokens between replicas: not yet (docs/replication.md)
+            security=s.commitlog_security(),  # how this replica reaches the others
         )
         controller.join()
         log.info(
@@ -215,7 +216,7 @@ class CommitLogService:
             and engine.running
             and engine.writable
             and not servicer.draining
-            and (replication is None or replication.role is not Role.CANDIDATE)
+            and (replication is None or replication.serving())
         )
 
     def _watch_readiness(self) -> None:

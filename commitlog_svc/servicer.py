@@ -76,6 +76,7 @@ from mqstore.errors import (
     FailedPrecondition,
     InvalidArgument,
     MqstoreError,
+    NotCommitted,
     NotFound,
     NotLeader,
     OutOfRange,
@@ -107,6 +108,10 @@ SUBSCRIBE_WAIT_S = 1.0
 # How long an append waits for the store host to be set after the port opens (start-up only).
 START_WAIT_S = 10.0
 SUBSCRIBER_ID_BYTES_MAX = 256
+# A switchover waits this long for the successor to catch up and lead, unless told otherwise;
+# longer than a few lease TTLs is a wait nobody wants (the successor is not keeping up).
+SWITCHOVER_TIMEOUT_DEFAULT_MS = 10_000
+SWITCHOVER_TIMEOUT_MAX_MS = 120_000
 # Per record of a Read answer: field tags, length prefix, status (see ReadResponse).
 _READ_OVERHEAD_BYTES = 8
 _PEER_CACHE_MAX = 4_096
@@ -512,6 +517,8 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         except CorruptRecord:
             metrics.CRC_MISMATCHES.labels("read").inc()
             raise
+        except NotCommitted as exc:
+            raise Unavailable(str(exc)) from exc
         except (OutOfRange, InvalidArgument, DataLoss) as exc:
             raise NotFound(f"no message {request.msg_id} in this store ({exc})") from exc
         if record.store_host != host:
@@ -773,6 +780,28 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         raise FailedPrecondition(
             "this commitlog_svc is a single replica, not in a broker group: "
             "there is no log to replicate from it (docs/replication.md)"
+        )
+
+    def Switchover(
+        self, request: pb.SwitchoverRequest, context: grpc.ServicerContext
+    ) -> pb.SwitchoverResponse:
+        timeout_ms = request.timeout_ms or SWITCHOVER_TIMEOUT_DEFAULT_MS
+        if not 0 < timeout_ms <= SWITCHOVER_TIMEOUT_MAX_MS:
+            raise InvalidArgument(
+                f"timeout_ms must be 1..{SWITCHOVER_TIMEOUT_MAX_MS}, not {request.timeout_ms}",
+                field="timeout_ms",
+            )
+        if self.replication is None:
+            raise FailedPrecondition(
+                "this commitlog_svc is a single replica, not in a broker group: there is no "
+                "follower to hand the lead to (docs/replication.md)"
+            )
+        done = self.replication.switchover(request.to or None, timeout_ms / 1000)
+        return pb.SwitchoverResponse(
+            leader=done.leader.name,
+            leader_address=done.leader.address,
+            epoch=done.leader.epoch,
+            writes_paused_ms=done.paused_ms,
         )
 
     def GetStatus(

@@ -7,6 +7,10 @@ Engine knobs default to RocketMQ's (CommitLogConfig). The store host written int
 so into offset msg ids) defaults to the service's own address: `host`, or POD_IP / 127.0.0.1
 when it binds every interface, and the API port it really listens on (with port 0, the one the
 kernel picked).
+
+A broker group's replica reaches the other replicas as a follower of the commit log does
+(FollowerSettings: `--commitlog-tls-ca-file`, `--commitlog-token-file` with the `replicate`
+scope, a client certificate for mutual TLS).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pydantic_settings import SettingsConfigDict
 
 from commitlog_svc.config import CommitLogConfig, FlushMode
 from mqstore.launcher import DEFAULT_PORTS
-from mqstore.rpc.settings import ServiceSettings, check_worker_budget
+from mqstore.rpc.settings import FollowerSettings, check_worker_budget
 from mqstore.rpc.streams import StreamCap
 
 _API_PORT, _HEALTH_PORT, _METRICS_PORT = DEFAULT_PORTS["commitlog_svc"]
@@ -30,7 +34,7 @@ POD_IP_ENV = "POD_IP"
 _API_METHOD = "/mqstore.commitlog.v1.CommitLog/"
 
 
-class CommitLogSettings(ServiceSettings):
+class CommitLogSettings(FollowerSettings):
     model_config = SettingsConfigDict(
         env_prefix="MQSTORE_COMMITLOG_", extra="forbid", validate_default=True
     )

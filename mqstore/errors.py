@@ -6,6 +6,7 @@
     │   ├── PropertiesTooLarge        encoded properties over 32,767 bytes
     │   └── MalformedRequest          request bytes that do not parse as the method's message
     ├── OutOfRange                    OUT_OF_RANGE      an offset outside what is stored
+    │   └── NotCommitted              written, but the broker group's in-sync set lacks it
     ├── NotFound                      NOT_FOUND         an unknown id or queue
     ├── FailedPrecondition            FAILED_PRECONDITION  asked of the wrong place (shard)
     │   ├── NotEligible               a candidate outside the in-sync set (no unclean election)
@@ -73,6 +74,11 @@ class MalformedRequest(InvalidArgument):
 
 class OutOfRange(MqstoreError):
     grpc_code = "OUT_OF_RANGE"
+
+
+class NotCommitted(OutOfRange):
+    """A record this replica holds past the broker group's commit offset: no reader is served
+    it until every in-sync replica holds it, so nothing a reader saw can vanish in a failover."""
 
 
 class NotFound(MqstoreError):

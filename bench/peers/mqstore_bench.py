@@ -36,7 +36,7 @@ import urllib.request
 from typing import Any
 
 from bench.e2e_bench import disk_guard
-from bench.peers import pacing
+from bench.peers import pacing, replicated
 from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib, size_name
 from bench.peers.context import Context
 from bench.peers.grpc_ceiling import CeilingServer, pinger
@@ -326,21 +326,36 @@ def run(ctx: Context) -> None:
         cluster = start_store(store_root, flush=flush, extra=extra)
         # The whole-record CRC's cost: a twin store without it, produced to right after each
         # produce run of the store with it (flush async only), so both see the same machine.
+        # Replication's: a group of three replicas, produced to right after each flush-sync
+        # produce run (bench/peers/replicated.py).
         twin: Cluster | None = None
+        group: replicated.Group | None = None
         try:
             if flush == "async":
                 twin_extra = {**extra, "commitlog_svc": [*disk_flags, "--record-crc", "false"]}
                 twin = start_store(ctx.root / "mqstore-no-crc", flush=flush, extra=twin_extra)
-            _run_store(ctx, cluster, flush, twin)
+            else:
+                ctx.say("mqstore: starting a broker group of three replicas (flush sync)")
+                group = replicated.start_group(ctx.root / "mqstore-group", disk_flags)
+            _run_store(ctx, cluster, flush, twin, group)
         finally:
             for store in (cluster, twin):
                 if store is not None:
                     store.stop_all()
+            if group is not None:
+                group.stop()
             shutil.rmtree(store_root, ignore_errors=True)
             shutil.rmtree(ctx.root / "mqstore-no-crc", ignore_errors=True)
+            shutil.rmtree(ctx.root / "mqstore-group", ignore_errors=True)
 
 
-def _run_store(ctx: Context, cluster: Cluster, flush: str, twin: Cluster | None = None) -> None:
+def _run_store(
+    ctx: Context,
+    cluster: Cluster,
+    flush: str,
+    twin: Cluster | None = None,
+    group: replicated.Group | None = None,
+) -> None:
     scale, results = ctx.scale, ctx.results
     settings = settings_of(cluster)
     servers = _services(cluster)
@@ -371,6 +386,8 @@ def _run_store(ctx: Context, cluster: Cluster, flush: str, twin: Cluster | None 
             )
             if twin is not None:
                 _produce_twin(ctx, twin, f"{topic}-no-crc", size, made["rate"])
+            if group is not None:
+                _produce_group(ctx, group, f"{topic}-group", size, made["rate"])
             if flush == "sync":
                 continue
             wait_caught_up(settings)
@@ -541,6 +558,16 @@ def _produce_twin(ctx: Context, twin: Cluster, topic: str, size: int, with_crc: 
         "a ratio of the same produce to a twin store started with --record-crc false, run "
         "right after it (median of the pairs): " + "; ".join(parts) + ".",
     )
+
+
+def _produce_group(
+    ctx: Context, group: replicated.Group, topic: str, size: int, single_rate: float
+) -> None:
+    """Produce to the three-replica group and note it against the single replica's run."""
+    settings = group.settings
+    wait_caught_up(settings)
+    made, m = ctx.measure(group.pids(), produce, settings, topic, size, ctx.scale.messages)
+    replicated.note_replicated(ctx, size, single_rate, made, m.server_cores)
 
 
 def _catch_up_note(results: Any, flush: str, catch_up: dict[str, list[float]]) -> None:

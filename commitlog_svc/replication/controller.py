@@ -34,7 +34,14 @@ from commitlog_svc.replica import ReplicaLog
 from commitlog_svc.replication.feed import LeaderFeed
 from commitlog_svc.replication.in_sync import InSyncTracker
 from commitlog_svc.replication.link import FollowerLink
-from mqstore.coordination.coordinator import Coordinator, GroupState, InSyncSet, Subscription, Term
+from mqstore.coordination.coordinator import (
+    Coordinator,
+    GroupState,
+    InSyncSet,
+    LeaderRecord,
+    Subscription,
+    Term,
+)
 from mqstore.coordination.lease import TermKeeper
 from mqstore.errors import (
     CoordinatorUnavailable,
@@ -43,6 +50,8 @@ from mqstore.errors import (
     LeadershipLost,
     MqstoreError,
     NotEligible,
+    NotLeader,
+    Unavailable,
 )
 from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity
 from mqstore.storage.clock import Clock, SystemClock
@@ -53,6 +62,19 @@ log = logging.getLogger(__name__)
 CHECK_INTERVAL_S = 0.1
 # After a failed link or coordinator call, wait this long before the next try.
 RETRY_S = 0.2
+# How long a switchover's choice of successor stands in the coordinator: past it (the successor
+# died before it took the lead), any eligible replica may campaign again.
+HANDOVER_TTL_S = 5
+# How often a switching leader reads the group for its successor's leader record.
+SWITCHOVER_POLL_S = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class Switchover:
+    """A planned change of leader, as the old leader saw it."""
+
+    leader: LeaderRecord  # who leads now
+    paused_ms: float  # from refusing appends here until another replica led
 
 
 class Role(enum.Enum):
@@ -102,9 +124,13 @@ class ReplicaController:
         self._resign = True
         self._changed = threading.Event()
         self._state: GroupState | None = None
+        self._in_sync_seen: tuple[str, ...] = ()  # the in-sync set as last read or watched
         self._state_lock = threading.Lock()
         self._watch: Subscription | None = None
         self._link_stop = threading.Event()
+        self._term_over: threading.Event | None = None  # set ends the current term's loop
+        self._handing_to: str | None = None  # a switchover under way: appends refused
+        self._switchover_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="replica-controller", daemon=True)
         self.failovers = 0  # terms this replica won
         self.feed = LeaderFeed(
@@ -149,6 +175,14 @@ class ReplicaController:
 
     # -- what the service asks -----------------------------------------------------------------
 
+    def serving(self) -> bool:
+        """Readiness: this replica leads, or follows as a member of the in-sync set (it holds
+        every acknowledged message and may be elected). A follower still catching up is not
+        ready, so a rolling restart waits for it before it stops the next replica."""
+        if self.role is Role.LEADER:
+            return True
+        return self.role is Role.FOLLOWER and self.settings.name in self._in_sync_seen
+
     def commit_offset(self) -> int:
         tracker = self.tracker
         if tracker is not None:
@@ -159,14 +193,18 @@ class ReplicaController:
         return self._commit_known
 
     def refusal(self) -> Refusal | None:
-        """Why this leader may not take an append now (a follower raises NotLeader earlier)."""
+        """Why this leader may not take an append now. NotLeader (the whole request goes to
+        the leader) when it does not lead, hands the lead over, or may not acknowledge (a
+        follower's log raises NotLeader earlier)."""
         keeper, tracker = self._keeper, self.tracker
         if keeper is None or tracker is None:
-            return PutStatus.SERVICE_NOT_AVAILABLE, "this replica does not lead (yet)"
+            raise self._not_leader("this replica does not lead (yet)")
+        handing_to = self._handing_to
+        if handing_to is not None:
+            raise self._not_leader(f"this replica hands the lead over to {handing_to}")
         if not keeper.may_acknowledge():
-            return (
-                PutStatus.SERVICE_NOT_AVAILABLE,
-                f"leadership not renewed in time: {keeper.fence.over_reason or 'term over'}",
+            raise self._not_leader(
+                f"leadership not renewed in time: {keeper.fence.over_reason or 'term over'}"
             )
         if self.settings.sync and not tracker.accepting():
             return (
@@ -178,25 +216,89 @@ class ReplicaController:
 
     def replicated(self, end_offset: int) -> tuple[PutStatus, str]:
         """After the leader's own flush: wait until the in-sync set holds `end_offset`
-        durably (sync replication), then check the term still holds."""
+        durably (sync replication), then check the term still holds (NotLeader if not: the
+        producer retries the request at the new leader, which holds it or not)."""
         keeper, tracker = self._keeper, self.tracker
         if keeper is None or tracker is None:
-            return PutStatus.SERVICE_NOT_AVAILABLE, "this replica stopped leading"
+            raise self._not_leader("this replica stopped leading before the append was held")
         replica = self._log
         tracker.leader_progress(replica.end_offset, self._durable())
         if self.settings.sync:
             deadline = time.monotonic() + self.settings.ack_timeout_ms / 1000
             while not tracker.wait_committed(end_offset, 0.05):
                 if self.tracker is not tracker or not keeper.may_acknowledge():
-                    return (
-                        PutStatus.SERVICE_NOT_AVAILABLE,
-                        "leadership lost before the in-sync set held it",
-                    )
+                    raise self._not_leader("leadership lost before the in-sync set held it")
                 if time.monotonic() >= deadline:
                     return PutStatus.FLUSH_SLAVE_TIMEOUT, "the in-sync set did not hold it in time"
         if not keeper.may_acknowledge():
-            return PutStatus.SERVICE_NOT_AVAILABLE, "leadership lost before the acknowledgement"
+            raise self._not_leader("leadership lost before the acknowledgement")
         return PutStatus.PUT_OK, ""
+
+    def _not_leader(self, why: str) -> NotLeader:
+        return NotLeader(
+            f"{why}: producers append to the leader of group {self.settings.group}",
+            leader=self._handing_to or "",
+        )
+
+    def switchover(self, to: str | None, timeout_s: float) -> Switchover:
+        """Hand the lead to in-sync follower `to` (None: the most caught up), losing nothing:
+        refuse appends, wait until the successor holds this log's whole end durably, end the
+        term naming the successor in the coordinator (the others stand aside), and wait until
+        another replica leads. Raises NotLeader on a replica that does not lead,
+        FailedPrecondition when there is no such follower or it does not catch up in time
+        (appends resume here), Unavailable when the coordinator cannot record the handover
+        or no new leader appears in time."""
+        with self._switchover_lock:
+            keeper, tracker, term, over = self._keeper, self.tracker, self._term, self._term_over
+            if keeper is None or tracker is None or term is None or over is None:
+                raise NotLeader(
+                    f"{self.settings.name} does not lead group {self.settings.group}",
+                    leader=self.leader_address,
+                )
+            successor = to if to else tracker.most_caught_up()
+            followers = sorted(tracker.members - {self.settings.name})
+            if successor is None or successor not in followers:
+                raise FailedPrecondition(
+                    f"no in-sync follower {successor or ''} to hand the lead to "
+                    f"(in-sync followers: {followers or 'none'})".replace("  ", " ")
+                )
+            started = time.monotonic()
+            deadline = started + timeout_s
+            self._handing_to = successor
+            handed = False
+            try:
+                replica = self._log
+                if not tracker.wait_held(
+                    successor, lambda: replica.end_offset, max(0.0, deadline - time.monotonic())
+                ):
+                    raise FailedPrecondition(
+                        f"{successor} did not hold the log's end {replica.end_offset} within "
+                        f"{timeout_s:g} s; the lead stays with {self.settings.name}"
+                    )
+                keeper.fence.end(f"handing the lead over to {successor}")
+                handed = True
+                try:
+                    held = self._coordinator.hand_over(term, successor, HANDOVER_TTL_S)
+                finally:
+                    over.set()
+                if not held:
+                    raise Unavailable(f"the term of epoch {term.epoch} ended before the handover")
+                leader = self._wait_other_leader(deadline)
+            finally:
+                if not handed:
+                    self._handing_to = None
+            paused_ms = (time.monotonic() - started) * 1000
+            log.info("handed the lead to %s in %.0f ms", leader.name, paused_ms)
+            return Switchover(leader, paused_ms)
+
+    def _wait_other_leader(self, deadline: float) -> LeaderRecord:
+        while True:
+            leader = self._coordinator.read().leader
+            if leader is not None and leader.name != self.settings.name:
+                return leader
+            if time.monotonic() >= deadline:
+                raise Unavailable("no replica took the lead in time after the handover")
+            time.sleep(SWITCHOVER_POLL_S)
 
     def _durable(self) -> int:
         replica = self._log
@@ -209,6 +311,7 @@ class ReplicaController:
     def _on_change(self, state: GroupState) -> None:
         with self._state_lock:
             self._state = state
+        self._in_sync_seen = state.in_sync.members
         leader = state.leader
         if self.role is Role.FOLLOWER and (leader is None or leader.name != self.leader_name):
             self._link_stop.set()
@@ -219,6 +322,7 @@ class ReplicaController:
             state = self._state
         if state is None:
             state = self._coordinator.read()
+            self._in_sync_seen = state.in_sync.members
         return state
 
     def _run(self) -> None:
@@ -294,6 +398,8 @@ class ReplicaController:
     def _lead(self, term: Term, state: GroupState) -> None:
         replica = self._log
         lost = threading.Event()
+        self._term_over = lost
+        self._handing_to = None
         keeper = TermKeeper(self._coordinator, term, on_lost=lambda _reason: lost.set())
         keeper.start()
         begins = replica.become_leader(term.epoch)
@@ -342,6 +448,8 @@ class ReplicaController:
             self.role = Role.CANDIDATE
             self.tracker = None
             self._keeper = None
+            self._term = None
+            self._term_over = None
             keeper.stop()
             replica.become_follower("")
             tracker.wake()

@@ -99,6 +99,7 @@ class InSyncTracker:
             if end_offset >= self._leader_end:
                 replica.caught_up_at_ms = now
             self._advance()
+            self._cond.notify_all()  # wait_held
 
     def disconnected(self, name: str) -> None:
         with self._cond:
@@ -178,6 +179,29 @@ class InSyncTracker:
         """Block until the commit offset reaches `offset`; False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: self._commit >= offset, timeout=timeout_s)
+
+    def most_caught_up(self) -> str | None:
+        """The connected follower in the set holding the most durably (a switchover's pick)."""
+        with self._cond:
+            candidates = [
+                r
+                for r in self._replicas.values()
+                if r.name in self._members and r.name != self.leader and r.connected
+            ]
+            if not candidates:
+                return None
+            return max(candidates, key=lambda r: (r.durable_offset, r.name)).name
+
+    def wait_held(self, name: str, offset: Callable[[], int], timeout_s: float) -> bool:
+        """Block until follower `name` holds `offset()` durably (re-read at each report);
+        False on timeout."""
+
+        def held() -> bool:
+            replica = self._replicas.get(name)
+            return replica is not None and replica.durable_offset >= offset()
+
+        with self._cond:
+            return self._cond.wait_for(held, timeout=timeout_s)
 
     def wake(self) -> None:
         """Wake every waiter (on a change of role: they re-check and give up)."""

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 LINK_IDLE_S = 5.0
 # The acker sends at least this often while durable progress is pending.
 ACK_WAIT_S = 0.05
+# How soon the link notices `stop` (a change of leader): part of a switchover's pause.
+STOP_POLL_S = 0.02
 
 
 class FollowerLink:
@@ -198,7 +200,7 @@ class FollowerLink:
         done: threading.Event,
         stop: threading.Event,
     ) -> None:
-        while not done.wait(0.1):
+        while not done.wait(STOP_POLL_S):
             if stop.is_set() or time.monotonic() - last_heard[0] > self._idle_s:
                 if not stop.is_set():
                     log.warning(

@@ -47,6 +47,8 @@ SERVER_HOSTS = ("127.0.0.1", "::1", "localhost")
 ADMIN_SCOPES = ("admin",)
 # A follower subscribes and reads records by offset (its pulls and queries read the log).
 SUBSCRIBER_SCOPES = ("subscribe", "consume:*")
+# A broker group's replica copies the leader's log (Replicate) and nothing else.
+REPLICA_SCOPES = ("replicate",)
 SECRET_FILE_MODE = 0o600
 SECRET_DIR_MODE = 0o700
 
@@ -242,6 +244,10 @@ class SecretFiles:
     def subscriber_token(self) -> Path:
         return self.directory / "subscriber.token"
 
+    @property
+    def replica_token(self) -> Path:
+        return self.directory / "replica.token"
+
 
 def prepare_secrets(directory: str | Path) -> SecretFiles:
     """Make whatever of the secrets is missing or expiring in `directory`; keep the rest."""
@@ -268,16 +274,20 @@ def prepare_secrets(directory: str | Path) -> SecretFiles:
             )
             write_secret(key_path, key)
             cert_path.write_bytes(cert)
-    if not all(p.exists() for p in (files.tokens, files.admin_token, files.subscriber_token)):
-        admin, subscriber = new_token(), new_token()
+    tokens = (files.tokens, files.admin_token, files.subscriber_token, files.replica_token)
+    if not all(p.exists() for p in tokens):
+        admin, subscriber, replica = new_token(), new_token(), new_token()
         write_secret(files.admin_token, admin + "\n")
         write_secret(files.subscriber_token, subscriber + "\n")
+        write_secret(files.replica_token, replica + "\n")
         write_secret(
             files.tokens,
             "# Token hashes and scopes for mqstore's services (mqstore/rpc/auth.py).\n"
             + toml_entry("admin", admin, ADMIN_SCOPES)
             + "\n"
-            + toml_entry("followers", subscriber, SUBSCRIBER_SCOPES),
+            + toml_entry("followers", subscriber, SUBSCRIBER_SCOPES)
+            + "\n"
+            + toml_entry("replicas", replica, REPLICA_SCOPES),
         )
     return files
 

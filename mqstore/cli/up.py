@@ -104,11 +104,6 @@ def up(
     readable by this user only (--data-mode), with or without --secure.
     """
     count = int(replicas)
-    if count > 1 and (secure or mtls):
-        raise click.ClickException(
-            "--replicas with --secure is not there yet: replica links are plaintext "
-            "(docs/replication.md)"
-        )
     data_dir = os.path.abspath(data_dir)
     # Before anything is made: the logs, secrets and the services' directories are born
     # private too (the services apply the same mode to their own directories).
@@ -117,7 +112,9 @@ def up(
     logs = os.path.join(data_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     secrets = prepare_secrets(os.path.join(data_dir, "secrets")) if secure or mtls else None
-    server_args, follower_args = _security_args(secrets, mtls)
+    server_args = _server_args(secrets, mtls)
+    follower_args = _follower_args(secrets, mtls, replica=False)
+    replica_args = _follower_args(secrets, mtls, replica=True)
     started: list[ServiceProcess] = []
     stop = threading.Event()
 
@@ -151,6 +148,7 @@ def up(
                     *mode_args,
                     *server_args,
                     *extra,
+                    *(replica_args if count > 1 else []),
                 ],
                 log_path=os.path.join(logs, f"{name}.log"),
             )
@@ -225,26 +223,36 @@ def _stop_all(started: list[ServiceProcess]) -> dict[str, int]:
     return {os.path.basename(s.data_dir): s.stop() for s in reversed(started)}
 
 
-def _security_args(secrets: SecretFiles | None, mtls: bool) -> tuple[list[str], list[str]]:
-    """(flags of every service's API, flags of a follower's channel to the commit log)."""
+def _server_args(secrets: SecretFiles | None, mtls: bool) -> list[str]:
+    """Flags of every service's API: TLS, tokens, client certificates under --mtls."""
     if secrets is None:
-        return [], []
+        return []
     server = [
         "--tls-cert-file", str(secrets.server_cert),
         "--tls-key-file", str(secrets.server_key),
         "--tokens-file", str(secrets.tokens),
     ]  # fmt: skip
-    follower = [
-        "--commitlog-tls-ca-file", str(secrets.ca),
-        "--commitlog-token-file", str(secrets.subscriber_token),
-    ]  # fmt: skip
     if mtls:
         server += ["--tls-client-ca-file", str(secrets.ca)]
+    return server
+
+
+def _follower_args(secrets: SecretFiles | None, mtls: bool, *, replica: bool) -> list[str]:
+    """Flags of a channel to the commit log: cq_svc's and index_svc's (the subscriber token),
+    or a replica's to the other replicas (the replica token, scope replicate)."""
+    if secrets is None:
+        return []
+    token = secrets.replica_token if replica else secrets.subscriber_token
+    follower = [
+        "--commitlog-tls-ca-file", str(secrets.ca),
+        "--commitlog-token-file", str(token),
+    ]  # fmt: skip
+    if mtls:
         follower += [
             "--commitlog-tls-cert-file", str(secrets.client_cert),
             "--commitlog-tls-key-file", str(secrets.client_key),
         ]  # fmt: skip
-    return server, follower
+    return follower
 
 
 def client_environment(

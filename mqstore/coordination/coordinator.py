@@ -8,6 +8,8 @@ on, each changed only by a compare-and-set (docs/replication.md, "Coordinator"):
     in-sync     {members, epoch, version}: who holds every acknowledged message; changed only
                 by the current leader, fenced by its leader record
     store id    the log's identity, set once; every replica holds the same
+    handover    the replica a leader handed its term to (a switchover), with a lease of its
+                own: while it lasts, only that replica may take the lead
 
 The replica controller (commitlog_svc) drives this interface; `etcd.py` implements it on etcd
 v3. It is kept small so that a Kubernetes-Lease coordinator can stand behind it later: reads
@@ -60,6 +62,7 @@ class GroupState:
     epoch: int  # the group's last epoch (0: none began yet)
     in_sync: InSyncSet
     store_id: str | None
+    handover: str | None = None  # the only replica that may lead next (a switchover)
     # Coordinator stamps, not part of equality (two reads of an unchanged group compare equal):
     # the revision of this read, after which a watch continues, and the epoch's last write,
     # which an election compares.
@@ -68,7 +71,10 @@ class GroupState:
 
     def may_lead(self, name: str, *, allow_unclean: bool = False) -> bool:
         """The election rule: a replica may lead when it is in the in-sync set, when the set is
-        empty (the group's first leader), or when the operator allows unclean elections."""
+        empty (the group's first leader), or when the operator allows unclean elections; and,
+        while a switchover's handover stands, only the replica it names."""
+        if self.handover is not None and self.handover != name:
+            return False
         return allow_unclean or not self.in_sync.members or name in self.in_sync.members
 
 
@@ -128,7 +134,8 @@ class Coordinator(Protocol):
         the new epoch is max(group epoch, `last_log_epoch`) + 1 and becomes the group epoch.
         None when another leads or won the race. Raises `NotEligible` when `name` may not
         lead (GroupState.may_lead). At the group's first election, and at an unclean one,
-        the in-sync set becomes {name}; otherwise it is left for the new leader to change."""
+        the in-sync set becomes {name}; otherwise it is left for the new leader to change.
+        A won campaign removes a switchover's handover."""
         ...
 
     def renew(self, term: Term, *, timeout_s: float | None = None) -> None:
@@ -141,6 +148,14 @@ class Coordinator(Protocol):
     def resign(self, term: Term) -> bool:
         """End the term: remove the leader record if it is still the term's, end the lease.
         True when the record was still the term's. The caller stops acknowledging first."""
+        ...
+
+    def hand_over(self, term: Term, successor: str, ttl_s: int) -> bool:
+        """A switchover in one step: end the term (remove its leader record, fenced by it, and
+        its lease) and name `successor` as the only replica that may lead next, for `ttl_s`
+        (then anyone eligible may). True when the term still held. The caller stops
+        acknowledging first and has made sure the successor holds the whole log. A won
+        campaign removes the handover."""
         ...
 
     def update_in_sync(self, term: Term, expected: InSyncSet, members: Sequence[str]) -> InSyncSet:

@@ -6,15 +6,18 @@ Keys, under `/mqstore/<group>/` (values are UTF-8):
     epoch      "17"                          the group's last epoch, decimal
     isr        {"members", "epoch", "version"}  JSON, the in-sync set
     store_id   "9f2c..."                     hex, created once
+    handover   {"to", "epoch"}               JSON, put with a lease of its own (a switchover)
 
 Transactions (all compares must hold, else nothing is written):
 
     campaign   leader CREATE = 0 (absent), epoch MOD = as read, isr MOD = as read
-               -> put leader (lease), put epoch + 1 [, put isr {name} at the first or an
-                  unclean election]
+               -> put leader (lease), put epoch + 1, delete handover [, put isr {name} at
+                  the first or an unclean election]
     isr        leader CREATE = term's fence, leader LEASE = term's lease, isr MOD = as read
                -> put isr; else read leader and isr to say which compare failed
     resign     leader CREATE = term's fence -> delete leader; then revoke the lease
+    hand over  leader CREATE = term's fence -> delete leader, put handover (its own lease);
+               then revoke the term's lease
     store id   store_id CREATE = 0 -> put; else read it
 
 `CREATE` is the key's create revision: a new leader record always has a new one, so it is the
@@ -163,6 +166,7 @@ class EtcdCoordinator:
         self.epoch_key = self.prefix + "epoch"
         self.isr_key = self.prefix + "isr"
         self.store_id_key = self.prefix + "store_id"
+        self.handover_key = self.prefix + "handover"
         self._watches: list[_GroupWatch] = []
         self._watches_lock = threading.Lock()
 
@@ -257,6 +261,7 @@ class EtcdCoordinator:
         epoch = epoch_revision = 0
         in_sync = InSyncSet()
         store_id: str | None = None
+        handover: str | None = None
         for kv in answer.get("kvs", []):
             key = _unb64(kv["key"]).decode(errors="replace")
             value = _unb64(kv.get("value", ""))
@@ -269,6 +274,8 @@ class EtcdCoordinator:
                 in_sync = _parse_isr(key, value, int(kv.get("mod_revision", 0)))
             elif key == self.store_id_key:
                 store_id = _parse_store_id(key, value)
+            elif key == self.handover_key:
+                handover = _parse_handover(key, value)
             # Other keys under the prefix belong to later versions: left alone.
         return GroupState(
             group=self._group,
@@ -276,6 +283,7 @@ class EtcdCoordinator:
             epoch=epoch,
             in_sync=in_sync,
             store_id=store_id,
+            handover=handover,
             revision=revision,
             epoch_revision=epoch_revision,
         )
@@ -298,6 +306,8 @@ class EtcdCoordinator:
         if state.leader is not None:
             return None
         if not state.may_lead(name, allow_unclean=allow_unclean):
+            if state.handover is not None and state.handover != name:
+                raise NotEligible(f"a switchover handed group {self._group} to {state.handover}")
             raise NotEligible(
                 f"{name} is not in the in-sync set {list(state.in_sync.members)} of group "
                 f"{self._group} and unclean election is not allowed"
@@ -316,6 +326,7 @@ class EtcdCoordinator:
                 }
             },
             {"request_put": {"key": _b64(self.epoch_key), "value": _b64(str(epoch))}},
+            {"request_delete_range": {"key": _b64(self.handover_key)}},
         ]
         if name not in state.in_sync.members:
             # The group's first leader, or an unclean one: it alone holds what it will
@@ -395,6 +406,37 @@ class EtcdCoordinator:
         finally:
             self._revoke_quietly(term.lease_id)
         return bool(answer.get("succeeded"))
+
+    def hand_over(self, term: Term, successor: str, ttl_s: int) -> bool:
+        _check_name(successor)
+        grant = self._post("hand_over", "/lease/grant", {"TTL": max(1, ttl_s), "ID": 0})
+        handover_lease = int(grant["ID"])
+        record = json.dumps({"to": successor, "epoch": term.epoch})
+        try:
+            answer = self._txn(
+                "hand_over",
+                [_compare(self.leader_key, "CREATE", term.fence)],
+                [
+                    {"request_delete_range": {"key": _b64(self.leader_key)}},
+                    {
+                        "request_put": {
+                            "key": _b64(self.handover_key),
+                            "value": _b64(record),
+                            "lease": handover_lease,
+                        }
+                    },
+                ],
+            )
+        except CoordinatorUnavailable:
+            self._revoke_quietly(handover_lease)
+            raise
+        finally:
+            self._revoke_quietly(term.lease_id)
+        if not answer.get("succeeded"):
+            self._revoke_quietly(handover_lease)
+            return False
+        log.info("group %s handed from %s to %s", self._group, term.name, successor)
+        return True
 
     # -- fenced and set-once writes ------------------------------------------------------
 
@@ -645,6 +687,14 @@ def _parse_isr(key: str, value: bytes, revision: int) -> InSyncSet:
         raise CorruptCoordinatorValue(key, f"want members, epoch, version: {value[:200]!r}")
     assert isinstance(epoch, int) and isinstance(version, int)
     return InSyncSet(tuple(members), epoch, version, revision)
+
+
+def _parse_handover(key: str, value: bytes) -> str:
+    data = _parse_json(key, value)
+    successor = data.get("to")
+    if not isinstance(successor, str) or not REPLICA_NAME_PATTERN.fullmatch(successor):
+        raise CorruptCoordinatorValue(key, f"want to, epoch: {value[:200]!r}")
+    return successor
 
 
 def _parse_int(key: str, value: bytes) -> int:

@@ -13,6 +13,8 @@
                                          topic; `consume:*` also raw reads by offset (Read,
                                          GetMessage), which may hit any topic
                subscribe                 the dispatch stream (Subscribe, Confirm): followers
+               replicate                 copy the whole log (Replicate): a broker group's
+                                         replicas
                admin                     every method (ListTopics needs it, nothing else does)
                (any valid token)         GetStatus of each service, reflection
                patterns are fnmatch, case-sensitive: `*` every topic, `orders*`, `eu-?-audit`
@@ -68,12 +70,15 @@ PRODUCE: Final = "produce"
 CONSUME: Final = "consume"
 ADMIN: Final = "admin"
 SUBSCRIBE: Final = "subscribe"
+REPLICATE: Final = "replicate"
 ALL_TOPICS: Final = "*"
 DIGEST_BYTES = hashlib.sha256().digest_size
 assert DIGEST_BYTES == 32
 _ENTRY_KEYS = frozenset({"name", "sha256", "scopes", "expires"})
 
-Scope = Literal["produce", "consume", "admin", "subscribe", "authenticated"]
+Scope = Literal["produce", "consume", "admin", "subscribe", "replicate", "authenticated"]
+# Scopes without a topic pattern.
+_FLAG_SCOPES = (ADMIN, SUBSCRIBE, REPLICATE)
 
 
 def hash_token(token: str) -> bytes:
@@ -81,15 +86,16 @@ def hash_token(token: str) -> bytes:
 
 
 def parse_scope(text: str) -> tuple[str, str]:
-    """(action, topic pattern) of one scope; the pattern is "" for admin and subscribe."""
-    if text in (ADMIN, SUBSCRIBE):
+    """(action, topic pattern) of one scope; the pattern is "" for admin, subscribe and
+    replicate."""
+    if text in _FLAG_SCOPES:
         return text, ""
     action, sep, pattern = text.partition(":")
     if action in (PRODUCE, CONSUME) and sep and pattern and not pattern.isspace():
         return action, pattern
     raise InvalidArgument(
         f"scope {text!r}: expected produce:<topic pattern>, consume:<topic pattern>, "
-        "admin or subscribe",
+        "admin, subscribe or replicate",
         field="scopes",
     )
 
@@ -125,6 +131,7 @@ def _batch_topics(request: Any) -> Iterable[str]:
 AUTHENTICATED = Requirement("authenticated")
 NEEDS_ADMIN = Requirement(ADMIN)
 NEEDS_SUBSCRIBE = Requirement(SUBSCRIBE)
+NEEDS_REPLICATE = Requirement(REPLICATE)
 PRODUCE_BATCHES = Requirement(PRODUCE, _batch_topics)
 CONSUME_TOPIC = Requirement(CONSUME, _topic)
 CONSUME_PULL_TOPIC = Requirement(CONSUME, _pull_topic)
@@ -146,8 +153,8 @@ REQUIREMENTS: dict[str, Requirement] = {
     _CL + "Confirm": NEEDS_SUBSCRIBE,
     _CL + "GetStatus": AUTHENTICATED,
     _CL + "ForgetSubscriber": NEEDS_ADMIN,
-    # A follower replica copies the whole log: admin until replicas get a scope of their own.
-    _CL + "Replicate": NEEDS_ADMIN,
+    _CL + "Replicate": NEEDS_REPLICATE,
+    _CL + "Switchover": NEEDS_ADMIN,
     _CQ + "Pull": CONSUME_TOPIC,
     _CQ + "PullStream": CONSUME_PULL_TOPIC,
     _CQ + "Follow": CONSUME_PULLS_TOPICS,
@@ -185,6 +192,7 @@ class Grant:
     scopes: tuple[str, ...] = ()
     admin: bool = False
     subscribe: bool = False
+    replicate: bool = False
     produce: tuple[str, ...] = ()
     consume: tuple[str, ...] = ()
     expires: dt.datetime | None = None
@@ -211,6 +219,7 @@ class Grant:
             scopes=tuple(scopes),
             admin=ADMIN in flags,
             subscribe=SUBSCRIBE in flags,
+            replicate=REPLICATE in flags,
             produce=tuple(patterns[PRODUCE]),
             consume=tuple(patterns[CONSUME]),
             expires=expires,
@@ -224,6 +233,10 @@ class Grant:
         if scope == SUBSCRIBE:
             if not self.subscribe:
                 raise PermissionDenied(f"token {self.name!r} lacks the subscribe scope")
+            return
+        if scope == REPLICATE:
+            if not self.replicate:
+                raise PermissionDenied(f"token {self.name!r} lacks the replicate scope")
             return
         if scope == ADMIN:
             raise PermissionDenied(f"token {self.name!r} lacks the admin scope")

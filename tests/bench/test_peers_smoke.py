@@ -101,6 +101,11 @@ def test_mqstore_and_ceiling_quick(tmp_path: Path) -> None:
     # the whole-record CRC's cost: a twin store without it produced right after each run
     (note,) = [n for n in report.results.notes if n.startswith("mqstore's whole-record CRC")]
     assert re.search(r"100 B [\d.]+x \(without it [\d,]+ msg/s\); 1 KiB [\d.]+x", note), note
+    # produce to a broker group of three replicas, against one replica, with where time went
+    (note,) = [n for n in report.results.notes if n.startswith("mqstore with 3 replicas")]
+    for size in ("100 B", "1 KiB"):
+        assert re.search(size + r": [\d,]+ msg/s, [\d.]+x one replica \(cores: ", note), note
+    assert "leader " in note and "follower-2 " in note and "cq_svc " in note, note
     memory = report.results.get("memory", 0, "mqstore")
     assert memory is not None
     assert set(memory.runs[0]) >= {"commitlog_svc", "cq_svc", "index_svc"}

@@ -214,6 +214,37 @@ def test_an_in_sync_replica_takes_over_with_the_set_unchanged(coordinators: Make
     assert b.read().in_sync == in_sync  # b's to change, as leader, through update_in_sync
 
 
+def test_a_handover_ends_the_term_and_only_the_successor_may_lead_until_it_lapses(
+    coordinators: Make,
+) -> None:
+    """A switchover's step (docs/replication.md): the leader record goes and the successor is
+    named in the same transaction, so no other in-sync replica can win the race; the
+    successor's win removes the handover; an unused handover lapses with its lease."""
+    a, b, c = coordinators(), coordinators(), coordinators()
+    term_a = lead(a, "a")
+    a.update_in_sync(term_a, a.read().in_sync, ["a", "b", "c"])
+    assert a.hand_over(term_a, "b", ttl_s=TTL_S) is True
+    state = c.read()
+    assert state.leader is None and state.handover == "b"
+    with pytest.raises(NotEligible, match=r"handed group .* to b"):
+        c.campaign("c", "c:7100", TTL_S)
+    with pytest.raises(LeadershipLost):
+        a.renew(term_a)  # the old term's lease went with it
+    assert a.hand_over(term_a, "c", ttl_s=TTL_S) is False  # an old term hands nothing over
+    term_b = lead(b, "b")
+    assert term_b.epoch == term_a.epoch + 1
+    assert b.read().handover is None
+
+    # Unused: once its lease lapses, any in-sync replica may lead again.
+    assert b.hand_over(term_b, "a", ttl_s=TTL_S) is True
+    assert c.read().handover == "a"
+    deadline = time.monotonic() + 10 * TTL_S
+    while c.read().handover is not None:
+        assert time.monotonic() < deadline, "the handover did not lapse"
+        time.sleep(0.1)
+    lead(c, "c")
+
+
 class InterferingCoordinator(EtcdCoordinator):
     """Runs `between` once, right after the next read: a write by someone else lands between
     an election's read and its transaction (a real write to the real etcd)."""

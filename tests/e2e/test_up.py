@@ -9,12 +9,15 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mqstore.client import ClientSettings, Consumer, Producer
+from mqstore.client.producer import SendFuture
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
@@ -50,12 +53,32 @@ def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
         assert leftovers == [], f"{service} left an abort marker: not a clean stop"
 
 
+def mqstore(
+    env: dict[str, str], *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """The `mqstore` command as a user runs it, with the printed environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "mqstore.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=check,
+    )
+
+
+def cluster_status(env: dict[str, str]) -> dict[str, Any]:
+    shown: dict[str, Any] = json.loads(mqstore(env, "cluster", "status", "--json").stdout)
+    return shown
+
+
 def test_up_with_three_replicas_runs_a_broker_group_a_client_reaches_as_printed(
     tmp_path: Path,
 ) -> None:
     """`mqstore up --replicas 3`: etcd and three commit-log replicas (plus cq_svc and
-    index_svc following the leader); the printed `export` lines are all a client needs; Ctrl-C
-    stops everything cleanly."""
+    index_svc following the leader); the printed `export` lines are all a client needs;
+    `mqstore cluster switchover` moves the lead while a producer sends, losing nothing;
+    the group survives a kill -9 of its leader; Ctrl-C stops everything cleanly."""
     data = tmp_path / "data"
     proc, text = start_up(data, "--replicas", "3", timeout_s=120)
     env = dict(re.findall(r"^\s+export (MQSTORE_\w+)=(\S+)", text, re.M))
@@ -67,29 +90,57 @@ def test_up_with_three_replicas_runs_a_broker_group_a_client_reaches_as_printed(
         sent = [producer.send("hello", b"world-%d" % i) for i in range(100)]
         producer.flush()
         assert all(f.result(timeout=60) for f in sent)
-    got: list[bytes] = []
-    deadline = time.monotonic() + 30
-    while len(got) < 100 and time.monotonic() < deadline:
-        with Consumer(settings, "hello", start="earliest") as consumer:
-            got = [m.body for m in consumer.messages(follow=False)]
-        time.sleep(0.1)
-    assert sorted(got) == sorted(b"world-%d" % i for i in range(100))
     # `mqstore cluster status --json` with the same environment: one leader, all in sync
-    shown = subprocess.run(
-        [sys.executable, "-m", "mqstore.cli", "cluster", "status", "--json"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    cluster = json.loads(shown.stdout)
+    cluster = cluster_status(env)
     rows = cluster["replicas"]
     assert sorted(r["role"] for r in rows) == ["follower", "follower", "leader"], rows
     assert all(r["in_sync"] for r in rows), rows
     (lead,) = [r for r in rows if r["role"] == "leader"]
     assert cluster["leader"] == lead["replica"] and cluster["commit_offset"] == lead["end_offset"]
+
+    # `mqstore cluster switchover` while a producer sends: every send acknowledged
+    follower = next(r for r in rows if r["role"] == "follower")
+    skipped = mqstore(env, "cluster", "switchover", "--if-leader", "--commitlog",
+                      follower["address"])  # fmt: skip
+    assert "nothing to do" in skipped.stdout, skipped.stdout
+    sending = threading.Event()
+    during: list[SendFuture] = []
+
+    def send_during() -> None:
+        with Producer(settings, retry_timeout_s=60) as producer:
+            i = 0
+            while sending.is_set() or i < 50:
+                during.append(producer.send("hello", b"during-%d" % i))
+                i += 1
+                time.sleep(0.002)
+            producer.flush()
+
+    sending.set()
+    sender = threading.Thread(target=send_during)
+    sender.start()
+    time.sleep(0.3)
+    moved = json.loads(mqstore(env, "cluster", "switchover", "--json").stdout)
+    time.sleep(0.3)
+    sending.clear()
+    sender.join(timeout=90)
+    assert moved["switched"] and moved["from"] == lead["replica"], moved
+    assert moved["to"] != lead["replica"], moved
+    print(f"switchover under load: writes paused {moved['writes_paused_ms']} ms")  # a figure
+    assert all(f.result(timeout=60) for f in during)
+    cluster = cluster_status(env)
+    assert cluster["leader"] == moved["to"], cluster
+    bodies = {b"world-%d" % i for i in range(100)} | {b"during-%d" % i for i in range(len(during))}
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(bodies) and time.monotonic() < deadline:
+        with Consumer(settings, "hello", start="earliest") as consumer:
+            got = [m.body for m in consumer.messages(follow=False)]
+        time.sleep(0.1)
+    assert sorted(got) == sorted(bodies)  # every acknowledged message once
+
     # a kill -9 of the leading replica: the group goes on, the client follows it
+    rows = cluster["replicas"]
+    (lead,) = [r for r in rows if r["role"] == "leader"]
     leader_dir = data / f"commitlog_svc-{[r['address'] for r in rows].index(lead['address'])}"
     leader_pid = int(json.loads((leader_dir / ".commitlog_svc.ports.json").read_text())["pid"])
     os.kill(leader_pid, signal.SIGKILL)

@@ -18,7 +18,7 @@ import pytest
 from commitlog_svc.messages import MessageIn, PutStatus
 from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings, Role
 from mqstore.coordination.etcd import EtcdCoordinator
-from mqstore.errors import NotLeader
+from mqstore.errors import FailedPrecondition, NotLeader
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
@@ -152,6 +152,15 @@ def append(node: Node, i: int) -> PutStatus:
     return result.statuses[0]
 
 
+def append_if_leading(node: Node, i: int) -> PutStatus | None:
+    """`append`, or None where the replica does not lead (NotLeader: the producer's cue to
+    find the leader)."""
+    try:
+        return append(node, i)
+    except NotLeader:
+        return None
+
+
 def test_three_replicas_elect_one_leader_and_acknowledge_only_what_all_hold(
     cluster: Callable[..., list[Node]],
 ) -> None:
@@ -165,6 +174,7 @@ def test_three_replicas_elect_one_leader_and_acknowledge_only_what_all_hold(
     follower = next(n for n in nodes if n is not lead)
     with pytest.raises(NotLeader):
         append(follower, 0)
+    wait_until(lambda: all(n.controller.serving() for n in nodes))
     assert lead.controller.commit_offset() == lead.log.end_offset
     for n in nodes:
         if n is not lead:
@@ -187,7 +197,7 @@ def test_a_resigning_leader_is_replaced_in_a_new_epoch_and_catches_up_as_a_follo
     assert second.log.history.last_epoch == epoch + 1
     assert second.log.history.starts[-1] == acked_end
     print(f"a resigning leader replaced in {took:.2f} s")  # a figure, not a bound
-    wait_until(lambda: append(second, 100) is PutStatus.PUT_OK)
+    wait_until(lambda: append_if_leading(second, 100) is PutStatus.PUT_OK)
     first.restart()
     wait_until(settled(nodes, 3))
     assert append(second, 101) is PutStatus.PUT_OK
@@ -231,6 +241,64 @@ def test_the_in_sync_set_shrinks_by_a_dead_follower_and_appends_stop_below_min_i
     two.stop()
     wait_until(lambda: two.name not in tracker.members)
     assert append(lead, 2) is PutStatus.SLAVE_NOT_AVAILABLE
+    assert lead.controller.serving()  # readiness: the leader, whatever its set
     two.restart()
-    wait_until(lambda: two.name in tracker.members)
+    # Readiness of a follower: only as a member of the in-sync set (watched from etcd).
+    wait_until(two.controller.serving)
+    assert two.controller.role is Role.FOLLOWER and two.name in tracker.members
     assert append(lead, 3) is PutStatus.PUT_OK
+
+
+def test_a_switchover_hands_the_lead_to_the_named_follower_losing_nothing(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    """`mqstore cluster switchover --to NAME`'s core: the named in-sync follower (not
+    whichever wins a race) leads in the next epoch from exactly the old leader's end; the old
+    leader follows it; appends are refused as NotLeader (the producer's cue to go to the new
+    leader) from the moment the handover starts."""
+    nodes = cluster(3)
+    wait_until(settled(nodes, 3))
+    first = leader_of(nodes)
+    for i in range(40):
+        assert append(first, i) is PutStatus.PUT_OK
+    acked_end = first.log.end_offset
+    epoch = first.log.history.last_epoch
+    successor = sorted(n.name for n in nodes if n is not first)[-1]
+    with pytest.raises(NotLeader, match="does not lead"):
+        next(n for n in nodes if n.name == successor).controller.switchover(None, 5.0)
+
+    done = first.controller.switchover(successor, 10.0)
+    print(f"switchover: writes paused {done.paused_ms:.0f} ms")  # a figure, not a bound
+    assert done.leader.name == successor and done.leader.epoch == epoch + 1
+    second = next(n for n in nodes if n.name == successor)
+    wait_until(lambda: second.controller.role is Role.LEADER)
+    assert second.log.history.starts[-1] == acked_end
+    with pytest.raises(NotLeader):
+        append(first, 1000)
+    wait_until(lambda: append_if_leading(second, 100) is PutStatus.PUT_OK)
+    wait_until(settled(nodes, 3))
+    assert first.controller.role is Role.FOLLOWER and first.controller.leader_name == successor
+    assert append(second, 101) is PutStatus.PUT_OK
+    for n in nodes:
+        if n is not second:
+            wait_until(lambda n=n: n.log.end_offset == second.log.end_offset)
+            assert_same_log(second.log, n.log)
+
+
+def test_a_switchover_without_an_eligible_follower_leaves_the_lead_where_it_is(
+    cluster: Callable[..., list[Node]],
+) -> None:
+    nodes = cluster(3)
+    wait_until(settled(nodes, 3))
+    lead = leader_of(nodes)
+    with pytest.raises(FailedPrecondition, match="no in-sync follower nosuch"):
+        lead.controller.switchover("nosuch", 5.0)
+    with pytest.raises(FailedPrecondition, match="no in-sync follower"):
+        lead.controller.switchover(lead.name, 5.0)
+    assert lead.controller.role is Role.LEADER
+    assert append(lead, 1) is PutStatus.PUT_OK  # appends resumed at once
+
+    # The pick without a name: the in-sync follower holding the most.
+    done = lead.controller.switchover(None, 10.0)
+    assert done.leader.name != lead.name
+    assert done.leader.name in {n.name for n in nodes}

@@ -23,6 +23,7 @@ from mqstore.rpc.auth import (
     CONSUME_ANY_TOPIC,
     CONSUME_TOPIC,
     NEEDS_ADMIN,
+    NEEDS_REPLICATE,
     NEEDS_SUBSCRIBE,
     PRODUCE_BATCHES,
     REQUIREMENTS,
@@ -45,6 +46,7 @@ from mqstore.rpc.gen.index.v1 import index_pb2 as ix
     [
         ("admin", ("admin", "")),
         ("subscribe", ("subscribe", "")),
+        ("replicate", ("replicate", "")),
         ("produce:orders", ("produce", "orders")),
         ("consume:orders*", ("consume", "orders*")),
         ("consume:*", ("consume", "*")),
@@ -56,7 +58,18 @@ def test_the_scope_grammar_accepts(text: str, parsed: tuple[str, str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "Admin", "admin:x", "produce", "produce:", "consume: ", "read:x", "subscribe:x"]
+    "text",
+    [
+        "",
+        "Admin",
+        "admin:x",
+        "produce",
+        "produce:",
+        "consume: ",
+        "read:x",
+        "subscribe:x",
+        "replicate:x",
+    ],
 )
 def test_the_scope_grammar_refuses(text: str) -> None:
     with pytest.raises(InvalidArgument):
@@ -101,6 +114,12 @@ def append(*topics: str) -> cl.AppendRequest:
         (("admin",), PRODUCE_BATCHES, append("anything"), True),
         (("admin",), CONSUME_ANY_TOPIC, cl.ReadRequest(), True),
         (("admin",), NEEDS_SUBSCRIBE, cl.SubscribeRequest(), True),
+        (("replicate",), NEEDS_REPLICATE, cl.ReplicateRequest(), True),
+        (("subscribe", "consume:*"), NEEDS_REPLICATE, cl.ReplicateRequest(), False),
+        (("replicate",), NEEDS_SUBSCRIBE, cl.SubscribeRequest(), False),
+        (("replicate",), CONSUME_ANY_TOPIC, cl.ReadRequest(), False),
+        (("replicate",), NEEDS_ADMIN, cl.SwitchoverRequest(), False),
+        (("admin",), NEEDS_REPLICATE, cl.ReplicateRequest(), True),
     ],
 )
 def test_what_each_scope_covers(

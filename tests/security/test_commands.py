@@ -4,6 +4,7 @@ client (the SDK and the command) that works with nothing but the environment it 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
 import signal
@@ -152,3 +153,63 @@ def test_up_secure_runs_a_store_that_a_client_reaches_with_the_printed_environme
     assert "stopped cleanly" in out
     for log in (data / "logs").iterdir():
         assert admin_token not in log.read_text(encoding="utf-8"), log
+
+
+def test_up_secure_with_three_replicas_replicates_over_tls_with_the_replicate_scope(
+    tmp_path: Path,
+) -> None:
+    """`mqstore up --secure --replicas 3`: the replicas copy the leader's log over TLS with a
+    token of their own (scope replicate, nothing else); a client with the printed environment
+    produces, and `mqstore cluster status` / `switchover` work with the admin token."""
+    data = tmp_path / "data"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mqstore.cli", "up", "--secure", "--replicas", "3",
+         "--data-dir", str(data), "--base-port", "-1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_without_mqstore_env(),
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = []
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Ctrl-C stops" in line:
+                break
+        text = "".join(lines)
+        env = dict(re.findall(r"^\s+export (MQSTORE_\w+)=(\S+)$", text, re.M))
+        assert len(env["MQSTORE_COMMITLOG"].split(",")) == 3, text
+        table = TokenTable.from_file(str(data / "secrets" / "tokens.toml"))
+        (replicas,) = [g for g in table.grants if g.name == "replicas"]
+        assert replicas.scopes == ("replicate",)
+        with Producer(ClientSettings.from_env(env), retry_timeout_s=60) as producer:
+            producer.send_sync("demo", b"replicated over TLS")
+
+        def cluster(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "mqstore.cli", "cluster", *args, "--json"],
+                env=_without_mqstore_env() | env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            rows = json.loads(cluster("status").stdout)["replicas"]
+            if all(r.get("in_sync") for r in rows):
+                break  # both followers copied the log over TLS and joined the set
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.1)
+        moved = json.loads(cluster("switchover").stdout)
+        assert moved["switched"] and moved["to"] != moved["from"], moved
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, text + out

@@ -929,6 +929,61 @@ class ReplicaStatus(_message.Message):
 Global___ReplicaStatus: _TypeAlias = ReplicaStatus  # noqa: Y015
 
 @_typing.final
+class SwitchoverRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TO_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    to: _builtins.str
+    """the successor's replica name; empty: the most caught-up in-sync follower"""
+    timeout_ms: _builtins.int
+    """0: 10 s"""
+    def __init__(
+        self,
+        *,
+        to: _builtins.str = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["timeout_ms", b"timeout_ms", "to", b"to"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchoverRequest: _TypeAlias = SwitchoverRequest  # noqa: Y015
+
+@_typing.final
+class SwitchoverResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEADER_FIELD_NUMBER: _builtins.int
+    LEADER_ADDRESS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    WRITES_PAUSED_MS_FIELD_NUMBER: _builtins.int
+    leader: _builtins.str
+    """who leads now"""
+    leader_address: _builtins.str
+    epoch: _builtins.int
+    """the new leader's epoch"""
+    writes_paused_ms: _builtins.float
+    """from refusing appends on the old leader to the new leading"""
+    def __init__(
+        self,
+        *,
+        leader: _builtins.str = ...,
+        leader_address: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        writes_paused_ms: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "leader", b"leader", "leader_address", b"leader_address", "writes_paused_ms", b"writes_paused_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchoverResponse: _TypeAlias = SwitchoverResponse  # noqa: Y015
+
+@_typing.final
 class ReplicaHello(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -80,6 +80,11 @@ class CommitLogStub:
                 request_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateRequest.SerializeToString,
                 response_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateResponse.FromString,
                 _registered_method=True)
+        self.Switchover = channel.unary_unary(
+                '/mqstore.commitlog.v1.CommitLog/Switchover',
+                request_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.SwitchoverRequest.SerializeToString,
+                response_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.SwitchoverResponse.FromString,
+                _registered_method=True)
 
 
 class CommitLogServicer:
@@ -156,6 +161,17 @@ class CommitLogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Switchover(self, request, context):
+        """A planned change of leader (`mqstore cluster switchover`), asked of the leader: it refuses
+        appends, waits until the successor holds its whole log durably, hands its term over in the
+        coordinator and answers once the successor leads. No acknowledged append is lost. Another
+        replica answers UNAVAILABLE naming the leader; FAILED_PRECONDITION when there is no
+        in-sync follower to hand to or it does not catch up within the timeout (appends resume).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CommitLogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -203,6 +219,11 @@ def add_CommitLogServicer_to_server(servicer, server):
                     servicer.Replicate,
                     request_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateRequest.FromString,
                     response_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateResponse.SerializeToString,
+            ),
+            'Switchover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Switchover,
+                    request_deserializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.SwitchoverRequest.FromString,
+                    response_serializer=mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.SwitchoverResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -448,6 +469,33 @@ class CommitLog:
             '/mqstore.commitlog.v1.CommitLog/Replicate',
             mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateRequest.SerializeToString,
             mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.ReplicateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Switchover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqstore.commitlog.v1.CommitLog/Switchover',
+            mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.SwitchoverRequest.SerializeToString,
+            mqstore_dot_commitlog_dot_v1_dot_commitlog__pb2.SwitchoverResponse.FromString,
             options,
             channel_credentials,
             insecure,

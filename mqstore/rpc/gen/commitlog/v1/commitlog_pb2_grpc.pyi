@@ -64,6 +64,13 @@ class CommitLogStub:
     (ReplicaChunk); the follower reports what it wrote and holds durably (ReplicaAck). Only
     the leader answers; another replica refuses with FAILED_PRECONDITION naming the leader.
     """
+    Switchover: _grpc.UnaryUnaryMultiCallable[_commitlog_pb2.SwitchoverRequest, _commitlog_pb2.SwitchoverResponse]
+    """A planned change of leader (`mqstore cluster switchover`), asked of the leader: it refuses
+    appends, waits until the successor holds its whole log durably, hands its term over in the
+    coordinator and answers once the successor leads. No acknowledged append is lost. Another
+    replica answers UNAVAILABLE naming the leader; FAILED_PRECONDITION when there is no
+    in-sync follower to hand to or it does not catch up within the timeout (appends resume).
+    """
 
 @_typing.type_check_only
 class CommitLogAsyncStub(CommitLogStub):
@@ -96,6 +103,13 @@ class CommitLogAsyncStub(CommitLogStub):
     agree (ReplicaAgreement) and then sends the log's bytes from there, at the same offsets
     (ReplicaChunk); the follower reports what it wrote and holds durably (ReplicaAck). Only
     the leader answers; another replica refuses with FAILED_PRECONDITION naming the leader.
+    """
+    Switchover: _aio.UnaryUnaryMultiCallable[_commitlog_pb2.SwitchoverRequest, _commitlog_pb2.SwitchoverResponse]  # type: ignore[assignment]
+    """A planned change of leader (`mqstore cluster switchover`), asked of the leader: it refuses
+    appends, waits until the successor holds its whole log durably, hands its term over in the
+    coordinator and answers once the successor leads. No acknowledged append is lost. Another
+    replica answers UNAVAILABLE naming the leader; FAILED_PRECONDITION when there is no
+    in-sync follower to hand to or it does not catch up within the timeout (appends resume).
     """
 
 class CommitLogServicer(metaclass=_abc_1.ABCMeta):
@@ -180,6 +194,19 @@ class CommitLogServicer(metaclass=_abc_1.ABCMeta):
         agree (ReplicaAgreement) and then sends the log's bytes from there, at the same offsets
         (ReplicaChunk); the follower reports what it wrote and holds durably (ReplicaAck). Only
         the leader answers; another replica refuses with FAILED_PRECONDITION naming the leader.
+        """
+
+    @_abc_1.abstractmethod
+    def Switchover(
+        self,
+        request: _commitlog_pb2.SwitchoverRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_commitlog_pb2.SwitchoverResponse, _abc.Awaitable[_commitlog_pb2.SwitchoverResponse]]:
+        """A planned change of leader (`mqstore cluster switchover`), asked of the leader: it refuses
+        appends, waits until the successor holds its whole log durably, hands its term over in the
+        coordinator and answers once the successor leads. No acknowledged append is lost. Another
+        replica answers UNAVAILABLE naming the leader; FAILED_PRECONDITION when there is no
+        in-sync follower to hand to or it does not catch up within the timeout (appends resume).
         """
 
 def add_CommitLogServicer_to_server(servicer: CommitLogServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
