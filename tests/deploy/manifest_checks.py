@@ -21,11 +21,18 @@ from typing import Any
 from unittest import mock
 from urllib.parse import urlsplit
 
+import click
+
 from commitlog_svc.settings import CommitLogSettings
 from cq_svc.settings import CqSettings
 from index_svc.settings import IndexSettings
+from mqstore.cli.cluster import (
+    STATUS_TIMEOUT_S,
+    SWITCHOVER_CALL_SLACK_S,
+    cluster_switchover,
+)
 from mqstore.client.settings import DNS_ALL_PREFIX
-from mqstore.rpc.settings import ServiceSettings
+from mqstore.rpc.settings import FollowerSettings, ServiceSettings
 
 Doc = dict[str, Any]
 
@@ -390,7 +397,7 @@ def k10_grace(m: Manifests, tier: str) -> list[str]:
     grace = int(spec.get("terminationGracePeriodSeconds", 30))
     # The preStop hook runs first, inside the same grace period.
     switchover = prestop_switchover(m, tier)
-    hook_s = switchover.timeout_s if switchover is not None else 0.0
+    hook_s = switchover.bound_s if switchover is not None else 0.0
     needed = hook_s + s.drain_delay_s + s.grace_period_s + FLUSH_BUDGET_S
     problems = []
     if grace < needed:
@@ -845,6 +852,12 @@ class Switchover:
         except ValueError:
             return 0.0
 
+    @property
+    def bound_s(self) -> float:
+        """The longest the command can take: the replica's status, then the Switchover call
+        (its timeout plus the round trip the CLI allows it)."""
+        return STATUS_TIMEOUT_S + self.timeout_s + SWITCHOVER_CALL_SLACK_S
+
 
 _SWITCHOVER_VALUED = ("--commitlog", "--timeout-s", "--to")
 
@@ -909,6 +922,12 @@ def switchover_problems(m: Manifests) -> list[str]:
         problems.append(
             f"commitlog: the preStop switchover has stray words {switchover.unexpected}"
         )
+    # The command itself must take these words (its options, their types and ranges).
+    words = switchover.command[switchover.command.index("switchover") + 1 :]
+    try:
+        cluster_switchover.make_context("switchover", list(words))
+    except click.ClickException as err:
+        problems.append(f"commitlog: `mqstore cluster switchover` refuses {words}: {err}")
     return problems
 
 
@@ -1195,10 +1214,47 @@ def r5_etcd_members(m: Manifests) -> list[str]:
     return problems
 
 
+def _link_problems(who: str, api: CommitLogSettings, link: FollowerSettings) -> list[str]:
+    """Does a client of the commit log (a follower service, or a replica reaching another)
+    speak what the commit log's API serves: TLS when it has a certificate, a token when it
+    checks tokens?"""
+    problems = []
+    if api.tls_cert_file and not (link.commitlog_tls or link.commitlog_tls_ca_file):
+        problems.append(f"{who}: the commit log serves TLS, but {who} reaches it in plaintext")
+    if api.tokens_file and not link.commitlog_token_file:
+        problems.append(f"{who}: the commit log checks tokens, but {who} has none")
+    if api.tls_cert_file and not link.commitlog_tls_server_name:
+        problems.append(
+            f"{who}: reaches replicas by per-pod names: name the certificate's "
+            "(commitlog_tls_server_name)"
+        )
+    return problems
+
+
+def r6_links_match_the_api(m: Manifests) -> list[str]:
+    """Under TLS and tokens (components/secure), everything that calls a commit-log replica is
+    equipped for it: the replicas themselves (Replicate, scope replicate), the followers, and
+    the preStop switchover (a client of its own replica: CA, certificate name, admin token)."""
+    api = tier_settings(m, "commitlog")
+    assert isinstance(api, CommitLogSettings)
+    problems = _link_problems("commitlog replicas", api, api)
+    for tier in FOLLOWERS:
+        follower = tier_settings(m, tier)
+        assert isinstance(follower, FollowerSettings)
+        problems += _link_problems(tier, api, follower)
+    env = m.env("commitlog", 0)
+    if api.tls_cert_file and not (env.get("MQSTORE_TLS_CA") and env.get("MQSTORE_TLS_SERVER_NAME")):
+        problems.append("commitlog: the preStop switchover has no CA or certificate name for TLS")
+    if api.tokens_file and not env.get("MQSTORE_TOKEN_FILE"):
+        problems.append("commitlog: the preStop switchover has no token (it needs scope admin)")
+    return problems
+
+
 GROUP_CHECKS: dict[str, Callable[[Manifests], list[str]]] = {
     "R1": r1_group_settings,
     "R2": r2_advertise,
     "R3": r3_replica_addresses,
     "R4": r4_etcd_endpoint,
     "R5": r5_etcd_members,
+    "R6": r6_links_match_the_api,
 }

@@ -14,7 +14,7 @@ import pytest
 from tests.deploy.manifest_checks import (
     CHECKS,
     ETCD_NAME,
-    FOLLOWERS,
+    FLUSH_BUDGET_S,
     GROUP_CHECKS,
     TIERS,
     Manifests,
@@ -102,7 +102,9 @@ def test_the_prestop_hands_leadership_over_within_the_grace_period(
     ]  # fmt: skip
     s = tier_settings(m, "commitlog")
     grace = m.pod("commitlog")["spec"]["terminationGracePeriodSeconds"]
-    assert hook.timeout_s + s.drain_delay_s + s.grace_period_s < grace
+    # 3 s to ask the replica's role, then the call: its 20 s and the CLI's 5 s of slack.
+    assert hook.bound_s == 28.0
+    assert hook.bound_s + s.drain_delay_s + s.grace_period_s + FLUSH_BUDGET_S <= grace
 
 
 def test_prod_serves_tls_and_tokens_from_secret_files(manifests: dict[str, Manifests]) -> None:
@@ -113,10 +115,12 @@ def test_prod_serves_tls_and_tokens_from_secret_files(manifests: dict[str, Manif
         for path in (s.tls_cert_file, s.tls_key_file, s.tokens_file):
             assert path, f"{tier}: a TLS or token setting is empty in prod"
             assert any(path.startswith(mount + "/") for mount in mounts), path
-        if tier in FOLLOWERS:
-            assert s.commitlog_tls_ca_file and s.commitlog_token_file
-            # The replicas are reached by per-pod names; the certificate names `commitlog`.
-            assert s.commitlog_tls_server_name == "commitlog"
+        # The followers, and each replica reaching the others (Replicate), by per-pod names:
+        # the certificate names `commitlog`.
+        assert s.commitlog_tls_ca_file and s.commitlog_token_file
+        assert s.commitlog_tls_server_name == "commitlog"
+        if tier == "commitlog":
+            assert s.commitlog_token_file.endswith("/replica.token")
     # The preStop switchover is a client of its own replica: CA, server name and an admin
     # token, each a file mounted from the Secrets.
     env = m.env("commitlog", 0)
@@ -183,6 +187,15 @@ def _set_arg(tier: str, flag: str, value: str) -> Callable[[list[dict[str, Any]]
         c = _container(docs, tier)
         kept = [a for a in c.get("args", []) if not a.startswith(flag + "=")]
         c["args"] = [*kept, f"{flag}={value}"]
+
+    return mutate
+
+
+def _unset_env(tier: str, name: str) -> Callable[[list[dict[str, Any]]], None]:
+    def mutate(docs: list[dict[str, Any]]) -> None:
+        env = _container(docs, tier)["env"]
+        assert any(v["name"] == name for v in env), name
+        env[:] = [v for v in env if v["name"] != name]
 
     return mutate
 
@@ -320,6 +333,39 @@ BROKEN: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], None]]] = {
         "commitlog",
         _prestop(
             ["mqstore", "cluster", "switchover", "--commitlog", "127.0.0.1:7100", "--if-leader"]
+        ),
+    ),
+    "preStop with an option the command lacks": (
+        "K11",
+        "commitlog",
+        _prestop(
+            [
+                "mqstore",
+                "cluster",
+                "switchover",
+                "--commitlog",
+                "127.0.0.1:7100",
+                "--if-leader",
+                "--timeout-s",
+                "20",
+                "--force",
+            ]
+        ),
+    ),
+    "preStop beyond the command's timeout range": (
+        "K11",
+        "commitlog",
+        _prestop(
+            [
+                "mqstore",
+                "cluster",
+                "switchover",
+                "--commitlog",
+                "127.0.0.1:7100",
+                "--if-leader",
+                "--timeout-s",
+                "500",
+            ]
         ),
     ),
     "preStop is something else": (
@@ -563,6 +609,17 @@ BROKEN_GROUP: dict[str, tuple[str, Callable[[list[dict[str, Any]]], None]]] = {
     "etcd with service links": (
         "R5", lambda d: _pod_spec(d, ETCD_NAME).update(enableServiceLinks=True)
     ),
+    "replicas copy in plaintext from a TLS leader": (
+        "R6", _unset_env("commitlog", "MQSTORE_COMMITLOG_COMMITLOG_TLS_CA_FILE")
+    ),
+    "replicas without a replicate token": (
+        "R6", _unset_env("commitlog", "MQSTORE_COMMITLOG_COMMITLOG_TOKEN_FILE")
+    ),
+    "cq checks a per-pod name the certificate lacks": (
+        "R6", _unset_env("cq", "MQSTORE_CQ_COMMITLOG_TLS_SERVER_NAME")
+    ),
+    "preStop without a token": ("R6", _unset_env("commitlog", "MQSTORE_TOKEN_FILE")),
+    "preStop without the CA": ("R6", _unset_env("commitlog", "MQSTORE_TLS_CA")),
 }  # fmt: skip
 
 
