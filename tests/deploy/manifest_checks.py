@@ -1089,6 +1089,19 @@ def r4_etcd_endpoint(m: Manifests) -> list[str]:
     if rest not in ("", f"{m.namespace}.svc", f"{m.namespace}.{CLUSTER_DOMAIN}"):
         if local is not None:
             return [f"components/etcd runs, but the commit log uses another etcd ({endpoint})"]
+        # An etcd elsewhere: some egress rule of the commit log's policies must let it out on
+        # that port (to another namespace or an address block; the base allows etcd pods only).
+        outside = any(
+            any(p["port"] == port for p in rule.get("ports", []))
+            and (
+                not rule.get("to")
+                or any("namespaceSelector" in t or "ipBlock" in t for t in rule["to"])
+            )
+            for policy in _policies_of(m, "commitlog")
+            for rule in policy["spec"].get("egress", [])
+        )
+        if not outside:
+            return [f"commitlog: no NetworkPolicy lets it reach {endpoint}"]
         return []
     service = m.get("Service", first)
     if service is None:

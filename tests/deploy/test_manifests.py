@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.deploy.manifest_checks import (
     CHECKS,
@@ -24,7 +27,7 @@ from tests.deploy.manifest_checks import (
     shard_count,
     tier_settings,
 )
-from tests.deploy.tools import OVERLAYS, REPO
+from tests.deploy.tools import DEPLOY, OVERLAYS, REPO, render
 
 SOURCE_DIRS = ("mqstore", "commitlog_svc", "cq_svc", "index_svc")
 
@@ -665,3 +668,73 @@ def test_the_index_tier_check_names_uneven_shards_and_wrong_addresses(
     docs = copy.deepcopy(rendered["prod"])
     mutate(docs)
     assert index_tier(Manifests(docs)) != [], case
+
+
+EXTERNAL_ETCD = "http://etcd-client.coordination.svc.cluster.local:2379"
+EXTERNAL_OVERLAY = f"""\
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: mqstore-own-etcd
+resources:
+  - namespace.yaml
+  - ../../base
+  - etcd-egress.yaml
+configMapGenerator:
+  - name: mqstore-env
+    behavior: merge
+    literals:
+      - MQSTORE_COMMITLOG_ETCD={EXTERNAL_ETCD}
+  - name: mqstore-client
+    literals:
+      - MQSTORE_COMMITLOG={
+    ",".join(
+        f"commitlog-{i}.commitlog-headless.mqstore-own-etcd.svc.cluster.local:7100"
+        for i in range(3)
+    )
+}
+      - MQSTORE_CQ=cq.mqstore-own-etcd.svc.cluster.local:7200
+      - MQSTORE_INDEX=dns-all:index.mqstore-own-etcd.svc.cluster.local:7300
+"""
+EXTERNAL_EGRESS = """\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: commitlog-etcd
+spec:
+  podSelector:
+    matchLabels:
+      app.kubernetes.io/name: commitlog
+  policyTypes: [Egress]
+  egress:
+    - ports:
+        - port: 2379
+          protocol: TCP
+      to:
+        - namespaceSelector:
+            matchLabels:
+              kubernetes.io/metadata.name: coordination
+"""
+
+
+def test_an_overlay_may_point_the_group_at_an_etcd_of_its_own(tmp_path: Path) -> None:
+    """Without components/etcd, the etcd endpoint comes from the overlay's mqstore-env (the
+    settings ConfigMap): every replica loads it, and every check holds (deploy/README.md, "An
+    etcd of your own")."""
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    overlay = tmp_path / "deploy" / "overlays" / "own-etcd"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(EXTERNAL_OVERLAY)
+    (overlay / "etcd-egress.yaml").write_text(EXTERNAL_EGRESS)
+    namespace = (DEPLOY / "overlays" / "prod" / "namespace.yaml").read_text()
+    (overlay / "namespace.yaml").write_text(
+        namespace.replace("name: mqstore", "name: mqstore-own-etcd")
+    )
+    m = Manifests([d for d in yaml.safe_load_all(render(overlay)) if d])
+    assert m.get("StatefulSet", ETCD_NAME) is None
+    assert {tier_settings(m, "commitlog", i).etcd for i in range(3)} == {EXTERNAL_ETCD}
+    problems = [p for check in GROUP_CHECKS.values() for p in check(m)]
+    problems += [p for check in CHECKS.values() for tier in TIERS for p in check(m, tier)]
+    assert problems == []
+    # ... and without the egress policy the commit log could not reach it: R4 says so.
+    m.docs[:] = [d for d in m.docs if d["metadata"]["name"] != "commitlog-etcd"]
+    assert GROUP_CHECKS["R4"](Manifests(m.docs)) != []
