@@ -49,6 +49,7 @@ from mqstore.client.errors import (
 from mqstore.client.message import Message
 from mqstore.client.settings import ClientSettings, resolve_addresses
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq_pb
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix_pb
@@ -301,6 +302,13 @@ class Admin:
 
     # -- status ------------------------------------------------------------------------------------
 
+    def _commitlog(self) -> commitlog_pb2_grpc.CommitLogStub:
+        """The commit log; with several addresses (a broker group), the replica leading now:
+        looked for at every call (admin calls are rare, and a failover may have moved it)."""
+        if len(self._conn.settings.commitlog_targets) > 1:
+            self._conn.find_commitlog_leader()
+        return self._conn.commitlog()
+
     def status(self) -> ClusterStatus:
         """The commit log's status (it must answer: without it there is no store to describe)
         and every configured cq and index replica's; a replica that does not answer shows as
@@ -308,10 +316,10 @@ class Admin:
         parallel, so a few down ones cost one deadline, not one each."""
         settings = self._conn.settings
         response = self._conn.call(
-            self._conn.commitlog().GetStatus, cl_pb.GetStatusRequest(), name="CommitLog/GetStatus"
+            self._commitlog().GetStatus, cl_pb.GetStatusRequest(), name="CommitLog/GetStatus"
         )
         commitlog = CommitLogStatus(
-            address=settings.commitlog,
+            address=self._conn.commitlog_target,
             store_id=response.store_id.hex(),
             store_host=host_text(response.store_host) if response.store_host else "",
             min_offset=response.min_offset,
@@ -342,7 +350,7 @@ class Admin:
     def lag(self) -> list[SubscriberLag]:
         """Each subscriber of the commit log (cq and index replicas) and how far behind it is."""
         response = self._conn.call(
-            self._conn.commitlog().GetStatus, cl_pb.GetStatusRequest(), name="CommitLog/GetStatus"
+            self._commitlog().GetStatus, cl_pb.GetStatusRequest(), name="CommitLog/GetStatus"
         )
         return [_lag(s) for s in response.subscribers]
 
@@ -353,7 +361,7 @@ class Admin:
         if not subscriber_id:
             raise InvalidArgument("a subscriber id is required", field="subscriber_id")
         response = self._conn.call(
-            self._conn.commitlog().ForgetSubscriber,
+            self._commitlog().ForgetSubscriber,
             cl_pb.ForgetSubscriberRequest(subscriber_id=subscriber_id),
             name="CommitLog/ForgetSubscriber",
         )
@@ -517,7 +525,7 @@ class Admin:
         """The message with this offset msg id (RocketMQ's viewMessage): NotFound when the store
         never held it or no longer does, InvalidArgument when the id is malformed."""
         response = self._conn.call(
-            self._conn.commitlog().GetMessage,
+            self._commitlog().GetMessage,
             cl_pb.GetMessageRequest(msg_id=msg_id),
             name="CommitLog/GetMessage",
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mqstore.client import ClientSettings, Consumer, Producer
+from mqstore.client import Admin, ClientSettings, Consumer, Producer
 from mqstore.client.producer import SendFuture
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
@@ -81,72 +81,84 @@ def test_up_with_three_replicas_runs_a_broker_group_a_client_reaches_as_printed(
     the group survives a kill -9 of its leader; Ctrl-C stops everything cleanly."""
     data = tmp_path / "data"
     proc, text = start_up(data, "--replicas", "3", timeout_s=120)
-    env = dict(re.findall(r"^\s+export (MQSTORE_\w+)=(\S+)", text, re.M))
-    assert set(env) == {"MQSTORE_COMMITLOG", "MQSTORE_CQ", "MQSTORE_INDEX"}, text
-    assert len(env["MQSTORE_COMMITLOG"].split(",")) == 3, text
-    assert "etcd" in text and "broker group" in text, text
-    settings = ClientSettings.from_env(env)
-    with Producer(settings, retry_timeout_s=60) as producer:
-        sent = [producer.send("hello", b"world-%d" % i) for i in range(100)]
-        producer.flush()
-        assert all(f.result(timeout=60) for f in sent)
-    # `mqstore cluster status --json` with the same environment: one leader, all in sync
-    cluster = cluster_status(env)
-    rows = cluster["replicas"]
-    assert sorted(r["role"] for r in rows) == ["follower", "follower", "leader"], rows
-    assert all(r["in_sync"] for r in rows), rows
-    (lead,) = [r for r in rows if r["role"] == "leader"]
-    assert cluster["leader"] == lead["replica"] and cluster["commit_offset"] == lead["end_offset"]
-
-    # `mqstore cluster switchover` while a producer sends: every send acknowledged
-    follower = next(r for r in rows if r["role"] == "follower")
-    skipped = mqstore(env, "cluster", "switchover", "--if-leader", "--commitlog",
-                      follower["address"])  # fmt: skip
-    assert "nothing to do" in skipped.stdout, skipped.stdout
-    sending = threading.Event()
-    during: list[SendFuture] = []
-
-    def send_during() -> None:
+    try:
+        env = dict(re.findall(r"^\s+export (MQSTORE_\w+)=(\S+)", text, re.M))
+        assert set(env) == {"MQSTORE_COMMITLOG", "MQSTORE_CQ", "MQSTORE_INDEX"}, text
+        assert len(env["MQSTORE_COMMITLOG"].split(",")) == 3, text
+        assert "etcd" in text and "broker group" in text, text
+        settings = ClientSettings.from_env(env)
         with Producer(settings, retry_timeout_s=60) as producer:
-            i = 0
-            while sending.is_set() or i < 50:
-                during.append(producer.send("hello", b"during-%d" % i))
-                i += 1
-                time.sleep(0.002)
+            sent = [producer.send("hello", b"world-%d" % i) for i in range(100)]
             producer.flush()
+            assert all(f.result(timeout=60) for f in sent)
+        # `mqstore cluster status --json` with the same environment: one leader, all in sync
+        cluster = cluster_status(env)
+        rows = cluster["replicas"]
+        assert sorted(r["role"] for r in rows) == ["follower", "follower", "leader"], rows
+        assert all(r["in_sync"] for r in rows), rows
+        (lead,) = [r for r in rows if r["role"] == "leader"]
+        assert (
+            cluster["leader"] == lead["replica"] and cluster["commit_offset"] == lead["end_offset"]
+        )
 
-    sending.set()
-    sender = threading.Thread(target=send_during)
-    sender.start()
-    time.sleep(0.3)
-    moved = json.loads(mqstore(env, "cluster", "switchover", "--json").stdout)
-    time.sleep(0.3)
-    sending.clear()
-    sender.join(timeout=90)
-    assert moved["switched"] and moved["from"] == lead["replica"], moved
-    assert moved["to"] != lead["replica"], moved
-    print(f"switchover under load: writes paused {moved['writes_paused_ms']} ms")  # a figure
-    assert all(f.result(timeout=60) for f in during)
-    cluster = cluster_status(env)
-    assert cluster["leader"] == moved["to"], cluster
-    bodies = {b"world-%d" % i for i in range(100)} | {b"during-%d" % i for i in range(len(during))}
-    got: list[bytes] = []
-    deadline = time.monotonic() + 30
-    while len(got) < len(bodies) and time.monotonic() < deadline:
-        with Consumer(settings, "hello", start="earliest") as consumer:
-            got = [m.body for m in consumer.messages(follow=False)]
-        time.sleep(0.1)
-    assert sorted(got) == sorted(bodies)  # every acknowledged message once
+        # `mqstore cluster switchover` while a producer sends: every send acknowledged
+        follower = next(r for r in rows if r["role"] == "follower")
+        skipped = mqstore(env, "cluster", "switchover", "--if-leader", "--commitlog",
+                          follower["address"])  # fmt: skip
+        assert "nothing to do" in skipped.stdout, skipped.stdout
+        sending = threading.Event()
+        during: list[SendFuture] = []
 
-    # a kill -9 of the leading replica: the group goes on, the client follows it
-    rows = cluster["replicas"]
-    (lead,) = [r for r in rows if r["role"] == "leader"]
-    leader_dir = data / f"commitlog_svc-{[r['address'] for r in rows].index(lead['address'])}"
-    leader_pid = int(json.loads((leader_dir / ".commitlog_svc.ports.json").read_text())["pid"])
-    os.kill(leader_pid, signal.SIGKILL)
-    with Producer(settings, retry_timeout_s=60) as producer:
-        assert producer.send("hello", b"after-the-kill").result(timeout=60)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=90)
+        def send_during() -> None:
+            with Producer(settings, retry_timeout_s=60) as producer:
+                i = 0
+                while sending.is_set() or i < 50:
+                    during.append(producer.send("hello", b"during-%d" % i))
+                    i += 1
+                    time.sleep(0.002)
+                producer.flush()
+
+        sending.set()
+        sender = threading.Thread(target=send_during)
+        sender.start()
+        time.sleep(0.3)
+        moved = json.loads(mqstore(env, "cluster", "switchover", "--json").stdout)
+        time.sleep(0.3)
+        sending.clear()
+        sender.join(timeout=90)
+        assert moved["switched"] and moved["from"] == lead["replica"], moved
+        assert moved["to"] != lead["replica"], moved
+        print(f"switchover under load: writes paused {moved['writes_paused_ms']} ms")  # a figure
+        assert all(f.result(timeout=60) for f in during)
+        cluster = cluster_status(env)
+        assert cluster["leader"] == moved["to"], cluster
+        # Admin's commit-log calls go to the leader, wherever it is in the address list
+        (now,) = [r for r in cluster["replicas"] if r["role"] == "leader"]
+        with Admin(settings) as admin:
+            status = admin.status()
+        assert status.commitlog.address == now["address"], status.commitlog
+        assert status.commitlog.max_offset >= now["end_offset"]
+        bodies = {b"world-%d" % i for i in range(100)} | {
+            b"during-%d" % i for i in range(len(during))
+        }
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(bodies) and time.monotonic() < deadline:
+            with Consumer(settings, "hello", start="earliest") as consumer:
+                got = [m.body for m in consumer.messages(follow=False)]
+            time.sleep(0.1)
+        assert sorted(got) == sorted(bodies)  # every acknowledged message once
+
+        # a kill -9 of the leading replica: the group goes on, the client follows it
+        rows = cluster["replicas"]
+        (lead,) = [r for r in rows if r["role"] == "leader"]
+        leader_dir = data / f"commitlog_svc-{[r['address'] for r in rows].index(lead['address'])}"
+        leader_pid = int(json.loads((leader_dir / ".commitlog_svc.ports.json").read_text())["pid"])
+        os.kill(leader_pid, signal.SIGKILL)
+        with Producer(settings, retry_timeout_s=60) as producer:
+            assert producer.send("hello", b"after-the-kill").result(timeout=60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
     assert "the broker group goes on with 2 replicas" in out, text + out
     assert "stopping the rest" not in out, out
