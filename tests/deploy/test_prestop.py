@@ -28,6 +28,8 @@ from tests.e2e.support import start_up
 UP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 90.0
 STATUS_TIMEOUT_S = 10.0
+IN_SYNC_TIMEOUT_S = 60.0
+POLL_S = 0.1
 SEND_TIMEOUT_S = 60.0
 OVERLAY = "dev"  # plaintext, as `mqstore up` without --secure (prod's hook is the same command)
 
@@ -73,6 +75,23 @@ def _leader(exports: dict[str, str]) -> tuple[str, str]:
     return leading[0]
 
 
+def _wait_all_in_sync(exports: dict[str, str]) -> None:
+    """Until the leader counts every replica in its in-sync set (a switchover needs one)."""
+    deadline = time.monotonic() + IN_SYNC_TIMEOUT_S
+    while True:
+        roles = _roles(exports)
+        leading = [a for a, (_, role) in roles.items() if role == "leader"]
+        if len(leading) == 1:
+            with grpc.insecure_channel(leading[0]) as channel:
+                status = pb_grpc.CommitLogStub(channel).GetStatus(
+                    pb.GetStatusRequest(), timeout=STATUS_TIMEOUT_S
+                )
+            if len(status.replicas) == 3 and all(r.in_sync for r in status.replicas):
+                return
+        assert time.monotonic() < deadline, roles
+        time.sleep(POLL_S)
+
+
 def _run_hook(m: Manifests, ordinal: int, replica: str) -> subprocess.CompletedProcess[str]:
     """The hook of pod commitlog-<ordinal> as the kubelet runs it (exec, the container's
     environment; the image's bin/ on PATH), its own replica's address rewritten."""
@@ -93,6 +112,7 @@ def test_the_prestop_of_the_rendered_manifest_moves_the_lead_and_writes_go_on(
     rendered: dict[str, list[dict[str, Any]]], group: dict[str, str]
 ) -> None:
     m = Manifests(rendered[OVERLAY])
+    _wait_all_in_sync(group)
     leader, leader_name = _leader(group)
     follower = next(a for a in _roles(group) if a != leader)
 
