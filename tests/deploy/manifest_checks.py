@@ -32,6 +32,7 @@ from mqstore.cli.cluster import (
     cluster_switchover,
 )
 from mqstore.client.settings import DNS_ALL_PREFIX
+from mqstore.coordination.etcd_process import min_lease_ttl_s
 from mqstore.rpc.settings import FollowerSettings, ServiceSettings
 
 Doc = dict[str, Any]
@@ -1145,7 +1146,8 @@ def r5_etcd_members(m: Manifests) -> list[str]:
     """components/etcd, when the overlay runs it: an odd number of members, one per node,
     started in parallel, each named after its pod and advertising its stable peer name, and a
     bootstrap member list naming exactly those pods; probes that never restart a member for a
-    lost quorum; a recent etcd; the tiers' pod security; a PDB that keeps the quorum."""
+    lost quorum; a lease as short as the group's granted; a recent etcd; the tiers' pod
+    security; a PDB that keeps the quorum."""
     if m.get("StatefulSet", ETCD_NAME) is None:
         return []
     n = replicas(m, ETCD_NAME)
@@ -1194,6 +1196,23 @@ def r5_etcd_members(m: Manifests) -> list[str]:
         problems.append("etcd: its readiness must need a quorum (/health, linearizable)")
     if "startupProbe" not in c:
         problems.append("etcd: no startupProbe")
+    # etcd raises a shorter TTL to its minimum, which follows from its raft timing; the term
+    # then runs on the TTL granted, and the group fails over slower than lease_ttl_s says.
+    flags = _etcd_flags(m, 0)
+    try:
+        least = min_lease_ttl_s(
+            int(flags.get("--heartbeat-interval", 100)), int(flags.get("--election-timeout", 1000))
+        )
+    except ValueError:
+        least = 0
+        problems.append("etcd: --heartbeat-interval and --election-timeout are not numbers")
+    ttl = tier_settings(m, "commitlog")
+    assert isinstance(ttl, CommitLogSettings)
+    if ttl.lease_ttl_s < least:
+        problems.append(
+            f"commitlog: lease_ttl_s {ttl.lease_ttl_s} is below the {least} s etcd grants "
+            "with its heartbeat and election timeout"
+        )
     version = _etcd_version(c.get("image", ""))
     if version is None or version < ETCD_VERSION_MIN:
         problems.append(

@@ -603,6 +603,9 @@ BROKEN_GROUP: dict[str, tuple[str, Callable[[list[dict[str, Any]]], None]]] = {
         "R5", lambda d: _pod_spec(d, ETCD_NAME).pop("affinity")
     ),
     "etcd data in the container": ("R5", _etcd_flag("--data-dir", "/tmp/etcd")),
+    "etcd grants no lease as short as the group's": (
+        "R5", _etcd_flag("--election-timeout", "5000")
+    ),
     "etcd as root": (
         "R5", lambda d: _pod_spec(d, ETCD_NAME)["securityContext"].update(runAsUser=0)
     ),
