@@ -32,6 +32,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 
@@ -45,7 +46,7 @@ from commitlog_svc.servicer import CommitLogServicer
 from commitlog_svc.settings import CommitLogSettings
 from commitlog_svc.subscribers import SubscriberRegistry
 from mqstore.coordination.etcd import EtcdCoordinator
-from mqstore.errors import MqstoreError
+from mqstore.errors import CoordinatorUnavailable, MqstoreError
 from mqstore.formats.record import pack_host
 from mqstore.rpc import logs
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
@@ -59,6 +60,10 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "commitlog_svc"
 READINESS_CHECK_S = 0.5
+# A replica waits this long at start for etcd to answer (etcd starting beside it, as on a first
+# install), asking every JOIN_RETRY_S; past it the start fails, naming etcd.
+JOIN_WAIT_S = 120.0
+JOIN_RETRY_S = 1.0
 
 
 class CommitLogService:
@@ -180,7 +185,7 @@ class CommitLogService:
             ),
             security=s.commitlog_security(),  # how this replica reaches the others
         )
-        controller.join()
+        self._join(controller, s.etcd)
         log.info(
             "replica %s of group %s (etcd %s): %s replication, min in-sync %d",
             controller.settings.name,
@@ -190,6 +195,20 @@ class CommitLogService:
             s.min_insync,
         )
         return controller
+
+    def _join(self, controller: ReplicaController, etcd: str) -> None:
+        """Join, waiting for etcd while it does not answer (it may be starting beside this
+        replica, as on a first install): up to JOIN_WAIT_S, then the start fails."""
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while True:
+            try:
+                controller.join()
+                return
+            except CoordinatorUnavailable as err:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("etcd at %s does not answer yet (%s); retrying", etcd, err)
+                time.sleep(JOIN_RETRY_S)
 
     def _register(self, server: grpc.Server) -> list[str]:
         assert self.servicer is not None

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from mqstore.client import ClientSettings, Consumer, Producer
-from mqstore.coordination.etcd_process import EtcdProcess
+from mqstore.coordination.etcd_process import EtcdProcess, free_port
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
@@ -25,7 +25,9 @@ from tests.e2e.cluster import EPHEMERAL, data_files, wait_ready
 FILE_BYTES = 64 * 1024  # several segments in a few hundred appends
 
 
-def start_replica(root: Path, name: str, etcd: EtcdProcess, group: str) -> ServiceProcess:
+def start_replica(
+    root: Path, name: str, etcd: EtcdProcess, group: str, *, wait: bool = True
+) -> ServiceProcess:
     process = ServiceProcess(
         "commitlog_svc",
         str(root / name),
@@ -50,8 +52,9 @@ def start_replica(root: Path, name: str, etcd: EtcdProcess, group: str) -> Servi
         env={"MQSTORE_TEST_RUN": "1"},
     )
     process.start()
-    process.wait_listening()
-    process.pin_ports()
+    if wait:
+        process.wait_listening()
+        process.pin_ports()
     return process
 
 
@@ -276,3 +279,26 @@ def test_a_paused_leader_acknowledges_nothing_more_and_comes_back_a_follower(
     end = answered(replicas[second]).max_offset
     wait_until(lambda: answered(replicas[first]).max_offset == end)
     assert answered(replicas[first]).history == answered(replicas[second]).history
+
+
+def test_a_replica_started_before_etcd_waits_for_it_and_leads(tmp_path: Path, group: str) -> None:
+    """On a first install etcd and the replicas start together: a replica that finds etcd not
+    answering yet keeps asking (commitlog_svc/main.py JOIN_WAIT_S) instead of exiting."""
+    etcd = EtcdProcess(
+        data_dir=str(tmp_path / "etcd"),
+        client_port=free_port(),
+        peer_port=free_port(),
+        unsafe_no_fsync=True,
+    )
+    replica = start_replica(tmp_path, "a", etcd, group, wait=False)
+    try:
+        log = tmp_path / "a.log"
+        waiting = "does not answer yet"
+        wait_until(lambda: not replica.running or (log.exists() and waiting in log.read_text()))
+        assert replica.running, "the replica exited while etcd was not answering"
+        etcd.start()
+        replica.wait_listening()
+        wait_until(lambda: (status(replica) or pb.GetStatusResponse()).role == "leader")
+    finally:
+        replica.stop()
+        etcd.stop()
