@@ -31,6 +31,7 @@ from commitlog_svc.commitlog import Refusal
 from commitlog_svc.config import FlushMode
 from commitlog_svc.messages import PutStatus
 from commitlog_svc.replica import ReplicaLog
+from commitlog_svc.replication import membership
 from commitlog_svc.replication.feed import LeaderFeed
 from commitlog_svc.replication.in_sync import InSyncTracker
 from commitlog_svc.replication.link import FollowerLink
@@ -65,6 +66,9 @@ RETRY_S = 0.2
 # How long a switchover's choice of successor stands in the coordinator: past it (the successor
 # died before it took the lead), any eligible replica may campaign again.
 HANDOVER_TTL_S = 5
+# How often a replica that remembers its group says, while etcd has forgotten it, why it does
+# not campaign.
+FORGOTTEN_GROUP_LOG_S = 30.0
 # How often a switching leader reads the group for its successor's leader record.
 SWITCHOVER_POLL_S = 0.01
 
@@ -125,6 +129,11 @@ class ReplicaController:
         self._changed = threading.Event()
         self._state: GroupState | None = None
         self._in_sync_seen: tuple[str, ...] = ()  # the in-sync set as last read or watched
+        # Whether this replica belonged to the group before (membership.py), and when it last
+        # said that etcd forgot the group.
+        self._membership = membership.load(log_.disk, log_.config.data_dir)
+        self._membership_lock = threading.Lock()  # the watch's thread and the loop's both note it
+        self._forgotten_said_at = -FORGOTTEN_GROUP_LOG_S
         self._state_lock = threading.Lock()
         self._watch: Subscription | None = None
         self._link_stop = threading.Event()
@@ -312,6 +321,8 @@ class ReplicaController:
         with self._state_lock:
             self._state = state
         self._in_sync_seen = state.in_sync.members
+        if state.epoch > 0 and self._membership is None:
+            self._remember(state)  # once: one small file
         leader = state.leader
         if self.role is Role.FOLLOWER and (leader is None or leader.name != self.leader_name):
             self._link_stop.set()
@@ -341,8 +352,16 @@ class ReplicaController:
         state = self._latest()
         leader = state.leader
         name = self.settings.name
+        if state.epoch > 0:
+            self._remember(state)
         if leader is not None and leader.name != name:
             self._follow(leader.name, leader.address)
+            return
+        if leader is None and self._forgotten(state):
+            self.role = Role.CANDIDATE
+            self._changed.wait(CHECK_INTERVAL_S * 5)
+            with self._state_lock:
+                self._state = None
             return
         if leader is None and state.may_lead(name, allow_unclean=self.settings.allow_unclean):
             try:
@@ -364,6 +383,35 @@ class ReplicaController:
         self._changed.wait(CHECK_INTERVAL_S * 5)
         with self._state_lock:
             self._state = None  # read afresh next time
+
+    def _remember(self, state: GroupState) -> None:
+        """Note, once, in the data directory that this replica belongs to the group."""
+        with self._membership_lock:
+            if self._membership is not None:
+                return
+            remembered = membership.Membership(
+                self.settings.group, state.store_id or self._log.store_id.hex(), state.epoch
+            )
+            membership.save(self._log.disk, self._log.config.data_dir, remembered)
+            self._membership = remembered
+
+    def _forgotten(self, state: GroupState) -> bool:
+        """etcd holds no epoch for a group this replica belonged to: its data was lost, and an
+        election now could pick a replica that missed acknowledged appends. Such a replica
+        stays out of elections unless the operator allows an unclean one."""
+        if state.epoch > 0 or self._membership is None or self.settings.allow_unclean:
+            return False
+        now = time.monotonic()
+        if now - self._forgotten_said_at >= FORGOTTEN_GROUP_LOG_S:
+            self._forgotten_said_at = now
+            log.error(
+                "etcd has no state for group %s, which this replica joined in epoch %d: its "
+                "data was lost. Not campaigning: restore etcd from a snapshot, or restart the "
+                "replica known to hold every acknowledged append with --allow-unclean-election",
+                self.settings.group,
+                self._membership.epoch,
+            )
+        return True
 
     # -- following ----------------------------------------------------------------------------
 

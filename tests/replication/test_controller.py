@@ -7,6 +7,7 @@ appends are refused below min-insync."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -16,13 +17,16 @@ import grpc
 import pytest
 
 from commitlog_svc.messages import MessageIn, PutStatus
+from commitlog_svc.replication import membership
 from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings, Role
 from mqstore.coordination.etcd import EtcdCoordinator
+from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.errors import FailedPrecondition, NotLeader
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from tests.commitlog_svc.replica_support import assert_same_log, replica
+from tests.coordination.test_etcd_coordinator import raw_client
 
 LAG_MAX_MS = 600
 
@@ -302,3 +306,31 @@ def test_a_switchover_without_an_eligible_follower_leaves_the_lead_where_it_is(
     done = lead.controller.switchover(None, 10.0)
     assert done.leader.name != lead.name
     assert done.leader.name in {n.name for n in nodes}
+
+
+def test_replicas_that_remember_their_group_elect_nobody_from_an_emptied_etcd(
+    cluster: Callable[..., list[Node]], etcd: EtcdProcess, group: str
+) -> None:
+    """etcd lost its data (not restored): the in-sync set is gone, and an election would count
+    as the group's first, which any replica could win, one that missed acknowledged appends
+    too. Replicas that remember the group (membership.py) stay out until the operator names
+    one with --allow-unclean-election."""
+    nodes = cluster(3)
+    wait_until(settled(nodes, 3))
+    lead = leader_of(nodes)
+    for i in range(10):
+        assert append(lead, i) is PutStatus.PUT_OK
+    wait_until(lambda: all(n.controller._membership is not None for n in nodes))
+    assert all(membership.load(n.log.disk, n.log.config.data_dir) for n in nodes)
+    raw_client(etcd).delete_prefix(f"/mqstore/{group}/")
+    wait_until(lambda: all(n.controller.role is not Role.LEADER for n in nodes))
+    time.sleep(3)  # several election rounds: nobody may win one
+    assert all(n.controller.role is not Role.LEADER for n in nodes)
+    assert raw_client(etcd).get(f"/mqstore/{group}/leader") == []
+
+    lead.stop()  # the operator restarts the replica it knows holds everything
+    lead.settings = dataclasses.replace(lead.settings, allow_unclean=True)
+    lead.restart()
+    wait_until(lambda: lead.controller.role is Role.LEADER)
+    wait_until(settled(nodes, 3))
+    assert append(lead, 100) is PutStatus.PUT_OK
