@@ -4,17 +4,19 @@
     a (self)  3_000_000    3_000_000        -              yes
     b         3_000_000    2_990_000        now            yes
     c         1_200_000    1_200_000        now - 9 s      yes, past the lag bound: shrink
-    d         3_000_000    3_000_000        now            no, caught up: expand
+    d         2_995_000    2_995_000        now            no, holds the commit offset: expand
 
     commit offset = lowest durable offset over the set (a, b, c) = 1_200_000
 
 The rules (docs/replication.md "The rules"): an append is acknowledged once the commit offset
 passes its end; appends are refused while the set has fewer than `min_insync` members; a member
 that has not caught up with the leader's end within `lag_max_ms` is proposed for removal, a
-non-member that reached the leader's end for addition. A follower "caught up" when it reported
-an end offset at or past the leader's end at that moment (Kafka's lastCaughtUpTime), and is
-caught up still while it is connected and holds the leader's end (an idle group lags nowhere);
-a disconnected one is timed from its last catch-up.
+connected non-member that holds the commit offset durably for addition. A follower "caught up"
+when it reported an end offset at or past the leader's end at that moment, or at its previous
+report when it now holds the leader's end of then (Kafka's lastCaughtUpTime: under a steady
+load the end moves on while a report travels), and is caught up still while it is connected
+and holds the leader's end (an idle group lags nowhere); a disconnected one is timed from its
+last catch-up, an added one from when it was added.
 
 Pure bookkeeping and waiting: the controller writes a proposed set to the coordinator first and
 calls `set_members` only once it is recorded there, so the set never takes effect before a new
@@ -38,6 +40,8 @@ class ReplicaProgress:
     durable_offset: int = 0
     caught_up_at_ms: float = 0.0  # monotonic ms; 0: never
     connected: bool = False
+    reported_at_ms: float = 0.0  # its last report (monotonic ms; 0: none yet)
+    leader_end_at_report: int = 0  # the leader's end when it last reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +91,11 @@ class InSyncTracker:
             self._advance()
 
     def follower_progress(self, name: str, end_offset: int, durable_offset: int) -> None:
-        """A follower's report: what it has written and what it holds durably."""
+        """A follower's report: what it has written and what it holds durably. It caught up
+        now when it holds the leader's end; else, when it holds the leader's end of its
+        previous report, it caught up then (Kafka's lastCaughtUpTime rule: under a steady load
+        the leader's end moves on while a report travels, and a follower keeping within one
+        report of it never holds the end at the moment it reports)."""
         now = self._clock.monotonic_ms()
         with self._cond:
             replica = self._replicas.get(name)
@@ -98,6 +106,10 @@ class InSyncTracker:
             replica.connected = True
             if end_offset >= self._leader_end:
                 replica.caught_up_at_ms = now
+            elif replica.reported_at_ms and end_offset >= replica.leader_end_at_report:
+                replica.caught_up_at_ms = max(replica.caught_up_at_ms, replica.reported_at_ms)
+            replica.reported_at_ms = now
+            replica.leader_end_at_report = self._leader_end
             self._advance()
             self._cond.notify_all()  # wait_held
 
@@ -108,9 +120,16 @@ class InSyncTracker:
                 replica.connected = False
 
     def set_members(self, members: Iterable[str]) -> None:
-        """The set as now recorded in the coordinator (the leader is always in it)."""
+        """The set as now recorded in the coordinator (the leader is always in it). A member
+        added is timed for the lag bound from now: it held everything committed."""
+        now = self._clock.monotonic_ms()
         with self._cond:
+            added = frozenset(members) - self._members
             self._members = frozenset(members) | {self.leader}
+            for name in added:
+                replica = self._replicas.get(name)
+                if replica is not None:
+                    replica.caught_up_at_ms = max(replica.caught_up_at_ms, now)
             self._advance()
 
     # -- decisions ---------------------------------------------------------------------------------
@@ -142,14 +161,18 @@ class InSyncTracker:
             return frozenset(out)
 
     def caught_up(self) -> frozenset[str]:
-        """Followers outside the set that hold everything the leader has: to be added."""
+        """Connected followers outside the set that hold everything committed (every
+        acknowledged append) durably: to be added (Kafka's rule: the follower's end at or
+        past the high watermark). Not the leader's end: under a steady load the leader's end
+        moves on while a report travels, and a follower catching up would never hold it at the
+        moment it reports. Once added, appends wait for it too."""
         with self._cond:
             return frozenset(
                 r.name
                 for r in self._replicas.values()
                 if r.name not in self._members
                 and r.connected
-                and r.end_offset >= self._leader_end
+                and r.end_offset >= self._commit
                 and r.durable_offset >= self._commit
             )
 

@@ -20,10 +20,10 @@ from mqstore.client.errors import Cancelled, ClientError, FailedPrecondition, fr
 from mqstore.client.settings import ClientSettings
 from mqstore.rpc.allocator import keep_large_blocks
 from mqstore.rpc.channel import ChannelSecurity
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2, commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
-from mqstore.rpc.leader_channel import find_leading
+from mqstore.rpc.leader_channel import ROLE_PROBE_TIMEOUT_S, find_leading
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -109,6 +109,36 @@ class Connection:
             channels = [self.channel(t) for t in targets]
             self._commitlog_at = find_leading(channels, self._commitlog_at, self.metadata)
         return targets[self._commitlog_at]
+
+    def leader_elsewhere(self) -> str | None:
+        """With several commit-log replicas: another replica that says it leads (the one in the
+        newest epoch, when more than one says so), taken for the leader from now on; None when
+        none does. For a caller whose answers stopped coming: a leader that stopped (paused,
+        cut off from the network) answers nothing and may keep the connection open, while the
+        group elects another within the lease TTL."""
+        targets = self._commitlog_targets
+        current = self._commitlog_at
+        best: tuple[int, int] | None = None  # (epoch, index)
+        for at, target in enumerate(targets):
+            if at == current:
+                continue
+            stub = commitlog_pb2_grpc.CommitLogStub(self.channel(target))
+            try:
+                status = stub.GetStatus(
+                    commitlog_pb2.GetStatusRequest(),
+                    timeout=ROLE_PROBE_TIMEOUT_S,
+                    metadata=self.metadata,
+                )
+            except grpc.RpcError:
+                continue
+            if status.role == "leader":
+                epoch = status.history.epochs[-1] if status.history.epochs else 0
+                if best is None or epoch > best[0]:
+                    best = (epoch, at)
+        if best is None:
+            return None
+        self._commitlog_at = best[1]
+        return targets[best[1]]
 
     def cq(self, target: str) -> consumequeue_pb2_grpc.ConsumeQueueStub:
         return self._stub(consumequeue_pb2_grpc.ConsumeQueueStub, target)

@@ -103,6 +103,11 @@ BUFFER_BYTES_DEFAULT = 64 << 20  # unsent bytes held before send() blocks (Kafka
 BLOCK_TIMEOUT_S_DEFAULT = 60.0  # how long send() blocks on a full buffer (Kafka's max.block.ms)
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
+# With several commit-log replicas, an answer this late makes the producer ask the others
+# whether one of them leads now (and again this often while it waits): a paused or cut-off
+# leader answers nothing and keeps the stream open, while its group elects another within the
+# lease TTL (2 s); waiting for request_timeout_s (10 s) would stall every send that long.
+LEADER_PROBE_AFTER_S = 0.5
 # A request's share of the 64 MiB gRPC message limit: a batch never grows past it.
 REQUEST_BYTES_MAX = 32 << 20
 # After a stale answer (a previous life's sequences ahead of ours), sequences jump this far
@@ -245,6 +250,7 @@ class ProducerStats:
     retries: int = 0  # requests sent again after a broken stream
     duplicates: int = 0  # answers the store gave from a request it had already stored
     reconnects: int = 0  # streams opened after the first
+    leader_moves: int = 0  # streams given up on because another replica led
     rebases: int = 0  # sequence moves after answers from an earlier life of the producer id
 
 
@@ -529,6 +535,11 @@ class Producer:
         self._streams_opened = 0
         self._retry_at = 0.0
         self._failing_since: float | None = None
+        # Asking the other replicas whether one leads (a late answer, several replicas).
+        self._several_replicas = len(self._conn.settings.commitlog_targets) > 1
+        self._probing = False
+        self._probe_at = 0.0
+        self._leader_found = False  # the next stream goes where the probe found the leader
         self._backoff_s = BACKOFF_FIRST_S
         self._sender = threading.Thread(target=self._run, name="mqstore-producer", daemon=True)
         self._sender.start()
@@ -902,6 +913,21 @@ class Producer:
                     if head is not None and now - head.sent_at > self.request_timeout_s:
                         self._stream.cancel()  # the receiver retries what is unanswered
                         head.sent_at = now
+                    elif (
+                        head is not None
+                        and self._several_replicas
+                        and not self._probing
+                        and now - head.sent_at > LEADER_PROBE_AFTER_S
+                        and now >= self._probe_at
+                    ):
+                        self._probing = True
+                        self._probe_at = now + LEADER_PROBE_AFTER_S
+                        threading.Thread(
+                            target=self._probe_leader,
+                            args=(self._stream,),
+                            name="mqstore-producer-probe",
+                            daemon=True,
+                        ).start()
                 if not (open_stream or to_fail):
                     self._cond.wait(self._next_wake(now))
             for r, failure in to_fail:
@@ -919,13 +945,34 @@ class Producer:
             waits.append(self._open_since + self.linger_s - now)
         if self._inflight:
             waits.append(self._inflight[0].sent_at + self.request_timeout_s - now)
+            if self._several_replicas and not self._probing:
+                probe_at = max(self._inflight[0].sent_at + LEADER_PROBE_AFTER_S, self._probe_at)
+                waits.append(probe_at - now)
         if self._stream is None and (self._sealed or self._inflight):
             waits.append(self._retry_at - now)
         return max(0.001, min(waits))
 
+    def _probe_leader(self, stream: _Stream) -> None:
+        """An answer is late: when another replica leads, give up the stream (its unanswered
+        requests go again, with their sequences, to the leader found)."""
+        try:
+            moved = self._conn.leader_elsewhere()
+        except ClientError:  # the connection is closed
+            moved = None
+        with self._cond:
+            self._probing = False
+            if moved is not None and self._stream is stream:
+                log.warning("the commit log's leader moved to %s: sending there", moved)
+                self._leader_found = True
+                self.stats.leader_moves += 1
+                stream.cancel()
+            self._cond.notify_all()
+
     def _open_stream(self) -> None:
         try:
-            if self._streams_opened:
+            if self._leader_found:
+                self._leader_found = False  # a probe just found it: go there
+            elif self._streams_opened:
                 # The last stream failed: with a broker group, the leader may have moved.
                 self._conn.find_commitlog_leader()
             stream = _Stream(self._conn)

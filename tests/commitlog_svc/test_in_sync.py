@@ -99,6 +99,57 @@ def test_a_caught_up_follower_outside_the_set_is_proposed_for_addition() -> None
     assert t.caught_up() == frozenset() and t.members == {"a", "b", "c"}
 
 
+REPORT_MS = 50  # a follower's report after each chunk: every few tens of ms under load
+
+
+def test_a_follower_one_report_behind_under_a_steady_load_stays_in_the_set() -> None:
+    """Each report holds what the leader had at the report before, never the leader's end at
+    its own moment (the end moved on while it travelled). Such a follower keeps up; judged
+    against the leader's end at the moment of each report it was removed after the lag bound,
+    and the set flapped under load (make chaos REPLICAS=3: both followers removed at once, the
+    leader killed next, nobody eligible until it came back, 17 s later)."""
+    clock = ManualClock()
+    t = InSyncTracker("a", ("a", "b"), min_insync=2, lag_max_ms=LAG_MS, clock=clock)
+    end = 0
+    for _ in range(3 * LAG_MS // REPORT_MS):
+        end += 1_000
+        t.leader_progress(end_offset=end, durable_offset=end)  # the leader appended more
+        t.follower_progress("b", end_offset=end - 1_000, durable_offset=end - 1_000)
+        clock.advance(REPORT_MS)
+        assert t.lagging() == frozenset()
+    # Reports that stop moving are lagging again after the bound.
+    for _ in range(LAG_MS // REPORT_MS + 2):
+        end += 1_000
+        t.leader_progress(end_offset=end, durable_offset=end)
+        t.follower_progress("b", end_offset=1_000, durable_offset=1_000)
+        clock.advance(REPORT_MS)
+    assert t.lagging() == {"b"}
+
+
+def test_a_follower_holding_every_committed_append_joins_although_the_end_moved_on() -> None:
+    """Kafka's rule for growing the set: the follower's end at the high watermark. Required to
+    reach the leader's end at the moment of a report, a restarted follower rejoined only in a
+    lull of the load (make chaos REPLICAS=3: 10-15 s after its restart)."""
+    clock = ManualClock()
+    t = InSyncTracker("a", ("a", "b"), min_insync=2, lag_max_ms=LAG_MS, clock=clock)
+    t.leader_progress(end_offset=1_000, durable_offset=1_000)
+    t.follower_progress("b", end_offset=1_000, durable_offset=1_000)
+    assert t.commit_offset == 1_000
+    t.leader_progress(end_offset=1_500, durable_offset=1_500)  # not acknowledged yet
+    t.follower_progress("c", end_offset=900, durable_offset=900)
+    assert t.caught_up() == frozenset()  # lacks committed appends
+    t.follower_progress("c", end_offset=1_200, durable_offset=1_000)
+    assert t.caught_up() == {"c"}
+    t.set_members(["a", "b", "c"])
+    clock.advance(LAG_MS // 2)
+    assert t.lagging() == frozenset()  # timed from when it joined
+    assert not t.wait_committed(1_500, timeout_s=0.01)  # appends now wait for c too
+    t.follower_progress("b", end_offset=1_500, durable_offset=1_500)
+    assert t.commit_offset == 1_000
+    t.follower_progress("c", end_offset=1_500, durable_offset=1_500)
+    assert t.commit_offset == 1_500
+
+
 def test_appends_are_accepted_only_with_min_insync_members() -> None:
     t = tracker(("a", "b"), min_insync=2)
     assert t.accepting()
