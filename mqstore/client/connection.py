@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from mqstore.client.errors import Cancelled, ClientError, FailedPrecondition, from_rpc_error
-from mqstore.client.settings import ClientSettings
+from mqstore.client.settings import DNS_ALL_PREFIX, ClientSettings, resolve_addresses
 from mqstore.rpc.allocator import keep_large_blocks
 from mqstore.rpc.channel import ChannelSecurity
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2, commitlog_pb2_grpc
@@ -45,6 +45,15 @@ def security_of(settings: ClientSettings) -> ChannelSecurity:
     )
 
 
+def _commitlog_addresses(given: tuple[str, ...]) -> tuple[str, ...]:
+    """The commit-log addresses to try: `dns-all:` entries resolved; when nothing resolves yet
+    (no replica ready), HOST:PORT itself, so that a call fails naming it."""
+    resolved = resolve_addresses(given)
+    if resolved:
+        return resolved
+    return tuple(a.removeprefix(DNS_ALL_PREFIX) for a in given)
+
+
 class Connection:
     """Blocking channels, one per address, shared by every Producer/Consumer/Admin built on it."""
 
@@ -62,8 +71,9 @@ class Connection:
         self._lock = threading.Lock()
         self._closed = False
         self._cq_preferred = 0  # the consume-queue replica that answered last
-        # The commit-log replica taken for the leader (one address: that one).
-        self._commitlog_targets = self.settings.commitlog_targets
+        # The commit-log replica taken for the leader (one address: that one); `dns-all:`
+        # entries resolved now and again whenever the leader is looked for.
+        self._commitlog_targets = _commitlog_addresses(self.settings.commitlog_targets)
         self._commitlog_at = 0
 
     def channel(self, target: str) -> grpc.Channel:
@@ -104,11 +114,23 @@ class Connection:
         take the leader (a single replica is its own); without an answer naming one, move to
         the next address. Called after a stream to the commit log failed; returns the address
         taken. One address: nothing to find."""
+        self._resolve_commitlog()
         targets = self._commitlog_targets
         if len(targets) > 1:
             channels = [self.channel(t) for t in targets]
             self._commitlog_at = find_leading(channels, self._commitlog_at, self.metadata)
         return targets[self._commitlog_at]
+
+    def _resolve_commitlog(self) -> None:
+        """With `dns-all:` commit-log addresses: resolve them again (pods come and go), keeping
+        the replica taken for the leader when it is still there."""
+        given = self.settings.commitlog_targets
+        if not any(a.startswith(DNS_ALL_PREFIX) for a in given):
+            return
+        current = self._commitlog_targets[self._commitlog_at]
+        targets = _commitlog_addresses(given)
+        self._commitlog_at = targets.index(current) if current in targets else 0
+        self._commitlog_targets = targets
 
     def leader_elsewhere(self) -> str | None:
         """With several commit-log replicas: another replica that says it leads (the one in the
@@ -116,6 +138,7 @@ class Connection:
         none does. For a caller whose answers stopped coming: a leader that stopped (paused,
         cut off from the network) answers nothing and may keep the connection open, while the
         group elects another within the lease TTL."""
+        self._resolve_commitlog()
         targets = self._commitlog_targets
         current = self._commitlog_at
         best: tuple[int, int] | None = None  # (epoch, index)

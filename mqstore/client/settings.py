@@ -90,14 +90,16 @@ class ClientSettings:
             raise InvalidArgument("timeout_s must be positive", field="timeout_s")
         if self.token is not None and self.token_file is not None:
             raise InvalidArgument("give a token or a token file, not both", field="token")
-        for address in self.index:
-            if address.startswith(DNS_ALL_PREFIX):
-                _host_port(address[len(DNS_ALL_PREFIX) :], address)
+        for named, addresses in (("index", self.index), ("commitlog", self.commitlog_targets)):
+            for address in addresses:
+                if address.startswith(DNS_ALL_PREFIX):
+                    _host_port(address[len(DNS_ALL_PREFIX) :], address, named)
 
     @property
     def commitlog_targets(self) -> tuple[str, ...]:
         """The commit log's addresses: one, or every replica of a broker group
-        (`a:7100,b:7100,c:7100`), of which the client finds and follows the leader."""
+        (`a:7100,b:7100,c:7100`, or `dns-all:HOST:PORT`: every address HOST resolves to, as
+        for the index tier), of which the client finds and follows the leader."""
         return split_addresses(self.commitlog)
 
     def bearer_token(self) -> str | None:
@@ -167,11 +169,11 @@ def resolve_addresses(addresses: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _host_port(text: str, address: str) -> tuple[str, int]:
+def _host_port(text: str, address: str, field: str = "index") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
         raise InvalidArgument(
             f"{address!r}: expected {DNS_ALL_PREFIX}HOST:PORT with a port in 1..65535",
-            field="index",
+            field=field,
         )
     return host.strip("[]"), int(port)

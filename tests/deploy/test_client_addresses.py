@@ -91,3 +91,22 @@ def test_the_admin_says_when_the_name_has_no_replica(store: Cluster) -> None:
     )
     with Admin(settings) as admin, pytest.raises(Unavailable, match="resolve to no address"):
         admin.query_by_key("Dns", "k-1")
+
+
+def test_the_sdk_reaches_the_commit_log_through_a_dns_all_name(store: Cluster) -> None:
+    """MQSTORE_COMMITLOG=dns-all:HOST:PORT (a broker group's headless Service): every address
+    the name resolves to is a replica to try, and the leader among them is taken."""
+    port = store.commitlog.ports["port"]
+    settings = ClientSettings(
+        commitlog=f"{DNS_ALL_PREFIX}localhost:{port}", cq=(store.followers["cq"].target,)
+    )
+    with Producer(settings) as producer:
+        producer.send("DnsLog", b"appended").result(timeout=30)
+    with Admin(settings) as admin:
+        assert admin.status().commitlog.address == f"127.0.0.1:{port}"
+
+
+def test_a_malformed_dns_all_commit_log_address_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="dns-all:HOST:PORT") as refused:
+        ClientSettings(commitlog="dns-all:commitlog")
+    assert refused.value.field == "commitlog"
