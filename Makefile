@@ -17,7 +17,7 @@ help:
 	@echo "make bench-peers - mqstore next to NATS JetStream, Redis Streams and the gRPC ceiling"
 	@echo "make bench-memory - each service's resident memory with 10k, 50k and 100k queues"
 	@echo "make fuzz   - coverage-guided fuzzing of every decoder and API (FUZZ_SECONDS per target)"
-	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=, FLUSH=async: torn tails)"
+	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=, FLUSH=async: torn tails; REPLICAS=3: a broker group's leader killed, paused, cut off, etcd restarted)"
 
 # The venv is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -82,13 +82,15 @@ bench-memory: $(STAMP)
 
 # Kill -9 the services at seeded moments under load and check every acknowledged append
 # (docs/chaos.md). CYCLES=1000 is the long run; SEED=n replays a run; FLUSH=async runs the
-# commit log with async flush, which adds torn-tail cycles.
+# commit log with async flush, which adds torn-tail cycles; REPLICAS=3 runs a broker group on
+# etcd and fails its leader (kill -9, SIGSTOP, a network cut as root), a follower or etcd.
 CYCLES ?=
 SEED ?=
 FLUSH ?=
+REPLICAS ?=
 CHAOS_ARGS ?=
 chaos: $(STAMP)
-	$(PY) -m chaos $(if $(CYCLES),--cycles $(CYCLES)) $(if $(SEED),--seed $(SEED)) $(if $(FLUSH),--flush $(FLUSH)) $(CHAOS_ARGS)
+	$(PY) -m chaos $(if $(CYCLES),--cycles $(CYCLES)) $(if $(SEED),--seed $(SEED)) $(if $(FLUSH),--flush $(FLUSH)) $(if $(REPLICAS),--replicas $(REPLICAS)) $(CHAOS_ARGS)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 

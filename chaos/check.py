@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from chaos.load import Follower
@@ -227,10 +227,10 @@ def check_reads_by_offset(conn: Connection, oracle: Oracle, problems: Problems) 
     for ack in oracle.acks():
         batch.append(ack)
         if len(batch) == READ_BATCH:
-            read += _read_batch(conn, stub, batch, oracle.salt, problems)
+            read += read_batch(conn, stub, batch, oracle.salt, problems)
             batch = []
     if batch:
-        read += _read_batch(conn, stub, batch, oracle.salt, problems)
+        read += read_batch(conn, stub, batch, oracle.salt, problems)
     return read
 
 
@@ -258,7 +258,7 @@ def _is_as_sent(m: Message, salt: int) -> bool:
     return (m.body, m.topic, m.queue_id) == (spec.body, spec.topic, spec.queue_id)
 
 
-def _read_batch(
+def read_batch(
     conn: Connection, stub: CommitLogStub, batch: list[Ack], salt: int, problems: Problems
 ) -> int:
     request = cl_pb.ReadRequest(
@@ -458,11 +458,19 @@ def check_tail(
     salt: int,
     problems: Problems,
     where: str,
+    *,
+    from_segment_start: bool = True,
+    keys: Sequence[str] | None = None,
+    queues: Collection[tuple[str, int]] | None = None,
 ) -> TailCheck:
-    """The log's records from the start of the segment holding `cut` to `end`, against cq_svc
-    and index_svc (both must have applied past `end`: see wait_applied)."""
-    log = LogDir(commitlog_dir)
-    start = max((seg.start_offset for seg in log.segments if seg.start_offset <= cut), default=cut)
+    """The log's records from the start of the segment holding `cut` to `end` (or from `cut`
+    itself, a record boundary, unless `from_segment_start`), against cq_svc and index_svc (both
+    must have applied past `end`: see wait_applied). The index is asked for `keys` (default:
+    every key of the run), cq_svc for `queues` (topic, queue id; default: every queue)."""
+    start = cut
+    if from_segment_start:
+        log = LogDir(commitlog_dir)
+        start = max((s.start_offset for s in log.segments if s.start_offset <= cut), default=cut)
     started = time.monotonic()
     result = TailCheck(start, end)
     corrupt_before = problems.corrupt_reads
@@ -473,7 +481,7 @@ def check_tail(
 
     view = LogView()
     region: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
-    keys: dict[tuple[str, str], set[int]] = {}
+    keyed: dict[tuple[str, str], set[int]] = {}
     oldest_ms, newest_ms = 1 << 62, 0
     for rec in stored_records(commitlog_dir, view, start=start, end=end):
         result.records += 1
@@ -481,7 +489,7 @@ def check_tail(
             (rec.queue_offset, rec.commit_log_offset, body_hash(rec.body))
         )
         for key in rec.keys:
-            keys.setdefault((rec.topic, key), set()).add(rec.commit_log_offset)
+            keyed.setdefault((rec.topic, key), set()).add(rec.commit_log_offset)
         oldest_ms = min(oldest_ms, rec.store_timestamp_ms)
         newest_ms = max(newest_ms, rec.store_timestamp_ms)
     for text in view.bad_ranges:
@@ -492,6 +500,8 @@ def check_tail(
         consumer = Consumer(conn, topic, queues=range(QUEUES), start=Offset(0))
         try:
             for q in range(QUEUES):
+                if queues is not None and (topic, q) not in queues:
+                    continue
                 want = region.get((topic, q))
                 if want is None:
                     _check_no_units_in(admin, consumer, q, start, end, fail)
@@ -506,8 +516,8 @@ def check_tail(
     begin_ms = max(0, oldest_ms - INDEX_TIME_RESOLUTION_MS)
     end_ms = newest_ms + INDEX_TIME_RESOLUTION_MS
     for topic in TOPICS:
-        for key in all_keys():
-            want_offsets = keys.get((topic, key), set())
+        for key in all_keys() if keys is None else keys:
+            want_offsets = keyed.get((topic, key), set())
             try:
                 found = admin.query_by_key(
                     topic, key, begin_ms=begin_ms, end_ms=end_ms, max_messages=INDEX_RESULTS_MAX

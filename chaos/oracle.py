@@ -27,6 +27,11 @@ acknowledgement to arrive is forfeited when some cut sealed after it lies at or 
 offset: one bisect over the seals, with the cuts' minimum over every later one kept as a
 suffix minimum.
 
+The replicated run (chaos/group_run.py) also asks which acknowledgements arrived since its
+last check (`arrived(k)`: the oracle keeps the order of arrival, 10 bytes an acknowledgement)
+and when each arrived around a fault (`watch()` ... `watched()`: (monotonic time, offset) of
+every acknowledgement from the watch on), for the failover time and the longest pause.
+
 At the end the log is read record by record into an Audit, and each sent message gets one
 verdict, Kafka's produce-consume-validate classification made exact by the idempotence keys:
 
@@ -67,6 +72,8 @@ from mqstore.client.producer import SendResult
 MSG_ID_SAMPLE_EVERY = 97
 # Examples kept per kind of problem, for the report.
 EXAMPLES_MAX = 10
+# Acknowledgement times kept by one watch (a fault's cycle): a minute of a burst's 10,000/s.
+WATCHED_MAX = 600_000
 _UNSEALED = 1 << 62  # a torn cycle's seal until the commit log is about to start again
 _OFFSET_HEX_CHARS = 16  # an offset msg id ends with the commit-log offset as 8 bytes of hex
 
@@ -137,6 +144,11 @@ class Oracle:
         # i whose seal came after it.
         self._seals: tuple[int, ...] = ()
         self._cut_min: tuple[int, ...] = ()
+        # (producer, n) of every acknowledgement in the order they arrived.
+        self._order_producer = array("h")
+        self._order_n = array("q")
+        # While watching: (monotonic time, commit-log offset) of every acknowledgement.
+        self._watched: list[tuple[float, int]] | None = None
 
     @property
     def producers(self) -> int:
@@ -170,6 +182,10 @@ class Oracle:
             c.size[n] = result.size
             c.arrival[n] = self.acked_count
             self.acked_count += 1
+            self._order_producer.append(producer)
+            self._order_n.append(n)
+            if self._watched is not None and len(self._watched) < WATCHED_MAX:
+                self._watched.append((time.monotonic(), result.commit_log_offset))
             if self._marked and self._first_ack_after_mark is None:
                 self._first_ack_after_mark = time.monotonic()
             if result.duplicate:
@@ -195,6 +211,29 @@ class Oracle:
         with self._lock:
             self._marked = True
             self._first_ack_after_mark = None
+
+    def watch(self) -> None:
+        """Record when each acknowledgement arrives from now on (see `watched`)."""
+        with self._lock:
+            self._watched = []
+
+    def watched(self, *, stop: bool = False) -> list[tuple[float, int]]:
+        """(monotonic time, commit-log offset) of every acknowledgement since `watch()`, in
+        arrival order; `stop` ends the watch."""
+        with self._lock:
+            out = list(self._watched or ())
+            if stop:
+                self._watched = None
+            return out
+
+    def arrived(self, start: int, end: int | None = None) -> list[tuple[int, int]]:
+        """(producer, n) of the acknowledgements that arrived start-th to end-th (default: to
+        the latest)."""
+        with self._lock:
+            stop = len(self._order_n) if end is None else min(end, len(self._order_n))
+            return list(
+                zip(self._order_producer[start:stop], self._order_n[start:stop], strict=True)
+            )
 
     def forfeit(self, cut: int) -> None:
         """A torn cycle zeroed the log from `cut` on after the commit log's kill: every

@@ -35,6 +35,8 @@ from chaos.check import (
     read_log,
     wait_caught_up,
 )
+from chaos.group_figures import GroupFigures
+from chaos.group_plan import GroupCycle
 from chaos.load import (
     PRODUCER_CLOSE_TIMEOUT_S,
     RATE_PER_S_DEFAULT,
@@ -54,12 +56,16 @@ from chaos.torn import TornCycle, TornFigures
 from mqstore.client.admin import Admin
 from mqstore.client.connection import Connection
 from mqstore.client.errors import ClientError
+from mqstore.client.settings import ClientSettings
 from mqstore.errors import MqstoreError
 
 # About 3.5 s a cycle on this 2-core machine (the trigger, a pause, a Python service's
 # restart): 60 cycles make `make chaos` take about four minutes. CYCLES=1000 is the long run.
 CYCLES_DEFAULT = 60
 PRODUCERS_DEFAULT = 2
+# A broker group's run: "several producers" at a pace three replicas keep up with on 2 cores.
+GROUP_PRODUCERS_DEFAULT = 3
+GROUP_RATE_PER_S_DEFAULT = 150.0
 # The recovery bound: kill to readiness SERVING, for every restart of every service. A
 # restart here is a Python process importing grpc and opening its store (about 1-3 s on this
 # 2-core machine); a follower also replays what it missed. 30 s is an order of magnitude above
@@ -86,12 +92,23 @@ class ChaosConfig:
     keep: bool = False  # keep the data directory after a passing run (a failing one always is)
     # Opt-in: cycles may also restart a producer under its id (see docs/chaos.md, known bugs).
     producer_restarts: bool = False
+    # A broker group of this many commit-log replicas (1: the single-node run).
+    replicas: int = 1
+    replication: str = "sync"  # the group's --replication (async: a failover may lose acks)
+    partitions: bool = True  # cut cycles, when network namespaces can be made here
 
     def _options(self) -> str:
         out = f"--flush {self.flush}"
-        if self.producers != PRODUCERS_DEFAULT:
+        if self.replicas > 1:
+            out += f" --replicas {self.replicas}"
+            if self.replication != "sync":
+                out += f" --replication {self.replication}"
+            if not self.partitions:
+                out += " --no-partitions"
+        group = self.replicas > 1
+        if self.producers != (GROUP_PRODUCERS_DEFAULT if group else PRODUCERS_DEFAULT):
             out += f" --producers {self.producers}"
-        if self.rate_per_s != RATE_PER_S_DEFAULT:
+        if self.rate_per_s != (GROUP_RATE_PER_S_DEFAULT if group else RATE_PER_S_DEFAULT):
             out += f" --rate {self.rate_per_s:g}"
         if self.producer_restarts:
             out += " --producer-restarts"
@@ -102,9 +119,11 @@ class ChaosConfig:
 
     def make_command(self) -> str:
         extra = self._options().removeprefix(f"--flush {self.flush}").strip()
+        extra = extra.replace(f"--replicas {self.replicas}", "").strip()
         flush = " FLUSH=async" if self.flush == "async" else ""
+        replicas = f" REPLICAS={self.replicas}" if self.replicas > 1 else ""
         args = f' CHAOS_ARGS="{extra}"' if extra else ""
-        return f"make chaos SEED={self.seed} CYCLES={self.cycles}{flush}{args}"
+        return f"make chaos{replicas} SEED={self.seed} CYCLES={self.cycles}{flush}{args}"
 
 
 @dataclass
@@ -157,6 +176,8 @@ class Report:
     msg_ids_checked: int = 0
     elapsed_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    # A broker group's run (--replicas N): its faults, failovers and per-cycle checks.
+    group: GroupFigures | None = None
 
     @property
     def passed(self) -> bool:
@@ -181,6 +202,10 @@ def run(config: ChaosConfig, *, plan: Plan | None = None, say: Say | None = None
     """One chaos run (the services are real processes). `plan` replaces the seed's plan, for
     tests that want particular cycles; `say` receives the progress lines (default: print)."""
     say = say or _print
+    if config.replicas > 1:
+        from chaos.group_run import run_group  # noqa: PLC0415 (it builds on this module)
+
+        return run_group(config, say=say)
     plan = plan or make_plan(
         config.seed,
         config.cycles,
@@ -257,8 +282,15 @@ class _Run:
             self.problems.add(f"after the last cycle: {text}")
         self.say("load stopped; waiting for the followers, then checking")
         try:
-            _final_checks(
-                self.plan, self.services, self.oracle, self.followers, self.problems, self.report
+            final_checks(
+                self.plan.key_sample,
+                self.plan.salt,
+                self.services.settings(),
+                self.services.commitlog_dir,
+                self.oracle,
+                self.followers,
+                self.problems,
+                self.report,
             )
         except (ClientError, TimeoutError) as err:
             self.problems.add(f"final checks could not finish: {err}")
@@ -267,7 +299,7 @@ class _Run:
                 f.stop()
             for f in self.followers:
                 f.join(THREAD_JOIN_TIMEOUT_S)
-        _count(self.report, self.oracle, self.producers, self.followers, self.problems)
+        count(self.report, self.oracle, self.producers, self.followers, self.problems)
         for r in self.report.recoveries:
             if r.seconds > RECOVERY_S_MAX:
                 self.problems.add(
@@ -278,7 +310,7 @@ class _Run:
 
     def _cycles(self) -> None:
         for cycle in self.plan.cycles:
-            alive = _trigger(cycle, self.oracle, self.producers, self.problems)
+            alive = trigger(cycle, self.oracle, self.producers, self.problems)
             for p in self.producers:
                 p.burst = False  # what is in flight at the kill stays; the restart is paced
             self._note_resume(final="commitlog" in cycle.kill_order)
@@ -388,8 +420,8 @@ def _note_log_recovery(report: Report, services: Services) -> None:
     report.recovery_crc_mismatches += int(counters[CRC_MISMATCH_METRIC])
 
 
-def _trigger(
-    cycle: CyclePlan, oracle: Oracle, producers: list[ProducerLoad], problems: Problems
+def trigger(
+    cycle: CyclePlan | GroupCycle, oracle: Oracle, producers: list[ProducerLoad], problems: Problems
 ) -> bool:
     """Wait for the cycle's moment; False when the load broke down (the run stops)."""
     start = time.monotonic()
@@ -414,16 +446,21 @@ def _trigger(
     return not broken
 
 
-def _final_checks(
-    plan: Plan,
-    services: Services,
+def final_checks(
+    key_sample: tuple[str, ...],
+    salt: int,
+    settings: ClientSettings,
+    commitlog_dir: str,
     oracle: Oracle,
     followers: list[Follower],
     problems: Problems,
     report: Report,
 ) -> None:
-    settings = services.settings()
+    """Everything over the whole log, once the load stopped: the log's files in
+    `commitlog_dir` (a broker group's leader's) against the oracle, then every read through
+    the services (with several commit-log addresses, through the one leading)."""
     with Connection(settings) as conn:
+        conn.find_commitlog_leader()
         admin = Admin(conn)
         wait_caught_up(admin)
         ends = {t: {q.queue_id: q.max_offset for q in admin.queues(t)} for t in TOPICS}
@@ -435,7 +472,7 @@ def _final_checks(
                     break
                 time.sleep(0.05)
         audit = Audit(oracle)
-        view = read_log(services.commitlog_dir, audit)
+        view = read_log(commitlog_dir, audit)
         result = audit.finish()
         for text in view.bad_ranges:
             problems.add(f"log: {text}")
@@ -463,13 +500,13 @@ def _final_checks(
         report.queues_compared = len(view.queues)
         check_followers(followers, view, problems)
         report.keys_checked, report.uniq_checked = check_index(
-            admin, plan.key_sample, plan.salt, view, problems
+            admin, key_sample, salt, view, problems
         )
     for text in oracle.anomalies:
         problems.add(f"ack: {text}")
 
 
-def _count(
+def count(
     report: Report,
     oracle: Oracle,
     producers: list[ProducerLoad],
@@ -601,9 +638,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="replay this seed (default: new)")
     parser.add_argument("--data-dir", type=Path, default=None, help="empty or new directory")
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
-    parser.add_argument("--producers", type=int, default=PRODUCERS_DEFAULT)
     parser.add_argument(
-        "--rate", type=float, default=RATE_PER_S_DEFAULT, help="messages/s per producer"
+        "--producers",
+        type=int,
+        default=None,
+        help=f"producer threads (default {PRODUCERS_DEFAULT}; "
+        f"{GROUP_PRODUCERS_DEFAULT} with --replicas)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help=f"messages/s per producer (default {RATE_PER_S_DEFAULT:g}; "
+        f"{GROUP_RATE_PER_S_DEFAULT:g} with --replicas)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=(1, 3, 5),
+        help="commit-log replicas: 3 or 5 run a broker group on etcd (docs/chaos.md)",
+    )
+    parser.add_argument(
+        "--replication",
+        choices=("sync", "async"),
+        default="sync",
+        help="the group's replication (async: a failover may lose acknowledged appends)",
+    )
+    parser.add_argument(
+        "--no-partitions",
+        action="store_true",
+        help="no cut cycles even where network namespaces can be made",
     )
     parser.add_argument("--keep", action="store_true", help="keep the data after a pass")
     parser.add_argument(
@@ -612,8 +677,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cycles may also restart a producer under its id (fails: a known bug)",
     )
     args = parser.parse_args(argv)
+    group = args.replicas > 1
+    if args.producers is None:
+        args.producers = GROUP_PRODUCERS_DEFAULT if group else PRODUCERS_DEFAULT
+    if args.rate is None:
+        args.rate = GROUP_RATE_PER_S_DEFAULT if group else RATE_PER_S_DEFAULT
     if args.cycles < 1 or args.producers < 1 or args.rate <= 0:
         parser.error("--cycles and --producers must be at least 1, --rate positive")
+    if group and (args.flush != "sync" or args.producer_restarts):
+        parser.error("--replicas runs sync flush without producer restarts")
     seed = args.seed if args.seed is not None else secrets.randbelow(1 << 31)
     config = ChaosConfig(
         seed=seed,
@@ -624,6 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate_per_s=args.rate,
         keep=args.keep,
         producer_restarts=args.producer_restarts,
+        replicas=args.replicas,
+        replication=args.replication,
+        partitions=not args.no_partitions,
     )
     # The SDK warns on every outage it rides out; here outages are the point.
     logging.getLogger("mqstore").setLevel(logging.ERROR)
