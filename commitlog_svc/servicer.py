@@ -672,6 +672,11 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         while not gone.is_set() and context.is_active():
             if self._draining.is_set() or not engine.running:
                 return  # the subscriber reconnects (with backoff) to whoever serves next
+            replication = self.replication
+            if replication is not None and replication.role is not Role.LEADER:
+                # This replica stopped leading: a stream goes on only from the leader, whose
+                # handshake brings the subscriber's history up to date (a stream tells no epoch).
+                return
             if offset < engine.min_offset:
                 raise OutOfRange(
                     f"offset {offset} expired under the stream (log minimum "
