@@ -52,6 +52,7 @@ from chaos.run import (
     _data_dir,
     count,
     final_checks,
+    print_load_figures,
     trigger,
 )
 from chaos.services import RecoveryFailed
@@ -454,19 +455,7 @@ def print_group_figures(r: Report, say: Say) -> None:
     say(f"  replicas          {g.replicas} ({net})")
     say(f"  faults            {faults}")
     say(f"  leader failures   {g.leader_failures}")
-    say(f"  sent              {r.sent}")
-    say(
-        f"  acknowledged      {r.acknowledged}  (requests sent again {r.producer_retries}, "
-        f"{r.producer_dedup_requests} of them answered as already stored: "
-        f"{r.dedup_answers} messages)"
-    )
-    say(f"  unacked, stored   {r.unacked_stored}")
-    say(
-        f"  unacked, absent   {r.unacked_absent}  (failed {r.failed}: {failures}; "
-        f"no answer {r.no_answer})"
-    )
-    for kind, text in sorted(r.failure_examples.items()):
-        say(f"    e.g. {kind}: {text[:300]}")
+    print_load_figures(r, say, failures)
     say(f"  lost              {r.lost}  (must be 0)")
     say(f"  duplicates        {r.duplicates}  (must be 0)")
     say(f"  corrupt reads     {r.corrupt_reads}  (must be 0)")

@@ -542,14 +542,8 @@ def count(
     report.corrupt_reads = problems.corrupt_reads
 
 
-def _print_figures(r: Report, say: Say) -> None:
-    kills = ", ".join(f"{s} {r.kills[s]}" for s in SERVICES)
-    if r.kills["producer"]:
-        kills += f", producer restarts {r.kills['producer']}"
-    failures = ", ".join(f"{k} {v}" for k, v in sorted(r.failures.items())) or "none"
-    say("figures")
-    say(f"  cycles            {r.cycles_run} of {r.cycles_planned}")
-    say(f"  kills             {kills}; {r.rekills} killed again while recovering")
+def print_load_figures(r: Report, say: Say, failures: str) -> None:
+    """What the producers sent and what became of it (this run's and a group run's figures)."""
     say(f"  sent              {r.sent}")
     say(
         f"  acknowledged      {r.acknowledged}  (requests sent again {r.producer_retries}, "
@@ -563,6 +557,17 @@ def _print_figures(r: Report, say: Say) -> None:
     )
     for kind, text in sorted(r.failure_examples.items()):
         say(f"    e.g. {kind}: {text[:300]}")
+
+
+def _print_figures(r: Report, say: Say) -> None:
+    kills = ", ".join(f"{s} {r.kills[s]}" for s in SERVICES)
+    if r.kills["producer"]:
+        kills += f", producer restarts {r.kills['producer']}"
+    failures = ", ".join(f"{k} {v}" for k, v in sorted(r.failures.items())) or "none"
+    say("figures")
+    say(f"  cycles            {r.cycles_run} of {r.cycles_planned}")
+    say(f"  kills             {kills}; {r.rekills} killed again while recovering")
+    print_load_figures(r, say, failures)
     if r.torn.cycles or r.forfeited:
         say(
             f"  forfeited         {r.forfeited}  (acknowledged in an unflushed tail that a "
