@@ -41,9 +41,7 @@ from chaos.group_check import (
 )
 from chaos.group_figures import Failover, GroupFigures, failover_lines, summary
 from chaos.group_plan import PARTITION_FAULTS, GroupCycle, GroupPlan, make_group_plan
-from chaos.load import Follower, ProducerLoad
 from chaos.netns import Network, unavailable
-from chaos.oracle import Oracle
 from chaos.plan import QUEUES, TOPICS, all_keys
 from chaos.run import (
     THREAD_JOIN_TIMEOUT_S,
@@ -52,6 +50,7 @@ from chaos.run import (
     _data_dir,
     count,
     final_checks,
+    make_load,
     print_load_figures,
     trigger,
 )
@@ -138,12 +137,7 @@ class _GroupRun:
         self.figures = figures
         self.say = say
         settings = group.settings()
-        self.oracle = Oracle(config.producers, plan.salt)
-        self.producers = [
-            ProducerLoad(i, settings, self.oracle, rate_per_s=config.rate_per_s)
-            for i in range(config.producers)
-        ]
-        self.followers = [Follower(topic, settings, plan.salt) for topic in TOPICS]
+        self.oracle, self.producers, self.followers = make_load(config, plan.salt, settings)
         self.problems = Problems()
         self.conn = Connection(settings)
         self.watch = LogWatch(self.oracle)

@@ -246,6 +246,19 @@ def _data_dir(config: ChaosConfig) -> Path:
     return root
 
 
+def make_load(
+    config: ChaosConfig, salt: int, settings: ClientSettings
+) -> tuple[Oracle, list[ProducerLoad], list[Follower]]:
+    """A run's load (this one's and a group run's): the oracle of every acknowledgement, the
+    producers reporting to it, a following consumer a topic."""
+    oracle = Oracle(config.producers, salt)
+    producers = [
+        ProducerLoad(i, settings, oracle, rate_per_s=config.rate_per_s)
+        for i in range(config.producers)
+    ]
+    return oracle, producers, [Follower(topic, settings, salt) for topic in TOPICS]
+
+
 class _Run:
     """One run's moving parts: the load, the cycles, the final checks, the counting."""
 
@@ -257,12 +270,7 @@ class _Run:
         self.report = report
         self.say = say
         settings = services.settings()
-        self.oracle = Oracle(config.producers, plan.salt)
-        self.producers = [
-            ProducerLoad(i, settings, self.oracle, rate_per_s=config.rate_per_s)
-            for i in range(config.producers)
-        ]
-        self.followers = [Follower(topic, settings, plan.salt) for topic in TOPICS]
+        self.oracle, self.producers, self.followers = make_load(config, plan.salt, settings)
         self.problems = Problems()
         self.resume_from: float | None = None  # the commit log's ready time, until an ack
         self.conn = Connection(settings)  # the torn cycles' status calls and tail checks

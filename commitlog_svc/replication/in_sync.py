@@ -72,7 +72,11 @@ class InSyncTracker:
         self.min_insync = min_insync
         self.lag_max_ms = lag_max_ms
         self._clock = clock
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # the commit offset moved (appends wait on it)
+        # A follower reported (a switchover waits on it): apart, so that appends waiting for
+        # the commit offset are not woken by every report.
+        self._reported = threading.Condition(lock)
         self._members = frozenset(members) | {leader}
         self._replicas: dict[str, ReplicaProgress] = {}
         self._commit = commit_offset
@@ -111,7 +115,7 @@ class InSyncTracker:
             replica.reported_at_ms = now
             replica.leader_end_at_report = self._leader_end
             self._advance()
-            self._cond.notify_all()  # wait_held
+            self._reported.notify_all()
 
     def disconnected(self, name: str) -> None:
         with self._cond:
@@ -223,13 +227,14 @@ class InSyncTracker:
             replica = self._replicas.get(name)
             return replica is not None and replica.durable_offset >= offset()
 
-        with self._cond:
-            return self._cond.wait_for(held, timeout=timeout_s)
+        with self._reported:
+            return self._reported.wait_for(held, timeout=timeout_s)
 
     def wake(self) -> None:
         """Wake every waiter (on a change of role: they re-check and give up)."""
         with self._cond:
             self._cond.notify_all()
+            self._reported.notify_all()
 
     def view(self) -> InSyncView:
         with self._cond:

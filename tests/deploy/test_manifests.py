@@ -203,6 +203,11 @@ def _unset_env(tier: str, name: str) -> Callable[[list[dict[str, Any]]], None]:
     return mutate
 
 
+def _switchover(options: str) -> Callable[[list[dict[str, Any]]], None]:
+    """A preStop hook of `mqstore cluster switchover OPTIONS`."""
+    return _prestop(["mqstore", "cluster", "switchover", *options.split()])
+
+
 def _prestop(command: list[str]) -> Callable[[list[dict[str, Any]]], None]:
     def mutate(docs: list[dict[str, Any]]) -> None:
         _container(docs, "commitlog")["lifecycle"]["preStop"]["exec"]["command"] = command
@@ -275,34 +280,13 @@ BROKEN: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], None]]] = {
     "grace shorter than the preStop and the drain": (
         "K10",
         "commitlog",
-        _prestop(
-            [
-                "mqstore",
-                "cluster",
-                "switchover",
-                "--commitlog",
-                "127.0.0.1:7100",
-                "--if-leader",
-                "--timeout-s",
-                "60",
-            ]
-        ),
+        _switchover("--commitlog 127.0.0.1:7100 --if-leader --timeout-s 60"),
     ),
     "no preStop": ("K11", "commitlog", lambda d: _container(d, "commitlog").pop("lifecycle")),
     "preStop moves a follower's leadership too": (
         "K11",
         "commitlog",
-        _prestop(
-            [
-                "mqstore",
-                "cluster",
-                "switchover",
-                "--commitlog",
-                "127.0.0.1:7100",
-                "--timeout-s",
-                "20",
-            ]
-        ),
+        _switchover("--commitlog 127.0.0.1:7100 --timeout-s 20"),
     ),
     "preStop through a shell": (
         "K11",
@@ -318,58 +302,22 @@ BROKEN: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], None]]] = {
     "preStop asks another replica": (
         "K11",
         "commitlog",
-        _prestop(
-            [
-                "mqstore",
-                "cluster",
-                "switchover",
-                "--commitlog",
-                "commitlog-0.commitlog-headless:7100",
-                "--if-leader",
-                "--timeout-s",
-                "20",
-            ]
-        ),
+        _switchover("--commitlog commitlog-0.commitlog-headless:7100 --if-leader --timeout-s 20"),
     ),
     "preStop without a bound": (
         "K11",
         "commitlog",
-        _prestop(
-            ["mqstore", "cluster", "switchover", "--commitlog", "127.0.0.1:7100", "--if-leader"]
-        ),
+        _switchover("--commitlog 127.0.0.1:7100 --if-leader"),
     ),
     "preStop with an option the command lacks": (
         "K11",
         "commitlog",
-        _prestop(
-            [
-                "mqstore",
-                "cluster",
-                "switchover",
-                "--commitlog",
-                "127.0.0.1:7100",
-                "--if-leader",
-                "--timeout-s",
-                "20",
-                "--force",
-            ]
-        ),
+        _switchover("--commitlog 127.0.0.1:7100 --if-leader --timeout-s 20 --force"),
     ),
     "preStop beyond the command's timeout range": (
         "K11",
         "commitlog",
-        _prestop(
-            [
-                "mqstore",
-                "cluster",
-                "switchover",
-                "--commitlog",
-                "127.0.0.1:7100",
-                "--if-leader",
-                "--timeout-s",
-                "500",
-            ]
-        ),
+        _switchover("--commitlog 127.0.0.1:7100 --if-leader --timeout-s 500"),
     ),
     "preStop is something else": (
         "K11",

@@ -122,6 +122,7 @@ def replicas(tmp_path: Path, etcd: EtcdProcess, group: str) -> Iterator[dict[str
     made = {name: start_replica(tmp_path, name, etcd, group) for name in "abc"}
     yield made
     for process in made.values():
+        process.signal(signal.SIGCONT)  # a test that paused one and failed before resuming it
         if process.running:
             process.stop()
 

@@ -7,33 +7,21 @@ leader to wake, so a paused leader's failover took as long as the pause."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
-import pytest
 
 from mqstore.client import ClientSettings, Producer
-from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
-from tests.replication.test_group_processes import leader_name, roles, start_replica, wait_until
+from tests.replication.test_group_processes import leader_name, replicas, roles, wait_until
 
 # Far above the failover (an election takes ~2.5 s with a 2 s lease): without looking for the
 # leader, the producer would wait this long for the paused one.
 REQUEST_TIMEOUT_S = 120.0
 ACK_WAIT_S = 40.0  # every send acknowledged within this, the old leader still paused
 
-
-@pytest.fixture
-def replicas(tmp_path: Path, etcd: EtcdProcess, group: str) -> Iterator[dict[str, ServiceProcess]]:
-    made = {name: start_replica(tmp_path, name, etcd, group) for name in "abc"}
-    yield made
-    for process in made.values():
-        process.signal(signal.SIGCONT)
-        if process.running:
-            process.stop()
+__all__ = ["replicas"]  # the group's fixture, shared with test_group_processes
 
 
 def test_the_producer_leaves_a_paused_leader_for_the_one_elected_meanwhile(
