@@ -7,6 +7,7 @@ service registers for its own work (append, flush, dispatch lag, ...).
 
 from __future__ import annotations
 
+import socketserver
 import threading
 import time
 from collections.abc import Callable
@@ -59,11 +60,23 @@ class _QuietHandler(MetricsHandler):
         pass  # scrapes are not worth a log line each
 
 
+class _Server(ThreadingHTTPServer):
+    """HTTPServer without its reverse-DNS lookup of the bound address (socket.getfqdn): where
+    no DNS server answers (a network namespace, a pod whose resolver is down) that lookup
+    held every service's start for 10 s. The name is only for CGI variables, unused here."""
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+
 class MetricsServer:
     """/metrics over HTTP on its own thread; `port` is the bound one (free when asked for 0)."""
 
     def __init__(self, host: str, port: int) -> None:
-        self._server = ThreadingHTTPServer((host, port), _QuietHandler)
+        self._server = _Server((host, port), _QuietHandler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_port)
         self._thread = threading.Thread(

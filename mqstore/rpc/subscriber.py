@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 # Reconnect backoff: from 100 ms, doubling, to 5 s (a commit log restarting takes seconds).
 BACKOFF_INITIAL_S = 0.1
 BACKOFF_MAX_S = 5.0
+# In a broker group the backoff stops lower: a new leader is elected within the lease TTL (2 s)
+# and every probe of the replicas' roles is cheap, so the dispatch stream resumes within this of
+# the election instead of up to BACKOFF_MAX_S later (which held consumers back after failovers).
+GROUP_BACKOFF_MAX_S = 0.5
 CONFIRM_INTERVAL_S = 0.2
 # With wants_records, a Confirm says whether the frames should carry records at least this
 # often even when nothing moved (a reconnect may have left the commit log told otherwise).
@@ -197,6 +201,9 @@ class Subscriber:
     def _run(self) -> None:
         backoff = BACKOFF_INITIAL_S
         assert self._channel is not None
+        backoff_max = (
+            GROUP_BACKOFF_MAX_S if isinstance(self._channel, LeaderChannel) else BACKOFF_MAX_S
+        )
         stub = pb_grpc.CommitLogStub(self._channel)
         while not self._stop.is_set():
             try:
@@ -235,7 +242,7 @@ class Subscriber:
             if got_frames:
                 backoff = BACKOFF_INITIAL_S
             self._stop.wait(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            backoff = min(backoff * 2, backoff_max)
 
     def _follow(self, stub: pb_grpc.CommitLogStub) -> bool:
         with self._agree_lock:
