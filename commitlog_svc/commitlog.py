@@ -127,9 +127,10 @@ Refusal = tuple[PutStatus, str]
 class AckGate(Protocol):
     """What a replicated log's leader checks around each append (replication/controller.py)."""
 
-    def refusal(self) -> Refusal | None:
-        """Why an append may not be taken now, or None. Raises NotLeader when this replica
-        may not lead an append at all (the producer sends the whole request to the leader)."""
+    def check_append(self) -> None:
+        """Before an append is written. Raises NotLeader when this replica may not lead an
+        append at all (the producer sends the whole request to the leader), NotEnoughReplicas
+        when too few replicas are in sync to acknowledge one (the producer sends it again)."""
         ...
 
     def replicated(self, end_offset: int) -> tuple[PutStatus, str]:
@@ -515,12 +516,14 @@ class CommitLog:
         return None
 
     def _append_refusal(self) -> Refusal | None:
-        """_refusal, and what a replicated log's leader gate says of producers' appends."""
+        """_refusal; then a replicated log's leader gate, which raises if it may not append."""
         refusal = self._refusal()
         if refusal is not None:
             return refusal
         gate = self._ack_gate
-        return None if gate is None else gate.refusal()
+        if gate is not None:
+            gate.check_append()
+        return None
 
     def _on_flush_failure(self, exc: BaseException) -> None:
         self._flush_failed = exc

@@ -11,7 +11,9 @@ LOCALHOST_V4 = b"\x7f\x00\x00\x01\x00\x00\x00\x00"
 
 
 class PutStatus(enum.IntEnum):
-    """RocketMQ's PutMessageStatus, plus FLUSH_DISK_FAILED (a flush failed: not durable)."""
+    """RocketMQ's PutMessageStatus, plus FLUSH_DISK_FAILED (a flush failed: not durable).
+    SLAVE_NOT_AVAILABLE keeps its number but is not answered: a leader with too few replicas
+    in sync refuses the whole request (NotEnoughReplicas, UNAVAILABLE), which producers retry."""
 
     PUT_OK = 0
     FLUSH_DISK_TIMEOUT = 1

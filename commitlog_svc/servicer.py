@@ -16,6 +16,9 @@ back column by column; refusals are sparse. What is an error and what is a statu
                                             every message's status: SERVICE_NOT_AVAILABLE /
                                             CREATE_MAPPED_FILE_FAILED ("disk full") /
                                             OS_PAGE_CACHE_BUSY
+    a replica that does not lead (NotLeader), or a leader whose in-sync set is below min
+      in-sync (NotEnoughReplicas)         UNAVAILABLE for the request, nothing stored: the
+                                            producer sends it again (ends an AppendStream)
     a retry of a stored (producer_id, sequence)
                                             the first result, duplicate = true
     a sequence older than what is remembered

@@ -156,6 +156,13 @@ class LeadershipLost(Unavailable):
     """This replica's leadership term is over; it must not acknowledge and must step down."""
 
 
+class NotEnoughReplicas(Unavailable):
+    """A leader under sync replication with fewer replicas in its in-sync set than min
+    in-sync: it takes no append (nothing stored) until a follower catches up (RocketMQ's
+    SLAVE_NOT_AVAILABLE, Kafka's NOT_ENOUGH_REPLICAS). A request-level error, so that the
+    producer sends the request again rather than failing its messages."""
+
+
 class Aborted(MqstoreError):
     grpc_code = "ABORTED"
 

@@ -27,7 +27,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from commitlog_svc.commitlog import Refusal
 from commitlog_svc.config import FlushMode
 from commitlog_svc.messages import PutStatus
 from commitlog_svc.replica import ReplicaLog
@@ -51,6 +50,7 @@ from mqstore.errors import (
     LeadershipLost,
     MqstoreError,
     NotEligible,
+    NotEnoughReplicas,
     NotLeader,
     Unavailable,
 )
@@ -201,10 +201,14 @@ class ReplicaController:
             self._commit_known = max(self._commit_known, link.commit_offset)
         return self._commit_known
 
-    def refusal(self) -> Refusal | None:
-        """Why this leader may not take an append now. NotLeader (the whole request goes to
-        the leader) when it does not lead, hands the lead over, or may not acknowledge (a
-        follower's log raises NotLeader earlier)."""
+    def check_append(self) -> None:
+        """Raises when this leader may not take an append now, before anything is written:
+        NotLeader (the whole request goes to the leader) when it does not lead, hands the
+        lead over, or may not acknowledge (a follower's log raises NotLeader earlier);
+        NotEnoughReplicas under sync replication with fewer than min in-sync members in the
+        set. Both end the request as a whole: nothing of it stored, so a producer sends it
+        again under the same sequence, and the requests behind it on its stream are not
+        taken before it (their order kept)."""
         keeper, tracker = self._keeper, self.tracker
         if keeper is None or tracker is None:
             raise self._not_leader("this replica does not lead (yet)")
@@ -216,12 +220,11 @@ class ReplicaController:
                 f"leadership not renewed in time: {keeper.fence.over_reason or 'term over'}"
             )
         if self.settings.sync and not tracker.accepting():
-            return (
-                PutStatus.SLAVE_NOT_AVAILABLE,
-                f"the in-sync set {sorted(tracker.members)} has fewer than "
-                f"{self.settings.min_insync} members",
+            raise NotEnoughReplicas(
+                f"the in-sync set {sorted(tracker.members)} of group {self.settings.group} has "
+                f"fewer than {self.settings.min_insync} members (min in-sync): nothing stored; "
+                "send again once a follower has caught up"
             )
-        return None
 
     def replicated(self, end_offset: int) -> tuple[PutStatus, str]:
         """After the leader's own flush: wait until the in-sync set holds `end_offset`

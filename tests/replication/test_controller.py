@@ -21,7 +21,7 @@ from commitlog_svc.replication import membership
 from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings, Role
 from mqstore.coordination.etcd import EtcdCoordinator
 from mqstore.coordination.etcd_process import EtcdProcess
-from mqstore.errors import FailedPrecondition, NotLeader
+from mqstore.errors import FailedPrecondition, NotEnoughReplicas, NotLeader
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
@@ -244,7 +244,10 @@ def test_the_in_sync_set_shrinks_by_a_dead_follower_and_appends_stop_below_min_i
     assert append(lead, 1) is PutStatus.PUT_OK  # {lead, two}: still 2
     two.stop()
     wait_until(lambda: two.name not in tracker.members)
-    assert append(lead, 2) is PutStatus.SLAVE_NOT_AVAILABLE
+    end = lead.log.max_offset
+    with pytest.raises(NotEnoughReplicas, match="fewer than 2 members"):
+        append(lead, 2)  # the whole request refused (the SDK sends it again): nothing stored
+    assert lead.log.max_offset == end
     assert lead.controller.serving()  # readiness: the leader, whatever its set
     two.restart()
     # Readiness of a follower: only as a member of the in-sync set (watched from etcd).

@@ -7,19 +7,32 @@ leader to wake, so a paused leader's failover took as long as the pause."""
 from __future__ import annotations
 
 import signal
+import time
+from pathlib import Path
 
 import grpc
 
 from mqstore.client import ClientSettings, Producer
+from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
-from tests.replication.test_group_processes import leader_name, replicas, roles, wait_until
+from tests.replication.test_group_processes import (
+    leader_name,
+    replicas,
+    roles,
+    scrape,
+    start_replica,
+    wait_until,
+)
 
 # Far above the failover (an election takes ~2.5 s with a 2 s lease): without looking for the
 # leader, the producer would wait this long for the paused one.
 REQUEST_TIMEOUT_S = 120.0
 ACK_WAIT_S = 40.0  # every send acknowledged within this, the old leader still paused
+# How long the leader stays alone while the sends wait, and how long they may wait in all.
+ALONE_S = 2.0
+ALONE_RETRY_S = 60.0
 
 __all__ = ["replicas"]  # the group's fixture, shared with test_group_processes
 
@@ -62,4 +75,44 @@ def test_the_producer_leaves_a_paused_leader_for_the_one_elected_meanwhile(
         )
     assert list(read.statuses) == [pb.READ_OK] * len(results)
     bodies = [b"before-%04d" % i for i in range(200)] + [b"after-%04d" % i for i in range(200)]
+    assert all(body in record for body, record in zip(bodies, read.records, strict=True))
+
+
+def test_sends_wait_for_the_in_sync_set_to_grow_again_instead_of_failing(
+    replicas: dict[str, ServiceProcess], tmp_path: Path, etcd: EtcdProcess, group: str
+) -> None:
+    """Both followers lost: the leader's in-sync set is {itself}, under min in-sync 2, and it
+    takes no append. The producer's sends wait (retried within retry_timeout_s) rather than
+    fail, and are acknowledged once a follower is back in sync: each once, in send order.
+    Before, every message was failed at once with SLAVE_NOT_AVAILABLE; a new leader briefly
+    alone in its set after a failover made producers fail sends the same way."""
+    wait_until(lambda: sorted(roles(replicas).values()) == ["follower", "follower", "leader"])
+    first = leader_name(replicas)
+    assert first is not None
+    settings = ClientSettings(commitlog=",".join(p.target for p in replicas.values()))
+    producer = Producer(settings, linger_ms=1, batch_messages=20, retry_timeout_s=ALONE_RETRY_S)
+    try:
+        before = [producer.send("T", b"before-%03d" % i) for i in range(100)]
+        producer.flush()
+        followers = [n for n in replicas if n != first]
+        for name in followers:
+            replicas[name].kill()
+        wait_until(lambda: "mqstore_replica_in_sync_size 1.0" in scrape(replicas[first]))
+        alone = [producer.send("T", b"alone-%03d" % i) for i in range(100)]
+        time.sleep(ALONE_S)  # the leader refuses every attempt meanwhile
+        assert not any(f.done() for f in alone), [f.exception() for f in alone if f.done()]
+        assert producer.stats.leader_moves == 0  # the leader did not move: it was retried
+        back = followers[0]
+        replicas[back] = start_replica(tmp_path, back, etcd, group)
+        results = [f.result(timeout=ALONE_RETRY_S) for f in before + alone]
+    finally:
+        producer.close(30)
+    offsets = [r.commit_log_offset for r in results]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)  # in order, once
+    with grpc.insecure_channel(replicas[first].target) as channel:
+        read = pb_grpc.CommitLogStub(channel).Read(
+            pb.ReadRequest(offsets=offsets, sizes=[r.size for r in results]), timeout=30
+        )
+    assert list(read.statuses) == [pb.READ_OK] * len(results)
+    bodies = [b"before-%03d" % i for i in range(100)] + [b"alone-%03d" % i for i in range(100)]
     assert all(body in record for body, record in zip(bodies, read.records, strict=True))
