@@ -22,9 +22,10 @@ from typing import Any, Final
 
 import click
 
-from mqstore.cli.options import CliState, echo_json, json_option, pass_state
+from mqstore.cli.options import CliState, NothingFound, echo_json, json_option, pass_state
 from mqstore.cli.render import message_line
 from mqstore.cli.times import FORMS_HELP, TIME
+from mqstore.client.admin import Admin
 from mqstore.client.consumer import (
     RECONNECT_TIMEOUT_S_DEFAULT,
     Consumer,
@@ -33,6 +34,7 @@ from mqstore.client.consumer import (
     Timestamp,
 )
 from mqstore.client.message import Message
+from mqstore.errors import NotFound
 
 START_NAMES: Final = ("earliest", "latest", "committed")
 # Exit status after Ctrl-C stopped a read that had an end (no --follow): the shell's code for
@@ -140,6 +142,7 @@ def consume(
         start = "committed"
 
     settings = state.settings()
+    _check_queues(state, topic, queue_ids, follow)
     consumer = Consumer(
         state.connection(),
         topic,
@@ -166,6 +169,18 @@ def consume(
             consumer.commit()
     if stop.requested and not follow:
         click.get_current_context().exit(EXIT_INTERRUPTED)
+
+
+def _check_queues(state: CliState, topic: str, queue_ids: tuple[int, ...], follow: bool) -> None:
+    """A topic nothing was stored in, or a queue it does not have: a one-off read exits 4 with
+    why (it would print nothing and look like an empty topic); --follow says so on stderr and
+    waits, as a consumer started before its producers does."""
+    try:
+        Admin(state.connection()).existing_queues(topic, queue_ids or None)
+    except NotFound as err:
+        if not follow:
+            raise NothingFound(str(err)) from None
+        click.echo(f"note: {err}; waiting for messages", err=True)
 
 
 def _follow(

@@ -20,6 +20,8 @@ from mqstore.cli.render import message_block, message_line
 from mqstore.cli.times import FORMS_HELP, TIME
 from mqstore.client.admin import INDEX_RESULTS_MAX, Admin
 from mqstore.client.message import Message
+from mqstore.errors import InvalidArgument
+from mqstore.formats.msgid import decode_offset_msg_id
 
 QUERY_MAX_DEFAULT = 64  # the index's own default (RocketMQ's defaultQueryMaxNum)
 
@@ -121,8 +123,17 @@ def query_uniq(state: CliState, topic: str, uniq_key: str, as_json: bool) -> Non
         raise NothingFound(f"no message of topic {topic!r} has unique id {uniq_key!r}")
 
 
+def _msg_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A malformed id is a bad argument (exit 2), told before any store is asked."""
+    try:
+        decode_offset_msg_id(value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc), ctx, param) from exc
+    return value
+
+
 @query_group.command("msg")
-@click.argument("msg_id", metavar="MSG_ID")
+@click.argument("msg_id", metavar="MSG_ID", callback=_msg_id)
 @json_option
 @pass_state
 def query_msg(state: CliState, msg_id: str, as_json: bool) -> None:

@@ -426,6 +426,28 @@ class Admin:
         )
         return [QueueInfo.from_proto(q) for q in response.queues]
 
+    def existing_queues(self, topic: str, queues: Iterable[int] | None = None) -> list[QueueInfo]:
+        """The topic's queues (those in `queues` when given), in queue order. NotFound for a
+        topic nothing was stored in (field topic), or for named queues it does not have
+        (field queues, naming the ones it has)."""
+        listed = {q.queue_id: q for q in self.queues(topic)}
+        if not listed:
+            raise NotFound(
+                f"topic {topic!r} has no consume queues: nothing was ever stored in it",
+                field="topic",
+            )
+        if queues is None:
+            return [listed[q] for q in sorted(listed)]
+        wanted = sorted(set(queues))
+        missing = [q for q in wanted if q not in listed]
+        if missing:
+            raise NotFound(
+                f"topic {topic!r} has no queue {', '.join(map(str, missing))}; its queues: "
+                f"{', '.join(map(str, sorted(listed)))}",
+                field="queues",
+            )
+        return [listed[q] for q in wanted]
+
     def queue(self, topic: str, queue_id: int) -> QueueInfo:
         """One queue's offsets; an unknown queue is an empty one (min = max = 0), as RocketMQ
         creates queues on demand."""
@@ -492,15 +514,10 @@ class Admin:
                            end or at expired messages
             Timestamp      offset_for_time(ts.ms, ts.boundary), as a Consumer starting there
 
-        A topic without queues is NotFound when no queues are named (a misspelt topic must
-        not look like a successful reset)."""
+        A topic without queues, or a named queue the topic does not have, is NotFound: a
+        misspelt topic or queue must not look like a successful reset."""
         target = _check_target(to)
-        if queues is None:
-            infos = self.queues(topic)
-            if not infos:
-                raise NotFound(f"topic {topic!r} has no consume queues", field="topic")
-        else:
-            infos = [self.queue(topic, q) for q in sorted(set(queues))]
+        infos = self.existing_queues(topic, queues)
         out: dict[int, int] = {}
         for info in infos:
             offset = self._reset_offset(info, target)

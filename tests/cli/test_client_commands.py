@@ -324,6 +324,11 @@ def test_a_query_without_a_match_exits_4(store: Store, topic: str) -> None:
         # A well-formed id past the end of the log: NOT_FOUND from the store.
         ("query", "msg", "7F00000100001F90" + "7" * 16),
         ("queues", f"{topic}_never_written"),
+        # A one-off read of a topic or queue that does not exist: not an empty success.
+        ("consume", f"{topic}_never_written"),
+        ("consume", topic, "--queue", "99"),
+        ("offsets", "reset", "g", topic, "--to", "earliest", "--queue", "99"),
+        ("offsets", "reset", "g", f"{topic}_never_written", "--to", "earliest"),
     ):
         done = store.run(*args)
         assert done.returncode == 4, (args, done.stderr)
@@ -496,3 +501,14 @@ def test_subscribers_are_listed_and_a_stopped_one_is_forgotten(store: Store) -> 
     assert again.returncode == 4 and again.stderr.startswith("error:")
     connected = store.run("subscribers", "forget", "cq")
     assert connected.returncode == 1 and "connected" in connected.stderr
+
+
+@pytest.mark.parametrize("msg_id", ["ZZZ", "7F00000100001F90" + "Z" * 16, "7F000001" * 3])
+def test_a_malformed_message_id_is_a_bad_argument(msg_id: str) -> None:
+    # Nothing listens at the address: the id is refused before any store is asked (exit 2,
+    # not 3 for an unreachable store nor 1 for a store error).
+    result = CliRunner().invoke(
+        cli, ["query", "msg", msg_id], env={"MQSTORE_COMMITLOG": "127.0.0.1:9"}
+    )
+    assert result.exit_code == 2, result.output
+    assert "MSG_ID" in result.output and "hex" in result.output

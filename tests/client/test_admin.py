@@ -223,6 +223,10 @@ def test_group_offsets_are_shown_committed_and_reset_to_each_kind_of_target(
             admin.reset_group_offsets(group, topic + "_never", "earliest")
         assert caught.value.field == "topic"
         assert admin.group_offsets(group, topic + "_never") == {}
+        with pytest.raises(NotFound, match="has no queue 7; its queues: 0, 1") as caught:
+            admin.reset_group_offsets(group, topic, "earliest", queues=[0, 7])
+        assert caught.value.field == "queues"
+        assert admin.group_offsets(group, topic) == {0: 5, 1: 3}  # queue 0 untouched too
 
 
 # -- queries --------------------------------------------------------------------------------------
