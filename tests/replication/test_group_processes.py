@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.client import ClientSettings, Consumer, Producer
+from mqstore.client import ClientSettings, Consumer, Producer, SendResult
 from mqstore.coordination.etcd_process import EtcdProcess, free_port
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
@@ -97,6 +97,21 @@ def roles(replicas: dict[str, ServiceProcess]) -> dict[str, str]:
 def leader_name(replicas: dict[str, ServiceProcess]) -> str | None:
     found = [n for n, r in roles(replicas).items() if r == "leader"]
     return found[0] if len(found) == 1 else None
+
+
+def assert_read_back(
+    process: ServiceProcess, results: list[SendResult], bodies: list[bytes]
+) -> None:
+    """Every acknowledged send stored once, in send order, and read back from `process` with
+    its body."""
+    offsets = [r.commit_log_offset for r in results]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)  # in order, once
+    with grpc.insecure_channel(process.target) as channel:
+        read = pb_grpc.CommitLogStub(channel).Read(
+            pb.ReadRequest(offsets=offsets, sizes=[r.size for r in results]), timeout=30
+        )
+    assert list(read.statuses) == [pb.READ_OK] * len(results)
+    assert all(body in record for body, record in zip(bodies, read.records, strict=True))
 
 
 def scrape(process: ServiceProcess) -> str:
@@ -197,15 +212,8 @@ def test_the_sdk_producer_follows_the_leader_through_a_kill_and_loses_nothing(
         results = [f.result(timeout=60) for f in futures]
     second = leader_name({n: p for n, p in replicas.items() if n != first})
     assert second is not None
-    offsets = [r.commit_log_offset for r in results]
-    assert len(set(offsets)) == len(offsets)  # none stored twice
-    with grpc.insecure_channel(replicas[second].target) as channel:
-        read = pb_grpc.CommitLogStub(channel).Read(
-            pb.ReadRequest(offsets=offsets, sizes=[r.size for r in results]), timeout=30
-        )
-    assert list(read.statuses) == [pb.READ_OK] * len(results)
     bodies = [b"before-%05d" % i for i in range(500)] + [b"after-%05d" % i for i in range(500)]
-    assert all(body in record for body, record in zip(bodies, read.records, strict=True))
+    assert_read_back(replicas[second], results, bodies)
 
 
 def test_cq_svc_follows_the_leader_through_a_kill_and_holds_every_acknowledged_message(

@@ -10,14 +10,11 @@ import signal
 import time
 from pathlib import Path
 
-import grpc
-
 from mqstore.client import ClientSettings, Producer
 from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.launcher import ServiceProcess
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from tests.replication.test_group_processes import (
+    assert_read_back,
     leader_name,
     replicas,
     roles,
@@ -67,15 +64,8 @@ def test_the_producer_leaves_a_paused_leader_for_the_one_elected_meanwhile(
             replicas[first].signal(signal.SIGCONT)
     finally:
         producer.close(30)
-    offsets = [r.commit_log_offset for r in results]
-    assert len(set(offsets)) == len(offsets)  # none stored twice
-    with grpc.insecure_channel(replicas[second].target) as channel:
-        read = pb_grpc.CommitLogStub(channel).Read(
-            pb.ReadRequest(offsets=offsets, sizes=[r.size for r in results]), timeout=30
-        )
-    assert list(read.statuses) == [pb.READ_OK] * len(results)
     bodies = [b"before-%04d" % i for i in range(200)] + [b"after-%04d" % i for i in range(200)]
-    assert all(body in record for body, record in zip(bodies, read.records, strict=True))
+    assert_read_back(replicas[second], results, bodies)
 
 
 def test_sends_wait_for_the_in_sync_set_to_grow_again_instead_of_failing(
@@ -107,12 +97,5 @@ def test_sends_wait_for_the_in_sync_set_to_grow_again_instead_of_failing(
         results = [f.result(timeout=ALONE_RETRY_S) for f in before + alone]
     finally:
         producer.close(30)
-    offsets = [r.commit_log_offset for r in results]
-    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)  # in order, once
-    with grpc.insecure_channel(replicas[first].target) as channel:
-        read = pb_grpc.CommitLogStub(channel).Read(
-            pb.ReadRequest(offsets=offsets, sizes=[r.size for r in results]), timeout=30
-        )
-    assert list(read.statuses) == [pb.READ_OK] * len(results)
     bodies = [b"before-%03d" % i for i in range(100)] + [b"alone-%03d" % i for i in range(100)]
-    assert all(body in record for body, record in zip(bodies, read.records, strict=True))
+    assert_read_back(replicas[first], results, bodies)
