@@ -34,6 +34,16 @@ MIN_INSYNC = 2
 # Replica i listens on the commit log's three ports + 10 * i (below the consume queues' +100).
 REPLICA_PORT_STEP = 10
 
+# A store on one machine is sized for a laptop: a fresh one takes ~75 MB of disk, not the
+# ~1.5 GB of the services' defaults (1 GiB commit-log segments, a 401 MB index file), which
+# deploy/ keeps for production. Files are preallocated whole, so these are what a store holding
+# one message takes: a 64 MiB segment, an 8.4 MB index file (100,000 slots, 400,000 entries),
+# and 1 MB consume-queue files (50,000 units of 20 bytes) per queue.
+LAPTOP_SEGMENT_BYTES = 64 << 20
+LAPTOP_INDEX_SLOTS = 100_000
+LAPTOP_INDEX_ENTRIES = 400_000
+LAPTOP_CQ_UNITS_PER_FILE = 50_000
+
 
 def _ports_args(package: str, base: int, *, replica: int = 0) -> list[str]:
     shift = base - DEFAULT_PORTS["commitlog_svc"][0] + REPLICA_PORT_STEP * replica
@@ -145,6 +155,7 @@ def up(
                 args=[
                     *_ports_args("commitlog_svc", base_port, replica=i),
                     *("--flush", flush),
+                    *("--file-bytes", str(LAPTOP_SEGMENT_BYTES)),
                     *mode_args,
                     *server_args,
                     *extra,
@@ -166,6 +177,7 @@ def up(
                 "cq_svc",
                 os.path.join(data_dir, "cq_svc"),
                 args=[*_ports_args("cq_svc", base_port), "--cq-store", cq_store, *mode_args,
+                      "--units-per-file", str(LAPTOP_CQ_UNITS_PER_FILE),
                       "--commitlog-target", target, *server_args, *follower_args, *local],
                 log_path=os.path.join(logs, "cq_svc.log"),
             ),
@@ -173,6 +185,8 @@ def up(
                 "index_svc",
                 os.path.join(data_dir, "index_svc"),
                 args=[*_ports_args("index_svc", base_port), *mode_args,
+                      "--slot-num", str(LAPTOP_INDEX_SLOTS),
+                      "--entry-num", str(LAPTOP_INDEX_ENTRIES),
                       "--commitlog-target", target, *server_args, *follower_args],
                 log_path=os.path.join(logs, "index_svc.log"),
             ),

@@ -26,6 +26,7 @@ from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 from .support import append, eventually, pull_all, start_up
 
 pytestmark = pytest.mark.timeout(180)
+STORE_ON_A_LAPTOP_BYTES_MAX = 100 * 1000 * 1000
 
 
 def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
@@ -40,6 +41,10 @@ def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
         append(commitlog_pb2_grpc.CommitLogStub(log_channel), "hello", [0], [b"world"])
         cq_stub = consumequeue_pb2_grpc.ConsumeQueueStub(cq_channel)
         eventually(lambda: [b for _, _, b in pull_all(cq_stub, "hello", 0)] == [b"world"])
+    # Sized for a laptop: a store holding one message takes well under 100 MB of disk (the
+    # services' production defaults took ~1.5 GB: a 1 GiB segment and a 401 MB index file).
+    used = _disk_bytes(data)
+    assert used < STORE_ON_A_LAPTOP_BYTES_MAX, f"{used / 1e6:.0f} MB on disk"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, text + out
@@ -52,6 +57,15 @@ def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
             if n == "abort"
         ]
         assert leftovers == [], f"{service} left an abort marker: not a clean stop"
+
+
+def _disk_bytes(root: Path) -> int:
+    """The disk blocks the files under `root` take (preallocated space counts, holes not)."""
+    return sum(
+        os.stat(os.path.join(base, n)).st_blocks * 512
+        for base, _, names in os.walk(root)
+        for n in names
+    )
 
 
 def mqstore(
