@@ -4,12 +4,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
+# Ports from here: commit log +0..2, consume queues +100..102, index +200..202 (a second store
+# beside the first: make run BASE_PORT=8100 DATA_DIR=./data2).
+BASE_PORT ?= 7100
 PYTEST_ARGS ?=
 
 .PHONY: help setup run demo test check fmt bench bench-peers bench-memory proto clean chaos fuzz
 
 help:
-	@echo "make run    - set up, then run the store (all three services) on $(DATA_DIR); Ctrl-C stops it"
+	@echo "make run    - set up, then run the store (all three services) on $(DATA_DIR), ports from $(BASE_PORT); Ctrl-C stops it"
 	@echo "make test   - set up, then run every test"
 	@echo "make check  - generated code up to date, ruff (format + lint) and mypy"
 	@echo "make proto  - regenerate mqstore/rpc/gen from protos/"
@@ -29,7 +32,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/mqstore up --data-dir $(DATA_DIR)
+	$(VENV)/bin/mqstore up --data-dir $(DATA_DIR) --base-port $(BASE_PORT)
 
 # The commit-log engine alone: append, close, recover, read back (no services).
 demo: $(STAMP)

@@ -270,18 +270,22 @@ def _follower_args(secrets: SecretFiles | None, mtls: bool, *, replica: bool) ->
 
 
 def client_environment(
-    started: list[ServiceProcess], secrets: SecretFiles, mtls: bool
+    started: list[ServiceProcess], secrets: SecretFiles | None, mtls: bool
 ) -> dict[str, str]:
-    """What a client of this store needs (ClientSettings.from_env, the mqstore command)."""
+    """What a client of this store needs (ClientSettings.from_env, the mqstore command): the
+    addresses (every replica of a broker group: the client finds and follows the leader), and
+    with --secure the CA and token (and client certificate with --mtls)."""
     by_package = {s.package: s.target for s in started}
     commitlog = ",".join(s.target for s in started if s.package == "commitlog_svc")
     env = {
         "MQSTORE_COMMITLOG": commitlog,
         "MQSTORE_CQ": by_package.get("cq_svc", ""),
         "MQSTORE_INDEX": by_package.get("index_svc", ""),
-        "MQSTORE_TLS_CA": str(secrets.ca),
-        "MQSTORE_TOKEN_FILE": str(secrets.admin_token),
     }
+    if secrets is None:
+        return env
+    env["MQSTORE_TLS_CA"] = str(secrets.ca)
+    env["MQSTORE_TOKEN_FILE"] = str(secrets.admin_token)
     if mtls:
         env["MQSTORE_TLS_CERT"] = str(secrets.client_cert)
         env["MQSTORE_TLS_KEY"] = str(secrets.client_key)
@@ -309,24 +313,18 @@ def _print_summary(
             f"  {'etcd':<16} {etcd.endpoint}: broker group {GROUP!r} of {len(replicas)} "
             f"replicas, sync replication, min in-sync {MIN_INSYNC} (docs/replication.md)"
         )
-        click.echo("A client needs (paste into a shell; it finds and follows the leader):")
-        env = {
-            "MQSTORE_COMMITLOG": ",".join(r.target for r in replicas),
-            "MQSTORE_CQ": cq,
-            "MQSTORE_INDEX": next((s.target for s in started if s.package == "index_svc"), ""),
-        }
-        for name, value in env.items():
-            click.echo(f"  export {name}={shlex.quote(value)}")
-    if secrets is None:
-        grpcurl = "grpcurl -plaintext"
-    else:
+    if secrets is not None:
         mode = "mutual TLS" if mtls else "TLS"
         click.echo(
             f"Secure: {mode} and bearer tokens; secrets in {secrets.directory} (keep it private)"
         )
-        click.echo("A client needs (paste into a shell, then e.g. `mqstore status`):")
-        for name, value in client_environment(started, secrets, mtls).items():
-            click.echo(f"  export {name}={shlex.quote(value)}")
+    follows = "; it finds and follows the leader" if etcd is not None else ""
+    click.echo(f"A client needs (paste into a shell, then e.g. `mqstore status`{follows}):")
+    for name, value in client_environment(started, secrets, mtls).items():
+        click.echo(f"  export {name}={shlex.quote(value)}")
+    if secrets is None:
+        grpcurl = "grpcurl -plaintext"
+    else:
         grpcurl = f"grpcurl -cacert {shlex.quote(str(secrets.ca))}"
         if mtls:
             grpcurl += (

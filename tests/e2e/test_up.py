@@ -45,6 +45,11 @@ def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
     # services' production defaults took ~1.5 GB: a 1 GiB segment and a 401 MB index file).
     used = _disk_bytes(data)
     assert used < STORE_ON_A_LAPTOP_BYTES_MAX, f"{used / 1e6:.0f} MB on disk"
+    # The printed export lines, pasted into a shell, are all a client needs.
+    env = dict(re.findall(r"^\s+export (MQSTORE_\w+)=(\S+)", text, re.M))
+    assert set(env) == {"MQSTORE_COMMITLOG", "MQSTORE_CQ", "MQSTORE_INDEX"}, text
+    shown = mqstore(env, "consume", "hello", "--raw")
+    assert shown.stdout == "world\n", shown
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, text + out
@@ -180,3 +185,16 @@ def test_up_with_three_replicas_runs_a_broker_group_a_client_reaches_as_printed(
         out, _ = proc.communicate(timeout=90)
     assert "the broker group goes on with 2 replicas" in out, text + out
     assert "stopping the rest" not in out, out
+
+
+def test_make_run_takes_the_data_directory_and_the_base_port() -> None:
+    # `make -n`: the command `make run` would run, not run (test_up_* run `mqstore up` itself).
+    root = Path(__file__).resolve().parents[2]
+    shown = subprocess.run(
+        ["make", "-n", "-C", str(root), "run", "DATA_DIR=/tmp/elsewhere", "BASE_PORT=8100"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "mqstore up --data-dir /tmp/elsewhere --base-port 8100" in shown, shown
