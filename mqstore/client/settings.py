@@ -90,10 +90,13 @@ class ClientSettings:
             raise InvalidArgument("timeout_s must be positive", field="timeout_s")
         if self.token is not None and self.token_file is not None:
             raise InvalidArgument("give a token or a token file, not both", field="token")
-        for named, addresses in (("index", self.index), ("commitlog", self.commitlog_targets)):
+        for named, addresses in (
+            ("commitlog", self.commitlog_targets),
+            ("cq", self.cq),
+            ("index", self.index),
+        ):
             for address in addresses:
-                if address.startswith(DNS_ALL_PREFIX):
-                    _host_port(address[len(DNS_ALL_PREFIX) :], address, named)
+                _check_address(address, named)
 
     @property
     def commitlog_targets(self) -> tuple[str, ...]:
@@ -167,6 +170,25 @@ def resolve_addresses(addresses: Iterable[str]) -> tuple[str, ...]:
             ip = str(sockaddr[0])
             out[f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"] = None
     return tuple(out)
+
+
+# Targets gRPC resolves by a scheme of its own, passed through as they are.
+_GRPC_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")
+
+
+def _check_address(address: str, field: str) -> None:
+    """HOST:PORT (or dns-all:HOST:PORT, or a gRPC target with its own scheme): a mistyped
+    address is a bad setting at once, not a host name that fails to resolve seconds later."""
+    if address.startswith(_GRPC_SCHEMES):
+        return
+    text = address.removeprefix(DNS_ALL_PREFIX)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        form = f"{DNS_ALL_PREFIX}HOST:PORT" if text != address else "HOST:PORT"
+        raise InvalidArgument(
+            f"the {field} address {address!r} is not one: expected {form} with a port in 1..65535",
+            field=field,
+        )
 
 
 def _host_port(text: str, address: str, field: str = "index") -> tuple[str, int]:

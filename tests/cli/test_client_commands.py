@@ -444,7 +444,8 @@ def test_settings_that_cannot_work_exit_2() -> None:
         assert message in result.output
 
 
-def test_offline_commands_ignore_the_connection_settings(store: Store) -> None:
+def test_offline_commands_ignore_the_connection_settings(store: Store, topic: str) -> None:
+    store.ok("produce", topic, "on disk")  # the log has a segment, whichever test ran first
     env = {"MQSTORE_TIMEOUT_S": "not a number", "MQSTORE_TLS_CERT": "missing.pem"}
     directory = str(store.cluster.root / "commitlog")
     result = CliRunner().invoke(cli, ["log", "verify", directory], env=env)
@@ -512,3 +513,10 @@ def test_a_malformed_message_id_is_a_bad_argument(msg_id: str) -> None:
     )
     assert result.exit_code == 2, result.output
     assert "MSG_ID" in result.output and "hex" in result.output
+
+
+@pytest.mark.parametrize("address", ["notaport", "host:99999", "host:"])
+def test_a_mistyped_address_is_a_bad_argument(address: str) -> None:
+    result = CliRunner().invoke(cli, ["--commitlog", address, "status"])
+    assert result.exit_code == 2, result.output
+    assert f"the commitlog address {address!r} is not one" in result.output

@@ -123,11 +123,18 @@ def test_settings_come_from_the_environment_and_arguments_win(tmp_path) -> None:
         {"commitlog": ""},
         {"cq": "one:1"},
         {"token": "a", "token_file": "/f"},
+        # A mistyped address is refused at once, not resolved as a host name seconds later.
+        {"commitlog": "notaport"},
+        {"commitlog": "a:7100,b"},
+        {"cq": ("cq:99999",)},
+        {"index": ("ix:",)},
+        {"index": ("dns-all:ix",)},
     ],
 )
 def test_bad_settings_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(domain.InvalidArgument):
         ClientSettings(**bad)  # type: ignore[arg-type]
+    ClientSettings(commitlog="[::1]:7100,unix:/run/mq.sock", index=("dns-all:ix:7300",))
     with pytest.raises(domain.InvalidArgument):
         TlsSettings(cert_file="/c.pem")
 
