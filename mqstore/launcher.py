@@ -8,12 +8,14 @@ only launches processes: it imports no service code.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Default ports for one machine: each service takes a block of three (API, health, metrics).
@@ -31,6 +33,29 @@ _PORT_FLAGS = (
 )
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def ends_with_launcher() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child get SIGTERM (a clean stop) when the launching
+    process dies, however it dies: killed, crashed, its terminal or pipe gone (Linux's
+    PR_SET_PDEATHSIG). None elsewhere. Only for a launcher whose children are started from a
+    thread that lives as long as it (the signal follows the creating thread): `mqstore up`.
+    Safe as a preexec_fn in a threaded parent: between fork and exec it takes no lock (the
+    prctl function is resolved before the fork; getppid and kill are plain system calls)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    launcher = os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != launcher:  # it died before the line above took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
 @dataclass
 class ServiceProcess:
     package: str  # commitlog_svc | cq_svc | index_svc
@@ -41,6 +66,8 @@ class ServiceProcess:
     log_path: str = ""  # stdout and stderr go here ("" = inherit)
     proc: subprocess.Popen[bytes] | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    # Stop (SIGTERM) when the launching process dies: `mqstore up`'s services never outlive it.
+    ends_with_launcher: bool = False
 
     def command(self) -> list[str]:
         return [
@@ -68,7 +95,12 @@ class ServiceProcess:
         # and die of it (exit -15) after stopping cleanly. The launcher alone decides when
         # and in which order its services stop.
         self.proc = subprocess.Popen(
-            self.command(), stdout=out, stderr=out, env=env, process_group=0
+            self.command(),
+            stdout=out,
+            stderr=out,
+            env=env,
+            process_group=0,
+            preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509
         )
         if out is not None:
             out.close()  # the child has its own copy

@@ -131,14 +131,19 @@ def up(
     def on_signal(signum: int, _: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # Ctrl-C, a kill, the terminal closed: every way of asking ends in the same clean stop.
+    # A death with no chance to stop them (kill -9, a crash) stops them too: each child gets
+    # SIGTERM when this process dies (launcher.ends_with_launcher).
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     etcd: EtcdProcess | None = None
     try:
         group_args: list[list[str]] = [[]]
         if count > 1:
             etcd = EtcdProcess(
-                data_dir=os.path.join(data_dir, "etcd"), log_path=os.path.join(logs, "etcd.log")
+                data_dir=os.path.join(data_dir, "etcd"),
+                log_path=os.path.join(logs, "etcd.log"),
+                ends_with_launcher=True,
             )
             etcd.start()
             group_args = [
@@ -162,6 +167,7 @@ def up(
                     *(replica_args if count > 1 else []),
                 ],
                 log_path=os.path.join(logs, f"{name}.log"),
+                ends_with_launcher=True,
             )
             replica.start()
             started.append(replica)
@@ -180,6 +186,7 @@ def up(
                       "--units-per-file", str(LAPTOP_CQ_UNITS_PER_FILE),
                       "--commitlog-target", target, *server_args, *follower_args, *local],
                 log_path=os.path.join(logs, "cq_svc.log"),
+                ends_with_launcher=True,
             ),
             ServiceProcess(
                 "index_svc",
@@ -189,6 +196,7 @@ def up(
                       "--entry-num", str(LAPTOP_INDEX_ENTRIES),
                       "--commitlog-target", target, *server_args, *follower_args],
                 log_path=os.path.join(logs, "index_svc.log"),
+                ends_with_launcher=True,
             ),
         ]  # fmt: skip
         for service in followers:
@@ -201,7 +209,37 @@ def up(
         if etcd is not None:
             etcd.stop()
         raise click.ClickException(str(exc)) from exc
-    _print_summary(data_dir, started, secrets, mtls, etcd)
+    try:
+        _print_summary(data_dir, started, secrets, mtls, etcd)
+        _watch(started, etcd, logs, stop)
+    finally:
+        # Whatever ended the watch (a signal, a service lost, stdout gone with its pipe's
+        # reader): the services stop with `up`, never left running on the data directory.
+        _say("stopping ...")
+        codes = _stop_all(started)
+        if etcd is not None:
+            code = etcd.stop()
+            # etcd shuts down cleanly on SIGTERM and then ends by it (status -SIGTERM)
+            codes["etcd"] = 0 if code == -signal.SIGTERM else code
+    bad = {name: code for name, code in codes.items() if code != 0}
+    if bad:
+        raise click.ClickException(f"services exited with errors: {bad}")
+    _say("stopped cleanly")
+
+
+def _say(text: str, *, err: bool = False) -> None:
+    """A line for the console, if it is still there: with `mqstore up | tee log`, Ctrl-C ends
+    tee first, and a write to the closed pipe must not stop `up` from stopping the services."""
+    try:
+        click.echo(text, err=err)
+    except OSError:  # EPIPE (BrokenPipeError), EIO from a terminal that hung up
+        pass
+
+
+def _watch(
+    started: list[ServiceProcess], etcd: EtcdProcess | None, logs: str, stop: threading.Event
+) -> None:
+    """Until asked to stop, or a service the store cannot go on without exits."""
     told: set[str] = set()
     while not stop.wait(0.5):
         dead = [s for s in started if not s.running]
@@ -210,27 +248,17 @@ def up(
         alive = sum(1 for s in started if s.package == "commitlog_svc" and s.running)
         if dead and (len(lost) < len(dead) or alive < MIN_INSYNC):
             names = ", ".join(os.path.basename(s.data_dir) for s in dead)
-            click.echo(f"stopped unexpectedly: {names} (see {logs}); stopping the rest", err=True)
-            break
+            _say(f"stopped unexpectedly: {names} (see {logs}); stopping the rest", err=True)
+            return
         for s in lost:
             name = os.path.basename(s.data_dir)
             if name not in told:
                 told.add(name)
-                click.echo(
+                _say(
                     f"{name} stopped unexpectedly (see {logs}); the broker group goes on with "
                     f"{alive} replicas",
                     err=True,
                 )
-    click.echo("stopping ...")
-    codes = _stop_all(started)
-    if etcd is not None:
-        code = etcd.stop()
-        # etcd shuts down cleanly on SIGTERM and then ends by it (status -SIGTERM)
-        codes["etcd"] = 0 if code == -signal.SIGTERM else code
-    bad = {name: code for name, code in codes.items() if code != 0}
-    if bad:
-        raise click.ClickException(f"services exited with errors: {bad}")
-    click.echo("stopped cleanly")
 
 
 def _stop_all(started: list[ServiceProcess]) -> dict[str, int]:

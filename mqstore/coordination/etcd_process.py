@@ -32,6 +32,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from mqstore.launcher import ends_with_launcher
+
 # etcd's own defaults, written out because the lease TTL minimum follows from them (above).
 HEARTBEAT_INTERVAL_MS = 100
 ELECTION_TIMEOUT_MS = 1_000
@@ -96,6 +98,8 @@ class EtcdProcess:
     log_path: str = ""  # "" = <data_dir>/../<name>.log
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    # Stop (SIGTERM) when the launching process dies (launcher.ends_with_launcher).
+    ends_with_launcher: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -143,7 +147,12 @@ class EtcdProcess:
             )
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                self.command(), stdout=out, stderr=out, stdin=subprocess.DEVNULL, process_group=0
+                self.command(),
+                stdout=out,
+                stderr=out,
+                stdin=subprocess.DEVNULL,
+                process_group=0,
+                preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509
             )
         self.wait_healthy(timeout_s)
         return self

@@ -198,3 +198,44 @@ def test_make_run_takes_the_data_directory_and_the_base_port() -> None:
         check=True,
     ).stdout
     assert "mqstore up --data-dir /tmp/elsewhere --base-port 8100" in shown, shown
+
+
+def _service_pids(data: Path) -> dict[str, int]:
+    """Each service's pid, from the ports file it wrote once listening."""
+    pids = {}
+    for service in ("commitlog_svc", "cq_svc", "index_svc"):
+        ports_file = data / service / f".{service}.ports.json"
+        pids[service] = int(json.loads(ports_file.read_text())["pid"])
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for an init that does not reap is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("ending", ["ctrl-c with its pipe closed", "kill -9"])
+def test_the_services_end_with_up_however_it_ends(tmp_path: Path, ending: str) -> None:
+    # `mqstore up | tee log` then Ctrl-C: tee dies first, and `up` writes to a closed pipe
+    # while it stops; or `up` killed outright. Before, both left the services running on the
+    # data directory and its ports (the next `up` failed "exited with 1 before listening").
+    data = tmp_path / "data"
+    proc, _ = start_up(data)
+    pids = _service_pids(data)
+    assert all(_alive(pid) for pid in pids.values()), pids
+    assert proc.stdout is not None
+    if ending == "kill -9":
+        proc.kill()
+        proc.stdout.close()
+    else:
+        proc.stdout.close()  # tee is gone
+        proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    eventually(lambda: not any(_alive(pid) for pid in pids.values()), timeout_s=60)
+    # Each one stopped cleanly (SIGTERM), not killed: no abort marker left behind.
+    markers = [p for p in data.rglob("abort")]
+    assert markers == [], markers
