@@ -34,6 +34,27 @@ _PORT_FLAGS = (
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# How much of a log's end is searched for the error a service stopped with.
+_LOG_TAIL_BYTES = 64 * 1024
+
+
+def last_error(log_path: str) -> str:
+    """The last error a service logged (its JSON lines, level error or critical): why it
+    stopped, for the console rather than only its log file. "" when there is none."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - _LOG_TAIL_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("level") in ("error", "critical"):
+            return str(entry.get("event", ""))
+    return ""
 
 
 def ends_with_launcher() -> Callable[[], None] | None:
@@ -111,8 +132,10 @@ class ServiceProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                why = last_error(self.log_path) if self.log_path else ""
                 raise RuntimeError(
                     f"{self.package} exited with {self.proc.returncode} before listening"
+                    + (f": {why}" if why else "")
                     + (f"; see {self.log_path}" if self.log_path else "")
                 )
             if os.path.exists(self.ports_file):

@@ -481,6 +481,28 @@ class OsDisk:
             # in this process conflicts too, as RocketMQ's FileLock does.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
+            holder = _lock_holder(fd)
             os.close(fd)
-            raise StoreLocked(f"{path} is held by another process or store instance") from exc
+            raise StoreLocked(f"{path} is held by {holder}") from exc
+        # Who holds it, for the next one that tries (informational: the flock is the lock).
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return _OsLock(fd)
+
+
+# How much of a lock holder's command line an error quotes.
+_HOLDER_COMMAND_CHARS_MAX = 160
+
+
+def _lock_holder(fd: int) -> str:
+    """The process a lock file names (its pid, written by the holder) and its command line,
+    or a general description when it names none (an older store) or that process is gone."""
+    try:
+        pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (ValueError, OSError):
+        return "another process or store instance"
+    if len(command) > _HOLDER_COMMAND_CHARS_MAX:
+        command = command[: _HOLDER_COMMAND_CHARS_MAX - 3] + "..."
+    return f"process {pid} ({command})" if command else f"process {pid}"

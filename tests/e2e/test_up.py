@@ -239,3 +239,25 @@ def test_the_services_end_with_up_however_it_ends(tmp_path: Path, ending: str) -
     # Each one stopped cleanly (SIGTERM), not killed: no abort marker left behind.
     markers = [p for p in data.rglob("abort")]
     assert markers == [], markers
+
+
+def test_a_second_up_on_a_data_directory_in_use_says_which_process_holds_it(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    first, _ = start_up(data)
+    try:
+        holder = _service_pids(data)["commitlog_svc"]
+        second = subprocess.run(
+            [sys.executable, "-m", "mqstore.cli", "up", "--data-dir", str(data),
+             "--base-port", "-1"],
+            check=False, capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        assert second.returncode == 1, second
+        # On the console, not only in a log file: who holds the directory.
+        assert f"lock is held by process {holder} (" in second.stderr, second.stderr
+        assert "-m commitlog_svc" in second.stderr, second.stderr
+        assert _alive(holder)  # the first store is untouched
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)

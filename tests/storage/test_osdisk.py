@@ -42,8 +42,8 @@ def test_lock_is_held_against_another_process(tmp_path: Path) -> None:
         from mqstore.storage.disk import OsDisk
         try:
             OsDisk().lock({path!r})
-        except StoreLocked:
-            print("locked")
+        except StoreLocked as err:
+            print("locked", err)
         else:
             print("free")
         """
@@ -51,7 +51,8 @@ def test_lock_is_held_against_another_process(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
-    assert out.stdout.strip() == "locked"
+    # The refusal names the holder: this process (pid and command line), as a console can.
+    assert out.stdout.startswith(f"locked {path} is held by process {os.getpid()} ("), out.stdout
     lock.release()
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
