@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from mqstore.errors import InvalidArgument
-from mqstore.rpc.auth import hash_token, parse_scope
+from mqstore.rpc.auth import TokenTable, hash_token, parse_scope
 
 # 32 random bytes: 256 bits, beyond guessing; token_urlsafe makes 43 characters of them.
 TOKEN_BYTES = 32
@@ -328,14 +328,30 @@ def token_group() -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="the token stops working this many days from now (default: never)",
 )
+@click.option(
+    "--tokens-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="append the entry to this tokens file (the services' --tokens-file; `mqstore up "
+    "--secure` keeps it in DATA_DIR/secrets/tokens.toml) instead of printing it",
+)
 def token_new(
-    name: str, scopes: tuple[str, ...], out: Path | None, expires_days: float | None
+    name: str,
+    scopes: tuple[str, ...],
+    out: Path | None,
+    expires_days: float | None,
+    tokens_file: Path | None,
 ) -> None:
-    """Make a random token; print the entry to append to the tokens file.
+    """Make a random token; print the entry to append to the tokens file (or append it).
 
     \b
     The tokens file holds only the token's SHA-256; the token itself goes to the client
     (MQSTORE_TOKEN_FILE, --token-file). Services read the tokens file when they start.
+
+    \b
+    Examples:
+      mqstore token new --name billing --scope consume:orders --out billing.token \\
+          --tokens-file data/secrets/tokens.toml
+      mqstore token new --name ci --scope admin --expires-days 7
     """
     token = new_token()
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(days=expires_days) if expires_days else None
@@ -343,12 +359,35 @@ def token_new(
         entry = toml_entry(name, token, scopes, expires)
     except InvalidArgument as err:
         raise click.UsageError(str(err)) from None
+    if out is not None and out.exists():
+        raise click.UsageError(f"{out} exists; choose another file or remove it first")
+    if tokens_file is not None:
+        _append_entry(tokens_file, entry, name)  # first: a bad tokens file leaves no token behind
     if out is not None:
-        if out.exists():
-            raise click.UsageError(f"{out} exists; choose another file or remove it first")
         write_secret(out, token + "\n")
-        click.echo(f"# the token is in {out}; append this to the tokens file:", err=True)
+        click.echo(f"# the token is in {out}", err=True)
     else:
         click.echo(f"# token (give it to the client; it is not stored anywhere): {token}", err=True)
-        click.echo("# append this to the tokens file:", err=True)
+    if tokens_file is not None:
+        click.echo(f"# added to {tokens_file}; services read it when they start", err=True)
+        return
+    click.echo(
+        "# append this to the tokens file the services read (their --tokens-file; "
+        "`mqstore up --secure`: DATA_DIR/secrets/tokens.toml), or give --tokens-file:",
+        err=True,
+    )
     click.echo(entry, nl=False)
+
+
+def _append_entry(tokens_file: Path, entry: str, name: str) -> None:
+    """The tokens file with `entry` appended, checked whole before it replaces the old one:
+    a file the services could not read, or a second token of the same name, is refused."""
+    old = tokens_file.read_text(encoding="utf-8") if tokens_file.exists() else ""
+    text = old + ("" if not old or old.endswith("\n") else "\n") + entry
+    try:
+        table = TokenTable.from_toml(text)
+    except (InvalidArgument, ValueError) as err:
+        raise click.UsageError(f"{tokens_file}: {err}") from None
+    if [g.name for g in table.grants].count(name) > 1:
+        raise click.UsageError(f"{tokens_file} already has a token named {name!r}")
+    write_secret(tokens_file, text)

@@ -180,3 +180,39 @@ def test_up_secure_with_three_replicas_replicates_over_tls_with_the_replicate_sc
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, text + out
+
+
+def test_token_new_appends_to_the_tokens_file_it_names(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    out = tmp_path / "billing.token"
+    first = CliRunner().invoke(
+        cli,
+        ["token", "new", "--name", "billing", "--scope", "consume:orders", "--out", str(out),
+         "--tokens-file", str(tokens)],
+    )  # fmt: skip
+    assert first.exit_code == 0, first.output
+    assert first.stdout == ""  # nothing left to paste
+    assert f"added to {tokens}" in first.stderr
+    assert stat.S_IMODE(tokens.stat().st_mode) == 0o600
+    second = CliRunner().invoke(
+        cli, ["token", "new", "--name", "ci", "--scope", "admin", "--tokens-file", str(tokens)]
+    )
+    assert second.exit_code == 0, second.output
+    token = re.search(r"token .*: (\S+)", second.stderr)
+    assert token is not None, second.stderr
+    table = TokenTable.from_toml(tokens.read_text(encoding="utf-8"))
+    assert table.authenticate(out.read_text(encoding="utf-8").strip()).name == "billing"
+    assert table.authenticate(token.group(1)).name == "ci"
+    # A second token of a name already there is refused, and the file is left as it was.
+    before = tokens.read_text(encoding="utf-8")
+    again = CliRunner().invoke(
+        cli, ["token", "new", "--name", "ci", "--scope", "admin", "--tokens-file", str(tokens)]
+    )
+    assert again.exit_code == 2 and "already has a token named 'ci'" in again.stderr
+    assert tokens.read_text(encoding="utf-8") == before
+
+
+def test_token_new_says_where_the_entry_goes() -> None:
+    result = CliRunner().invoke(cli, ["token", "new", "--name", "x", "--scope", "admin"])
+    assert result.exit_code == 0
+    assert "--tokens-file" in result.stderr and "secrets/tokens.toml" in result.stderr
