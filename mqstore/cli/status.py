@@ -276,6 +276,7 @@ def offsets_group() -> None:
     \b
     Examples:
       mqstore offsets show billing orders
+      mqstore offsets reset billing orders --to earliest --dry-run
       mqstore offsets reset billing orders --to earliest
       mqstore offsets reset billing orders --to-time '2 hours ago'
     """
@@ -374,6 +375,9 @@ class ResetTargetType(click.ParamType[str | int]):
     multiple=True,
     help="only this queue; repeat for more (default: every queue of TOPIC)",
 )
+@click.option(
+    "--dry-run", is_flag=True, help="print what each queue would be set to; commit nothing"
+)
 @json_option
 @pass_state
 def offsets_reset(
@@ -383,6 +387,7 @@ def offsets_reset(
     to: str | int | None,
     to_time_ms: int | None,
     queue_ids: tuple[int, ...],
+    dry_run: bool,
     as_json: bool,
 ) -> None:
     """Set GROUP's committed offsets on TOPIC, and print what each queue was set to.
@@ -410,14 +415,18 @@ def offsets_reset(
         target = to
     admin = _admin(state)
     before = admin.group_offsets(group, topic)
-    after = admin.reset_group_offsets(group, topic, target, queues=queue_ids or None)
+    after = admin.reset_group_offsets(
+        group, topic, target, queues=queue_ids or None, dry_run=dry_run
+    )
     rows = [
         {"queue_id": q, "before": before.get(q), "offset": offset}
         for q, offset in sorted(after.items())
     ]
     if as_json:
-        echo_json({"group": group, "topic": topic, "queues": rows})
+        echo_json({"group": group, "topic": topic, "dry_run": dry_run, "queues": rows})
         return
     for r in rows:
         was = "-" if r["before"] is None else r["before"]
         click.echo(f"queue {r['queue_id']}: {was} -> {r['offset']}")
+    if dry_run:
+        click.echo("dry run: nothing committed", err=True)

@@ -504,6 +504,8 @@ class Admin:
         topic: str,
         to: ResetTarget,
         queues: Iterable[int] | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[int, int]:
         """Set the group's offsets on `queues` (None: every queue of the topic) and return what
         each queue was set to:
@@ -515,13 +517,15 @@ class Admin:
             Timestamp      offset_for_time(ts.ms, ts.boundary), as a Consumer starting there
 
         A topic without queues, or a named queue the topic does not have, is NotFound: a
-        misspelt topic or queue must not look like a successful reset."""
+        misspelt topic or queue must not look like a successful reset. `dry_run`: what each
+        queue would be set to, nothing committed."""
         target = _check_target(to)
         infos = self.existing_queues(topic, queues)
         out: dict[int, int] = {}
         for info in infos:
             offset = self._reset_offset(info, target)
-            self.commit_offset(group, topic, info.queue_id, offset)
+            if not dry_run:
+                self.commit_offset(group, topic, info.queue_id, offset)
             out[info.queue_id] = offset
         return out
 

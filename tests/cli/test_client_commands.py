@@ -238,6 +238,14 @@ def test_a_group_commits_what_was_printed_and_resumes_there(store: Store, topic:
     table = store.ok("offsets", "show", group, topic)
     assert re.search(r"│\s+0 │\s+4 │\s+0 │\s+6 │\s+2 │", table), table
 
+    # --dry-run: what it would set, nothing committed.
+    dry = ("offsets", "reset", group, topic, "--to", "earliest", "--dry-run")
+    assert store.ok(*dry) == "queue 0: 4 -> 0\n"
+    assert json.loads(store.ok(*dry, "--json"))["dry_run"] is True
+    assert (
+        json.loads(store.ok("offsets", "show", group, topic, "--json"))["queues"][0]["committed"]
+        == 4
+    )
     assert store.ok("offsets", "reset", group, topic, "--to", "earliest") == "queue 0: 4 -> 0\n"
     by_time = json.loads(
         store.ok("offsets", "reset", group, topic, "--to-time", str(d_ms), "--json")
