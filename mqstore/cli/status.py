@@ -291,8 +291,8 @@ def offsets_show(state: CliState, group: str, topic: str, as_json: bool) -> None
     """Show GROUP's committed offset on each queue of TOPIC, and its lag.
 
     Lag is what the group has not read yet: max offset - committed. A queue where the group
-    never committed shows "-" (a consumer starting from "committed" falls back to earliest
-    there). Exit 4 when the topic has no queues.
+    never committed shows committed "-" and the whole queue as its lag (a consumer starting
+    from "committed" falls back to earliest there). Exit 4 when the topic has no queues.
 
     \b
     Examples:
@@ -305,9 +305,13 @@ def offsets_show(state: CliState, group: str, topic: str, as_json: bool) -> None
         raise NothingFound(f"topic {topic!r} has no consume queues")
     committed = admin.group_offsets(group, topic)
     rows = []
+    total = 0
     for q in infos:
         at = committed.get(q.queue_id)
-        lag = None if at is None else max(0, q.max_offset - max(at, q.min_offset))
+        # Never committed: a group consumer starts at the queue's earliest offset (its default
+        # fallback), so all of the queue is still to read.
+        lag = max(0, q.max_offset - max(q.min_offset if at is None else at, q.min_offset))
+        total += lag
         rows.append(
             {
                 "queue_id": q.queue_id,
@@ -317,7 +321,6 @@ def offsets_show(state: CliState, group: str, topic: str, as_json: bool) -> None
                 "lag": lag,
             }
         )
-    total = sum(r["lag"] or 0 for r in rows)
     if as_json:
         echo_json({"group": group, "topic": topic, "queues": rows, "total_lag": total})
         return
@@ -330,7 +333,7 @@ def offsets_show(state: CliState, group: str, topic: str, as_json: bool) -> None
             "-" if r["committed"] is None else str(r["committed"]),
             str(r["min_offset"]),
             str(r["max_offset"]),
-            "-" if r["lag"] is None else str(r["lag"]),
+            str(r["lag"]),
         )
     table.add_row("all", "", "", "", str(total), style="bold")
     stdout_console().print(table)

@@ -238,6 +238,9 @@ def test_a_group_commits_what_was_printed_and_resumes_there(store: Store, topic:
     table = store.ok("offsets", "show", group, topic)
     assert re.search(r"│\s+0 │\s+4 │\s+0 │\s+6 │\s+2 │", table), table
 
+    # A group that never committed: the whole queue is its lag (it would start at earliest).
+    fresh = json.loads(store.ok("offsets", "show", f"{group}-new", topic, "--json"))
+    assert fresh["queues"][0]["committed"] is None and fresh["total_lag"] == 6, fresh
     # --dry-run: what it would set, nothing committed.
     dry = ("offsets", "reset", group, topic, "--to", "earliest", "--dry-run")
     assert store.ok(*dry) == "queue 0: 4 -> 0\n"
