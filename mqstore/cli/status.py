@@ -310,7 +310,7 @@ def offsets_show(state: CliState, group: str, topic: str, as_json: bool) -> None
         at = committed.get(q.queue_id)
         # Never committed: a group consumer starts at the queue's earliest offset (its default
         # fallback), so all of the queue is still to read.
-        lag = max(0, q.max_offset - max(q.min_offset if at is None else at, q.min_offset))
+        lag = max(0, q.max_offset - max(at or 0, q.min_offset))
         total += lag
         rows.append(
             {

@@ -34,7 +34,7 @@ MIN_INSYNC = 2
 # Replica i listens on the commit log's three ports + 10 * i (below the consume queues' +100).
 REPLICA_PORT_STEP = 10
 
-# A store on one machine is sized for a laptop: a fresh one takes ~75 MB of disk, not the
+# A store on one machine is sized for a laptop: a fresh one takes ~69 MB of disk, not the
 # ~1.5 GB of the services' defaults (1 GiB commit-log segments, a 401 MB index file), which
 # deploy/ keeps for production. Files are preallocated whole, so these are what a store holding
 # one message takes: a 64 MiB segment, an 8.4 MB index file (100,000 slots, 400,000 entries),

@@ -161,7 +161,7 @@ def resolve_addresses(addresses: Iterable[str]) -> tuple[str, ...]:
         if not address.startswith(DNS_ALL_PREFIX):
             out[address] = None
             continue
-        host, port = _host_port(address[len(DNS_ALL_PREFIX) :], address)
+        host, port = _host_port(address)
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror:
@@ -179,23 +179,18 @@ _GRPC_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")
 def _check_address(address: str, field: str) -> None:
     """HOST:PORT (or dns-all:HOST:PORT, or a gRPC target with its own scheme): a mistyped
     address is a bad setting at once, not a host name that fails to resolve seconds later."""
-    if address.startswith(_GRPC_SCHEMES):
-        return
+    if not address.startswith(_GRPC_SCHEMES):
+        _host_port(address, field)
+
+
+def _host_port(address: str, field: str = "index") -> tuple[str, int]:
+    """(host, port) of HOST:PORT or dns-all:HOST:PORT; InvalidArgument naming `field`."""
     text = address.removeprefix(DNS_ALL_PREFIX)
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
         form = f"{DNS_ALL_PREFIX}HOST:PORT" if text != address else "HOST:PORT"
         raise InvalidArgument(
             f"the {field} address {address!r} is not one: expected {form} with a port in 1..65535",
-            field=field,
-        )
-
-
-def _host_port(text: str, address: str, field: str = "index") -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise InvalidArgument(
-            f"{address!r}: expected {DNS_ALL_PREFIX}HOST:PORT with a port in 1..65535",
             field=field,
         )
     return host.strip("[]"), int(port)
