@@ -382,6 +382,11 @@ def token_new(
 def _append_entry(tokens_file: Path, entry: str, name: str) -> None:
     """The tokens file with `entry` appended, checked whole before it replaces the old one:
     a file the services could not read, or a second token of the same name, is refused."""
+    if not tokens_file.parent.is_dir():
+        raise click.UsageError(
+            f"{tokens_file.parent} is not a directory (`mqstore up --secure` makes "
+            "DATA_DIR/secrets and its tokens.toml)"
+        )
     old = tokens_file.read_text(encoding="utf-8") if tokens_file.exists() else ""
     text = old + ("" if not old or old.endswith("\n") else "\n") + entry
     try:

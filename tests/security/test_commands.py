@@ -212,6 +212,16 @@ def test_token_new_appends_to_the_tokens_file_it_names(tmp_path: Path) -> None:
     assert tokens.read_text(encoding="utf-8") == before
 
 
+def test_token_new_into_a_directory_that_does_not_exist_is_a_bad_argument(tmp_path: Path) -> None:
+    tokens = tmp_path / "data" / "secrets" / "tokens.toml"
+    result = CliRunner().invoke(
+        cli, ["token", "new", "--name", "x", "--scope", "admin", "--tokens-file", str(tokens)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "is not a directory" in result.stderr and "mqstore up --secure" in result.stderr
+    assert not tokens.parent.exists()
+
+
 def test_token_new_says_where_the_entry_goes() -> None:
     result = CliRunner().invoke(cli, ["token", "new", "--name", "x", "--scope", "admin"])
     assert result.exit_code == 0
