@@ -377,6 +377,28 @@ class AckManager:
         with self._lock:
             return self._queue(key).floor
 
+    def keys(self) -> list[AckKey]:
+        """Every (group, topic, queue) with ack state: open, or on disk as
+        groups/acks/GROUP/TOPIC/QUEUE/. Names that are not a group, topic and queue id are
+        skipped (nothing this manager wrote)."""
+        with self._lock:
+            found = set(self._open)
+            for group in self._listdirs(self._root):
+                for topic in self._listdirs(os.path.join(self._root, group)):
+                    for qid in self._listdirs(os.path.join(self._root, group, topic)):
+                        if (
+                            qid.isdigit()
+                            and TOPIC_PATTERN.match(group)
+                            and TOPIC_PATTERN.match(topic)
+                        ):
+                            found.add((group, topic, int(qid)))
+        return sorted(found)
+
+    def _listdirs(self, path: str) -> list[str]:
+        if not self._disk.isdir(path):
+            return []
+        return [n for n in self._disk.listdir(path) if self._disk.isdir(os.path.join(path, n))]
+
     def receive(
         self,
         key: AckKey,

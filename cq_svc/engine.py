@@ -45,7 +45,7 @@ from cq_svc.acks import AckManager, Delivery
 from cq_svc.config import AckFlush, CqConfig, StoreKind
 from cq_svc.errors import ReceiptExpired
 from cq_svc.file_store import FileCqStore
-from cq_svc.group_offsets import GroupOffsets
+from cq_svc.group_offsets import GroupKey, GroupOffsets
 from cq_svc.store import CqStore, PullResult, RecoveryReport
 from cq_svc.time_file import Boundary
 from cq_svc.unit_file import Unit
@@ -295,6 +295,13 @@ class CqEngine:
         if self.acks.has_state(key):
             return self.acks.committed_offset(key)
         return self.offsets.get(group, topic, queue_id)
+
+    def group_offsets(self, group: str | None = None) -> list[tuple[GroupKey, int]]:
+        """Every committed offset (as fetch_offset answers it), sorted; `group`: its only."""
+        keys = set(self.offsets.items()) | set(self.acks.keys())
+        if group is not None:
+            keys = {k for k in keys if k[0] == group}
+        return [(k, self.fetch_offset(*k)) for k in sorted(keys)]
 
     def receive(
         self, group: str, topic: str, queue_id: int, max_count: int, invisible_ms: int

@@ -103,6 +103,9 @@ LIMITS = MessageLimits()
 DEADLINE_MARGIN_S = 0.05
 # Receive settles messages the log no longer holds and looks again: at most this many looks.
 RECEIVE_ROUNDS_MAX = 8
+# ListGroups answers at most this many (group, topic, queue) offsets: ~100 bytes each, well
+# under the 4 MiB message limit.
+GROUP_OFFSETS_LISTED_MAX = 20_000
 
 # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET: the fixed head.
 _HEAD = struct.Struct(">iiiiiqq")
@@ -849,6 +852,19 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         topic = _topic(request.topic)
         queue_id = _queue_id(request.queue_id)
         return pb.FetchOffsetResponse(offset=self.engine.fetch_offset(group, topic, queue_id))
+
+    def ListGroups(
+        self, request: pb.ListGroupsRequest, context: grpc.ServicerContext
+    ) -> pb.ListGroupsResponse:
+        group = validate_group(request.group) if request.group else None
+        found = self.engine.group_offsets(group)
+        return pb.ListGroupsResponse(
+            offsets=[
+                pb.GroupOffset(group=g, topic=t, queue_id=q, offset=offset)
+                for (g, t, q), offset in found[:GROUP_OFFSETS_LISTED_MAX]
+            ],
+            truncated=len(found) > GROUP_OFFSETS_LISTED_MAX,
+        )
 
     # -- receive / ack -----------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@
     mqstore consume TOPIC                   read messages (from an offset, a time, a group)
     mqstore query key|uniq|msg ...          find messages by key, unique id or message id
     mqstore status | topics | queues TOPIC  what the store holds and how its services are
+    mqstore groups [GROUP]                  consumer groups and their lag
     mqstore offsets show|reset GROUP TOPIC  a consumer group's committed offsets
     mqstore subscribers list|forget [ID]    the commit log's subscribers, and forgetting one
     mqstore log dump|verify|repair DIR      offline tools over commit-log files
@@ -30,7 +31,14 @@ from mqstore.cli.produce import produce
 from mqstore.cli.query import query_group
 from mqstore.cli.security import token_group
 from mqstore.cli.spark import spark_group
-from mqstore.cli.status import offsets_group, queues, status, subscribers_group, topics
+from mqstore.cli.status import (
+    groups,
+    offsets_group,
+    queues,
+    status,
+    subscribers_group,
+    topics,
+)
 from mqstore.cli.up import up
 
 
@@ -88,6 +96,7 @@ for command in (
     status,
     topics,
     queues,
+    groups,
     offsets_group,
     subscribers_group,
 ):

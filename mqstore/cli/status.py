@@ -3,6 +3,7 @@
     mqstore status                              commit log, subscribers and lag, replicas
     mqstore topics                              every topic with a consume queue
     mqstore queues TOPIC                        each queue's min and max offset
+    mqstore groups [GROUP]                      consumer groups and their lag per topic
     mqstore offsets show GROUP TOPIC            a group's committed offsets and lag
     mqstore offsets reset GROUP TOPIC --to X    move a group (earliest, latest, an offset,
                                                 or --to-time T)
@@ -24,6 +25,7 @@ from mqstore.cli.options import (
     echo_json,
     json_option,
     pass_state,
+    stderr_console,
     stdout_console,
 )
 from mqstore.cli.times import FORMS_HELP, TIME
@@ -299,44 +301,62 @@ def offsets_show(state: CliState, group: str, topic: str, as_json: bool) -> None
       mqstore offsets show billing orders
       mqstore offsets show billing orders --json | jq '.total_lag'
     """
-    admin = _admin(state)
-    infos = admin.queues(topic)
-    if not infos:
-        raise NothingFound(f"topic {topic!r} has no consume queues")
-    committed = admin.group_offsets(group, topic)
-    rows = []
-    total = 0
-    for q in infos:
-        at = committed.get(q.queue_id)
-        # Never committed: a group consumer starts at the queue's earliest offset (its default
-        # fallback), so all of the queue is still to read.
-        lag = max(0, q.max_offset - max(at or 0, q.min_offset))
-        total += lag
-        rows.append(
-            {
-                "queue_id": q.queue_id,
-                "committed": at,
-                "min_offset": q.min_offset,
-                "max_offset": q.max_offset,
-                "lag": lag,
-            }
-        )
+    lag = _admin(state).group_lag(group, topic)
     if as_json:
-        echo_json({"group": group, "topic": topic, "queues": rows, "total_lag": total})
+        echo_json(lag.to_json())
         return
     table = Table(title=Text(f"group {group} on {topic}"), title_justify="left")
     for name in ("queue", "committed", "min offset", "max offset", "lag"):
         table.add_column(name, justify="right")
-    for r in rows:
+    for q in lag.queues:
         table.add_row(
-            str(r["queue_id"]),
-            "-" if r["committed"] is None else str(r["committed"]),
-            str(r["min_offset"]),
-            str(r["max_offset"]),
-            str(r["lag"]),
+            str(q.queue_id),
+            "-" if q.committed is None else str(q.committed),
+            str(q.min_offset),
+            str(q.max_offset),
+            str(q.lag),
         )
-    table.add_row("all", "", "", "", str(total), style="bold")
+    table.add_row("all", "", "", "", str(lag.lag), style="bold")
     stdout_console().print(table)
+
+
+@click.command("groups")
+@click.argument("group", required=False)
+@json_option
+@pass_state
+def groups(state: CliState, group: str | None, as_json: bool) -> None:
+    """List the consumer groups, each with its lag on every topic it reads.
+
+    A group is listed once it committed an offset (`consume --group G --commit`,
+    Consumer.commit(), `offsets reset`) or received with acks. Lag is what the group has not
+    read yet, over every queue of the topic (a queue it never committed in counts whole).
+    Under --secure it needs an admin token. Exit 4 when there is no group (or not GROUP).
+
+    \b
+    Examples:
+      mqstore groups
+      mqstore groups billing
+      mqstore groups --json | jq '.groups[] | select(.total_lag > 1000)'
+    """
+    listing = _admin(state).groups(group)
+    if not listing.groups:
+        raise NothingFound(f"no consumer group {group!r}" if group else "no consumer groups")
+    if as_json:
+        echo_json({"groups": [g.to_json() for g in listing.groups], "truncated": listing.truncated})
+        return
+    table = Table(title=Text("consumer groups"), title_justify="left")
+    table.add_column("group")
+    table.add_column("topic")
+    for name in ("queues", "committed in", "lag"):
+        table.add_column(name, justify="right")
+    for g in listing.groups:
+        committed = sum(q.committed is not None for q in g.queues)
+        table.add_row(
+            _cell(g.group), _cell(g.topic), str(len(g.queues)), str(committed), str(g.lag)
+        )
+    stdout_console().print(table)
+    if listing.truncated:
+        stderr_console().print("[yellow]cq_svc listed only the first groups: name one[/]")
 
 
 class ResetTargetType(click.ParamType[str | int]):

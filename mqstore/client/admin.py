@@ -226,6 +226,52 @@ class QueueInfo:
         return cls(q.topic, q.queue_id, q.min_offset, q.max_offset)
 
 
+@dataclass(frozen=True)
+class QueueLag:
+    """A consumer group on one queue: what it committed and what it has still to read."""
+
+    queue_id: int
+    committed: int | None  # the next offset the group reads; None: it never committed here
+    min_offset: int
+    max_offset: int
+
+    @property
+    def lag(self) -> int:
+        """max offset - committed. Never committed: a group consumer starts at the queue's
+        earliest offset (its default fallback), so all of the queue is still to read."""
+        return max(0, self.max_offset - max(self.committed or 0, self.min_offset))
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "lag": self.lag}
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """A consumer group on one topic: every queue of the topic, committed there or not."""
+
+    group: str
+    topic: str
+    queues: tuple[QueueLag, ...]
+
+    @property
+    def lag(self) -> int:
+        return sum(q.lag for q in self.queues)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "group": self.group,
+            "topic": self.topic,
+            "queues": [q.to_json() for q in self.queues],
+            "total_lag": self.lag,
+        }
+
+
+@dataclass(frozen=True)
+class GroupListing:
+    groups: tuple[GroupLag, ...]
+    truncated: bool  # cq_svc listed only its first GROUP_OFFSETS_LISTED_MAX queue offsets
+
+
 # -- index shards ----------------------------------------------------------------------------------
 
 
@@ -481,8 +527,13 @@ class Admin:
     def group_offsets(self, group: str, topic: str) -> dict[int, int | None]:
         """The group's committed offset (the next to read) for every queue of the topic; None
         where it never committed one."""
+        return self._fetch_offsets(group, topic, self.queues(topic))
+
+    def _fetch_offsets(
+        self, group: str, topic: str, infos: Iterable[QueueInfo]
+    ) -> dict[int, int | None]:
         out: dict[int, int | None] = {}
-        for q in self.queues(topic):
+        for q in infos:
             response = self._conn.call_cq(
                 lambda s: s.FetchOffset,
                 cq_pb.FetchOffsetRequest(group=group, topic=topic, queue_id=q.queue_id),
@@ -490,6 +541,32 @@ class Admin:
             )
             out[q.queue_id] = None if response.offset < 0 else response.offset
         return out
+
+    def group_lag(self, group: str, topic: str) -> GroupLag:
+        """The group's committed offset and lag on every queue of the topic (NotFound when the
+        topic has no queues)."""
+        infos = self.existing_queues(topic)
+        return _group_lag(group, topic, infos, self._fetch_offsets(group, topic, infos))
+
+    def groups(self, group: str | None = None) -> GroupListing:
+        """Every consumer group that committed an offset (or received with acks), with its lag
+        on each topic it read, sorted by group and topic; `group`: that one only. Needs an
+        admin token under --secure (the answer names every group)."""
+        response = self._conn.call_cq(
+            lambda s: s.ListGroups,
+            cq_pb.ListGroupsRequest(group=group or ""),
+            name="ConsumeQueue/ListGroups",
+        )
+        committed: dict[tuple[str, str], dict[int, int | None]] = {}
+        for o in response.offsets:
+            committed.setdefault((o.group, o.topic), {})[o.queue_id] = o.offset
+        queues: dict[str, list[QueueInfo]] = {}
+        out = []
+        for (g, topic), offsets in sorted(committed.items()):
+            if topic not in queues:
+                queues[topic] = self.queues(topic)
+            out.append(_group_lag(g, topic, queues[topic], offsets))
+        return GroupListing(tuple(out), response.truncated)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self._conn.call_cq(
@@ -717,6 +794,19 @@ class Admin:
         with self._shards_lock:
             if self._shards is not None:
                 self._shards = self._shards.demoted(shard, address)
+
+
+def _group_lag(
+    group: str, topic: str, infos: Sequence[QueueInfo], committed: dict[int, int | None]
+) -> GroupLag:
+    return GroupLag(
+        group,
+        topic,
+        tuple(
+            QueueLag(q.queue_id, committed.get(q.queue_id), q.min_offset, q.max_offset)
+            for q in infos
+        ),
+    )
 
 
 def _lag(s: cl_pb.SubscriberStatus) -> SubscriberLag:

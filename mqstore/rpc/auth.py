@@ -15,7 +15,7 @@
                subscribe                 the dispatch stream (Subscribe, Confirm): followers
                replicate                 copy the whole log (Replicate): a broker group's
                                          replicas
-               admin                     every method (ListTopics needs it, nothing else does)
+               admin                     every method (ListTopics and ListGroups need it)
                (any valid token)         GetStatus of each service, reflection
                patterns are fnmatch, case-sensitive: `*` every topic, `orders*`, `eu-?-audit`
 
@@ -143,7 +143,7 @@ _CQ = "/mqstore.consumequeue.v1.ConsumeQueue/"
 _IX = "/mqstore.index.v1.Index/"
 
 # Every method of the three services. GetStatus is open to any valid token (offsets, lag and
-# replica state, no names); ListTopics names every topic, so it needs admin.
+# replica state, no names); ListTopics and ListGroups name every topic or group: admin.
 REQUIREMENTS: dict[str, Requirement] = {
     _CL + "Append": PRODUCE_BATCHES,
     _CL + "AppendStream": PRODUCE_BATCHES,
@@ -164,6 +164,7 @@ REQUIREMENTS: dict[str, Requirement] = {
     _CQ + "ListTopics": NEEDS_ADMIN,
     _CQ + "CommitOffset": CONSUME_TOPIC,
     _CQ + "FetchOffset": CONSUME_TOPIC,
+    _CQ + "ListGroups": NEEDS_ADMIN,
     _CQ + "Receive": CONSUME_TOPIC,
     _CQ + "Ack": CONSUME_TOPIC,
     _CQ + "ChangeInvisibleDuration": CONSUME_TOPIC,

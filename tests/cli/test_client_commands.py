@@ -258,6 +258,36 @@ def test_a_group_commits_what_was_printed_and_resumes_there(store: Store, topic:
     assert store.ok("consume", topic, "--group", group) == ""
 
 
+def test_groups_lists_every_group_with_its_lag_on_each_topic(store: Store, topic: str) -> None:
+    _produce_two_rounds(store, topic)
+    other = f"{topic}_b"
+    store.ok("produce", other, "x", "y", "z")
+    store.wait_dispatched(other, 3)
+    group = f"lag_{topic}"
+    store.ok("consume", topic, "--group", group, "--count", "2", "--commit")
+    store.ok("offsets", "reset", group, other, "--to", "latest")
+    store.ok("offsets", "reset", f"{group}_2", topic, "--to", "earliest")
+
+    listed = json.loads(store.ok("groups", "--json"))
+    mine = [g for g in listed["groups"] if g["group"].startswith(group)]
+    assert [(g["group"], g["topic"], g["total_lag"]) for g in mine] == [
+        (group, topic, 4),
+        (group, other, 0),
+        (f"{group}_2", topic, 6),
+    ], mine
+    assert listed["truncated"] is False
+    one = json.loads(store.ok("groups", group, "--json"))["groups"]
+    assert {g["group"] for g in one} == {group}
+    assert one[[g["topic"] for g in one].index(topic)]["queues"] == [
+        {"queue_id": 0, "committed": 2, "min_offset": 0, "max_offset": 6, "lag": 4}
+    ]
+    table = store.ok("groups", group)
+    assert re.search(rf"{group}\s+│ {topic}\s+│\s+1 │\s+1 │\s+4 │", table), table
+
+    missing = store.run("groups", "nosuchgroup")
+    assert missing.returncode == 4 and "no consumer group 'nosuchgroup'" in missing.stderr
+
+
 def test_follow_prints_new_messages_and_ctrl_c_commits_and_exits_0(
     store: Store, topic: str
 ) -> None:
@@ -479,6 +509,7 @@ def test_offline_commands_ignore_the_connection_settings(store: Store, topic: st
         ["offsets"],
         ["offsets", "show"],
         ["offsets", "reset"],
+        ["groups"],
     ],
 )
 def test_every_command_explains_itself_with_examples(command: list[str]) -> None:

@@ -79,6 +79,11 @@ class ConsumeQueueStub:
                 request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FetchOffsetRequest.SerializeToString,
                 response_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FetchOffsetResponse.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/mqstore.consumequeue.v1.ConsumeQueue/ListGroups',
+                request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
         self.Receive = channel.unary_unary(
                 '/mqstore.consumequeue.v1.ConsumeQueue/Receive',
                 request_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ReceiveRequest.SerializeToString,
@@ -173,6 +178,15 @@ class ConsumeQueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListGroups(self, request, context):
+        """Every consumer group's committed offsets (CommitOffset, or receive/ack's lowest offset not
+        acked), sorted by group, topic and queue; `group` set: that group only. At most
+        GROUP_OFFSETS_LISTED_MAX entries, `truncated` when there were more.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Receive(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -244,6 +258,11 @@ def add_ConsumeQueueServicer_to_server(servicer, server):
                     servicer.FetchOffset,
                     request_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FetchOffsetRequest.FromString,
                     response_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FetchOffsetResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListGroupsRequest.FromString,
+                    response_serializer=mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListGroupsResponse.SerializeToString,
             ),
             'Receive': grpc.unary_unary_rpc_method_handler(
                     servicer.Receive,
@@ -509,6 +528,33 @@ class ConsumeQueue:
             '/mqstore.consumequeue.v1.ConsumeQueue/FetchOffset',
             mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FetchOffsetRequest.SerializeToString,
             mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.FetchOffsetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mqstore.consumequeue.v1.ConsumeQueue/ListGroups',
+            mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListGroupsRequest.SerializeToString,
+            mqstore_dot_consumequeue_dot_v1_dot_consumequeue__pb2.ListGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,11 @@ class ConsumeQueueStub:
     """Every topic that has a consume queue, sorted."""
     CommitOffset: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.CommitOffsetRequest, _consumequeue_pb2.CommitOffsetResponse]
     FetchOffset: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.FetchOffsetRequest, _consumequeue_pb2.FetchOffsetResponse]
+    ListGroups: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.ListGroupsRequest, _consumequeue_pb2.ListGroupsResponse]
+    """Every consumer group's committed offsets (CommitOffset, or receive/ack's lowest offset not
+    acked), sorted by group, topic and queue; `group` set: that group only. At most
+    GROUP_OFFSETS_LISTED_MAX entries, `truncated` when there were more.
+    """
     Receive: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.ReceiveRequest, _consumequeue_pb2.ReceiveResponse]
     Ack: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.AckRequest, _consumequeue_pb2.AckResponse]
     ChangeInvisibleDuration: _grpc.UnaryUnaryMultiCallable[_consumequeue_pb2.ChangeInvisibleDurationRequest, _consumequeue_pb2.ChangeInvisibleDurationResponse]
@@ -94,6 +99,11 @@ class ConsumeQueueAsyncStub(ConsumeQueueStub):
     """Every topic that has a consume queue, sorted."""
     CommitOffset: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.CommitOffsetRequest, _consumequeue_pb2.CommitOffsetResponse]  # type: ignore[assignment]
     FetchOffset: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.FetchOffsetRequest, _consumequeue_pb2.FetchOffsetResponse]  # type: ignore[assignment]
+    ListGroups: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.ListGroupsRequest, _consumequeue_pb2.ListGroupsResponse]  # type: ignore[assignment]
+    """Every consumer group's committed offsets (CommitOffset, or receive/ack's lowest offset not
+    acked), sorted by group, topic and queue; `group` set: that group only. At most
+    GROUP_OFFSETS_LISTED_MAX entries, `truncated` when there were more.
+    """
     Receive: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.ReceiveRequest, _consumequeue_pb2.ReceiveResponse]  # type: ignore[assignment]
     Ack: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.AckRequest, _consumequeue_pb2.AckResponse]  # type: ignore[assignment]
     ChangeInvisibleDuration: _aio.UnaryUnaryMultiCallable[_consumequeue_pb2.ChangeInvisibleDurationRequest, _consumequeue_pb2.ChangeInvisibleDurationResponse]  # type: ignore[assignment]
@@ -179,6 +189,17 @@ class ConsumeQueueServicer(metaclass=_abc_1.ABCMeta):
         request: _consumequeue_pb2.FetchOffsetRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_consumequeue_pb2.FetchOffsetResponse, _abc.Awaitable[_consumequeue_pb2.FetchOffsetResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListGroups(
+        self,
+        request: _consumequeue_pb2.ListGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_consumequeue_pb2.ListGroupsResponse, _abc.Awaitable[_consumequeue_pb2.ListGroupsResponse]]:
+        """Every consumer group's committed offsets (CommitOffset, or receive/ack's lowest offset not
+        acked), sorted by group, topic and queue; `group` set: that group only. At most
+        GROUP_OFFSETS_LISTED_MAX entries, `truncated` when there were more.
+        """
 
     @_abc_1.abstractmethod
     def Receive(
