@@ -17,12 +17,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from types import FrameType
 from typing import Any, Final
 
 import click
 
 from mqstore.cli.options import CliState, NothingFound, echo_json, json_option, pass_state
+from mqstore.cli.progress import Reporter
 from mqstore.cli.render import message_line
 from mqstore.cli.times import FORMS_HELP, TIME
 from mqstore.client.admin import Admin
@@ -157,7 +159,12 @@ def consume(
         ),
     )
     show = _printer(raw, as_json)
-    with consumer, GracefulStop() as stop:
+    # With --count the end is known: a progress bar on a terminal, a line every few seconds in
+    # a log; without it, the messages themselves are the progress.
+    reporter = Reporter("consumed", total=count, unit="messages") if count else None
+    if reporter is not None:
+        show = _counting(show, reporter)
+    with consumer, GracefulStop() as stop, reporter or nullcontext():
         if follow:
             _follow(consumer, show, count, stop)
         else:
@@ -169,6 +176,14 @@ def consume(
             consumer.commit()
     if stop.requested and not follow:
         click.get_current_context().exit(EXIT_INTERRUPTED)
+
+
+def _counting(show: Callable[[Message], None], reporter: Reporter) -> Callable[[Message], None]:
+    def counted(message: Message) -> None:
+        show(message)
+        reporter.advance()
+
+    return counted
 
 
 def _check_queues(state: CliState, topic: str, queue_ids: tuple[int, ...], follow: bool) -> None:

@@ -22,16 +22,9 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any, Final, Protocol
 
 import click
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
-from mqstore.cli.options import CliState, echo_json, json_option, pass_state, stderr_console
+from mqstore.cli.options import CliState, echo_json, json_option, pass_state
+from mqstore.cli.progress import Reporter
 from mqstore.client.compression import Compression
 from mqstore.client.producer import Producer, SendResult
 
@@ -39,9 +32,6 @@ from mqstore.client.producer import Producer, SendResult
 # while keeping far more in flight than one batch (1,000) times the window (4).
 IN_FLIGHT_MESSAGES_MAX: Final = 20_000
 LOAD_SIZE_BYTES_DEFAULT: Final = 100
-# Progress-bar updates are batched: rich takes a lock per update, and a load runs at tens of
-# thousands of messages a second.
-PROGRESS_EVERY_MESSAGES: Final = 500
 # Load bodies are random letters and digits, as Kafka's producer-perf-test makes them: text a
 # person can read back, which compresses about as much as real text does.
 _LOAD_ALPHABET: Final = string.ascii_letters + string.digits
@@ -250,36 +240,18 @@ def _load(
     options: dict[str, Any],
     as_json: bool,
 ) -> None:
-    console = stderr_console()
-    progress = Progress(
-        TextColumn("[bold]sending"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not console.is_terminal,
-        transient=False,
-    )
     pending: deque[_Pending] = deque()
-    done = 0
-    shown = 0
     started = time.perf_counter()
-    with progress:
-        task = progress.add_task("send", total=count)
+    with Reporter("sent", total=count, unit="messages") as progress:
         for _ in range(count):
             pending.append(producer.send(topic, body, **options))
             while pending and (pending[0].done() or len(pending) >= IN_FLIGHT_MESSAGES_MAX):
                 pending.popleft().result()  # raises the first failure
-                done += 1
-            if done - shown >= PROGRESS_EVERY_MESSAGES:
-                progress.update(task, completed=done)
-                shown = done
+                progress.advance()
         producer.flush()
         while pending:
             pending.popleft().result()
-            done += 1
-        progress.update(task, completed=done)
+            progress.advance()
     seconds = time.perf_counter() - started
     total_bytes = count * len(body)
     summary = {
