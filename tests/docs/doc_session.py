@@ -1,0 +1,198 @@
+"""Runs one document's commands the way a reader would, in a network namespace of its own.
+
+    unshare --net python -m tests.docs.doc_session PLAN.json RESULTS.json
+
+The namespace has only a loopback, so the commands use the ports the docs name (7100, 7200,
+2379...) without meeting anything else on the machine, and `make run` is `make run`.
+
+A plan is a list of steps, in the document's order, each run by bash in the session's
+directory (the repository's files, linked, and a fresh ./data):
+
+    run       wait for it to end (STEP_TIMEOUT_S at most); record its status and output
+    follow    it reads until Ctrl-C: run it FOLLOW_S, then SIGINT, then record as `run`
+    serve     it serves until stopped (`make run`, `mqstore up`, a service or etcd by hand):
+              start it in the background as in a shell of its own, then wait until it is
+              ready; a new store (`make run`, `mqstore up`) stops everything started before,
+              as its reader would with Ctrl-C first. When it prints `export MQSTORE_...` lines,
+              the following steps get them, as a reader pastes them.
+
+At the end every server gets SIGINT (Ctrl-C), then SIGKILL after STOP_TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STEP_TIMEOUT_S = 240.0
+FOLLOW_S = 4.0
+READY_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 30.0
+OUTPUT_KEPT_CHARS = 4000
+STORE = re.compile(r"^(make run|mqstore up)\b")
+EXPORT = re.compile(r"^\s*export (MQSTORE_[A-Z_]+)=(\S+)\s*$", re.MULTILINE)
+PORT_FLAG = re.compile(r"--port (\d+)")
+ETCD_CLIENT_PORT = 2379
+
+
+@dataclass
+class Result:
+    doc: str
+    line: int
+    command: str
+    kind: str
+    status: int | None  # None: did not end (or never got ready)
+    output: str
+    seconds: float
+    problems: list[str] = field(default_factory=list)
+
+
+class Session:
+    def __init__(self, workdir: str, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.env = dict(env)
+        self.servers: list[tuple[subprocess.Popen[bytes], str]] = []
+
+    def run(self, step: dict[str, Any]) -> Result:
+        started = time.monotonic()
+        kind = step["kind"]
+        if kind == "serve":
+            return self._serve(step, started)
+        proc = subprocess.Popen(
+            ["bash", "-c", step["command"]],
+            cwd=self.workdir,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            if kind == "follow":
+                try:
+                    out, _ = proc.communicate(timeout=FOLLOW_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group
+                    out, _ = proc.communicate(timeout=STEP_TIMEOUT_S)
+            else:
+                out, _ = proc.communicate(timeout=STEP_TIMEOUT_S)
+            status: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            status = None
+        return self._result(step, status, out.decode(errors="replace"), started)
+
+    def _serve(self, step: dict[str, Any], started: float) -> Result:
+        command = step["command"]
+        if STORE.match(command):
+            self.stop_all()
+        log_path = os.path.join(self.workdir, f".serve-{step['line']}.log")
+        log = open(log_path, "wb")  # noqa: SIM115 - the server writes it until the end
+        proc = subprocess.Popen(
+            ["bash", "-c", f"exec {command}" if "&" not in command else command],
+            cwd=self.workdir,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.servers.append((proc, log_path))
+        problems = self._wait_ready(command, proc, log_path)
+        output = _read(log_path)
+        if STORE.match(command) and not problems:
+            exports = dict(EXPORT.findall(output))
+            self.env = {k: v for k, v in self.env.items() if not k.startswith("MQSTORE_")}
+            self.env.update(exports)
+        status = proc.poll()
+        result = self._result(step, status, output, started)
+        result.problems += problems
+        return result
+
+    def _wait_ready(self, command: str, proc: subprocess.Popen[bytes], log_path: str) -> list[str]:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and "&" not in command:
+                return [f"exited with {proc.returncode} before it was ready"]
+            if _ready(command, _read(log_path)):
+                return []
+            time.sleep(0.2)
+        return [f"not ready within {READY_TIMEOUT_S:.0f} s"]
+
+    def stop_all(self) -> None:
+        for proc, _ in self.servers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc, _ in self.servers:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            # A server started with `&` leaves its children in the group: end them too.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.servers.clear()
+
+    def _result(self, step: dict[str, Any], status: int | None, out: str, t0: float) -> Result:
+        if len(out) > OUTPUT_KEPT_CHARS:
+            out = out[: OUTPUT_KEPT_CHARS // 2] + "\n[...]\n" + out[-OUTPUT_KEPT_CHARS // 2 :]
+        return Result(
+            step["doc"],
+            step["line"],
+            step["command"],
+            step["kind"],
+            status,
+            out,
+            round(time.monotonic() - t0, 2),
+        )
+
+
+def _ready(command: str, output: str) -> bool:
+    if STORE.match(command):
+        return "mqstore is up" in output
+    port = PORT_FLAG.search(command)
+    if port is None and "etcd" in command:
+        return _listening(ETCD_CLIENT_PORT)
+    return port is not None and _listening(int(port.group(1)))
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _read(path: str) -> str:
+    with open(path, "rb") as f:
+        return f.read().decode(errors="replace")
+
+
+def main() -> None:
+    plan_path, results_path = sys.argv[1], sys.argv[2]
+    with open(plan_path) as f:
+        plan = json.load(f)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    session = Session(plan["workdir"], plan["env"])
+    results = []
+    try:
+        for step in plan["steps"]:
+            results.append(asdict(session.run(step)))
+            with open(results_path, "w") as f:  # what ran so far, should the run be cut
+                json.dump(results, f)
+    finally:
+        session.stop_all()
+
+
+if __name__ == "__main__":
+    main()
