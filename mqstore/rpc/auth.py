@@ -17,6 +17,7 @@
                                          replicas
                admin                     every method (ListTopics and ListGroups need it)
                (any valid token)         GetStatus of each service, reflection
+               (no token at all)         grpc.health.v1 Check (probes carry no token)
                patterns are fnmatch, case-sensitive: `*` every topic, `orders*`, `eu-?-audit`
 
     a call     metadata  authorization: Bearer <token>
@@ -37,8 +38,10 @@ The token is checked before the request's bytes are parsed (admission.py: a call
 valid token is UNAUTHENTICATED whatever it sent), the scopes after. Refusals are logged at most
 a few lines at a time (logs.RateLimitedLog) and counted by code in grpc_server_handled_total.
 
-Health is not here: it is served by a plaintext server of its own (server.py) that holds
-nothing but grpc.health.v1. Reflection is open to any valid token. A method missing from the
+Health is open: grpc_health_probe, Kubernetes and load balancers send no token. It is served
+by a plaintext server of its own (server.py) that holds nothing but grpc.health.v1, and its
+Check also on the API port, where a token, if sent, is not looked at (the port's TLS still
+applies). Reflection (v1 and v1alpha) is open to any valid token. A method missing from the
 table needs `admin` (fail closed); a test checks that the table names every method.
 
 Errors are the typed `Unauthenticated` / `PermissionDenied` of mqstore/errors.py, mapped to
@@ -60,6 +63,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from mqstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from mqstore.rpc.admission import ANYONE, Caller
 from mqstore.rpc.channel import AUTHORIZATION_KEY
 from mqstore.rpc.logs import RateLimitedLog
 
@@ -76,7 +80,7 @@ DIGEST_BYTES = hashlib.sha256().digest_size
 assert DIGEST_BYTES == 32
 _ENTRY_KEYS = frozenset({"name", "sha256", "scopes", "expires"})
 
-Scope = Literal["produce", "consume", "admin", "subscribe", "replicate", "authenticated"]
+Scope = Literal["produce", "consume", "admin", "subscribe", "replicate", "authenticated", "anyone"]
 # Scopes without a topic pattern.
 _FLAG_SCOPES = (ADMIN, SUBSCRIBE, REPLICATE)
 
@@ -129,6 +133,7 @@ def _batch_topics(request: Any) -> Iterable[str]:
 
 
 AUTHENTICATED = Requirement("authenticated")
+ANYONE_AT_ALL = Requirement("anyone")  # not even a token: health checks
 NEEDS_ADMIN = Requirement(ADMIN)
 NEEDS_SUBSCRIBE = Requirement(SUBSCRIBE)
 NEEDS_REPLICATE = Requirement(REPLICATE)
@@ -173,6 +178,8 @@ REQUIREMENTS: dict[str, Requirement] = {
     _IX + "QueryByUniqKey": CONSUME_TOPIC,
     _IX + "GetStatus": AUTHENTICATED,
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": AUTHENTICATED,
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": AUTHENTICATED,
+    "/grpc.health.v1.Health/Check": ANYONE_AT_ALL,
 }
 
 
@@ -229,7 +236,7 @@ class Grant:
     def check(self, requirement: Requirement, request: Any) -> None:
         """Raises PermissionDenied unless the scopes cover `requirement` for `request`."""
         scope = requirement.scope
-        if self.admin or scope == "authenticated":
+        if self.admin or scope in ("authenticated", "anyone"):
             return
         if scope == SUBSCRIBE:
             if not self.subscribe:
@@ -365,8 +372,10 @@ class TokenGate:
         self._unknown_log = RateLimitedLog(log)
         self._denied_logs = {grant.name: RateLimitedLog(log) for grant in table.grants}
 
-    def door(self, method: str) -> Callable[[Metadata], _Caller]:
+    def door(self, method: str) -> Callable[[Metadata], Caller]:
         requirement = requirement_for(method)
+        if requirement is ANYONE_AT_ALL:
+            return _open_door
         table = self.table
         unknown_log = self._unknown_log
         denied_logs = self._denied_logs
@@ -380,6 +389,11 @@ class TokenGate:
             return _Caller(grant, requirement, method, denied_logs[grant.name])
 
         return admit
+
+
+def _open_door(_: Metadata) -> Caller:
+    """Whoever calls, with or without a token (whatever token: it is not looked at)."""
+    return ANYONE
 
 
 class _Caller:

@@ -1,17 +1,17 @@
 """What every mqstore service process runs around its servicer.
 
     ServiceHost(name, settings, register=..., on_stop=...)
-      main port     the API (thread pool server), reflection, interceptors: logs, metrics,
+      main port     the API (thread pool server), reflection v1 and v1alpha (reflection.py),
+                    grpc.health.v1 Check, interceptors: logs, metrics,
                     errors -> status codes, admission (the caller's token with a tokens file,
                     then the request's bytes parsed, then the scopes: admission.py), caps on
                     streaming calls (`stream_caps`, streams.py); TLS when
                     settings give a certificate and key, mutual TLS when they also give a CA
                     for client certificates (server_credentials below)
-      health port   its own plaintext server: grpc.health.v1 with "", "startup", "readiness",
-                    "liveness", and nothing else (no API, no reflection, no token); separate so
-                    that an overloaded API never fails a probe and probes need no TLS material;
-                    its requests' bytes are parsed by admission.py too, errors mapped as on
-                    the main port
+      health port   its own plaintext server: grpc.health.v1 (Check and Watch), and nothing else
+                    (no API, no reflection, no token); separate so that an overloaded API never
+                    fails a probe and probes need no TLS material; its requests' bytes are
+                    parsed by admission.py too, errors mapped as on the main port
       metrics port  Prometheus /metrics
       SIGTERM/INT   readiness NOT_SERVING (health.enter_graceful_shutdown), wait drain_delay_s,
                     on_drain() (waiting calls answer now), stop accepting and finish calls
@@ -19,7 +19,16 @@
 
 Health: "startup" turns SERVING when the service says it started (recovery done), "readiness"
 when it says it is ready (replay caught up) and until shutdown begins, "liveness" while the
-service's `alive()` check (its work loop) holds, tested every LIVENESS_CHECK_S.
+service's `alive()` check (its work loop) holds, tested every LIVENESS_CHECK_S; "" and the full
+name of each API service (mqstore.commitlog.v1.CommitLog, ...) from the API port's start until
+shutdown begins. One HealthServicer answers on both ports, so they always agree.
+
+Health on the API port is Check only, open to every caller who gets through the port's
+transport (TLS, and a client certificate under mutual TLS), with no token (auth.py): so that
+grpc_health_probe and load balancers can check the port the traffic goes to. Watch is not
+served there (UNIMPLEMENTED, which the health protocol lets clients read as "health checking
+off"): each Watch holds a server thread for as long as it stays open, and an open method must
+not be able to take the threads the API's calls need. Watch stays on the health port.
 
 With port 0 the kernel picks a port; the bound ports are logged and, with `ports_file`, written
 as JSON so that a launcher or a test can find them.
@@ -40,7 +49,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from mqstore.rpc.admission import AdmissionInterceptor
 from mqstore.rpc.allocator import keep_large_blocks
@@ -50,6 +58,7 @@ from mqstore.rpc.collector import measure_pauses
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.logs import LoggingInterceptor
 from mqstore.rpc.metrics import MetricsInterceptor, MetricsServer
+from mqstore.rpc.reflection import enable_reflection
 from mqstore.rpc.settings import ServiceSettings
 from mqstore.rpc.streams import StreamCap, StreamCapsInterceptor
 
@@ -115,6 +124,18 @@ def describe_security(settings: ServiceSettings, tokens: TokenTable | None) -> s
     return f"{transport}, {auth}"
 
 
+def add_health_check(servicer: health.HealthServicer, server: grpc.Server) -> None:
+    """grpc.health.v1.Health/Check of `servicer` on `server`, and not Watch (module docstring)."""
+    check = grpc.unary_unary_rpc_method_handler(
+        servicer.Check,
+        request_deserializer=health_pb2.HealthCheckRequest.FromString,
+        response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(health.SERVICE_NAME, {"Check": check}),)
+    )
+
+
 class ServiceHost:
     def __init__(
         self,
@@ -143,6 +164,7 @@ class ServiceHost:
         self._server: grpc.Server | None = None
         self._health_server: grpc.Server | None = None
         self._metrics: MetricsServer | None = None
+        self.api_services: tuple[str, ...] = ()
         self.port = 0
         self.health_port = 0
         self.metrics_port = 0
@@ -199,10 +221,11 @@ class ServiceHost:
             # than queueing without bound behind long polls and streams.
             maximum_concurrent_rpcs=s.max_workers * 4,
         )
-        names = list(self._register(server))
-        reflection.enable_server_reflection(
-            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-        )
+        self.api_services = tuple(self._register(server))
+        for service in self.api_services:  # known (not NOT_FOUND) from the port's first call
+            self.set_serving(service, False)
+        add_health_check(self.health, server)
+        enable_reflection(server, [*self.api_services, health.SERVICE_NAME])
         address = f"{s.host}:{s.port}"
         if self._credentials is None:
             self.port = server.add_insecure_port(address)
@@ -214,7 +237,8 @@ class ServiceHost:
         server.start()
         self._server = server
         self.set_serving(STARTUP, True)
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        for service in ("", *self.api_services):
+            self.set_serving(service, True)
         self._watchdog = threading.Thread(target=self._watch, name="liveness", daemon=True)
         self._watchdog.start()
         self._announce()

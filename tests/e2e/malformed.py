@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from mqstore.launcher import ServiceProcess
+from mqstore.rpc import reflection
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2
 from mqstore.rpc.gen.index.v1 import index_pb2
@@ -60,7 +61,10 @@ _OWN: dict[str, ServiceDescriptor] = {
     "cq_svc": consumequeue_pb2.DESCRIPTOR.services_by_name["ConsumeQueue"],
     "index_svc": index_pb2.DESCRIPTOR.services_by_name["Index"],
 }
-REFLECTION = _methods(reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"])
+REFLECTION = [
+    *_methods(reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]),
+    *_methods(reflection.v1_file().services_by_name["ServerReflection"]),
+]
 # What grpcio-health-checking serves (its proto also names List, which it does not serve).
 HEALTH = [
     m
@@ -70,7 +74,9 @@ HEALTH = [
 
 
 def api_methods(package: str) -> list[Method]:
-    """Every method of a service's API port: its own service's and reflection's."""
+    """Every method of a service's API port: its own service's and reflection's (v1alpha and
+    v1). Its health Check, open without a token, is sent such bytes in
+    tests/security/test_health_on_api_port.py."""
     return [*_methods(_OWN[package]), *REFLECTION]
 
 
