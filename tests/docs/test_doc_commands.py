@@ -116,7 +116,9 @@ def commands(path: Path) -> list[Command]:
         if lang == "sh":
             for line, text in shell_commands(start, body):
                 bare = _bare(text)
-                kind = "serve" if SERVES.match(bare) else "follow" if FOLLOWS.search(bare) else "run"
+                kind = (
+                    "serve" if SERVES.match(bare) else "follow" if FOLLOWS.search(bare) else "run"
+                )
                 out.append(Command(doc, line, text, kind))
         elif lang == "python" and path.name == "README.md" and path.parent == REPO:
             out.append(Command(doc, start, "\n".join(body), "python"))
@@ -145,7 +147,9 @@ def test_every_block_a_reader_would_type_is_tagged() -> None:
 
 def test_every_not_run_rule_still_matches_a_command() -> None:
     unused = [
-        p.pattern for p, _ in NOT_RUN if not any(p.match(_bare(c.text)) for c in ALL if c.kind != "python")
+        p.pattern
+        for p, _ in NOT_RUN
+        if not any(p.match(_bare(c.text)) for c in ALL if c.kind != "python")
     ]
     assert not unused, f"NOT_RUN rules that match no command any more: {unused}"
 
@@ -169,23 +173,23 @@ def _unavailable() -> str | None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "doc", sorted({c.doc for c in ALL if not_run_reason(c) is None})
-)
+@pytest.mark.timeout(SESSION_TIMEOUT_S + 60)
+@pytest.mark.parametrize("doc", sorted({c.doc for c in ALL if not_run_reason(c) is None}))
 def test_the_commands_of_a_doc_work_as_written(doc: str, tmp_path: Path) -> None:
     why = _unavailable()
     if why is not None:
         pytest.fail(f"cannot make a network namespace here: {why}")
     work = _session_dir(tmp_path)
     steps = []
-    for number, c in enumerate(c for c in ALL if c.doc == doc and not_run_reason(c) is None):
+    for c in (c for c in ALL if c.doc == doc and not_run_reason(c) is None):
         if c.kind == "python":
             script = work / f".snippet-{c.line}.py"
             script.write_text(c.text + "\n")
-            steps.append({"doc": doc, "line": c.line, "command": f"python {script.name}", "kind": "run"})
+            steps.append(
+                {"doc": doc, "line": c.line, "command": f"python {script.name}", "kind": "run"}
+            )
         else:
             steps.append({"doc": doc, "line": c.line, "command": c.text, "kind": c.kind})
-        del number
     venv_bin = str(REPO / ".venv" / "bin")
     env = {
         k: v
@@ -203,7 +207,15 @@ def test_the_commands_of_a_doc_work_as_written(doc: str, tmp_path: Path) -> None
     results_path = tmp_path / "results.json"
     plan.write_text(json.dumps({"workdir": str(work), "env": env, "steps": steps}))
     done = subprocess.run(
-        ["unshare", "--net", sys.executable, "-m", "tests.docs.doc_session", str(plan), str(results_path)],
+        [
+            "unshare",
+            "--net",
+            sys.executable,
+            "-m",
+            "tests.docs.doc_session",
+            str(plan),
+            str(results_path),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
