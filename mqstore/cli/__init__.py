@@ -6,6 +6,7 @@
     mqstore query key|uniq|msg ...          find messages by key, unique id or message id
     mqstore status | topics | queues TOPIC  what the store holds and how its services are
     mqstore groups [GROUP]                  consumer groups and their lag
+    mqstore context ls|show|save|select|rm  saved connection settings (`up` saves its own)
     mqstore offsets show|reset GROUP TOPIC  a consumer group's committed offsets
     mqstore subscribers list|forget [ID]    the commit log's subscribers, and forgetting one
     mqstore log dump|verify|repair DIR      offline tools over commit-log files
@@ -24,6 +25,7 @@ import click
 
 from mqstore.cli.cluster import cluster_group
 from mqstore.cli.consume import consume
+from mqstore.cli.context import context_group
 from mqstore.cli.log import log_group
 from mqstore.cli.log_repair import repair as log_repair
 from mqstore.cli.options import ClientGroup, CliState, connection_options
@@ -56,6 +58,7 @@ def cli(
     tls_key: str | None,
     tls_server_name: str | None,
     timeout_s: str | None,
+    context: str | None,
 ) -> None:
     """mqstore: a persistent message store in the design of RocketMQ's broker store.
 
@@ -83,6 +86,7 @@ def cli(
         tls_key=tls_key,
         tls_server_name=tls_server_name,
         timeout_s=timeout_s,
+        context=context,
     )
     ctx.obj = state
     ctx.call_on_close(state.close)
@@ -106,6 +110,7 @@ cli.add_command(log_group)
 cli.add_command(token_group)
 cli.add_command(spark_group)
 cli.add_command(cluster_group)
+cli.add_command(context_group)
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ import click
 from rich.console import Console
 
 from mqstore import errors as domain
+from mqstore.client import contexts
 from mqstore.client.connection import Connection
 from mqstore.client.errors import ClientError
 from mqstore.client.settings import ClientSettings, TlsSettings, split_addresses
@@ -145,6 +146,7 @@ class CliState:
     tls_key: str | None = None
     tls_server_name: str | None = None
     timeout_s: str | None = None
+    context: str | None = None
     _settings: ClientSettings | None = field(default=None, repr=False)
     _connection: Connection | None = field(default=None, repr=False)
 
@@ -160,6 +162,10 @@ class CliState:
     def _build_settings(self) -> ClientSettings:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("--tls-cert and --tls-key go together (mutual TLS needs both)")
+        try:
+            self._fill_from_context()
+        except (domain.InvalidArgument, domain.NotFound) as exc:
+            raise SettingsError(str(exc)) from None
         kwargs: dict[str, Any] = {}
         if self.commitlog:
             kwargs["commitlog"] = self.commitlog
@@ -182,6 +188,16 @@ class CliState:
             return ClientSettings(**kwargs)
         except domain.InvalidArgument as exc:
             raise SettingsError(str(exc)) from None
+
+    def _fill_from_context(self) -> None:
+        """What neither a flag nor an MQSTORE_* variable set comes from the context in force
+        (--context, MQSTORE_CONTEXT, or the selected one: `mqstore up` selects its own)."""
+        context = contexts.active(self.context)
+        if context is None:
+            return
+        for name, value in context.values.items():
+            if getattr(self, name, None) is None:
+                setattr(self, name, value)
 
     def connection(self) -> Connection:
         """The one Connection of this command, closed when the command ends."""
@@ -283,6 +299,14 @@ def connection_options(f: F) -> F:
             envvar="MQSTORE_TLS_SERVER_NAME",
             metavar="NAME",
             help="the name to check in the servers' certificates [env MQSTORE_TLS_SERVER_NAME]",
+        ),
+        click.option(
+            "--context",
+            envvar="MQSTORE_CONTEXT",
+            metavar="NAME",
+            help="a saved context: where a store is and how to reach it, for what no other "
+            "option sets (`mqstore context ls`; `mqstore up` saves and selects one) "
+            "[env MQSTORE_CONTEXT; default: the selected context]",
         ),
         click.option(
             "--timeout",

@@ -22,7 +22,9 @@ from types import FrameType
 import click
 
 from mqstore.cli.security import SecretFiles, prepare_secrets
+from mqstore.client import contexts
 from mqstore.coordination.etcd_process import EtcdProcess
+from mqstore.errors import InvalidArgument
 from mqstore.launcher import DEFAULT_PORTS, ServiceProcess
 from mqstore.storage.data_mode import DATA_MODES, DataMode
 from mqstore.storage.data_mode import apply as apply_data_mode
@@ -94,6 +96,14 @@ def _ports_args(package: str, base: int, *, replica: int = 0) -> list[str]:
     show_default=True,
     help="who may read DATA_DIR: private (directories 0700, files 0600) or group (0750, 0640)",
 )
+@click.option(
+    "--save-context",
+    "context_name",
+    metavar="NAME",
+    help="the context saved and selected for this store, so that mqstore commands and "
+    "ClientSettings.from_env() in any shell reach it (default: local, or local-PORT with "
+    "another --base-port; '' saves none)",
+)
 def up(
     data_dir: str,
     flush: str,
@@ -103,6 +113,7 @@ def up(
     mtls: bool,
     replicas: str,
     data_mode: DataMode,
+    context_name: str | None,
 ) -> None:
     """Run the store here: commit log, consume queues and index, until Ctrl-C.
 
@@ -210,7 +221,17 @@ def up(
             etcd.stop()
         raise click.ClickException(str(exc)) from exc
     try:
+        if context_name is None:
+            context_name = _default_context_name(base_port)
+        # Saved before "mqstore is up" is printed: whoever waits for that line finds it.
+        saved = (
+            _save_context(context_name, client_environment(started, secrets, mtls))
+            if context_name
+            else None
+        )
         _print_summary(data_dir, started, secrets, mtls, etcd)
+        if saved:
+            _say(saved)
         _watch(started, etcd, logs, stop)
     finally:
         # Whatever ended the watch (a signal, a service lost, stdout gone with its pipe's
@@ -295,6 +316,25 @@ def _follower_args(secrets: SecretFiles | None, mtls: bool, *, replica: bool) ->
             "--commitlog-tls-key-file", str(secrets.client_key),
         ]  # fmt: skip
     return follower
+
+
+def _default_context_name(base_port: int) -> str:
+    default = DEFAULT_PORTS["commitlog_svc"][0]
+    return "local" if base_port == default else f"local-{base_port if base_port >= 0 else 'any'}"
+
+
+def _save_context(name: str, env: dict[str, str]) -> str:
+    """Save and select the store's context; what to tell the user."""
+    by_var = {var: key for key, var in contexts.KEYS.items()}
+    values = {by_var[var]: value for var, value in env.items() if var in by_var and value}
+    try:
+        path = contexts.save(contexts.Context(contexts.check_name(name), values), select=True)
+    except (InvalidArgument, OSError) as exc:
+        return f"No context saved ({exc}): use the lines above"
+    return (
+        f"Context {name!r} saved and selected ({path}): mqstore commands and "
+        "ClientSettings.from_env() in any shell reach this store without the lines above"
+    )
 
 
 def client_environment(

@@ -3,7 +3,9 @@
     ClientSettings()                       the addresses `mqstore up` listens on
     ClientSettings.from_env()              MQSTORE_COMMITLOG, MQSTORE_CQ, MQSTORE_INDEX (comma
                                            separated), MQSTORE_TOKEN_FILE, MQSTORE_TLS_CA,
-                                           MQSTORE_TLS_CERT, MQSTORE_TLS_KEY, MQSTORE_TIMEOUT_S
+                                           MQSTORE_TLS_CERT, MQSTORE_TLS_KEY, MQSTORE_TIMEOUT_S;
+                                           what they leave unset, from the context in force
+                                           (contexts.py: `mqstore up` selects its store's)
 
 Index replicas are listed flat: the SDK asks each which shard it holds (GetStatus) and sends a
 query to a caught-up replica of the key's shard. Consume-queue replicas are equivalent: calls
@@ -23,6 +25,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from mqstore.client import contexts
 from mqstore.errors import InvalidArgument
 from mqstore.launcher import DEFAULT_PORTS
 
@@ -114,8 +117,13 @@ class ClientSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ClientSettings:
-        """Settings from MQSTORE_* variables; keyword arguments win over the environment."""
+        """Settings from MQSTORE_* variables; keyword arguments win over the environment, and
+        the environment over the context in force (MQSTORE_CONTEXT, or the selected one:
+        `mqstore up` selects its own; mqstore/client/contexts.py)."""
         env = os.environ if env is None else env
+        context = contexts.active(env=env)
+        if context is not None:
+            env = {**context.as_env(), **env}
         kwargs: dict[str, object] = {}
         if env.get("MQSTORE_COMMITLOG"):
             kwargs["commitlog"] = env["MQSTORE_COMMITLOG"]

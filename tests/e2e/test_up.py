@@ -50,6 +50,20 @@ def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
     assert set(env) == {"MQSTORE_COMMITLOG", "MQSTORE_CQ", "MQSTORE_INDEX"}, text
     shown = mqstore(env, "consume", "hello", "--raw")
     assert shown.stdout == "world\n", shown
+    # Or nothing at all: up saved and selected a context that the command and the SDK read.
+    bare = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MQSTORE_") or k.endswith("CONFIG_DIR")
+    }
+    shown = subprocess.run(
+        [sys.executable, "-m", "mqstore.cli", "consume", "hello", "--raw"],
+        env=bare, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert shown.stdout == "world\n", shown
+    listed = json.loads(mqstore({}, "context", "ls", "--json").stdout)
+    assert listed == {"contexts": ["local-any"], "selected": "local-any"}, listed
+    assert ClientSettings.from_env(bare).commitlog == env["MQSTORE_COMMITLOG"]
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, text + out
