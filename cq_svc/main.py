@@ -176,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before anything is created: every file of the store is born private (data_mode.py).
     data_mode.apply(settings.data_dir, settings.data_mode)
     service = CqService(settings)
+    service.host.install_reload_signal()  # SIGHUP during recovery must not end the process
     service.start()
     service.host.install_signal_handlers()
     service.host.wait()
