@@ -120,6 +120,7 @@ class CqService:
             confirmed=lambda: self.engine.store.confirmed_offset,
             tail_bytes=lambda: self.tail.nbytes,
         )
+        metrics.GROUP_LAG.bind(self.engine.group_lags)
         self.host.start()
         self.subscriber.start()
         self.probe.start()
