@@ -296,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
     service = CommitLogService(settings)
+    service.host.install_reload_signal()
     try:
         service.start()
     except MqstoreError as err:  # expected: the lock is held, the files cannot be loaded, ...

@@ -7,6 +7,9 @@
     mqstore_commitlog_flush_duration_seconds      histogram  one flush (msync = fsync of the range)
     mqstore_commitlog_flush_behind_bytes          gauge      written but not yet flushed
     mqstore_commitlog_{min,max,confirm}_offset    gauge      the log's offsets
+    mqstore_commitlog_disk_{used,total}_bytes     gauge      the file system holding the log, as
+                                                             retention and the disk-full check
+                                                             count it (df's Use% = used/total)
     mqstore_dispatch_behind_bytes{subscriber}     gauge      log end minus what the subscriber's
                                                              stream has sent (or its confirmed
                                                              offset while it is disconnected)
@@ -72,6 +75,11 @@ CRC_MISMATCHES = Counter(
     "Commit-log records failing their CRC or length checks, by who found them.",
     ["source"],
 )
+CRC_SOURCES = ("recovery", "read", "dispatch")
+# Every known label value exported at 0 from the start: a dashboard or an alert sees 0, not
+# "no data", and rate() has a first sample before the first mismatch.
+for _source in CRC_SOURCES:
+    CRC_MISMATCHES.labels(_source)
 
 
 @dataclass(slots=True)
@@ -80,6 +88,8 @@ class GaugeValues:
     max_offset: int
     confirm_offset: int
     flush_behind_bytes: int
+    disk_used_bytes: int = 0
+    disk_total_bytes: int = 0
     dispatch_behind: dict[str, int] = field(default_factory=dict)
     subscriber_lag: dict[str, int] = field(default_factory=dict)
     replica: ReplicaGauges | None = None  # a broker group's replica
@@ -132,6 +142,14 @@ class _ScrapeTime(Collector):
             ),
             "confirm_offset": GaugeMetricFamily(
                 "mqstore_commitlog_confirm_offset", "How far dispatch may go."
+            ),
+            "disk_used_bytes": GaugeMetricFamily(
+                "mqstore_commitlog_disk_used_bytes",
+                "Bytes in use on the file system holding the commit log (as df counts).",
+            ),
+            "disk_total_bytes": GaugeMetricFamily(
+                "mqstore_commitlog_disk_total_bytes",
+                "Bytes this user can have on that file system: used plus available.",
             ),
         }
         behind = GaugeMetricFamily(

@@ -104,6 +104,10 @@ log = logging.getLogger(__name__)
 
 # Engine PutStatus -> proto PutStatus (the numbers differ: proto enums start at 1).
 _PB_STATUS = {s: pb.PutStatus.Value(s.name) for s in PutStatus}
+# Every refusal status exported at 0 from the start (a dashboard shows 0, not "no data").
+for _status in PutStatus:
+    if _status is not PutStatus.PUT_OK:
+        metrics.APPEND_REFUSED.labels(_status.name)
 _PB_PUT_OK = pb.PutStatus.Value("PUT_OK")
 # A subscriber stream waiting for appends looks at its call this often even when nothing wakes
 # it (a lost cancellation callback must not keep a thread for ever).
@@ -899,6 +903,8 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             confirm_offset=engine.confirm_offset,
             flush_behind_bytes=max(0, engine.queue.max_wrote_offset() - engine.flushed_offset),
         )
+        # One statvfs a scrape: what retention's disk-full check sees (retention.py).
+        values.disk_total_bytes, values.disk_used_bytes = engine.disk.usage(engine.queue.store_path)
         for sub in self.registry.snapshot():
             sent = sub.position if sub.streams > 0 else sub.confirmed_offset
             values.dispatch_behind[sub.subscriber_id] = max(0, high - sent)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from cq_svc.acks import AckManager, Delivery
@@ -51,6 +51,7 @@ from cq_svc.time_file import Boundary
 from cq_svc.unit_file import Unit
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import Unavailable
+from mqstore.group_lag import queue_lag
 from mqstore.history import LogHistory
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
@@ -302,6 +303,26 @@ class CqEngine:
         if group is not None:
             keys = {k for k in keys if k[0] == group}
         return [(k, self.fetch_offset(*k)) for k in sorted(keys)]
+
+    def group_lags(self) -> Iterator[tuple[str, str, int, int]]:
+        """(group, topic, queue, messages not consumed) on every queue of every topic a group
+        committed on, by the rule `mqstore groups` shows (mqstore/group_lag.py): for the
+        metrics (mqstore_cq_group_lag_messages)."""
+        committed: dict[tuple[str, str], dict[int, int]] = {}
+        for (group, topic, queue_id), offset in self.group_offsets():
+            committed.setdefault((group, topic), {})[queue_id] = offset
+        for (group, topic), offsets in committed.items():
+            for queue_id in self.store.list_queues(topic):
+                yield (
+                    group,
+                    topic,
+                    queue_id,
+                    queue_lag(
+                        offsets.get(queue_id),
+                        self.store.min_offset(topic, queue_id),
+                        self.store.max_offset(topic, queue_id),
+                    ),
+                )
 
     def receive(
         self, group: str, topic: str, queue_id: int, max_count: int, invisible_ms: int

@@ -120,6 +120,7 @@ class CqService:
             confirmed=lambda: self.engine.store.confirmed_offset,
             tail_bytes=lambda: self.tail.nbytes,
         )
+        metrics.GROUP_LAG.bind(self.engine.group_lags)
         self.host.start()
         self.subscriber.start()
         self.probe.start()
@@ -176,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before anything is created: every file of the store is born private (data_mode.py).
     data_mode.apply(settings.data_dir, settings.data_mode)
     service = CqService(settings)
+    service.host.install_reload_signal()  # SIGHUP during recovery must not end the process
     service.start()
     service.host.install_signal_handlers()
     service.host.wait()

@@ -73,6 +73,9 @@ DISPATCH_LAG_SECONDS = Gauge(
 CAUGHT_UP = Gauge(
     "mqstore_index_caught_up", "1 once the replica applied what the log held at the handshake."
 )
+for _kind in KINDS:  # exported from the start: a dashboard shows 0, not "no data"
+    QUERY_SECONDS.labels(_kind)
+
 FLUSH_FAILURES = Counter(
     "mqstore_index_flush_failures_total", "Flushes or checkpoints that failed (writes stop)."
 )

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from mqstore.errors import InvalidArgument
-from mqstore.rpc.auth import TokenTable, hash_token, parse_scope
+from mqstore.rpc.auth import TOKENS_RELOAD_CHECK_S, TokenTable, hash_token, parse_scope
 
 # 32 random bytes: 256 bits, beyond guessing; token_urlsafe makes 43 characters of them.
 TOKEN_BYTES = 32
@@ -345,7 +345,8 @@ def token_new(
 
     \b
     The tokens file holds only the token's SHA-256; the token itself goes to the client
-    (MQSTORE_TOKEN_FILE, --token-file). Services read the tokens file when they start.
+    (MQSTORE_TOKEN_FILE, --token-file). Running services read a changed tokens file within
+    a few seconds (SIGHUP: at once).
 
     \b
     Examples:
@@ -369,7 +370,11 @@ def token_new(
     else:
         click.echo(f"# token (give it to the client; it is not stored anywhere): {token}", err=True)
     if tokens_file is not None:
-        click.echo(f"# added to {tokens_file}; services read it when they start", err=True)
+        click.echo(
+            f"# added to {tokens_file}; running services read it within "
+            f"{TOKENS_RELOAD_CHECK_S:g} s (SIGHUP: at once)",
+            err=True,
+        )
         return
     click.echo(
         "# append this to the tokens file the services read (their --tokens-file; "

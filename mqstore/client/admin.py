@@ -48,6 +48,7 @@ from mqstore.client.errors import (
 )
 from mqstore.client.message import Message
 from mqstore.client.settings import ClientSettings, resolve_addresses
+from mqstore.group_lag import queue_lag
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
@@ -237,9 +238,8 @@ class QueueLag:
 
     @property
     def lag(self) -> int:
-        """max offset - committed. Never committed: a group consumer starts at the queue's
-        earliest offset (its default fallback), so all of the queue is still to read."""
-        return max(0, self.max_offset - max(self.committed or 0, self.min_offset))
+        """Messages still to read (mqstore/group_lag.py)."""
+        return queue_lag(self.committed, self.min_offset, self.max_offset)
 
     def to_json(self) -> dict[str, object]:
         return {**asdict(self), "lag": self.lag}

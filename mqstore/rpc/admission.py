@@ -14,6 +14,10 @@
     ends the stream for the handler (it never sees it nor anything after it), and once the
     handler has answered the requests before it the call ends with that request's status.
 
+    a stream of responses: the caller checked again before each (Caller.revalidate: after a
+    reload of the tokens file, a removed token or narrowed scopes end the stream with
+    UNAUTHENTICATED / PERMISSION_DENIED; otherwise one attribute compared).
+
 Why the bytes are parsed here and not by grpcio: every handler is handed to grpcio with no
 request deserializer (grpcio passes the bytes through as they came). When grpcio's own
 deserializer fails (grpc/_server.py, `_receive_message`), it logs the exception with its
@@ -60,6 +64,10 @@ class Caller(Protocol):
     def check(self, request: Any) -> None:
         """Raises PermissionDenied unless the caller may make this request."""
 
+    def revalidate(self) -> None:
+        """Between a stream's responses: raises if the caller may no longer make its call
+        (its token removed or its scopes narrowed by a reload of the tokens file)."""
+
 
 class Gate(Protocol):
     def door(self, method: str) -> Callable[[Metadata], Caller]:
@@ -70,6 +78,9 @@ class _Anyone:
     name = ""
 
     def check(self, request: Any) -> None:
+        pass
+
+    def revalidate(self) -> None:
         pass
 
 
@@ -136,6 +147,19 @@ def _admitted(
         yield request
 
 
+def _revalidated(responses: Iterator[Any], caller: Caller) -> Iterator[Any]:
+    """A stream's responses, the caller checked again before each (a reload of the tokens
+    file may have removed its token); a refusal ends the handler's generator too."""
+    try:
+        for response in responses:
+            caller.revalidate()
+            yield response
+    finally:
+        close = getattr(responses, "close", None)
+        if close is not None:
+            close()
+
+
 _UNBOUND: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()  # reusable
 
 
@@ -178,7 +202,7 @@ def admit_handler(
             request = decode(raw)
             caller.check(request)
             with _bound(caller):
-                yield from unary_stream(request, context)
+                yield from _revalidated(unary_stream(request, context), caller)
 
         return grpc.unary_stream_rpc_method_handler(unary_stream_call, **serializer)
 
@@ -202,7 +226,8 @@ def admit_handler(
         caller = door(context.invocation_metadata())
         stop = _Stop()
         with _bound(caller):
-            yield from stream_stream(_admitted(raws, decode, caller, stop), context)
+            responses = stream_stream(_admitted(raws, decode, caller, stop), context)
+            yield from _revalidated(responses, caller)
         stop.raise_if_any()
 
     return grpc.stream_stream_rpc_method_handler(stream_stream_call, **serializer)

@@ -1,6 +1,7 @@
 """Who may call what: bearer tokens with scopes, checked before any handler runs.
 
-    tokens file (TOML; --tokens-file), read when the service starts; it holds hashes only:
+    tokens file (TOML; --tokens-file), read when the service starts and again when it changes
+    (TokensFile below: SIGHUP, or within TOKENS_RELOAD_CHECK_S of a change); hashes only:
 
         [[token]]
         name = "billing"                     # shown in logs and errors, never the token
@@ -44,6 +45,12 @@ Check also on the API port, where a token, if sent, is not looked at (the port's
 applies). Reflection (v1 and v1alpha) is open to any valid token. A method missing from the
 table needs `admin` (fail closed); a test checks that the table names every method.
 
+Reload: a file that reads whole replaces the table at once (calls in flight keep the grant
+they were admitted with; the next call sees the new table): a removed token is refused, a new
+one admitted. A file that does not read (bad TOML, a bad entry, no entries, missing) changes
+nothing: the table read last stays in force and one error line names the file, the line and
+what is wrong. Neither a typo nor a half-edited file opens the door or locks everyone out.
+
 Errors are the typed `Unauthenticated` / `PermissionDenied` of mqstore/errors.py, mapped to
 their codes by the ErrorInterceptor, which sits outside the AdmissionInterceptor. Neither the
 token nor its hash appears in an error or a log line.
@@ -56,6 +63,9 @@ import fnmatch
 import hashlib
 import hmac
 import logging
+import os
+import re
+import threading
 import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -79,6 +89,11 @@ ALL_TOPICS: Final = "*"
 DIGEST_BYTES = hashlib.sha256().digest_size
 assert DIGEST_BYTES == 32
 _ENTRY_KEYS = frozenset({"name", "sha256", "scopes", "expires"})
+# How often a service looks at its tokens file's inode, size and mtime: a token added or
+# removed there takes effect within this long (SIGHUP: at once). A stat() every 2 s is nothing.
+TOKENS_RELOAD_CHECK_S: Final = 2.0
+# The header of an entry, to name its line in an error (tomllib gives no positions for values).
+_ENTRY_HEADER = re.compile(r"^[ \t]*\[\[[ \t]*token[ \t]*\]\]", re.MULTILINE)
 
 Scope = Literal["produce", "consume", "admin", "subscribe", "replicate", "authenticated", "anyone"]
 # Scopes without a topic pattern.
@@ -267,9 +282,14 @@ class TokenTable:
     def __init__(self, grants: Sequence[Grant]) -> None:
         if not grants:
             raise InvalidArgument("the tokens file has no [[token]] entries", field="token")
-        digests = [g.digest for g in grants]
-        if len(set(digests)) != len(digests):
-            raise InvalidArgument("two entries have the same sha256", field="sha256")
+        by_digest: dict[bytes, str] = {}
+        for g in grants:
+            if g.digest in by_digest:
+                raise InvalidArgument(
+                    f"tokens {by_digest[g.digest]!r} and {g.name!r} have the same sha256",
+                    field="sha256",
+                )
+            by_digest[g.digest] = g.name
         self.grants = tuple(grants)
 
     @classmethod
@@ -286,25 +306,36 @@ class TokenTable:
         entries = tomllib.loads(text).get("token", [])
         if not isinstance(entries, list):
             raise InvalidArgument("`token` must be an array of tables: [[token]]", field="token")
-        return cls([_grant(i, entry) for i, entry in enumerate(entries)])
+        # The line of each entry's [[token]] header, when the headers are what made the array.
+        lines = [text.count("\n", 0, m.start()) + 1 for m in _ENTRY_HEADER.finditer(text)]
+        if len(lines) != len(entries):
+            lines = []
+        return cls(
+            [_grant(i, entry, lines[i] if lines else None) for i, entry in enumerate(entries)]
+        )
 
     def authenticate(self, token: str, now: dt.datetime | None = None) -> Grant:
         """The entry whose digest is the token's. Every entry is compared, each in constant
         time on 32 bytes whatever the token's length, so timing tells nothing."""
-        digest = hash_token(token)
-        found: Grant | None = None
-        for grant in self.grants:
-            if hmac.compare_digest(digest, grant.digest):
-                found = grant
+        found = self.find(hash_token(token))
         if found is None:
             raise Unauthenticated("the bearer token is not valid")
         if found.expires is not None and (now or dt.datetime.now(dt.UTC)) >= found.expires:
             raise Unauthenticated(f"the bearer token {found.name!r} expired at {found.expires}")
         return found
 
+    def find(self, digest: bytes) -> Grant | None:
+        """The entry of `digest`, every entry compared in constant time (no early exit)."""
+        found: Grant | None = None
+        for grant in self.grants:
+            if hmac.compare_digest(digest, grant.digest):
+                found = grant
+        return found
 
-def _grant(index: int, entry: object) -> Grant:
-    where = f"[[token]] #{index + 1}"
+
+def _grant(index: int, entry: object, line: int | None = None) -> Grant:
+    at = f" (line {line})" if line is not None else ""
+    where = f"[[token]] #{index + 1}{at}"
     if not isinstance(entry, dict):
         raise InvalidArgument(f"{where} is not a table", field="token")
     if "token" in entry:
@@ -318,7 +349,7 @@ def _grant(index: int, entry: object) -> Grant:
     name, hex_digest, scopes = entry.get("name"), entry.get("sha256"), entry.get("scopes", [])
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"{where}: `name` must be a non-empty string", field="name")
-    where = f"token {name!r}"
+    where = f"token {name!r}{at}"
     try:
         digest = bytes.fromhex(hex_digest) if isinstance(hex_digest, str) else b""
     except ValueError:
@@ -354,6 +385,107 @@ def presented_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     return token
 
 
+# -- the tokens file, read again when it changes --------------------------------------------------
+
+
+def _signature(path: str) -> tuple[int, int, int, int] | None:
+    """What changes when the file is replaced or edited: device, inode, size, mtime; None when
+    it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class TokensFile:
+    """A tokens file and the table read from it last.
+
+    `check()` reads the file again when its signature (device, inode, size, mtime) changed
+    since the last read, `reload()` whatever it is; `watch()` runs `check()` every
+    TOKENS_RELOAD_CHECK_S in a thread, and at once after `request_reload()` (SIGHUP). A read
+    that fails keeps the old table and logs one error naming the file and the line; the
+    failed file's signature is remembered, so the error is logged once, not every check, and
+    the next change is read again."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._signature = _signature(path)  # before the read: a change during it is seen
+        self.table = TokenTable.from_file(path)  # at start a bad file stops the service
+        self._lock = threading.Lock()  # one reload at a time (the watcher and a caller)
+        self._wake = threading.Event()
+        self._forced = False  # set by request_reload: reload even if the file looks the same
+        self._listeners: list[Callable[[TokenTable], None]] = []
+
+    def on_reload(self, listener: Callable[[TokenTable], None]) -> None:
+        self._listeners.append(listener)
+
+    def check(self) -> bool:
+        """Reload if the file changed since it was last read; True when a new table is in."""
+        if _signature(self.path) == self._signature:
+            return False
+        return self.reload()
+
+    def reload(self, why: str = "changed") -> bool:
+        """Read the file; a table that reads whole replaces the old one (True), else the old
+        one stays and the error is logged (False)."""
+        with self._lock:
+            self._signature = _signature(self.path)
+            try:
+                table = TokenTable.from_file(self.path)
+            except (InvalidArgument, OSError, ValueError) as err:
+                detail = str(err) if isinstance(err, InvalidArgument) else f"{self.path}: {err}"
+                log.error(
+                    "tokens file %s (%s) not reloaded; the %d tokens read before stay in force: %s",
+                    self.path,
+                    why,
+                    len(self.table.grants),
+                    detail,
+                )
+                return False
+            old = {g.name for g in self.table.grants}
+            new = {g.name for g in table.grants}
+            self.table = table
+            for listener in self._listeners:
+                listener(table)
+        log.info(
+            "tokens file %s (%s) reloaded: %d tokens, added %s, removed %s",
+            self.path,
+            why,
+            len(table.grants),
+            sorted(new - old) or "none",
+            sorted(old - new) or "none",
+        )
+        return True
+
+    def request_reload(self) -> None:
+        """Reload now, in the watcher's thread (safe to call from a signal handler)."""
+        self._forced = True
+        self._wake.set()
+
+    def watch(self, stopping: threading.Event) -> threading.Thread:
+        """A daemon thread that checks the file every TOKENS_RELOAD_CHECK_S until `stopping`."""
+
+        def run() -> None:
+            while not stopping.is_set():
+                self._wake.wait(TOKENS_RELOAD_CHECK_S)
+                self._wake.clear()
+                if stopping.is_set():
+                    return
+                forced, self._forced = self._forced, False
+                try:
+                    if forced:
+                        self.reload("SIGHUP")
+                    else:
+                        self.check()
+                except Exception:  # a bug here must not end the watching
+                    log.exception("tokens file %s: reload failed", self.path)
+
+        thread = threading.Thread(target=run, name="tokens-reload", daemon=True)
+        thread.start()
+        return thread
+
+
 # -- the gate ------------------------------------------------------------------------------------
 
 
@@ -361,6 +493,9 @@ class TokenGate:
     """Who calls, by bearer token, for the AdmissionInterceptor (admission.py): it authenticates
     a call from its metadata before the request's bytes are parsed, and checks the method's
     requirement against each request once they are. Both run in the handler's thread.
+
+    `replace(table)` puts a reloaded table in force for every call admitted after it (one
+    attribute assignment, atomic: a call sees the old table or the new one, never a mix).
 
     Refusals are logged through RateLimitedLogs: one for every UNAUTHENTICATED call (whoever
     it is, it is not a name of ours), one per token name for PERMISSION_DENIED (the tokens file
@@ -370,23 +505,29 @@ class TokenGate:
     def __init__(self, table: TokenTable) -> None:
         self.table = table
         self._unknown_log = RateLimitedLog(log)
-        self._denied_logs = {grant.name: RateLimitedLog(log) for grant in table.grants}
+        self._denied_logs: dict[str, RateLimitedLog] = {}
+        self.replace(table)
+
+    def replace(self, table: TokenTable) -> None:
+        for grant in table.grants:  # names only grow: a few per token ever named in the file
+            self._denied_logs.setdefault(grant.name, RateLimitedLog(log))
+        self.table = table
 
     def door(self, method: str) -> Callable[[Metadata], Caller]:
         requirement = requirement_for(method)
         if requirement is ANYONE_AT_ALL:
             return _open_door
-        table = self.table
         unknown_log = self._unknown_log
         denied_logs = self._denied_logs
 
         def admit(metadata: Metadata) -> _Caller:
+            table = self.table
             try:
                 grant = table.authenticate(presented_token(metadata))
             except Unauthenticated as err:
                 unknown_log.warning("refused %s: %s", method, err)
                 raise
-            return _Caller(grant, requirement, method, denied_logs[grant.name])
+            return _Caller(self, table, grant, requirement, method, denied_logs[grant.name])
 
         return admit
 
@@ -397,23 +538,62 @@ def _open_door(_: Metadata) -> Caller:
 
 
 class _Caller:
-    """A call's grant and its method's requirement."""
+    """A call's grant and its method's requirement, and the table the grant came from: a call
+    that outlives a reload (a stream) is held to the new table at its next request or response
+    (`revalidate`): its token removed, UNAUTHENTICATED; its scopes narrowed, PERMISSION_DENIED."""
 
-    __slots__ = ("denied_log", "grant", "method", "requirement")
+    __slots__ = ("denied_log", "gate", "grant", "method", "request", "requirement", "table")
 
     def __init__(
-        self, grant: Grant, requirement: Requirement, method: str, denied_log: RateLimitedLog
+        self,
+        gate: TokenGate,
+        table: TokenTable,
+        grant: Grant,
+        requirement: Requirement,
+        method: str,
+        denied_log: RateLimitedLog,
     ) -> None:
+        self.gate = gate
+        self.table = table
         self.grant = grant
         self.requirement = requirement
         self.method = method
         self.denied_log = denied_log
+        self.request: Any = None  # the last request checked, for `revalidate`
 
     @property
     def name(self) -> str:
         return self.grant.name
 
     def check(self, request: Any) -> None:
+        self._follow_reload()
+        self.request = request
+        self._check(request)
+
+    def revalidate(self) -> None:
+        """Between a stream's responses: nothing unless the table was reloaded since the call
+        was admitted (one attribute compared); then the token and the last request again."""
+        if self.gate.table is self.table:
+            return
+        self._follow_reload()
+        if self.request is not None:
+            self._check(self.request)
+
+    def _follow_reload(self) -> None:
+        table = self.gate.table
+        if table is self.table:
+            return
+        grant = table.find(self.grant.digest)
+        if grant is None:
+            err = Unauthenticated(
+                f"the bearer token {self.grant.name!r} was removed from the tokens file"
+            )
+            self.gate._unknown_log.warning("refused %s: %s", self.method, err)
+            raise err
+        self.table, self.grant = table, grant
+        self.denied_log = self.gate._denied_logs[grant.name]
+
+    def _check(self, request: Any) -> None:
         try:
             self.grant.check(self.requirement, request)
         except PermissionDenied as err:

@@ -13,6 +13,9 @@
                     fails a probe and probes need no TLS material; its requests' bytes are
                     parsed by admission.py too, errors mapped as on the main port
       metrics port  Prometheus /metrics
+      SIGHUP        read the tokens file again now (it is also read again within
+                    TOKENS_RELOAD_CHECK_S of a change; a file that does not read changes
+                    nothing: auth.py, TokensFile)
       SIGTERM/INT   readiness NOT_SERVING (health.enter_graceful_shutdown), wait drain_delay_s,
                     on_drain() (waiting calls answer now), stop accepting and finish calls
                     within grace_period_s, then on_stop() (flush, checkpoint, abort marker)
@@ -52,7 +55,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mqstore.rpc.admission import AdmissionInterceptor
 from mqstore.rpc.allocator import keep_large_blocks
-from mqstore.rpc.auth import TokenGate, TokenTable
+from mqstore.rpc.auth import TokenGate, TokensFile, TokenTable
 from mqstore.rpc.channel import http2_options
 from mqstore.rpc.collector import measure_pauses
 from mqstore.rpc.errors import ErrorInterceptor
@@ -173,7 +176,8 @@ class ServiceHost:
         self._watchdog: threading.Thread | None = None
         # Secrets and certificates are read now, so that a bad file stops the process before
         # recovery work, not after it.
-        self._tokens = TokenTable.from_file(settings.tokens_file) if settings.tokens_file else None
+        self._tokens_file = TokensFile(settings.tokens_file) if settings.tokens_file else None
+        self._tokens = self._tokens_file.table if self._tokens_file is not None else None
         self._credentials = server_credentials(settings)
 
     # -- start ----------------------------------------------------------------------------------
@@ -203,7 +207,11 @@ class ServiceHost:
         # refusals into UNAUTHENTICATED / INVALID_ARGUMENT / PERMISSION_DENIED like every other
         # error; every handler takes its request as bytes from it. The stream caps come last:
         # only an admitted call may take a slot.
-        gate = TokenGate(self._tokens) if self._tokens is not None else None
+        gate = None
+        if self._tokens_file is not None:
+            gate = TokenGate(self._tokens_file.table)
+            self._tokens_file.on_reload(gate.replace)
+            self._tokens_file.watch(self._stopping)
         interceptors: list[grpc.ServerInterceptor] = [
             LoggingInterceptor(),
             MetricsInterceptor(),
@@ -285,6 +293,19 @@ class ServiceHost:
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
+        self.install_reload_signal()
+
+    def install_reload_signal(self) -> None:
+        """SIGHUP: read the tokens file again (in its watcher thread), as nginx and Prometheus
+        reload their configuration; without a tokens file it is logged and ignored."""
+
+        def reload(signum: int, _: FrameType | None) -> None:
+            if self._tokens_file is None:
+                log.info("signal SIGHUP: no tokens file to read again")
+                return
+            self._tokens_file.request_reload()
+
+        signal.signal(signal.SIGHUP, reload)
 
     def request_stop(self) -> None:
         self._stopping.set()

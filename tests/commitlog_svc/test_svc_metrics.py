@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import urllib.request
 from collections.abc import Callable
 
@@ -46,3 +47,22 @@ def test_append_flush_and_dispatch_series_are_exported(start: Callable[..., Runn
     assert after[("mqstore_commitlog_max_offset", ())] == end
     assert after[("mqstore_subscriber_lag_bytes", (("subscriber", "watcher"),))] == end
     reader.cancel()
+
+
+def test_disk_series_are_what_df_shows_for_the_log(start: Callable[..., Running]) -> None:
+    svc = start(flush="sync")
+    after = scrape(svc)
+    st = os.statvfs(svc.engine.queue.store_path)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    total = used + st.f_bavail * st.f_frsize
+    assert 0 < after[("mqstore_commitlog_disk_used_bytes", ())] <= total
+    # Other processes write to the same file system between the two looks: a few MiB apart.
+    assert abs(after[("mqstore_commitlog_disk_used_bytes", ())] - used) < 64 << 20
+    assert abs(after[("mqstore_commitlog_disk_total_bytes", ())] - total) < 64 << 20
+    # Every refusal status and every mismatch source is there before the first one happens.
+    assert ("mqstore_commitlog_append_refused_total", (("status", "MESSAGE_ILLEGAL"),)) in after
+    assert (
+        "mqstore_commitlog_append_refused_total",
+        (("status", "SERVICE_NOT_AVAILABLE"),),
+    ) in after
+    assert ("mqstore_crc_mismatch_total", (("source", "dispatch"),)) in after
