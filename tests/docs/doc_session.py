@@ -13,8 +13,8 @@ directory (the repository's files, linked, and a fresh ./data):
     serve     it serves until stopped (`make run`, `mqstore up`, a service or etcd by hand):
               start it in the background as in a shell of its own, then wait until it is
               ready; a new store (`make run`, `mqstore up`) stops everything started before,
-              as its reader would with Ctrl-C first. When it prints `export MQSTORE_...` lines,
-              the following steps get them, as a reader pastes them.
+              as its reader would with Ctrl-C first. Nothing it prints is pasted: the context
+              `mqstore up` saves and selects is what the commands after it find the store by.
 
 At the end every server gets SIGINT (Ctrl-C), then SIGKILL after STOP_TIMEOUT_S.
 """
@@ -38,7 +38,6 @@ READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 OUTPUT_KEPT_CHARS = 4000
 STORE = re.compile(r"^(make run|mqstore up)\b")
-EXPORT = re.compile(r"^\s*export (MQSTORE_[A-Z_]+)=(\S+)\s*$", re.MULTILINE)
 PORT_FLAG = re.compile(r"--port (\d+)")
 ETCD_CLIENT_PORT = 2379
 
@@ -107,10 +106,6 @@ class Session:
         self.servers.append((proc, log_path))
         problems = self._wait_ready(command, proc, log_path)
         output = _read(log_path)
-        if STORE.match(command) and not problems:
-            exports = dict(EXPORT.findall(output))
-            self.env = {k: v for k, v in self.env.items() if not k.startswith("MQSTORE_")}
-            self.env.update(exports)
         status = proc.poll()
         result = self._result(step, status, output, started)
         result.problems += problems
