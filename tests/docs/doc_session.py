@@ -1,9 +1,11 @@
-"""Runs one document's commands the way a reader would, in a network namespace of its own.
+"""Runs one document's commands the way a reader would, in namespaces of its own.
 
-    unshare --net python -m tests.docs.doc_session PLAN.json RESULTS.json
+    unshare --net --pid --fork --mount-proc --kill-child \
+        python -m tests.docs.doc_session PLAN.json RESULTS.json
 
-The namespace has only a loopback, so the commands use the ports the docs name (7100, 7200,
-2379...) without meeting anything else on the machine, and `make run` is `make run`.
+The network has only a loopback, so the commands use the ports the docs name (7100, 7200,
+2379...) without meeting anything else on the machine, and `make run` is `make run`. This
+process is pid 1 of its own pid namespace: when it ends, however, so does everything it started.
 
 A plan is a list of steps, in the document's order, each run by bash in the session's
 directory (the repository's files, linked, and a fresh ./data):

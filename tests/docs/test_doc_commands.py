@@ -168,8 +168,12 @@ def _session_dir(root: Path) -> Path:
 def _unavailable() -> str | None:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return "needs unshare and ip"
-    done = subprocess.run(["unshare", "--net", "true"], capture_output=True, check=False)
-    return None if done.returncode == 0 else f"unshare --net: {done.stderr.decode().strip()}"
+    done = subprocess.run(
+        ["unshare", "--net", "--pid", "--fork", "--mount-proc", "true"],
+        capture_output=True,
+        check=False,
+    )
+    return None if done.returncode == 0 else f"unshare: {done.stderr.decode().strip()}"
 
 
 @pytest.mark.slow
@@ -209,7 +213,14 @@ def test_the_commands_of_a_doc_work_as_written(doc: str, tmp_path: Path) -> None
     done = subprocess.run(
         [
             "unshare",
+            # A network of its own (the docs' ports), and processes of its own: the session
+            # is their pid 1, so whatever ends it (a timeout here included: --kill-child) ends
+            # every server it started too.
             "--net",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
             sys.executable,
             "-m",
             "tests.docs.doc_session",
