@@ -1457,14 +1457,17 @@ class Consumer:
         """Pause before the next attempt. False when `deadline` comes first (the caller gives
         up for now); raises Unavailable once the outage has lasted reconnect_timeout_s."""
         now = time.monotonic()
+        # Never reached since the connection was made: a store still starting, or a wrong
+        # address or TLS setting, told after connect_timeout_s (not a restart's allowance) and
+        # once (no warning before the error).
+        never_reached = isinstance(err, StoreUnreachable) and not self._conn.reached
         if self._outage_since is None:
             self._outage_since = now
             self._backoff_s = BACKOFF_INITIAL_S
-            log.warning("%s: consume queues unavailable (%s); retrying", self.topic, err)
+            if not never_reached:
+                log.warning("%s: consume queues unavailable (%s); retrying", self.topic, err)
         give_up = self._outage_since + self.reconnect_timeout_s
-        if isinstance(err, StoreUnreachable) and not self._conn.reached:
-            # Never reached since the connection was made: a wrong address or TLS setting,
-            # told after connect_timeout_s rather than after a restart's allowance.
+        if never_reached:
             give_up = min(give_up, self._outage_since + self._settings.connect_timeout_s)
             if now >= give_up:
                 self._outage_since = None
