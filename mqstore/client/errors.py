@@ -107,7 +107,7 @@ class StoreUnreachable(Unavailable):
 
     def __str__(self) -> str:
         where = f"{self.method}: " if self.method else ""
-        return f"{where}cannot reach {self.address}: {self.details}"
+        return f"{where}{self.code.name}: cannot reach {self.address}: {self.details}"
 
 
 class DataLoss(ClientError, domain.DataLoss):
