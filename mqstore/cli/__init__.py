@@ -21,6 +21,13 @@ errors; 3 a service could not be reached; 4 nothing found.
 
 from __future__ import annotations
 
+import os
+
+# gRPC's core logs each failed TLS handshake on stderr ("Handshake failed with error
+# SSL_ERROR_SSL ..."), several lines before the command's own one-line error; it reads this
+# once, when grpc is first imported, so it is set before anything here imports grpc.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 import click
 
 from mqstore.cli.cluster import cluster_group
@@ -59,6 +66,7 @@ def cli(
     tls_server_name: str | None,
     timeout_s: str | None,
     context: str | None,
+    connect_timeout_s: str | None,
 ) -> None:
     """mqstore: a persistent message store in the design of RocketMQ's broker store.
 
@@ -87,6 +95,7 @@ def cli(
         tls_server_name=tls_server_name,
         timeout_s=timeout_s,
         context=context,
+        connect_timeout_s=connect_timeout_s,
     )
     ctx.obj = state
     ctx.call_on_close(state.close)

@@ -1,7 +1,8 @@
 """What every client command shares: the connection options, the exit codes, and output.
 
     mqstore [--commitlog A] [--cq A,B] [--index A,B] [--token-file F] [--tls-ca F]
-            [--tls-cert F --tls-key F] [--tls-server-name N] [--timeout S] <command>
+            [--tls-cert F --tls-key F] [--tls-server-name N] [--timeout S]
+            [--connect-timeout S] <command>
 
 Each option also reads its MQSTORE_* variable (click's envvar). The options are only kept on
 the click context (`CliState`); ClientSettings and the Connection are built on first use, so
@@ -13,7 +14,8 @@ Exit codes (docs/client.md), decided in one place, `exit_code_for`:
     1  the store answered an error, or the data failed a check
     2  bad arguments (click's usage error; also settings that cannot work, such as a missing
        token file)
-    3  a service could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED)
+    3  a service could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED): for a store never
+       reached, within --connect-timeout, naming the address and the likely cause
     4  nothing found (a query without a match, NOT_FOUND)
 
 `ClientGroup.invoke` catches every mqstore error a command lets out and prints it as one line,
@@ -36,7 +38,7 @@ from rich.console import Console
 from mqstore import errors as domain
 from mqstore.client import contexts
 from mqstore.client.connection import Connection
-from mqstore.client.errors import ClientError
+from mqstore.client.errors import ClientError, StoreUnreachable
 from mqstore.client.settings import ClientSettings, TlsSettings, split_addresses
 
 EXIT_OK: Final = 0
@@ -103,20 +105,33 @@ def as_command_error(
     code = exit_code_for(err)
     cls = {EXIT_UNREACHABLE: Unreachable, EXIT_NOT_FOUND: NothingFound}.get(code, CommandError)
     text = str(err) if isinstance(err, ClientError) else f"{err.grpc_code}: {err}"
-    if code == EXIT_UNREACHABLE and isinstance(err, ClientError) and settings is not None:
-        text += _where(err.method, settings)
+    service = _service_of(err.method) if isinstance(err, ClientError) else None
+    if isinstance(err, StoreUnreachable):
+        # "cannot reach cq_svc at 127.0.0.1:7200 (--cq, MQSTORE_CQ): connection refused: ..."
+        named = f"{service[0]} at {err.address} ({service[1]})" if service else err.address
+        text = f"cannot reach {named}: {err.details}"
+    elif code == EXIT_UNREACHABLE and service is not None and settings is not None:
+        package, options = service
+        text += f" ({package} at {_addresses(package, settings)}: {options})"
     return cls(" ".join(text.split()))  # one line, whatever the server put in its details
 
 
-def _where(method: str, settings: ClientSettings) -> str:
-    service = method.partition("/")[0]
-    if service == "CommitLog":
-        return f" (commitlog_svc at {settings.commitlog}: --commitlog, MQSTORE_COMMITLOG)"
-    if service == "ConsumeQueue":
-        return f" (cq_svc at {','.join(settings.cq)}: --cq, MQSTORE_CQ)"
-    if service == "Index":
-        return f" (index_svc at {','.join(settings.index)}: --index, MQSTORE_INDEX)"
-    return ""
+# The service a call went to (the method's prefix): its package and the options naming it.
+_SERVICES: Final = {
+    "CommitLog": ("commitlog_svc", "--commitlog, MQSTORE_COMMITLOG"),
+    "ConsumeQueue": ("cq_svc", "--cq, MQSTORE_CQ"),
+    "Index": ("index_svc", "--index, MQSTORE_INDEX"),
+}
+
+
+def _service_of(method: str) -> tuple[str, str] | None:
+    return _SERVICES.get(method.partition("/")[0])
+
+
+def _addresses(package: str, settings: ClientSettings) -> str:
+    if package == "commitlog_svc":
+        return settings.commitlog
+    return ",".join(settings.cq if package == "cq_svc" else settings.index)
 
 
 class ClientGroup(click.Group):
@@ -147,6 +162,7 @@ class CliState:
     tls_server_name: str | None = None
     timeout_s: str | None = None
     context: str | None = None
+    connect_timeout_s: str | None = None
     _settings: ClientSettings | None = field(default=None, repr=False)
     _connection: Connection | None = field(default=None, repr=False)
 
@@ -176,7 +192,11 @@ class CliState:
         if self.token_file:
             kwargs["token_file"] = self.token_file
         if self.timeout_s is not None:
-            kwargs["timeout_s"] = _seconds(self.timeout_s)
+            kwargs["timeout_s"] = _seconds(self.timeout_s, "--timeout (MQSTORE_TIMEOUT_S)")
+        if self.connect_timeout_s is not None:
+            kwargs["connect_timeout_s"] = _seconds(
+                self.connect_timeout_s, "--connect-timeout (MQSTORE_CONNECT_TIMEOUT_S)"
+            )
         try:
             if self.tls_ca or self.tls_cert or self.tls_key or self.tls_server_name:
                 kwargs["tls"] = TlsSettings(
@@ -216,15 +236,13 @@ class CliState:
             self._connection = None
 
 
-def _seconds(text: str) -> float:
+def _seconds(text: str, option: str) -> float:
     try:
         seconds = float(text)
     except ValueError:
         seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):  # also false for nan
-        raise SettingsError(
-            f"--timeout (MQSTORE_TIMEOUT_S) is {text!r}: a number of seconds above 0 is needed"
-        )
+        raise SettingsError(f"{option} is {text!r}: a number of seconds above 0 is needed")
     return seconds
 
 
@@ -317,6 +335,14 @@ def connection_options(f: F) -> F:
             metavar="SECONDS",
             help="deadline of each call; long polls add their wait "
             "[env MQSTORE_TIMEOUT_S; default 10]",
+        ),
+        click.option(
+            "--connect-timeout",
+            "connect_timeout_s",
+            envvar="MQSTORE_CONNECT_TIMEOUT_S",
+            metavar="SECONDS",
+            help="how long a store not reached yet is tried before the command fails naming "
+            "the address and the likely cause [env MQSTORE_CONNECT_TIMEOUT_S; default 3]",
         ),
     ]
     for option in reversed(options):

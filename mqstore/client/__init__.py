@@ -30,7 +30,7 @@ from mqstore.client.consumer import (
     Start,
     Timestamp,
 )
-from mqstore.client.errors import BadRecord, ClientError, MessageRefused
+from mqstore.client.errors import BadRecord, ClientError, MessageRefused, StoreUnreachable
 from mqstore.client.message import Message, PolledBatch, ReceivedMessage
 from mqstore.client.producer import (
     AsyncProducer,
@@ -74,5 +74,6 @@ __all__ = [
     "ReceivedMessage",
     "SendFuture",
     "SendResult",
+    "StoreUnreachable",
     "TlsSettings",
 ]

@@ -6,6 +6,12 @@ the error mapping live here once. The TLS credentials, options and the token's m
 from mqstore/rpc/channel.py's ChannelSecurity, which the services' own channels to the commit
 log use too. The token is passed as call metadata on each call. (AsyncProducer runs on the
 same threads and channels, so there is no asyncio connection.)
+
+A call that reaches no server fails as StoreUnreachable, naming the address and the likely
+cause (`explain`). A Connection remembers whether any server of the store ever answered it
+(`reached`): until one has, the Producer and the Consumer give up on a store they cannot reach
+after `connect_timeout_s` (a wrong address or TLS setting does not get better); after, they
+retry an outage for their longer deadlines (a restart, a leader failover).
 """
 
 from __future__ import annotations
@@ -16,7 +22,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from mqstore.client.errors import Cancelled, ClientError, FailedPrecondition, from_rpc_error
+from mqstore.client.errors import (
+    Cancelled,
+    ClientError,
+    FailedPrecondition,
+    StoreUnreachable,
+    connect_failure,
+    explain_unauthenticated,
+    from_rpc_error,
+    not_connected,
+)
 from mqstore.client.settings import DNS_ALL_PREFIX, ClientSettings, resolve_addresses
 from mqstore.rpc.allocator import keep_large_blocks
 from mqstore.rpc.channel import ChannelSecurity
@@ -30,6 +45,11 @@ S = TypeVar("S")
 
 # Codes after which another replica (or a later attempt) may answer.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+# Codes the client's own transport gives (a connection lost, a deadline, a cancel): a call that
+# failed with one of them is no sign that a server answered.
+_TRANSPORT_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
 
 
 def security_of(settings: ClientSettings) -> ChannelSecurity:
@@ -68,6 +88,11 @@ class Connection:
         # Stubs per (kind, target): building one makes a callable per method (~50 us for the
         # consume-queue service, a sixth of a time lookup's round trip), so it is done once.
         self._stubs: dict[tuple[object, str], Any] = {}
+        # The address of each stub method (by id; stubs live as long as the connection), so
+        # that a failed call names where it went.
+        self._method_targets: dict[int, str] = {}
+        # Whether any server of the store answered a call of this connection yet.
+        self._reached = False
         self._lock = threading.Lock()
         self._closed = False
         self._cq_preferred = 0  # the consume-queue replica that answered last
@@ -96,7 +121,44 @@ class Connection:
             stub = kind(self.channel(target))
             with self._lock:
                 self._stubs[(kind, target)] = stub
+                for method in vars(stub).values():
+                    self._method_targets[id(method)] = target
         return stub
+
+    @property
+    def reached(self) -> bool:
+        """True once a server of the store answered a call of this connection (any answer:
+        a result, or a status of its own such as NOT_FOUND)."""
+        return self._reached
+
+    def mark_reached(self) -> None:
+        self._reached = True
+
+    def explain(self, error: ClientError, target: str = "") -> ClientError:
+        """`error` with what this connection knows: a call that reached no server becomes a
+        StoreUnreachable naming `target` and the likely cause (from gRPC's words and this
+        client's TLS settings); UNAUTHENTICATED says what to check about the token. A status
+        of the server's own marks the store as reached."""
+        if isinstance(error, StoreUnreachable):
+            return error
+        if not_connected(error):
+            tls = self.settings.tls
+            return connect_failure(
+                error,
+                address=target,
+                tls=tls is not None,
+                client_cert=tls is not None and tls.cert_file is not None,
+            )
+        if error.code not in _TRANSPORT_CODES:
+            self._reached = True
+        if error.code == grpc.StatusCode.UNAUTHENTICATED:
+            return explain_unauthenticated(
+                error,
+                address=target,
+                token_given=self._security.token is not None,
+                token_file=self.settings.token_file,
+            )
+        return error
 
     def commitlog(self) -> commitlog_pb2_grpc.CommitLogStub:
         """The commit log: with several addresses (a broker group), the replica last found
@@ -118,7 +180,9 @@ class Connection:
         targets = self._commitlog_targets
         if len(targets) > 1:
             channels = [self.channel(t) for t in targets]
-            self._commitlog_at = find_leading(channels, self._commitlog_at, self.metadata)
+            self._commitlog_at = find_leading(
+                channels, self._commitlog_at, self.metadata, answered=self.mark_reached
+            )
         return targets[self._commitlog_at]
 
     def _resolve_commitlog(self) -> None:
@@ -154,6 +218,7 @@ class Connection:
                 )
             except grpc.RpcError:
                 continue
+            self._reached = True
             if status.role == "leader":
                 epoch = status.history.epochs[-1] if status.history.epochs else 0
                 if best is None or epoch > best[0]:
@@ -177,15 +242,19 @@ class Connection:
         name: str,
         timeout_s: float | None = None,
     ) -> T:
-        """One unary call with the deadline and the token; a failure raises its typed error."""
+        """One unary call with the deadline and the token; a failure raises its typed error
+        (`explain`)."""
         try:
-            return method(
+            out = method(
                 request,
                 timeout=self.settings.timeout_s if timeout_s is None else timeout_s,
                 metadata=self.metadata,
             )
         except grpc.RpcError as err:
-            raise from_rpc_error(err, name) from None
+            target = self._method_targets.get(id(method), "")
+            raise self.explain(from_rpc_error(err, name), target) from None
+        self._reached = True
+        return out
 
     def call_cq(
         self,

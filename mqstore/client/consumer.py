@@ -78,6 +78,7 @@ from mqstore.client.errors import (
     ClientError,
     InvalidArgument,
     ResourceExhausted,
+    StoreUnreachable,
     Unavailable,
     from_rpc_error,
 )
@@ -953,7 +954,7 @@ class Consumer:
                 except grpc.FutureCancelledError:
                     pass
                 except grpc.RpcError as err:
-                    error = from_rpc_error(err, _PULL)
+                    error = self._conn.explain(from_rpc_error(err, _PULL))
                     if not isinstance(error, Unavailable) or len(self._settings.cq) < 2:
                         raise error from None
             else:
@@ -1027,7 +1028,7 @@ class Consumer:
         self._follow = None
         if follow.error is None:
             return
-        error = from_rpc_error(follow.error, _FOLLOW)
+        error = self._conn.explain(from_rpc_error(follow.error, _FOLLOW))
         if error.code is grpc.StatusCode.UNIMPLEMENTED:
             self._follows = False
         elif error.code is grpc.StatusCode.CANCELLED:
@@ -1080,7 +1081,7 @@ class Consumer:
             try:
                 response = future.result()
             except grpc.RpcError as err:
-                error = from_rpc_error(err, _PULL)
+                error = self._conn.explain(from_rpc_error(err, _PULL))
                 if error.code is grpc.StatusCode.CANCELLED:
                     continue
                 failed = failed or error
@@ -1456,11 +1457,21 @@ class Consumer:
         """Pause before the next attempt. False when `deadline` comes first (the caller gives
         up for now); raises Unavailable once the outage has lasted reconnect_timeout_s."""
         now = time.monotonic()
+        # Never reached since the connection was made: a store still starting, or a wrong
+        # address or TLS setting, told after connect_timeout_s (not a restart's allowance) and
+        # once (no warning before the error).
+        never_reached = isinstance(err, StoreUnreachable) and not self._conn.reached
         if self._outage_since is None:
             self._outage_since = now
             self._backoff_s = BACKOFF_INITIAL_S
-            log.warning("%s: consume queues unavailable (%s); retrying", self.topic, err)
+            if not never_reached:
+                log.warning("%s: consume queues unavailable (%s); retrying", self.topic, err)
         give_up = self._outage_since + self.reconnect_timeout_s
+        if never_reached:
+            give_up = min(give_up, self._outage_since + self._settings.connect_timeout_s)
+            if now >= give_up:
+                self._outage_since = None
+                raise err
         if now >= give_up:
             self._outage_since = None
             raise Unavailable(

@@ -7,6 +7,9 @@
     ├── FailedPrecondition           FAILED_PRECONDITION
     ├── ResourceExhausted            RESOURCE_EXHAUSTED (disk full, store busy, too big)
     ├── Unavailable                  UNAVAILABLE        retried by the SDK where that is safe
+    │   └── StoreUnreachable                            no connection could be made (.address
+    │                                                   .cause .transport): why, as far as
+    │                                                   the transport tells
     ├── DataLoss                     DATA_LOSS          the stored bytes failed their checks
     │   └── BadRecord                                   one record of a queue that can never
     │                                                   be handed out (.topic .queue_id
@@ -26,6 +29,10 @@ process or from a service over gRPC.
 
 from __future__ import annotations
 
+import re
+from typing import Final
+from urllib.parse import unquote
+
 import grpc
 
 from mqstore import errors as domain
@@ -34,7 +41,8 @@ from mqstore.rpc.errors import error_from_rpc
 
 class ClientError(domain.MqstoreError):
     """A call failed. `code` is the gRPC status, `details` the server's message, `field` the
-    request field it named (INVALID_ARGUMENT), `method` the call ("CommitLog/Append")."""
+    request field it named (INVALID_ARGUMENT), `method` the call ("CommitLog/Append"); `hint`
+    what the client adds: where the call went and what to check (empty when nothing)."""
 
     status = grpc.StatusCode.UNKNOWN
 
@@ -51,11 +59,13 @@ class ClientError(domain.MqstoreError):
         self.details = details
         self.field = field
         self.method = method
+        self.hint = ""
 
     def __str__(self) -> str:
         where = f"{self.method}: " if self.method else ""
         field = f" (field {self.field})" if self.field else ""
-        return f"{where}{self.code.name}: {self.details}{field}"
+        hint = f" ({self.hint})" if self.hint else ""
+        return f"{where}{self.code.name}: {self.details}{field}{hint}"
 
 
 class InvalidArgument(ClientError, domain.InvalidArgument):
@@ -80,6 +90,24 @@ class ResourceExhausted(ClientError, domain.ResourceExhausted):
 
 class Unavailable(ClientError, domain.Unavailable):
     status = grpc.StatusCode.UNAVAILABLE
+
+
+class StoreUnreachable(Unavailable):
+    """No connection to `address` could be made: the call never reached a server. `cause` is
+    the likely reason (a CAUSE_* name, `connect_failure`), `details` says it with what to check,
+    `transport` is what gRPC reported."""
+
+    def __init__(
+        self, details: str, *, address: str, cause: str, transport: str, method: str = ""
+    ) -> None:
+        super().__init__(details, method=method)
+        self.address = address
+        self.cause = cause
+        self.transport = transport
+
+    def __str__(self) -> str:
+        where = f"{self.method}: " if self.method else ""
+        return f"{where}{self.code.name}: cannot reach {self.address}: {self.details}"
 
 
 class DataLoss(ClientError, domain.DataLoss):
@@ -248,3 +276,124 @@ PUT_STATUS_CODES: dict[str, grpc.StatusCode] = {
 def refusal(put_status: str, reason: str, *, field: str = "", index: int = -1) -> MessageRefused:
     code = PUT_STATUS_CODES.get(put_status, grpc.StatusCode.UNKNOWN)
     return MessageRefused(put_status, reason or put_status, code=code, field=field, index=index)
+
+
+# -- a store that cannot be reached ------------------------------------------------------------
+
+# How gRPC's status details start when the call reached no server (UNAVAILABLE): no
+# connection to any address of the target could be made, or its name did not resolve.
+_NOT_CONNECTED: Final = (
+    "failed to connect to all addresses",
+    "errors resolving",
+    "DNS resolution failed",
+)
+# "... last error: UNKNOWN: ipv4:127.0.0.1:7100: Failed to connect to remote host: ..." (an
+# IPv6 address comes percent-encoded: ipv6:%5B::1%5D:7100).
+_LAST_ERROR: Final = re.compile(
+    r"last error: [A-Z_]+: (?:ipv4|ipv6|unix-abstract|unix|vsock):(\S+): (.*)", re.S
+)
+# The transport's words for a connection the other side closed or reset during setup: a TLS
+# server reading a plaintext client's bytes, or refusing the client's certificate, just closes.
+_CLOSED: Final = ("Socket closed", "Connection reset", "Broken pipe", "end of stream", "EOF")
+
+CAUSE_REFUSED: Final = "refused"
+CAUSE_UNKNOWN_HOST: Final = "unknown_host"
+CAUSE_TLS_EXPECTED: Final = "tls_expected"
+CAUSE_PLAINTEXT_SERVER: Final = "plaintext_server"
+CAUSE_CLIENT_CERT_REQUIRED: Final = "client_cert_required"
+CAUSE_CLIENT_CERT_REJECTED: Final = "client_cert_rejected"
+CAUSE_SERVER_CERT_UNTRUSTED: Final = "server_cert_untrusted"
+CAUSE_SERVER_NAME_MISMATCH: Final = "server_name_mismatch"
+CAUSE_NO_ANSWER: Final = "no_answer"
+CAUSE_UNKNOWN: Final = "unknown"
+
+_TLS_CA: Final = "the store's CA: MQSTORE_TLS_CA or --tls-ca, as `mqstore up --secure` prints"
+_EXPLAINED: Final[dict[str, str]] = {
+    CAUSE_REFUSED: "connection refused: nothing listens there (is the store running? "
+    "`mqstore up` starts one; or the address or port is wrong)",
+    CAUSE_UNKNOWN_HOST: "the host name does not resolve (a typo, or a name this machine "
+    "cannot look up)",
+    CAUSE_TLS_EXPECTED: f"the server closed the connection: it expects TLS, most likely (give "
+    f"{_TLS_CA}); or it is not an mqstore service",
+    CAUSE_PLAINTEXT_SERVER: "the TLS handshake failed: the server answers in plaintext, not "
+    "TLS (a store started without --tls-cert-file: leave out MQSTORE_TLS_CA / --tls-ca), or "
+    "it is not an mqstore service",
+    CAUSE_CLIENT_CERT_REQUIRED: "the server closed the connection in the TLS handshake: it "
+    "requires a client certificate, most likely (mutual TLS: MQSTORE_TLS_CERT and "
+    "MQSTORE_TLS_KEY, or --tls-cert and --tls-key)",
+    CAUSE_CLIENT_CERT_REJECTED: "the server closed the connection in the TLS handshake: it "
+    "did not accept the client certificate, most likely (signed by a CA it does not trust, "
+    "or expired)",
+    CAUSE_SERVER_CERT_UNTRUSTED: "the server's certificate is not signed by the CA given "
+    f"(give {_TLS_CA})",
+    CAUSE_SERVER_NAME_MISMATCH: "the server's certificate does not name this host (give "
+    "the name it holds: MQSTORE_TLS_SERVER_NAME or --tls-server-name)",
+    CAUSE_NO_ANSWER: "no answer (a host that is down, or a firewall dropping the packets)",
+}
+_UNKNOWN_CANDIDATES: Final = (
+    "the store is not running there, or one side speaks TLS and the other does not"
+)
+
+
+def not_connected(err: ClientError) -> bool:
+    """True when gRPC failed the call before any server saw it: no connection could be made."""
+    return err.code == grpc.StatusCode.UNAVAILABLE and err.details.startswith(_NOT_CONNECTED)
+
+
+def connect_cause(transport: str, *, tls: bool, client_cert: bool) -> str:
+    """The likely reason (CAUSE_*) a connection failed, from gRPC's words for it and from how
+    the client connects: a server that closes the connection during setup says nothing more,
+    so which side of TLS the client is on decides what that most likely means."""
+    if "Connection refused" in transport:
+        return CAUSE_REFUSED
+    if "errors resolving" in transport or "DNS resolution failed" in transport:
+        return CAUSE_UNKNOWN_HOST
+    if "WRONG_VERSION_NUMBER" in transport or "wrong version number" in transport:
+        return CAUSE_PLAINTEXT_SERVER
+    if "CERTIFICATE_VERIFY_FAILED" in transport:
+        return CAUSE_SERVER_CERT_UNTRUSTED
+    if "Hostname Verification" in transport:
+        return CAUSE_SERVER_NAME_MISMATCH
+    if any(word in transport for word in _CLOSED):
+        if not tls:
+            return CAUSE_TLS_EXPECTED
+        return CAUSE_CLIENT_CERT_REJECTED if client_cert else CAUSE_CLIENT_CERT_REQUIRED
+    if "timed out" in transport or "Timeout" in transport:
+        return CAUSE_NO_ANSWER
+    return CAUSE_UNKNOWN
+
+
+def connect_failure(
+    err: ClientError, *, address: str = "", tls: bool, client_cert: bool
+) -> StoreUnreachable:
+    """The StoreUnreachable for a call that reached no server (`not_connected(err)`), naming
+    `address` (else the one gRPC names) and the likely cause."""
+    found = _LAST_ERROR.search(err.details)
+    transport = found.group(2).strip() if found else err.details
+    if not address:
+        address = unquote(found.group(1)) if found else "the store"
+    cause = connect_cause(err.details, tls=tls, client_cert=client_cert)
+    text = _EXPLAINED.get(cause, f"{transport}: {_UNKNOWN_CANDIDATES}")
+    return StoreUnreachable(
+        text, address=address, cause=cause, transport=transport, method=err.method
+    )
+
+
+def explain_unauthenticated(
+    err: ClientError, *, address: str, token_given: bool, token_file: str | None = None
+) -> ClientError:
+    """The store's UNAUTHENTICATED, with a hint naming `address` and what to check: the token is
+    missing (none was set), or the store did not take it (the one in `token_file`)."""
+    if not token_given:
+        hint = (
+            "no token was sent: give the store's token, MQSTORE_TOKEN_FILE or --token-file, "
+            "as `mqstore up --secure` prints"
+        )
+    else:
+        source = f" in {token_file}" if token_file else ""
+        hint = (
+            f"the store did not take the token{source}: expired, revoked, or another "
+            "store's? (`mqstore token new` makes one)"
+        )
+    err.hint = f"{address} refused the call: {hint}" if address else hint
+    return err

@@ -70,6 +70,7 @@ from mqstore.client.errors import (
     ClientError,
     InvalidArgument,
     ResourceExhausted,
+    StoreUnreachable,
     Unavailable,
     error_for,
     from_rpc_error,
@@ -425,6 +426,7 @@ class _Stream:
     def __init__(self, connection: Connection) -> None:
         self.requests: queue.SimpleQueue[pb.AppendRequest | None] = queue.SimpleQueue()
         self.cancelled_by_us = False
+        self.target = connection.commitlog_target
         self.call: Any = connection.commitlog().AppendStream(
             self._requests(), metadata=connection.metadata
         )
@@ -535,6 +537,7 @@ class Producer:
         self._streams_opened = 0
         self._retry_at = 0.0
         self._failing_since: float | None = None
+        self._last_error: ClientError | None = None  # of the last stream that failed
         # Asking the other replicas whether one leads (a late answer, several replicas).
         self._several_replicas = len(self._conn.settings.commitlog_targets) > 1
         self._probing = False
@@ -886,15 +889,9 @@ class Producer:
                     self._seal()
                 work = self._sealed or self._inflight
                 if work and self._stream is None:
-                    if self._failing_since is not None and (
-                        now - self._failing_since >= self.retry_timeout_s
-                    ):
-                        err = Unavailable(
-                            f"the commit log did not take the messages within "
-                            f"{self.retry_timeout_s} s of retries",
-                            method="CommitLog/AppendStream",
-                        )
-                        to_fail = [(r, err) for r in (*self._inflight, *self._sealed)]
+                    gave_up = self._gave_up(now)
+                    if gave_up is not None:
+                        to_fail = [(r, gave_up) for r in (*self._inflight, *self._sealed)]
                         self._inflight.clear()
                         self._sealed.clear()
                         self._failing_since = None
@@ -938,6 +935,30 @@ class Producer:
             stream, self._stream = self._stream, None
         if stream is not None:
             stream.end()
+
+    def _gave_up(self, now: float) -> ClientError | None:
+        """Under the lock, while no stream is open: the error that ends the retries, once
+        they are over; None while they go on. A store never reached since the connection was
+        made is given `connect_timeout_s` (a wrong address or TLS setting does not get
+        better); an outage of a store that answered before, `retry_timeout_s`."""
+        if self._failing_since is None:
+            return None
+        last = self._last_error
+        never_reached = isinstance(last, StoreUnreachable) and not self._conn.reached
+        limit_s = self.retry_timeout_s
+        if never_reached:
+            limit_s = min(limit_s, self._conn.settings.connect_timeout_s)
+        if now - self._failing_since < limit_s:
+            return None
+        if never_reached:
+            assert last is not None
+            return last
+        after = f": {last}" if last is not None else ""
+        return Unavailable(
+            f"the commit log did not take the messages within {self.retry_timeout_s} s of "
+            f"retries{after}",
+            method="CommitLog/AppendStream",
+        )
 
     def _next_wake(self, now: float) -> float:
         waits = [1.0]
@@ -1004,6 +1025,7 @@ class Producer:
         error: ClientError | None = None
         try:
             for response in stream.call:
+                self._conn.mark_reached()
                 with self._cond:
                     if self._stream is not stream or not self._inflight:
                         break
@@ -1031,7 +1053,7 @@ class Producer:
                             self.stats.duplicates += 1
                 self._finish(head, answer if refused is None else refused)
         except grpc.RpcError as err:
-            error = from_rpc_error(err, "CommitLog/AppendStream")
+            error = self._conn.explain(from_rpc_error(err, "CommitLog/AppendStream"), stream.target)
         self._stream_ended(stream, error)
 
     def _stream_ended(self, stream: _Stream, error: ClientError | None) -> None:
@@ -1048,7 +1070,7 @@ class Producer:
                 self._cond.notify_all()
                 return
             if retryable:
-                self._back_off()
+                self._back_off(error)
             elif (
                 error is not None
                 and error.code == grpc.StatusCode.FAILED_PRECONDITION
@@ -1116,10 +1138,12 @@ class Producer:
         )
         return failed
 
-    def _back_off(self) -> None:
+    def _back_off(self, error: ClientError | None) -> None:
         """The next stream opens after a pause that doubles up to BACKOFF_MAX_S (under the
-        lock); retries end `retry_timeout_s` after the first failure without an answer."""
+        lock); retries end `retry_timeout_s` after the first failure without an answer
+        (`_gave_up`)."""
         now = time.monotonic()
+        self._last_error = error
         if self._failing_since is None:
             self._failing_since = now
         self._retry_at = now + self._backoff_s

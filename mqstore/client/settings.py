@@ -3,9 +3,10 @@
     ClientSettings()                       the addresses `mqstore up` listens on
     ClientSettings.from_env()              MQSTORE_COMMITLOG, MQSTORE_CQ, MQSTORE_INDEX (comma
                                            separated), MQSTORE_TOKEN_FILE, MQSTORE_TLS_CA,
-                                           MQSTORE_TLS_CERT, MQSTORE_TLS_KEY, MQSTORE_TIMEOUT_S;
-                                           what they leave unset, from the context in force
-                                           (contexts.py: `mqstore up` selects its store's)
+                                           MQSTORE_TLS_CERT, MQSTORE_TLS_KEY, MQSTORE_TIMEOUT_S,
+                                           MQSTORE_CONNECT_TIMEOUT_S; what they leave unset,
+                                           from the context in force (contexts.py: `mqstore
+                                           up` selects its store's)
 
 Index replicas are listed flat: the SDK asks each which shard it holds (GetStatus) and sends a
 query to a caught-up replica of the key's shard. Consume-queue replicas are equivalent: calls
@@ -30,6 +31,12 @@ from mqstore.errors import InvalidArgument
 from mqstore.launcher import DEFAULT_PORTS
 
 CALL_TIMEOUT_S_DEFAULT = 10.0
+# How long a client keeps trying a store it has not reached yet before it fails naming the
+# address and the likely cause (refused, TLS on one side only, a client certificate missing):
+# a store `mqstore up` starts listens within a second or two, while a wrong address or TLS
+# setting never gets better. Once a server answered, an outage (a restart, a leader failover of
+# ~3 s) is retried for the longer Producer.retry_timeout_s / Consumer.reconnect_timeout_s.
+CONNECT_TIMEOUT_S_DEFAULT = 3.0
 # An address list entry meaning "every address this host:port resolves to" (resolve_addresses).
 DNS_ALL_PREFIX = "dns-all:"
 # A long poll waits on the server up to this long; the call's deadline adds the timeout to it.
@@ -78,6 +85,8 @@ class ClientSettings:
     token_file: str | None = None
     # The deadline of every unary call; long polls add their wait to it.
     timeout_s: float = CALL_TIMEOUT_S_DEFAULT
+    # How long a store not reached yet is retried (CONNECT_TIMEOUT_S_DEFAULT).
+    connect_timeout_s: float = CONNECT_TIMEOUT_S_DEFAULT
     # Set glibc's malloc thresholds once in this process (mqstore/rpc/allocator.py), as the
     # services do: a pull's megabyte answer then reuses heap memory instead of fresh pages,
     # each a page fault and a zeroing (a consumer at 1 KiB: ~20-25% less CPU). The price is
@@ -91,6 +100,8 @@ class ClientSettings:
             raise InvalidArgument("cq and index are tuples of addresses, not a string")
         if self.timeout_s <= 0:
             raise InvalidArgument("timeout_s must be positive", field="timeout_s")
+        if self.connect_timeout_s <= 0:
+            raise InvalidArgument("connect_timeout_s must be positive", field="connect_timeout_s")
         if self.token is not None and self.token_file is not None:
             raise InvalidArgument("give a token or a token file, not both", field="token")
         for named, addresses in (
@@ -132,13 +143,15 @@ class ClientSettings:
                 kwargs[key] = split_addresses(env[var])
         if env.get("MQSTORE_TOKEN_FILE"):
             kwargs["token_file"] = env["MQSTORE_TOKEN_FILE"]
-        if env.get("MQSTORE_TIMEOUT_S"):
-            try:
-                kwargs["timeout_s"] = float(env["MQSTORE_TIMEOUT_S"])
-            except ValueError:
-                raise InvalidArgument(
-                    "MQSTORE_TIMEOUT_S must be a number of seconds", field="MQSTORE_TIMEOUT_S"
-                ) from None
+        for key, var in (
+            ("timeout_s", "MQSTORE_TIMEOUT_S"),
+            ("connect_timeout_s", "MQSTORE_CONNECT_TIMEOUT_S"),
+        ):
+            if env.get(var):
+                try:
+                    kwargs[key] = float(env[var])
+                except ValueError:
+                    raise InvalidArgument(f"{var} must be a number of seconds", field=var) from None
         tls = {
             name: env[var]
             for name, var in (

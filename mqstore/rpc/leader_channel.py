@@ -38,9 +38,12 @@ def find_leading(
     channels: Sequence[grpc.Channel],
     current: int,
     metadata: tuple[tuple[str, str], ...] | None = None,
+    *,
+    answered: Callable[[], None] | None = None,
 ) -> int:
     """The index of the replica that says it leads, asking from the one after `current`
-    around; without an answer naming one, the next index (the caller tries it)."""
+    around; without an answer naming one, the next index (the caller tries it). `answered`
+    is called for each replica that answers at all."""
     count = len(channels)
     for i in range(1, count + 1):
         at = (current + i) % count
@@ -50,6 +53,8 @@ def find_leading(
             )
         except grpc.RpcError:
             continue
+        if answered is not None:
+            answered()
         if status.role in LEADING_ROLES:
             return at
     return (current + 1) % count

@@ -99,3 +99,25 @@ def test_sends_wait_for_the_in_sync_set_to_grow_again_instead_of_failing(
         producer.close(30)
     bodies = [b"before-%03d" % i for i in range(100)] + [b"alone-%03d" % i for i in range(100)]
     assert_read_back(replicas[first], results, bodies)
+
+
+def test_a_producer_made_after_the_leader_died_waits_for_the_election(
+    replicas: dict[str, ServiceProcess],
+) -> None:
+    """A new client of a group whose leader was just killed, listed first: its first stream is
+    refused, but the other replicas answer (its leader probes; NotLeader on a stream until one
+    is elected), so the kill is an outage ridden out within retry_timeout_s, not a store never
+    reached that connect_timeout_s (here far below the ~2.5 s election) would end."""
+    wait_until(lambda: sorted(roles(replicas).values()) == ["follower", "follower", "leader"])
+    first = leader_name(replicas)
+    assert first is not None
+    order = [first, *(n for n in replicas if n != first)]
+    settings = ClientSettings(
+        commitlog=",".join(replicas[n].target for n in order), connect_timeout_s=0.2
+    )
+    replicas[first].kill()
+    with Producer(settings, linger_ms=1, retry_timeout_s=ALONE_RETRY_S) as producer:
+        result = producer.send("T", b"after the kill").result(timeout=ACK_WAIT_S)
+    second = leader_name({n: p for n, p in replicas.items() if n != first})
+    assert second is not None
+    assert_read_back(replicas[second], [result], [b"after the kill"])
