@@ -44,6 +44,8 @@ POLL_INTERVAL_S: Final = 0.5
 # How often a plain line is written when stderr is not a terminal: a log gets a sign of life
 # without filling up.
 LINE_INTERVAL_S: Final = 5.0
+# What SparkContext.setJobGroup sets on the calling thread (restored after a step).
+_JOB_PROPERTIES: Final = ("spark.jobGroup.id", "spark.job.description")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +104,20 @@ class JobProgress:
         label = f"mqstore {self.job} [{self.number}/{self.steps}] {description}"
         group = f"mqstore-{self.job}-{self.number}"
         sc = self.spark.sparkContext
+        before = {key: sc.getLocalProperty(key) for key in _JOB_PROPERTIES}
         sc.setJobGroup(group, f"mqstore {self.job}: {description}")
-        if not self.show:
-            yield
-            return
+        try:
+            if not self.show:
+                yield
+                return
+            with self._shown(label, group):
+                yield
+        finally:
+            for key, value in before.items():  # this thread's next jobs are not the step's
+                sc._jsc.setLocalProperty(key, value)  # None removes it
+
+    @contextmanager
+    def _shown(self, label: str, group: str) -> Iterator[None]:
         stop = threading.Event()
         show = self._bar if self.console.is_terminal else self._lines
         shower = threading.Thread(
