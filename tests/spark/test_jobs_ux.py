@@ -264,6 +264,8 @@ def test_an_unreachable_store_is_exit_3_in_one_line(spark: Any, tmp_path: Path) 
     assert result.exit_code == 3, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, result.output
+    assert "UNAVAILABLE" in errors[0] or "127.0.0.1:9" in errors[0], errors[0]
+    print(errors[0])
 
 
 def test_errors_spark_wraps_are_told_by_their_python_class() -> None:

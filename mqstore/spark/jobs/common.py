@@ -62,12 +62,10 @@ SPARK_LOG_LEVELS: Final = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG")
 EXIT_INTERRUPTED: Final = 130
 # Spark error conditions that are the caller's mistake (a path), not the job's failure.
 _USAGE_CONDITIONS: Final = frozenset({"PATH_ALREADY_EXISTS", "PATH_NOT_FOUND"})
-# The last line of a Python traceback inside Spark's error text: "package.Class: message".
-_PY_ERROR_LINE: Final = re.compile(
-    r"^(?P<cls>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Argument|"
-    r"Unavailable|NotFound|Exceeded|Record|Range|Denied|Unauthenticated|Precondition|Loss)): "
-    r"(?P<msg>.*)$",
-    re.MULTILINE,
+# An exception's line inside Spark's error text, "package.Class: message": the last line of a
+# Python traceback (mqstore.errors.CorruptRecord: ..., ModuleNotFoundError: ...), or Java's.
+_ERROR_LINE: Final = re.compile(
+    r"^(?P<cls>(?:[A-Za-z_]\w*\.)*[A-Z]\w*): (?P<msg>.*)$", re.MULTILINE
 )
 
 
@@ -126,9 +124,11 @@ def describe_error(err: BaseException) -> tuple[int, str]:
     if isinstance(err, domain.MqstoreError):
         return _code_of(type(err)), _one_line(str(err))
     text = str(err)
-    found = list(_PY_ERROR_LINE.finditer(text))
+    found = list(_ERROR_LINE.finditer(text))
     ours = [m for m in found if m["cls"].startswith("mqstore.")]
-    match = (ours or found)[-1] if found else None
+    python = [m for m in found if "." not in m["cls"]]  # a builtin: ValueError, OSError
+    candidates = ours or python or found
+    match = candidates[-1] if candidates else None
     if match is not None:
         cls = _class_named(match["cls"])
         message = match["msg"].split(" SQLSTATE:")[0].strip()
