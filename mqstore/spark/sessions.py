@@ -15,7 +15,9 @@ sets, each only where the caller, spark-submit or the environment did not:
     spark.driver.bindAddress                and the UI's, are on loopback, not the network
     spark.ui.enabled                        false, unless `ui_port` (0: any free port)
     spark.python.daemon.module              mqstore.spark.worker_daemon (no BrokenPipeError
-                                            traceback after show(); see that module)
+                                            traceback after show(); see that module; an
+                                            interpreter set in PYSPARK_PYTHON must import
+                                            mqstore, as the sources need anyway)
 
 and always `spark.sql.session.timeZone=UTC`, with the mqstore sources registered. On a cluster
 (another master) only the last two: the cluster's interpreter and addresses are its own.

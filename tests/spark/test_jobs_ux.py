@@ -9,6 +9,7 @@ each once for the module; the other tests fail before Spark starts, or use the s
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from typing import Any, Final
 
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from bench.spark_bench import write_log
 from mqstore.cli import cli
@@ -265,7 +267,6 @@ def test_an_unreachable_store_is_exit_3_in_one_line(spark: Any, tmp_path: Path) 
     errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, result.output
     assert "UNAVAILABLE" in errors[0] or "127.0.0.1:9" in errors[0], errors[0]
-    print(errors[0])
 
 
 def test_errors_spark_wraps_are_told_by_their_python_class() -> None:
@@ -342,3 +343,14 @@ def test_job_functions_name_their_steps_too(
     tracker = spark.sparkContext.statusTracker()
     assert tracker.getJobIdsForGroup("mqstore-export-1")  # reading the log
     assert tracker.getJobIdsForGroup("mqstore-export-2")  # writing Parquet
+
+
+def test_on_a_terminal_a_step_is_a_progress_bar_with_rate_and_time_left(spark: Any) -> None:
+    out = io.StringIO()
+    steps = JobProgress(spark, "ux-bar", 1, stream=out)
+    steps.console = Console(file=out, force_terminal=True, width=160)
+    with steps.step("counting"):
+        spark.range(1000, numPartitions=4).count()
+    shown = out.getvalue()
+    assert "mqstore ux-bar [1/1] counting" in shown
+    assert "4/4" in shown and "tasks/s" in shown
