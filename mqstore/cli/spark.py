@@ -1,14 +1,19 @@
 """`mqstore spark`: the Spark jobs, run on this machine (local[*]) or on a given master.
 
-    mqstore spark export OUT --log DIR | --topic T [...]     Parquet by topic and date
-    mqstore spark rebuild DIR --cq-out D --index-out D [...] cq_svc / index_svc files from a log
-    mqstore spark audit DIR --cq D --index D [...]           live files against the log
+    mqstore spark export OUT --log DATA | --topic T [...]    Parquet by topic and date
+    mqstore spark rebuild DATA --cq-out D --index-out D      cq_svc / index_svc files from a log
+    mqstore spark audit DATA [--cq D] [--index D] [...]      live files against the log
+
+DATA is the data dir `mqstore up` made (its commit log, consume queues and index are found in
+it) or a part's own directory.
 
 Each command hands its arguments to the job's own parser (`mqstore spark rebuild --help`
 prints them), so the CLI, `python -m mqstore.spark.jobs.<job>` and spark-submit take the same
 flags. pyspark is imported only when a command runs.
 
-Exit codes: 0 success; 1 audit found differences; 2 usage errors.
+Exit codes (mqstore/spark/jobs/common.py): 0 success; 1 the job failed, or audit found
+differences; 2 bad arguments (a path without a store, an export into a folder that is not
+empty); 3 a service could not be reached; 130 interrupted. A failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ def spark_group() -> None:
 
     \b
     Examples:
-      mqstore spark export ./lake --log ./data/commitlog
-      mqstore spark rebuild ./data/commitlog --cq-out ./cq-new --index-out ./index-new
-      mqstore spark audit ./data/commitlog --cq ./data/cq --index ./data/index
+      mqstore spark export ./lake --log ./data
+      mqstore spark rebuild ./data --cq-out ./cq-new --index-out ./index-new
+      mqstore spark audit ./data
+      mqstore spark audit ./data --cq ./data/cq_svc
     """
 
 

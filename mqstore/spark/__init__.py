@@ -4,9 +4,10 @@
     df.write.format("mqstore")         rows appended through the SDK, idempotent per task
     spark.read.format("mqstore-log")   commit-log segment files read directly, no service running
 
-`register(spark)` registers every source with a session; `write(df, ...)` writes a DataFrame
-and returns what it stored (WriteReport). pyspark is imported only here and in the modules
-below, so the rest of mqstore never needs it.
+`session()` is a SparkSession that works from a venv without activating it (local[*] on
+loopback by default, sessions.py); `register(spark)` registers every source with a session of
+your own; `write(df, ...)` writes a DataFrame and returns what it stored (WriteReport).
+pyspark is imported only here and in the modules below, so the rest of mqstore never needs it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mqstore.spark.write_ledger import WriteReport
+
+
+def session(
+    app_name: str = "mqstore",
+    *,
+    master: str | None = None,
+    ui_port: int | None = None,
+    conf: dict[str, str] | None = None,
+) -> Any:
+    """A SparkSession with the mqstore sources registered; local[*] on loopback, its Python
+    workers this interpreter, unless told otherwise (mqstore/spark/sessions.py)."""
+    from mqstore.spark.sessions import session as make  # noqa: PLC0415 (needs pyspark)
+
+    return make(app_name, master=master, ui_port=ui_port, conf=conf)
 
 
 def register(spark: Any) -> None:

@@ -1,11 +1,12 @@
 """`spark.read.format("mqstore-log")`: commit-log segment files read directly, no service running.
 
-    df = spark.read.format("mqstore-log").load("/data/commitlog")          # ours or RocketMQ's
+    df = spark.read.format("mqstore-log").load("data")          # the data dir `mqstore up` made
+    df = spark.read.format("mqstore-log").load("/store/commitlog")          # ours or RocketMQ's
     df = (spark.read.format("mqstore-log").option("topics", "orders,refunds")
           .option("mode", "PERMISSIVE").load("/store/commitlog"))
 
-The directory is what `mqstore log dump` reads (mqstore.storage.logreader: its `commitlog/`
-subdirectory is used when it holds no segments itself; the segment size comes from the files).
+The directory is the data dir `mqstore up` made, commitlog_svc's data dir, or the directory of
+the segment files (mqstore.storage.layout finds them; the segment size comes from the files).
 Every record is checked as the store checks it (magic, lengths, body CRC, and the PHYSICALOFFSET
 field against its position), by the same walk as `mqstore log verify`.
 
@@ -23,7 +24,7 @@ A valid record at or after a is exactly where the walk of the range before resyn
 every record is read by one task, and bad bytes by the task whose walk meets them first.
 
 Options (all strings, case-insensitive keys):
-    path               the commit-log directory (or `.load(path)`)
+    path               the store's data dir or the commit-log directory (or `.load(path)`)
     topics             comma-separated topics to keep (default: all)
     mode               FAILFAST (default: the read fails on the first bad entry, naming its
                        offset), DROPMALFORMED (bad entries are left out) or PERMISSIVE (a row
@@ -51,6 +52,7 @@ from mqstore.errors import CorruptRecord, InvalidArgument
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
 from mqstore.formats.record import Record, find_next_record, read_record, unpack_host
+from mqstore.storage.layout import store_parts
 from mqstore.storage.logreader import BadEntry, BlankEntry, Entry, LogDir, RecordEntry, Segment
 
 # pyarrow ships no type information; imported this way it is Any whatever mypy's settings.
@@ -119,6 +121,9 @@ class LogReadOptions:
                 'mqstore-log needs the commit-log directory: .load(DIR) or .option("path", DIR)',
                 field="path",
             )
+        parts = store_parts(directory)
+        if parts.commitlog is not None or parts.commitlog_replicas:
+            directory = parts.require_commitlog(directory)
         mode = (options.get("mode") or "FAILFAST").upper()
         if mode not in MODES:
             raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, not {mode!r}")

@@ -1,14 +1,19 @@
 """Audit job: the live consume queues and index compared with the commit log, on Spark.
 
+    python -m mqstore.spark.jobs.audit DATA_DIR                    what `mqstore up` made
     python -m mqstore.spark.jobs.audit LOG_DIR [--cq CQ_DATA_DIR] [--index INDEX_DATA_DIR]
         [--units-per-file 300000] [--end-offset N] [--findings-max 1000] [--master URL]
 
-Exit status: 0 when nothing differs, 1 when any entry is missing, extra or mismatched, 2 on
-bad arguments (a LOG_DIR that is no commit log, a --cq that is no cq_svc data dir of the FILE
-store, an --index without an index checkpoint: a wrong path is never reported as a damaged
-store). One line per finding (up to --findings-max), then a summary whose counts are exact:
-a queue or index file lists at most 1,000 findings of each kind, then one line saying how many
-more of that kind it has, and the summary counts them all.
+Given the data dir of `mqstore up` (or any directory holding a store's parts), the log, the
+consume queues and the index are found in it (mqstore/storage/layout.py), and both are audited
+unless --cq or --index names one; each of LOG_DIR, --cq and --index may also be the part's
+own directory. Exit status: 0 when nothing differs, 1 when any entry is missing, extra or
+mismatched, 2 on bad arguments (a LOG_DIR that is no commit log, a --cq that is no cq_svc data
+dir of the FILE store, an --index without an index checkpoint: a wrong path is never reported
+as a damaged store), and as common.py says for the rest. One line per finding (up to
+--findings-max), then a summary whose counts are exact: a queue or index file lists at most
+1,000 findings of each kind, then one line saying how many more of that kind it has, and the
+summary counts them all.
 
 What the log says each file should hold is built as the rebuild job builds it (derived.py),
 in memory, one consume queue or one index file per task, and compared with the files the
@@ -52,7 +57,16 @@ from mqstore.errors import InvalidArgument
 from mqstore.formats import index_file as ifmt
 from mqstore.formats.cq_unit import BLANK_SIZE
 from mqstore.spark.jobs import derived
-from mqstore.spark.jobs.common import add_common_args, read_log, session_for_main, stop_session
+from mqstore.spark.jobs.common import (
+    JobError,
+    add_common_args,
+    log_dir_of,
+    read_log,
+    run_job,
+    session_for_main,
+    stop_session,
+)
+from mqstore.spark.jobs.progress import JobProgress
 from mqstore.spark.jobs.rebuild import (
     build_file_of,
     index_keys_df,
@@ -61,6 +75,7 @@ from mqstore.spark.jobs.rebuild import (
     queue_entries_df,
     queue_entries_of,
 )
+from mqstore.storage.layout import store_parts
 from mqstore.storage.logreader import list_segments
 
 FINDINGS_SCHEMA: Final = (
@@ -288,19 +303,25 @@ def audit(
     units_per_file: int = derived.UNITS_PER_FILE_DEFAULT,
     end_offset: int | None = None,
     split_bytes: int | None = None,
+    progress: JobProgress | None = None,
 ) -> AuditReport:
+    steps = 1 + (cq_dir is not None) + (index_dir is not None)
+    progress = progress or JobProgress(spark, "audit", steps, show=False)
     log_df = read_log(spark, log_dir, include_body=False, split_bytes=split_bytes)
     report = AuditReport()
-    records, _, log_end = log_bounds(log_df, log_dir)
-    end = log_end if end_offset is None else min(end_offset, log_end)
-    report.end_offset = end
-    scoped = log_df.filter(sf.col("commitLogOffset") < end).cache()
-    try:
+    with progress.step("reading the log"):
+        records, _, log_end = log_bounds(log_df, log_dir)
+        end = log_end if end_offset is None else min(end_offset, log_end)
+        report.end_offset = end
+        scoped = log_df.filter(sf.col("commitLogOffset") < end).cache()
         report.records = records if end == log_end else scoped.count()
+    try:
         if cq_dir is not None:
-            _audit_cqs(scoped, os.path.abspath(cq_dir), units_per_file, end, report)
+            with progress.step("checking consume queues"):
+                _audit_cqs(scoped, os.path.abspath(cq_dir), units_per_file, end, report)
         if index_dir is not None:
-            _audit_index(spark, scoped, os.path.abspath(index_dir), end, report)
+            with progress.step("checking index files"):
+                _audit_index(spark, scoped, os.path.abspath(index_dir), end, report)
     finally:
         scoped.unpersist()
     return report
@@ -362,7 +383,9 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m mqstore.spark.jobs.audit",
         description="Compare live consume queues and index files with the commit log.",
     )
-    p.add_argument("log_dir", help="the commit-log directory (or a store's data dir)")
+    p.add_argument(
+        "log_dir", help="the data dir `mqstore up` made, commitlog_svc's, or the segments' dir"
+    )
     p.add_argument("--cq", default=None, help="cq_svc data dir to audit (FILE store)")
     p.add_argument("--index", default=None, help="index_svc data dir to audit")
     p.add_argument(
@@ -404,26 +427,42 @@ def check_paths(log_dir: str, cq_dir: str | None, index_dir: str | None) -> None
         live_index_files(index_dir)
 
 
+def resolve_paths(args: argparse.Namespace) -> tuple[str, str | None, str | None]:
+    """(segment dir, cq_svc data dir, index_svc data dir) from what the user named: a store's
+    data dir gives all three unless --cq or --index names one; each may be the part itself."""
+    cq, index = args.cq, args.index
+    if cq is None and index is None:
+        found = store_parts(args.log_dir)
+        cq, index = found.cq, found.index
+        if cq is None and index is None:
+            raise JobError(f"give --cq, --index or both ({args.log_dir} holds neither)")
+    else:
+        cq = None if cq is None else store_parts(cq).cq or cq
+        index = None if index is None else store_parts(index).index or index
+    log_dir = log_dir_of(args.log_dir)
+    check_paths(log_dir, cq, index)
+    return log_dir, cq, index
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.cq is None and args.index is None:
-        print("audit: give --cq, --index or both", file=sys.stderr)
-        return EXIT_USAGE
+    return run_job("audit", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    log_dir, cq, index = resolve_paths(args)
+    spark, owned = session_for_main("mqstore-audit", args)
     try:
-        check_paths(args.log_dir, args.cq, args.index)
-    except InvalidArgument as err:
-        print(f"audit: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    spark, owned = session_for_main("mqstore-audit", args.master)
-    try:
+        progress = JobProgress(spark, "audit", 1 + (cq is not None) + (index is not None))
         report = audit(
             spark,
-            args.log_dir,
-            cq_dir=args.cq,
-            index_dir=args.index,
+            log_dir,
+            cq_dir=cq,
+            index_dir=index,
             units_per_file=args.units_per_file,
             end_offset=args.end_offset,
             split_bytes=args.split_bytes,
+            progress=progress,
         )
     finally:
         stop_session(spark, owned)

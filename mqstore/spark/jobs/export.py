@@ -1,19 +1,21 @@
 """Export job: a topic, or a raw commit log, to Parquet partitioned by topic and date.
 
-    python -m mqstore.spark.jobs.export OUT --log LOG_DIR [--topics a,b] [--mode FAILFAST]
+    python -m mqstore.spark.jobs.export OUT --log DATA_DIR [--topics a,b] [--mode FAILFAST]
     python -m mqstore.spark.jobs.export OUT --topic orders [--option cq=host:7200 ...]
         [--write-mode error|append|overwrite] [--master URL]
 
     OUT/topic=orders/date=2026-11-21/part-....parquet
 
-From a log (`--log`, no service running): every record of the segment files, through
+From a log (`--log`: the data dir `mqstore up` made, commitlog_svc's, or the segments'
+directory; no service running): every record of the segment files, through
 `format("mqstore-log")`, with the log's columns (commitLogOffset, queueId, queueOffset,
 storeTimestampMs, tags, keys, properties, body, msgId, ...). From the services (`--topic`):
 the topic's queues through `format("mqstore")`, whose options (`--option name=value`, e.g.
 `startingOffsets`, `cq`, `tokenFile`) pass through unchanged; its columns are that source's.
-`date` is the UTC date of the store time. `--write-mode error` (the default) refuses an
-existing OUT; `overwrite` with partitions replaces only the partitions written
-(spark.sql.sources.partitionOverwriteMode=dynamic).
+`date` is the UTC date of the store time. `--write-mode error` (the default) refuses an OUT
+that exists and is not empty, before anything is read (exit 2); `overwrite` replaces only the
+(topic, date) partitions written (spark.sql.sources.partitionOverwriteMode=dynamic); `append`
+adds files beside those there.
 """
 
 from __future__ import annotations
@@ -26,7 +28,18 @@ from typing import Any, Final
 
 from pyspark.sql import functions as sf
 
-from mqstore.spark.jobs.common import add_common_args, read_log, session_for_main, stop_session
+from mqstore.spark.jobs.common import (
+    add_common_args,
+    log_dir_of,
+    parse_pairs,
+    read_log,
+    require_empty_output,
+    run_job,
+    session_for_main,
+    stop_session,
+)
+from mqstore.spark.jobs.progress import JobProgress
+from mqstore.storage.logreader import list_segments
 
 SERVICE_SOURCE: Final = "mqstore"
 WRITE_MODES: Final = ("error", "append", "overwrite")
@@ -57,20 +70,24 @@ def service_frame(spark: Any, topic: str, options: dict[str, str]) -> Any:
     return df.withColumn("date", sf.to_date(sf.col("storeTimestamp")))
 
 
-def write_parquet(df: Any, out: str, write_mode: str) -> ExportReport:
+def write_parquet(
+    df: Any, out: str, write_mode: str, progress: JobProgress, source: str
+) -> ExportReport:
     df = df.cache()
     try:
-        rows = df.count()
-        partitions = df.select(*PARTITION_COLUMNS).distinct().count()
+        with progress.step(f"reading {source}"):
+            rows = df.count()
+            partitions = df.select(*PARTITION_COLUMNS).distinct().count()
         # One file per (topic, date) from a task, rows in the order they sit in their queue.
         order = [c for c in ("queueId", "queueOffset", "commitLogOffset") if c in df.columns]
         laid_out = df.repartition(*PARTITION_COLUMNS).sortWithinPartitions(*order)
-        (
-            laid_out.write.mode("errorifexists" if write_mode == "error" else write_mode)
-            .option("partitionOverwriteMode", "dynamic")
-            .partitionBy(*PARTITION_COLUMNS)
-            .parquet(out)
-        )
+        with progress.step(f"writing {rows} rows as Parquet"):
+            (
+                laid_out.write.mode("errorifexists" if write_mode == "error" else write_mode)
+                .option("partitionOverwriteMode", "dynamic")
+                .partitionBy(*PARTITION_COLUMNS)
+                .parquet(out)
+            )
     finally:
         df.unpersist()
     return ExportReport(rows, partitions)
@@ -87,15 +104,19 @@ def export(
     options: dict[str, str] | None = None,
     write_mode: str = "error",
     split_bytes: int | None = None,
+    progress: JobProgress | None = None,
 ) -> ExportReport:
     if (log_dir is None) == (topic is None):
         raise ValueError("export reads either a log (log_dir) or a topic through the services")
+    progress = progress or JobProgress(spark, "export", 2, show=False)
     if log_dir is not None:
         df = log_frame(spark, log_dir, topics=topics, mode=mode, split_bytes=split_bytes)
+        source = "the log"
     else:
         assert topic is not None
         df = service_frame(spark, topic, options or {})
-    return write_parquet(df, out, write_mode)
+        source = f"topic {topic}"
+    return write_parquet(df, out, write_mode, progress, source)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,7 +126,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("out", help="output directory (any path Spark writes: local, hdfs://, s3a://)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--log", dest="log_dir", help="commit-log directory to read directly")
+    src.add_argument(
+        "--log",
+        dest="log_dir",
+        help="read the files directly: the data dir `mqstore up` made, or the commit log's",
+    )
     src.add_argument("--topic", help="topic to read through the services (format 'mqstore')")
     p.add_argument("--topics", default=None, help="with --log: only these topics (a,b,c)")
     p.add_argument(
@@ -127,34 +152,40 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--option wants NAME=VALUE, not {pair!r}")
-        out[name] = value
-    return out
+    return parse_pairs("--option", pairs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
-    try:
-        options = parse_options(args.option)
-    except ValueError as exc:
-        p.error(str(exc))
-    spark, owned = session_for_main("mqstore-export", args.master)
+    args = parser().parse_args(argv)
+    return run_job("export", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    options = parse_options(args.option)
+    log_dir = None
+    if args.log_dir is not None:
+        log_dir = log_dir_of(args.log_dir)
+        list_segments(log_dir)  # a directory without a readable log: exit 2 before Spark
+    write_mode = args.write_mode
+    how = (
+        "give a folder that does not exist yet, or --write-mode overwrite (replaces the "
+        "(topic, date) partitions this export writes) or --write-mode append"
+    )
+    if write_mode == "error" and require_empty_output(args.out, how):
+        write_mode = "append"  # into nothing, or an empty folder Spark would refuse as existing
+    spark, owned = session_for_main("mqstore-export", args)
     try:
         report = export(
             spark,
             args.out,
-            log_dir=args.log_dir,
+            log_dir=log_dir,
             topic=args.topic,
             topics=args.topics,
             mode=args.mode,
             options=options,
-            write_mode=args.write_mode,
+            write_mode=write_mode,
             split_bytes=args.split_bytes,
+            progress=JobProgress(spark, "export", 2),
         )
     finally:
         stop_session(spark, owned)

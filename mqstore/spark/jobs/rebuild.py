@@ -1,11 +1,13 @@
 """Rebuild job: consume-queue and index files built from the commit log on Spark, byte for byte
 what cq_svc (FILE store) and index_svc write for the same log.
 
-    python -m mqstore.spark.jobs.rebuild LOG_DIR --cq-out CQ_DATA_DIR --index-out INDEX_DATA_DIR
+    python -m mqstore.spark.jobs.rebuild DATA_DIR --cq-out CQ_DATA_DIR --index-out INDEX_DATA_DIR
         [--units-per-file 300000] [--slot-num 5000000 --entry-num 20000000] [--exact]
         [--shard-count 1 --shard-index 0] [--master URL] [--split-bytes N]
 
-The output directories are data dirs a stopped cq_svc / index_svc can start on (their
+DATA_DIR is the data dir `mqstore up` made, commitlog_svc's, or the segments' directory. The
+output directories must not exist yet, or be empty (exit 2 before anything is read); they are
+data dirs a stopped cq_svc / index_svc can start on (their
 checkpoints say the whole log is applied, and carry the log's store id from store.meta), e.g. to
 replace files lost with a disk, or to seed a new replica without replaying the log through
 gRPC. Geometry flags must match the service's settings (the defaults are its defaults).
@@ -44,13 +46,18 @@ from mqstore.formats.javahash import tags_code
 from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR
 from mqstore.spark.jobs import derived
 from mqstore.spark.jobs.common import (
+    JobError,
     add_common_args,
+    log_dir_of,
     now_ms,
     read_log,
+    require_empty_output,
+    run_job,
     session_for_main,
     stop_session,
 )
-from mqstore.storage.logreader import LogDir
+from mqstore.spark.jobs.progress import JobProgress
+from mqstore.storage.logreader import LogDir, list_segments
 
 CQ_RESULT_SCHEMA = "topic STRING, queueId INT, minOffset BIGINT, maxOffset BIGINT, files INT"
 INDEX_RESULT_SCHEMA = (
@@ -196,12 +203,17 @@ def rebuild(
     units_per_file: int = derived.UNITS_PER_FILE_DEFAULT,
     geometry: derived.IndexGeometry | None = None,
     split_bytes: int | None = None,
+    progress: JobProgress | None = None,
 ) -> RebuildReport:
     geometry = geometry or derived.IndexGeometry()
+    steps = 1 + (cq_out is not None) + (index_out is not None)
+    progress = progress or JobProgress(spark, "rebuild", steps, show=False)
     log_df = read_log(spark, log_dir, include_body=False, split_bytes=split_bytes).cache()
     report = RebuildReport()
     try:
-        report.records, report.log_min_offset, report.log_end_offset = log_bounds(log_df, log_dir)
+        with progress.step("reading the log"):
+            bounds = log_bounds(log_df, log_dir)
+        report.records, report.log_min_offset, report.log_end_offset = bounds
         store_id = derived.store_id_of(log_dir)
         if cq_out is not None:
             out = os.path.abspath(cq_out)
@@ -216,12 +228,13 @@ def rebuild(
                     columns=["topic", "queueId", "minOffset", "maxOffset", "files"],
                 )
 
-            rows = (
-                queue_entries_df(log_df)
-                .groupBy("topic", "queueId")
-                .applyInPandas(write_group, CQ_RESULT_SCHEMA)
-                .collect()
-            )
+            with progress.step("writing consume queues"):
+                rows = (
+                    queue_entries_df(log_df)
+                    .groupBy("topic", "queueId")
+                    .applyInPandas(write_group, CQ_RESULT_SCHEMA)
+                    .collect()
+                )
             report.queues = len(rows)
             report.units = sum(int(r["maxOffset"]) - int(r["minOffset"]) for r in rows)
             report.cq_files = sum(int(r["files"]) for r in rows)
@@ -229,9 +242,10 @@ def rebuild(
                 out, store_id, report.log_end_offset, report.log_min_offset, now_ms()
             )
         if index_out is not None:
-            report.index_files, report.index_keys = _rebuild_index(
-                spark, log_df, os.path.abspath(index_out), geometry, store_id, report
-            )
+            with progress.step("writing index files"):
+                report.index_files, report.index_keys = _rebuild_index(
+                    spark, log_df, os.path.abspath(index_out), geometry, store_id, report
+                )
     finally:
         log_df.unpersist()
     return report
@@ -356,7 +370,9 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m mqstore.spark.jobs.rebuild",
         description="Build cq_svc's and index_svc's files from a commit log.",
     )
-    p.add_argument("log_dir", help="the commit-log directory (or a store's data dir)")
+    p.add_argument(
+        "log_dir", help="the data dir `mqstore up` made, commitlog_svc's, or the segments' dir"
+    )
     p.add_argument("--cq-out", default=None, help="cq_svc data dir to write")
     p.add_argument("--index-out", default=None, help="index_svc data dir to write")
     add_geometry_args(p)
@@ -375,19 +391,31 @@ def summary(report: RebuildReport) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    return run_job("rebuild", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.cq_out is None and args.index_out is None:
-        print("rebuild: give --cq-out, --index-out or both", file=sys.stderr)
-        return 2
-    spark, owned = session_for_main("mqstore-rebuild", args.master)
+        raise JobError("give --cq-out, --index-out or both")
+    for out in (args.cq_out, args.index_out):
+        if out is not None:
+            require_empty_output(out, "rebuild writes into a new or empty folder")
+    log_dir = log_dir_of(args.log_dir)
+    list_segments(log_dir)  # a directory without a readable log: exit 2 before Spark
+    geometry = geometry_of(args)
+    spark, owned = session_for_main("mqstore-rebuild", args)
     try:
         report = rebuild(
             spark,
-            args.log_dir,
+            log_dir,
             cq_out=args.cq_out,
             index_out=args.index_out,
             units_per_file=args.units_per_file,
-            geometry=geometry_of(args),
+            geometry=geometry,
             split_bytes=args.split_bytes,
+            progress=JobProgress(
+                spark, "rebuild", 1 + (args.cq_out is not None) + (args.index_out is not None)
+            ),
         )
     finally:
         stop_session(spark, owned)
