@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import click
 
+from mqstore.errors import InvalidArgument
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.record import (
     BODY_CRC_MISMATCH,
@@ -33,6 +34,7 @@ from mqstore.formats.record import (
     unpack_host,
 )
 from mqstore.formats.record_damage import DamageSite
+from mqstore.storage.layout import store_parts
 from mqstore.storage.logreader import (
     BadEntry,
     BlankEntry,
@@ -58,9 +60,22 @@ class DirectoryUnreadable(click.ClickException):
     exit_code = EXIT_USAGE
 
 
+def segments_dir(directory: str) -> str:
+    """Where the segment files of DIR are: DIR may be the data dir `mqstore up` made, a
+    service's data dir, or the segments' own directory (storage/layout.py). With several
+    replicas under DIR, which to read is the user's choice (a usage error naming them)."""
+    parts = store_parts(directory)
+    if parts.commitlog is None and parts.commitlog_replicas:
+        try:
+            parts.require_commitlog(directory)
+        except InvalidArgument as exc:
+            raise DirectoryUnreadable(str(exc)) from None
+    return parts.commitlog or directory
+
+
 def _open_log(directory: str) -> LogDir:
     try:
-        return LogDir(directory)
+        return LogDir(segments_dir(directory))
     except LogDirError as exc:
         raise DirectoryUnreadable(str(exc)) from exc
 
@@ -152,14 +167,15 @@ def explain(entry: BadEntry, damage: DamageSite | None) -> str:
 def log_group() -> None:
     """Read a commit-log directory: the segment files named by their 20-digit start offset.
 
-    DIR is that directory (mqstore: DATA_DIR/commitlog; RocketMQ: ~/store/commitlog). A store's
-    root directory works too: its commitlog/ subdirectory is used when DIR holds no segments
-    itself. Segment size comes from the files (RocketMQ's are 1 GiB); all must be equal.
+    DIR is that directory (RocketMQ: ~/store/commitlog), commitlog_svc's data dir, or the data
+    dir `mqstore up` made (./data: its commit log is found inside; with --replicas 3 name one,
+    ./data/commitlog_svc-0). Segment size comes from the files (RocketMQ's are 1 GiB); all must
+    be equal.
 
     \b
     Examples:
-      mqstore log verify ./data/commitlog
-      mqstore log dump ./data/commitlog --limit 10 --body text
+      mqstore log verify ./data
+      mqstore log dump ./data --limit 10 --body text
       mqstore log dump ~/store/commitlog --from 1073741824 | jq .topic
     """
 

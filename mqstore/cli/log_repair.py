@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import click
 
+from mqstore.cli.log import segments_dir
 from mqstore.errors import StoreLocked
 from mqstore.storage import log_repair
 
@@ -30,7 +31,8 @@ class _Usage(click.ClickException):
 def repair(ctx: click.Context, directory: str, yes: bool) -> None:
     """Make the log end in its first short segment that is not the newest.
 
-    DIR is commitlog_svc's data dir (or its commitlog/ directory). A segment shorter than the
+    DIR is commitlog_svc's data dir (or its commitlog/ directory, or the data dir `mqstore
+    up` made). A segment shorter than the
     segment size that is not the newest (a file system that lost its tail, a partial copy)
     makes commitlog_svc refuse to start: the bytes past its end are lost, between records
     that are not. This moves every later segment, and a copy of the damaged one, to
@@ -41,9 +43,10 @@ def repair(ctx: click.Context, directory: str, yes: bool) -> None:
 
     \b
     Examples:
-      mqstore log repair ./data/commitlog_svc          what would be done, and lost
-      mqstore log repair ./data/commitlog_svc --yes    do it (commitlog_svc stopped)
+      mqstore log repair ./data          what would be done, and lost
+      mqstore log repair ./data --yes    do it (commitlog_svc stopped)
     """
+    directory = segments_dir(directory)
     try:
         if not yes:
             plan = log_repair.plan(directory)

@@ -536,3 +536,26 @@ def test_the_installed_script_entry_point_runs_the_same_command() -> None:
     )
     assert done.returncode == 0 and "dump" in done.stdout
     assert os.access(script, os.X_OK)
+
+
+# -- the data dir `mqstore up` made ------------------------------------------------------------
+
+
+def test_verify_and_dump_take_the_data_dir_mqstore_up_made(our_log: OurLog, tmp_path: Path) -> None:
+    """`mqstore up` keeps the log in DATA/commitlog_svc/commitlog (DATA/commitlog_svc-i with
+    --replicas): DATA itself is what a user names."""
+    data = tmp_path / "up-data"
+    shutil.copytree(our_log.data_dir, data / "commitlog_svc")
+    (data / "cq_svc").mkdir()
+    done = run("log", "verify", data)
+    assert done.returncode == 0, done.stderr
+    assert f"{len(our_log.written)} records" in done.stdout, done.stdout
+    assert len(dump(data)) == len(our_log.written)
+
+    group = tmp_path / "group-data"
+    for i in range(3):
+        shutil.copytree(our_log.data_dir, group / f"commitlog_svc-{i}")
+    done = run("log", "verify", group)
+    assert done.returncode == 2, done.stderr
+    assert "3 commit-log replicas" in done.stderr and "commitlog_svc-2" in done.stderr
+    assert run("log", "verify", group / "commitlog_svc-1").returncode == 0
