@@ -330,6 +330,7 @@ def test_a_start_past_a_queues_end_follows_fail_on_data_loss(
     assert got == [(1, 0), (1, 1), (1, 2)]  # queue 0 skipped, queue 1 read
 
 
+@pytest.mark.slow  # a second store, or a query watched for seconds
 def test_a_checkpoint_past_the_queues_end_follows_fail_on_data_loss(
     spark: Any, mqstore_cluster: Cluster, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -366,6 +367,7 @@ def count_of(spark: Any, name: str) -> int:
     return int(spark.sql(f"SELECT count(*) FROM {name}").collect()[0][0])
 
 
+@pytest.mark.slow  # a second store, or a query watched for seconds
 def test_min_offsets_per_trigger_holds_small_batches_back(
     spark: Any, mqstore_cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -389,6 +391,7 @@ def test_min_offsets_per_trigger_holds_small_batches_back(
     q.stop()
 
 
+@pytest.mark.slow  # a second store, or a query watched for seconds
 def test_max_trigger_delay_lets_a_small_batch_run(
     spark: Any, mqstore_cluster: Cluster, tmp_path: Path
 ) -> None:
