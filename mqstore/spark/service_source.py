@@ -1,11 +1,13 @@
-"""`format("mqstore")`: a topic's queues through the services, as a Spark data source.
+"""`format("mqstore")`: topics' queues through the services, as a Spark data source.
 
     spark.read.format("mqstore").option("topic", "orders").load()            batch read
+    ....option("topics", "orders,payments") / .option("subscribePattern", "orders-.*")
     spark.readStream.format("mqstore").option("topic", "orders").load()      micro-batches
     df.write.format("mqstore").option("topic", "orders").mode("append").save()
     df.writeStream.format("mqstore").option("topic", "orders").start()      per micro-batch
 
-Options: mqstore/spark/options.py (modelled on the Kafka connector). Rows:
+Options: mqstore/spark/options.py (modelled on the Kafka connector; docs/spark.md). Rows
+(with columns=kafka, the Kafka connector's instead: KAFKA_SCHEMA):
 
     topic string, queueId int, queueOffset long, commitLogOffset long,
     storeTimestamp timestamp, bornTimestamp timestamp, tags string, keys array<string>,
@@ -26,7 +28,7 @@ write appends its rows through the commit log.
 
 Reads are replayable: a range of (queue, offset) always yields the same messages while
 retention has not removed them, which is what Spark's exactly-once file sink needs of a
-streaming source. Stream offsets are JSON {"<queueId>": next offset}.
+streaming source. Stream offsets are Kafka's JSON form {"<topic>": {"<queueId>": next offset}}.
 
 Writes are idempotent per task. Each task appends under producer id
 "spark:<writeId>:<partition>" with sequences 0, 1, 2, ... one per batch of
@@ -55,9 +57,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from pyspark import TaskContext
@@ -75,6 +77,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
@@ -122,12 +125,17 @@ from mqstore.spark.options import (
     LATEST,
     MODE_DEFAULT,
     BadOption,
+    Columns,
     MalformedRecord,
+    NoOffsetForTime,
+    OffsetsPastEnd,
     OffsetSpec,
     OffsetsRemoved,
     ParseMode,
     ReadOptions,
+    Subscription,
     WriteOptions,
+    parse_columns,
     parse_mode,
     read_options,
     write_options,
@@ -158,21 +166,57 @@ SCHEMA = StructType(
     ]
 )
 
+# The Kafka connector's columns and types (columns=kafka), every one nullable as there:
+#   key        the message's keys, space-separated as stored (RocketMQ's KEYS), UTF-8; null
+#              when it has none
+#   value      the body (decompressed)
+#   topic, partition, offset      the topic, queue id and queue offset
+#   timestamp  the store time; timestampType 1 (Kafka's LogAppendTime), the time that
+#              startingTimestamp and the other time options look up
+#   headers    (includeHeaders=true) every property, TAGS, KEYS and UNIQ_KEY included, in
+#              stored order: (name, UTF-8 value)
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+)
+KAFKA_HEADERS = StructField(
+    "headers",
+    ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
+)
+TIMESTAMP_TYPE_LOG_APPEND = 1  # Kafka's TimestampType.LOG_APPEND_TIME.id (CREATE_TIME is 0)
+
 # The columns a PERMISSIVE row of a bad record always has (topic, queueId, queueOffset,
 # commitLogOffset: _bad_values); the others are null in it.
 _KNOWN_FOR_BAD = 4
 
 
-def read_schema(mode: ParseMode, corrupt_column: str) -> StructType:
-    """SCHEMA; under PERMISSIVE every column past the first four nullable and the
-    corrupt-record column (a string) last."""
+def read_schema(
+    mode: ParseMode,
+    corrupt_column: str,
+    columns: Columns = "mqstore",
+    include_headers: bool = False,
+) -> StructType:
+    """SCHEMA or KAFKA_SCHEMA (with headers when asked); under PERMISSIVE every column but
+    those a bad record's row always has nullable and the corrupt-record column (a string)
+    last."""
+    if columns == "kafka":
+        base = StructType([*KAFKA_SCHEMA.fields, *([KAFKA_HEADERS] if include_headers else [])])
+    else:
+        base = SCHEMA
     if mode != "PERMISSIVE":
-        return SCHEMA
-    if corrupt_column in SCHEMA.names:
+        return base
+    if corrupt_column in base.names:
         raise BadOption("columnNameOfCorruptRecord", f"{corrupt_column!r} is a column already")
     fields = [
-        f if i < _KNOWN_FOR_BAD else StructField(f.name, f.dataType, True)
-        for i, f in enumerate(SCHEMA.fields)
+        f if columns == "kafka" or i < _KNOWN_FOR_BAD else StructField(f.name, f.dataType, True)
+        for i, f in enumerate(base.fields)
     ]
     return StructType([*fields, StructField(corrupt_column, StringType(), True)])
 
@@ -201,6 +245,10 @@ _RESERVED_PROPERTIES = frozenset({PRODUCER_SEQ, RECORD_CRC})
 # -- planning (driver side) ------------------------------------------------------------------
 
 
+Key = tuple[str, int]  # (topic, queue id)
+K = TypeVar("K", int, Key)
+
+
 @dataclass
 class QueueRange(InputPartition):
     """One Spark partition: offsets [start, end) of one queue. `fail_on_data_loss` False also
@@ -213,34 +261,68 @@ class QueueRange(InputPartition):
     fail_on_data_loss: bool
 
 
-def _queue_infos(admin: Admin, opts: ReadOptions) -> dict[int, QueueInfo]:
-    if opts.queues is None:
-        return {q.queue_id: q for q in admin.queues(opts.topic)}
-    return {q: admin.queue(opts.topic, q) for q in opts.queues}
+def _topics(admin: Admin, sub: Subscription) -> list[str]:
+    """The topics a read covers: those named, or every topic whose whole name matches."""
+    if sub.pattern is None:
+        return list(sub.topics)
+    return [t for t in admin.topics() if sub.covers(t)]
+
+
+def _queue_infos(admin: Admin, opts: ReadOptions) -> dict[Key, QueueInfo]:
+    """Every queue the read covers. A named topic nothing was stored in, or a queue named in
+    `queues` that it lacks, is NotFound naming it (Admin.existing_queues)."""
+    sub = opts.subscription
+    out: dict[Key, QueueInfo] = {}
+    for topic in _topics(admin, sub):
+        infos = (
+            admin.queues(topic)
+            if sub.pattern is not None
+            else admin.existing_queues(topic, opts.queues)
+        )
+        out.update(((topic, i.queue_id), i) for i in infos)
+    return out
 
 
 def _resolve(
-    admin: Admin, opts: ReadOptions, spec: OffsetSpec, info: QueueInfo, option: str
+    admin: Admin,
+    opts: ReadOptions,
+    spec: OffsetSpec,
+    info: QueueInfo,
+    option: str,
+    *,
+    starting: bool,
 ) -> int:
     """One queue's offset under `spec`: a store time looked up (GetOffsetByTime), else the
-    offset given, else the spec's default; EARLIEST / LATEST become the queue's bounds."""
-    q = info.queue_id
-    ts = spec.all_timestamp if spec.all_timestamp is not None else spec.timestamps.get(q)
+    offset given, else the spec's default; EARLIEST / LATEST become the queue's bounds. A
+    starting offset past the queue's end is left to _clamp_start (data loss)."""
+    t, q = info.topic, info.queue_id
+    ts = spec.timestamp(t, q)
     if ts is not None:
-        return admin.offset_for_time(opts.topic, q, ts, "lower")
-    n = spec.offsets.get(q)
-    if n is None:
-        n = EARLIEST if spec.default == "earliest" else LATEST
+        n = admin.offset_for_time(t, q, ts, "lower")
+        # Nothing stored at or after ts: the lookup answers the queue's end (asked again, in
+        # case a message came in since the queue's bounds were read).
+        if (
+            starting
+            and n >= info.max_offset
+            and opts.timestamp_strategy == "error"
+            and admin.queue(t, q).max_offset <= n
+        ):
+            raise NoOffsetForTime(t, q, ts)
+        return n
+    given = spec.offset(t, q)
+    n = given if given is not None else EARLIEST if spec.default == "earliest" else LATEST
     if n == EARLIEST:
         return info.min_offset
     if n == LATEST:
         return info.max_offset
-    if n > info.max_offset:
-        raise BadOption(option, f"queue {q}: offset {n} is past the queue's end {info.max_offset}")
+    if n > info.max_offset and not starting:
+        raise BadOption(
+            option, f"topic {t!r} queue {q}: offset {n} is past the queue's end {info.max_offset}"
+        )
     return n
 
 
-def _check_named_queues(opts: ReadOptions, infos: Mapping[int, QueueInfo]) -> None:
+def _check_named_queues(opts: ReadOptions, infos: Mapping[Key, QueueInfo]) -> None:
     """Offsets or times given for a queue that is not read: a typo, not something to ignore."""
     for option, spec in (
         ("startingOffsets", opts.starting.offsets),
@@ -248,23 +330,39 @@ def _check_named_queues(opts: ReadOptions, infos: Mapping[int, QueueInfo]) -> No
         ("endingOffsets", opts.ending.offsets),
         ("endingOffsetsByTimestamp", opts.ending.timestamps),
     ):
-        extra = sorted(set(spec) - set(infos))
+        extra = sorted((t, q) for t, per in spec.items() for q in per if (t, q) not in infos)
         if extra:
-            raise BadOption(option, f"names queues {extra} that the read does not cover")
+            named = ", ".join(f"topic {t!r} queue {q}" for t, q in extra)
+            raise BadOption(option, f"names {named}, which the read does not cover")
 
 
 def _clamp_start(opts: ReadOptions, info: QueueInfo, start: int) -> int:
+    """`start` within the queue, as failOnDataLoss says: offsets retention removed, or an
+    offset past the queue's end (Kafka's "offset was changed"), fail the read, or are
+    skipped (the queue read from its first offset, or from its end)."""
+    t, q = info.topic, info.queue_id
     if start < info.min_offset:
         if opts.fail_on_data_loss:
-            raise OffsetsRemoved(opts.topic, info.queue_id, start, info.min_offset)
+            raise OffsetsRemoved(t, q, start, info.min_offset)
         log.warning(
             "topic %s queue %d: offsets %d..%d were removed by retention; skipped",
-            opts.topic,
-            info.queue_id,
+            t,
+            q,
             start,
             info.min_offset - 1,
         )
         return info.min_offset
+    if start > info.max_offset:
+        if opts.fail_on_data_loss:
+            raise OffsetsPastEnd(t, q, start, info.max_offset)
+        log.warning(
+            "topic %s queue %d: offset %d is past the queue's end %d; going on from its end",
+            t,
+            q,
+            start,
+            info.max_offset,
+        )
+        return info.max_offset
     return start
 
 
@@ -325,22 +423,73 @@ def _bad_values(b: BadRecord) -> tuple[Any, ...]:
     return (*known, *[None] * (len(SCHEMA.fields) - len(known)), str(b))
 
 
+def _kafka_values(m: Message) -> tuple[Any, ...]:
+    """A message's row in KAFKA_SCHEMA's order (without headers)."""
+    keys = m.keys
+    return (
+        KEY_SEPARATOR.join(keys).encode("utf-8") if keys else None,
+        m.body,
+        m.topic,
+        m.queue_id,
+        m.queue_offset,
+        m.store_timestamp_ms * 1000,
+        TIMESTAMP_TYPE_LOG_APPEND,
+    )
+
+
+def _kafka_headers_values(m: Message) -> tuple[Any, ...]:
+    headers = [{"key": k, "value": v.encode("utf-8")} for k, v in m.properties.items()]
+    return (*_kafka_values(m), headers)
+
+
+def _kafka_bad_values(b: BadRecord, headers: bool) -> tuple[Any, ...]:
+    """A bad record's PERMISSIVE row in Kafka's columns: topic, partition, offset, the error
+    (which names the commit-log offset too)."""
+    return (None, None, b.topic, b.queue_id, b.queue_offset, None, None, *[None] * headers, str(b))
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How a read turns messages (and, under PERMISSIVE, bad records) into rows."""
+
+    values: Callable[[Message], tuple[Any, ...]] = _values
+    bad_values: Callable[[BadRecord], tuple[Any, ...]] = _bad_values
+
+
+def row_layout(columns: Columns, include_headers: bool) -> RowLayout:
+    if columns == "mqstore":
+        return RowLayout()
+    return RowLayout(
+        _kafka_headers_values if include_headers else _kafka_values,
+        lambda b: _kafka_bad_values(b, include_headers),
+    )
+
+
+MQSTORE_ROWS = RowLayout()
+
+
 def _record_batch(rows: Sequence[tuple[Any, ...]], schema: Any) -> Any:
     columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
     arrays = [pa.array(list(col), type=f.type) for col, f in zip(columns, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def to_batch(messages: Sequence[Message], schema: Any) -> Any:
-    """Messages as one RecordBatch with exactly `schema` (SCHEMA's Arrow form)."""
-    return _record_batch(list(map(_values, messages)), schema)
+def to_batch(messages: Sequence[Message], schema: Any, layout: RowLayout = MQSTORE_ROWS) -> Any:
+    """Messages as one RecordBatch with exactly `schema` (read_schema's Arrow form)."""
+    return _record_batch(list(map(layout.values, messages)), schema)
 
 
-def to_permissive_batch(rows: Sequence[Message | BadRecord], schema: Any) -> Any:
+def to_permissive_batch(
+    rows: Sequence[Message | BadRecord], schema: Any, layout: RowLayout = MQSTORE_ROWS
+) -> Any:
     """Messages and bad records, in the order given, as one RecordBatch of the PERMISSIVE
-    schema (read_schema): a message's row has no error, a bad record's is _bad_values."""
+    schema (read_schema): a message's row has no error, a bad record's is bad_values."""
     return _record_batch(
-        [(*_values(r), None) if isinstance(r, Message) else _bad_values(r) for r in rows], schema
+        [
+            (*layout.values(r), None) if isinstance(r, Message) else layout.bad_values(r)
+            for r in rows
+        ],
+        schema,
     )
 
 
@@ -350,6 +499,7 @@ def read_range(
     pull_messages: int,
     schema: Any,
     mode: ParseMode = MODE_DEFAULT,
+    layout: RowLayout = MQSTORE_ROWS,
 ) -> Iterator[Any]:
     """Offsets [r.start, r.end) of one queue as RecordBatches (one per Pull); a record that
     can never be handed out as `mode` says (module docstring)."""
@@ -373,12 +523,12 @@ def read_range(
                 if bad and mode == "PERMISSIVE":
                     rows: list[Message | BadRecord] = [*got, *bad]
                     rows.sort(key=lambda row: row.queue_offset)
-                    yield to_permissive_batch(rows, schema)
+                    yield to_permissive_batch(rows, schema, layout)
                 elif got:
                     yield (
-                        to_batch(got, schema)
+                        to_batch(got, schema, layout)
                         if mode != "PERMISSIVE"
-                        else to_permissive_batch(got, schema)
+                        else to_permissive_batch(got, schema, layout)
                     )
                 for b in bad if mode == "DROPMALFORMED" else ():
                     dropped += 1
@@ -406,6 +556,18 @@ def read_range(
                 waited_ms += max(long_poll, 100)
                 if not long_poll:
                     time.sleep(0.1)
+            elif res.status in _SHORT and not r.fail_on_data_loss:
+                log.warning(
+                    "topic %s queue %d: the queue ends at %d, before the range's end %d; "
+                    "offsets %d..%d skipped",
+                    r.topic,
+                    r.queue_id,
+                    res.max_offset,
+                    r.end,
+                    offset,
+                    r.end - 1,
+                )
+                break
             else:
                 raise ClientError(
                     f"topic {r.topic!r} queue {r.queue_id}: offset {offset} should hold a "
@@ -431,11 +593,20 @@ def _read_partition(
     # Spark replaces an empty partition list with [InputPartition(None)] (spark.md §1.4).
     if not isinstance(partition, QueueRange):
         return iter(())
-    return read_range(opts.settings, partition, opts.pull_messages, arrow_schema(schema), opts.mode)
+    return read_range(
+        opts.settings,
+        partition,
+        opts.pull_messages,
+        arrow_schema(schema),
+        opts.mode,
+        row_layout(opts.columns, opts.include_headers),
+    )
 
 
 def _check_read_schema(schema: StructType, opts: ReadOptions) -> None:
-    expected = read_schema(opts.mode, opts.corrupt_record_column)
+    expected = read_schema(
+        opts.mode, opts.corrupt_record_column, opts.columns, opts.include_headers
+    )
     if schema != expected:
         raise BadOption(
             "schema",
@@ -455,17 +626,20 @@ class MqstoreBatchReader(DataSourceReader):
             infos = _queue_infos(admin, opts)
             _check_named_queues(opts, infos)
             ranges = []
-            for q, info in sorted(infos.items()):
+            for (t, q), info in sorted(infos.items()):
                 start = _clamp_start(
-                    opts, info, _resolve(admin, opts, opts.starting, info, "startingOffsets")
+                    opts,
+                    info,
+                    _resolve(admin, opts, opts.starting, info, "startingOffsets", starting=True),
                 )
-                end = _resolve(admin, opts, opts.ending, info, "endingOffsets")
+                end = _resolve(admin, opts, opts.ending, info, "endingOffsets", starting=False)
                 if end < start:
                     raise BadOption(
                         "endingOffsets",
-                        f"queue {q}: the read would end at {end}, before its start {start}",
+                        f"topic {t!r} queue {q}: the read would end at {end}, before its start "
+                        f"{start}",
                     )
-                ranges.append(QueueRange(opts.topic, q, start, end, opts.fail_on_data_loss))
+                ranges.append(QueueRange(t, q, start, end, opts.fail_on_data_loss))
         # A list, never a tuple (spark.md §1.4).
         return list(split_ranges(ranges, opts.min_partitions, opts.max_records_per_partition))
 
@@ -476,15 +650,33 @@ class MqstoreBatchReader(DataSourceReader):
 # -- streaming -------------------------------------------------------------------------------
 
 
-def _offsets_json(offsets: Mapping[int, int]) -> dict[str, int]:
-    return {str(q): n for q, n in sorted(offsets.items())}
+def _offsets_json(offsets: Mapping[Key, int]) -> dict[str, dict[str, int]]:
+    """Kafka's offset form: {"<topic>": {"<queueId>": next offset}}."""
+    out: dict[str, dict[str, int]] = {}
+    for (t, q), n in sorted(offsets.items()):
+        out.setdefault(t, {})[str(q)] = n
+    return out
 
 
-def _offsets_of(doc: Mapping[str, Any] | None) -> dict[int, int]:
-    return {int(q): int(n) for q, n in (doc or {}).items()}
+def _offsets_of(doc: Mapping[str, Any] | None, sub: Subscription) -> dict[Key, int]:
+    """A stream offset back as {(topic, queue): offset}; the flat {"<queueId>": n} of a
+    checkpoint written before topics were named in it belongs to the read's one topic."""
+    out: dict[Key, int] = {}
+    for k, v in (doc or {}).items():
+        if isinstance(v, Mapping):
+            out.update(((str(k), int(q)), int(n)) for q, n in v.items())
+        elif sub.single is not None:
+            out[(sub.single, int(k))] = int(v)
+        else:
+            raise BadOption(
+                "checkpointLocation",
+                f"the checkpoint's offsets {dict(doc or {})} name no topic: they are of a "
+                "read of one topic (the option topic), not of " + str(sub),
+            )
+    return out
 
 
-def cap_offsets(start: Mapping[int, int], latest: Mapping[int, int], limit: int) -> dict[int, int]:
+def cap_offsets(start: Mapping[K, int], latest: Mapping[K, int], limit: int) -> dict[K, int]:
     """At most `limit` offsets past `start` in all, shared in proportion to what each queue
     has available (as Kafka's maxOffsetsPerTrigger), the rounding remainder to the first
     queues with room, so that every trigger makes progress."""
@@ -503,66 +695,162 @@ def cap_offsets(start: Mapping[int, int], latest: Mapping[int, int], limit: int)
     return {q: start.get(q, 0) + share[q] for q in latest}
 
 
+def offsets_behind(source: Any) -> dict[str, float] | None:
+    """Kafka's lag metrics of one source of a streaming query's progress
+    (`query.lastProgress["sources"][i]`, a dict or pyspark's SourceProgress), from what Spark
+    reports there: its endOffset and latestOffset (reportLatestOffset). {"minOffsetsBehindLatest",
+    "maxOffsetsBehindLatest", "avgOffsetsBehindLatest"} over the queues; None when the
+    progress holds no latestOffset. (A Python data source cannot fill the progress's own
+    `metrics` in PySpark 4.x: Spark's PythonMicroBatchStream does not implement
+    ReportsSourceMetrics.)"""
+
+    def field(name: str) -> Any:
+        value = source.get(name) if isinstance(source, Mapping) else getattr(source, name, None)
+        return json.loads(value) if isinstance(value, str) else value
+
+    end, latest = field("endOffset"), field("latestOffset")
+    if not isinstance(latest, Mapping) or not latest:
+        return None
+
+    def flat(doc: Any) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for k, v in (doc or {}).items():
+            if isinstance(v, Mapping):
+                out.update(((str(k), str(q)), int(n)) for q, n in v.items())
+            else:
+                out[("", str(k))] = int(v)
+        return out
+
+    done = flat(end if isinstance(end, Mapping) else {})
+    behind = [max(0, n - done.get(k, 0)) for k, n in flat(latest).items()]
+    if not behind:
+        return None
+    return {
+        "minOffsetsBehindLatest": min(behind),
+        "maxOffsetsBehindLatest": max(behind),
+        "avgOffsetsBehindLatest": sum(behind) / len(behind),
+    }
+
+
 class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets {"<queueId>": next offset}. A queue that appears while the query runs is read
-    from its beginning (as Kafka's new partitions). Under Trigger.AvailableNow the target is
-    the queues' ends when the query started, reached in maxOffsetsPerTrigger steps."""
+    """Offsets {"<topic>": {"<queueId>": next offset}} (Kafka's form). A queue or, under
+    subscribePattern, a topic that appears while the query runs is read from its beginning
+    (as Kafka's new partitions). Under Trigger.AvailableNow the target is the queues' ends
+    when the query started, reached in maxOffsetsPerTrigger steps.
+
+    Read limits (Kafka's): maxOffsetsPerTrigger caps a batch; minOffsetsPerTrigger holds a
+    trigger back (latestOffset answers the start: no batch) while fewer offsets are new and
+    less than maxTriggerDelay passed since the last batch ran. PySpark carries one ReadLimit,
+    so getDefaultReadLimit names the minimum when there is one and latestOffset applies the
+    maximum and the delay from the options with it; a ReadAllAvailable from Spark
+    (Trigger.Once) reads everything. Under Trigger.AvailableNow the minimum is not applied
+    (the query ends at the first trigger that brings nothing)."""
 
     def __init__(self, opts: ReadOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
-        self._target: dict[int, int] | None = None
+        self._target: dict[Key, int] | None = None
+        self._latest_seen: dict[Key, int] | None = None  # for reportLatestOffset
+        self._last_batch_s: float | None = None  # monotonic time the last batch was let run
 
-    def _latest(self) -> dict[int, int]:
+    def _latest(self) -> dict[Key, int]:
         with Admin(self.opts.settings) as admin:
-            return {q: info.max_offset for q, info in _queue_infos(admin, self.opts).items()}
+            return {k: info.max_offset for k, info in _queue_infos(admin, self.opts).items()}
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, dict[str, int]]:
         opts = self.opts
         with Admin(opts.settings) as admin:
             infos = _queue_infos(admin, opts)
             _check_named_queues(opts, infos)
             return _offsets_json(
                 {
-                    q: _clamp_start(
-                        opts, info, _resolve(admin, opts, opts.starting, info, "startingOffsets")
+                    k: _clamp_start(
+                        opts,
+                        info,
+                        _resolve(
+                            admin, opts, opts.starting, info, "startingOffsets", starting=True
+                        ),
                     )
-                    for q, info in infos.items()
+                    for k, info in infos.items()
                 }
             )
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.opts.max_offsets_per_trigger
-        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+        low, high = self.opts.min_offsets_per_trigger, self.opts.max_offsets_per_trigger
+        if low is not None:
+            return ReadMinRows(low)
+        return ReadAllAvailable() if high is None else ReadMaxRows(high)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._latest()
 
+    def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
+        """The queues' ends as the last latestOffset saw them (Kafka's): the progress's
+        `latestOffset`, against which its `endOffset` shows the lag (offsets_behind)."""
+        return None if self._latest_seen is None else _offsets_json(self._latest_seen)
+
+    def _hold_back(self, begin: Mapping[Key, int], latest: Mapping[Key, int], low: int) -> bool:
+        """Kafka's delayBatch: True while fewer than `low` offsets are new and less than
+        maxTriggerDelay passed since the last batch was let run."""
+        now = time.monotonic()
+        delay_s = self.opts.max_trigger_delay_ms / 1000
+        if self._last_batch_s is not None and now - self._last_batch_s < delay_s:
+            new = sum(max(0, n - begin.get(k, 0)) for k, n in latest.items())
+            if new < low:
+                return True
+        self._last_batch_s = now
+        return False
+
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
-    ) -> dict[str, int]:
-        begin = _offsets_of(start)
+    ) -> dict[str, dict[str, int]]:
+        opts = self.opts
+        begin = _offsets_of(start, opts.subscription)
         latest = self._target if self._target is not None else self._latest()
-        # Never behind where the query is (a queue the listing no longer shows stays put).
-        merged = {q: max(n, begin.get(q, 0)) for q, n in latest.items()}
-        for q, n in begin.items():
-            merged.setdefault(q, n)
-        if isinstance(limit, ReadMaxRows):
-            merged = cap_offsets(begin, merged, limit.max_rows)
+        self._latest_seen = dict(latest)
+        merged = dict(latest)
+        for k, n in begin.items():
+            end = merged.setdefault(k, n)  # a queue the listing no longer shows stays put
+            if end < n:  # the queue ends before where the query is: data loss (Kafka's)
+                if opts.fail_on_data_loss:
+                    raise OffsetsPastEnd(k[0], k[1], n, end)
+                log.warning(
+                    "topic %s queue %d: the stream is at %d, past the queue's end %d; going on "
+                    "from its end",
+                    k[0],
+                    k[1],
+                    n,
+                    end,
+                )
+        if limit is None:  # the engine's older call: the options' limits
+            limit = self.getDefaultReadLimit()
+        if isinstance(limit, ReadAllAvailable):
+            return _offsets_json(merged)
+        high = limit.max_rows if isinstance(limit, ReadMaxRows) else opts.max_offsets_per_trigger
+        if (
+            isinstance(limit, ReadMinRows)
+            and self._target is None
+            and self._hold_back(begin, merged, limit.min_rows)
+        ):
+            # No batch: the start, with any queue that went back at its end.
+            return _offsets_json({k: min(n, merged[k]) for k, n in begin.items()})
+        if high is not None:
+            merged = cap_offsets({k: min(n, merged[k]) for k, n in begin.items()}, merged, high)
         return _offsets_json(merged)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        begin, finish = _offsets_of(start), _offsets_of(end)
+        sub = self.opts.subscription
+        begin, finish = _offsets_of(start, sub), _offsets_of(end, sub)
         ranges = [
             QueueRange(
-                self.opts.topic,
+                t,
                 q,
-                begin.get(q, 0),
+                begin.get((t, q), 0),
                 n,
                 # A queue new to the query starts at 0, whatever retention left of it.
-                self.opts.fail_on_data_loss and q in begin,
+                self.opts.fail_on_data_loss and (t, q) in begin,
             )
-            for q, n in sorted(finish.items())
+            for (t, q), n in sorted(finish.items())
         ]
         return list(split_ranges(ranges, None, self.opts.max_records_per_partition))
 
@@ -888,7 +1176,7 @@ class MqstoreDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        return read_schema(*parse_mode(self.options))
+        return read_schema(*parse_mode(self.options), *parse_columns(self.options))
 
     def reader(self, schema: StructType) -> MqstoreBatchReader:
         opts = read_options(self.options, streaming=False)

@@ -30,7 +30,7 @@ def parse(streaming: bool = False, **options: str) -> Any:
 
 def test_defaults_follow_the_kafka_connector() -> None:
     batch = parse()
-    assert batch.topic == "orders" and batch.queues is None
+    assert batch.subscription.topics == ("orders",) and batch.queues is None
     assert batch.starting.default == "earliest" and batch.ending.default == "latest"
     assert batch.fail_on_data_loss is True
     assert batch.pull_messages == PULL_MESSAGES_DEFAULT
@@ -68,10 +68,10 @@ def test_addresses_fall_back_to_the_environment() -> None:
 
 def test_offset_json_per_queue_or_per_topic() -> None:
     a = parse(startingOffsets='{"0": 23, "1": -2}', endingOffsets='{"orders": {"0": 40, "2": -1}}')
-    assert a.starting.offsets == {0: 23, 1: EARLIEST}
-    assert a.ending.offsets == {0: 40, 2: LATEST}
+    assert a.starting.offsets == {"orders": {0: 23, 1: EARLIEST}}
+    assert a.ending.offsets == {"orders": {0: 40, 2: LATEST}}
     s = parse(streaming=True, startingOffsets='{"0": -1}')
-    assert s.starting.offsets == {0: LATEST}
+    assert s.starting.offsets == {"orders": {0: LATEST}}
 
 
 def test_timestamps_and_queues() -> None:
@@ -85,7 +85,7 @@ def test_timestamps_and_queues() -> None:
     )
     assert o.queues == (2, 0)
     assert o.starting.all_timestamp == 1000 and o.starting.by_time
-    assert o.ending.timestamps == {0: 5000}
+    assert o.ending.timestamps == {"orders": {0: 5000}}
     assert (o.min_partitions, o.max_records_per_partition, o.pull_messages) == (4, 100, 1024)
 
 

@@ -231,7 +231,6 @@ def test_empty_range_reads_nothing(spark: Any, mqstore_cluster: Cluster, stored:
         ).count()
         == 0
     )
-    assert reader(spark, mqstore_cluster, "spark-no-such-topic").count() == 0
 
 
 # -- data loss (retention) -----------------------------------------------------------------------

@@ -77,10 +77,10 @@ def test_available_now_in_batches_of_max_offsets_per_trigger(
     assert sizes == [7, 7, 7, 7, 2]
     rows = spark.sql("SELECT queueId, queueOffset FROM mqstore_limit").collect()
     assert sorted((r[0], r[1]) for r in rows) == [(q, o) for q in range(QUEUES) for o in range(10)]
-    # The checkpoint's offsets are our JSON, one entry per queue.
+    # The checkpoint's offsets are Kafka's JSON form, one entry per queue of each topic.
     last = logged(tmp_path / "ckpt" / "offsets")[-1]
     text = (tmp_path / "ckpt" / "offsets" / last).read_text().splitlines()[-1]
-    assert json.loads(text) == {"0": 10, "1": 10, "2": 10}
+    assert json.loads(text) == {topic: {"0": 10, "1": 10, "2": 10}}
 
 
 def test_latest_start_sees_only_new_messages(
