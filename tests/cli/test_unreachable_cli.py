@@ -13,14 +13,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from mqstore.cli.options import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE
-from tests.client.reach import Secrets, free_address, make_secrets, start_commitlog
+from tests.client.reach import Secrets, free_address, plain, secrets, secure
 from tests.e2e.cluster import Cluster
+
+__all__ = ["plain", "secrets", "secure"]  # fixtures, used by name
 
 REPO = Path(__file__).resolve().parents[2]
 # A --timeout far above the connect deadline: the command must not wait for it. Before, the
@@ -30,25 +29,6 @@ PATIENT_TIMEOUT_S = "30"
 # takes 4-7 s on a loaded 2-core machine (`mqstore --help` alone). Before: over 30 s.
 TOLD_WITHIN_S = 20.0
 RUN_TIMEOUT_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def secrets(tmp_path_factory: pytest.TempPathFactory) -> Secrets:
-    return make_secrets(tmp_path_factory.mktemp("secrets"))
-
-
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_commitlog(tmp_path_factory.mktemp("plain"))
-    yield c
-    c.stop_all()
-
-
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory, secrets: Secrets) -> Iterator[Cluster]:
-    c = start_commitlog(tmp_path_factory.mktemp("secure"), secrets.server_flags())
-    yield c
-    c.stop_all()
 
 
 def mqstore(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:

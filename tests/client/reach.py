@@ -9,8 +9,11 @@ nothing of the store, for a client certificate and a CA the store does not know.
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from mqstore.cli.security import issue_certificate, make_ca, new_token, toml_entry, write_secret
 from mqstore.client.settings import TlsSettings
@@ -99,3 +102,25 @@ def start_commitlog(root: Path, flags: list[str] | None = None) -> Cluster:
         c.stop_all()
         raise
     return c
+
+
+# -- fixtures, for the modules that import them ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory: pytest.TempPathFactory) -> Secrets:
+    return make_secrets(tmp_path_factory.mktemp("secrets"))
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_commitlog(tmp_path_factory.mktemp("plain"))
+    yield c
+    c.stop_all()
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory, secrets: Secrets) -> Iterator[Cluster]:
+    c = start_commitlog(tmp_path_factory.mktemp("secure"), secrets.server_flags())
+    yield c
+    c.stop_all()

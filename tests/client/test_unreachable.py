@@ -10,7 +10,6 @@ leader failover): the last test.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,33 +26,16 @@ from mqstore.client.errors import (
     Unauthenticated,
 )
 from mqstore.client.settings import CONNECT_TIMEOUT_S_DEFAULT, TlsSettings
-from tests.client.reach import Secrets, free_address, make_secrets, start_commitlog
+from tests.client.reach import Secrets, free_address, plain, secrets, secure, start_commitlog
 from tests.e2e.cluster import Cluster
+
+__all__ = ["plain", "secrets", "secure"]  # fixtures, used by name
 
 # A failure told within this (connect_timeout_s is 3 s; a loaded 2-core machine adds some).
 # Before, a Producer took its 30 s retry_timeout_s, a Consumer its 30 s reconnect_timeout_s.
 TOLD_WITHIN_S = 8.0
 # Long enough for the old code's retries to end too, so that the test fails rather than hangs.
 WAIT_S = 40.0
-
-
-@pytest.fixture(scope="module")
-def secrets(tmp_path_factory: pytest.TempPathFactory) -> Secrets:
-    return make_secrets(tmp_path_factory.mktemp("secrets"))
-
-
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_commitlog(tmp_path_factory.mktemp("plain"))
-    yield c
-    c.stop_all()
-
-
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory, secrets: Secrets) -> Iterator[Cluster]:
-    c = start_commitlog(tmp_path_factory.mktemp("secure"), secrets.server_flags())
-    yield c
-    c.stop_all()
 
 
 def send_fails(settings: ClientSettings) -> tuple[Exception, float]:
