@@ -17,7 +17,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 def mq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
-    base["MQSTORE_CONFIG_DIR"] = os.environ["MQSTORE_CONFIG_DIR"]
     return subprocess.run(
         [sys.executable, "-m", "mqstore.cli", *args],
         env={**base, **(env or {})},
@@ -59,7 +58,7 @@ def test_flags_and_variables_win_over_the_context_and_the_context_over_defaults(
     contexts.save(
         contexts.Context("far", {"commitlog": "far:7100", "index": "far:7300"}), select=True
     )
-    env = {"MQSTORE_CONFIG_DIR": os.environ["MQSTORE_CONFIG_DIR"]}
+    env = {"XDG_CONFIG_HOME": os.environ["XDG_CONFIG_HOME"]}
     s = ClientSettings.from_env(env)
     assert (s.commitlog, s.index, s.cq) == ("far:7100", ("far:7300",), ClientSettings().cq)
     s = ClientSettings.from_env({**env, "MQSTORE_COMMITLOG": "near:1"})

@@ -35,7 +35,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 STEP_TIMEOUT_S = 240.0
-FOLLOW_S = 4.0
+# Long enough for the command to start and reach its first wait on a loaded machine (Ctrl-C
+# before its handler is set would end it by the signal).
+FOLLOW_S = 10.0
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 OUTPUT_KEPT_CHARS = 4000
