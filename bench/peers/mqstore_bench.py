@@ -40,10 +40,10 @@ from bench.peers import pacing, replicated
 from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib, size_name
 from bench.peers.context import Context
 from bench.peers.grpc_ceiling import CeilingServer, pinger
-from index_svc.formats.index_file import DEFAULT_ENTRY_NUM, DEFAULT_SLOT_NUM
 from mqstore.client import Admin, ClientSettings, Consumer, Offset, Producer
 from mqstore.client.batch import ResultFuture
 from mqstore.client.producer import QUEUES_PER_TOPIC_DEFAULT, WINDOW_DEFAULT
+from mqstore.formats.index_file import DEFAULT_ENTRY_NUM, DEFAULT_SLOT_NUM
 from tests.e2e.cluster import Cluster, start_store
 
 BATCH_BYTES = 4 << 20  # room for 1,000 messages of 1 KiB with their properties

@@ -43,12 +43,12 @@ import pytest
 from cq_svc.config import CqConfig
 from cq_svc.engine import CqEngine
 from cq_svc.sink import EngineSink
-from cq_svc.unit_file import BLANK_SIZE
 from cq_svc.watch import QueueWatch
 from index_svc.config import IndexConfig
 from index_svc.engine import IndexEngine
 from index_svc.sink import IndexSink
 from mqstore.dispatch import DispatchEntry
+from mqstore.formats.cq_unit import BLANK_SIZE
 from mqstore.formats.properties import decode_properties
 from mqstore.history import LogHistory
 from mqstore.rpc.dispatch_codec import history_from_proto
