@@ -1,7 +1,7 @@
 """mqstore through its SDK (mqstore.client) over gRPC, against the three real services as
-tests/e2e/cluster.start_store starts them (commitlog_svc, one cq_svc, one index_svc; ports 0,
-their own temp dir), once with `--flush async` (every workload) and once with `--flush sync`
-(produce only).
+mqstore.testing.cluster.start_store starts them (commitlog_svc, one cq_svc, one index_svc;
+ports 0, their own temp dir), once with `--flush async` (every workload) and once with
+`--flush sync` (produce only).
 
 - produce: Producer with large batches (1,000 messages, up to 4 MiB) and the default window
   (4 requests in flight on one AppendStream) and queues (4, contiguous runs); send_batch()
@@ -44,7 +44,7 @@ from mqstore.client import Admin, ClientSettings, Consumer, Offset, Producer
 from mqstore.client.batch import ResultFuture
 from mqstore.client.producer import QUEUES_PER_TOPIC_DEFAULT, WINDOW_DEFAULT
 from mqstore.formats.index_file import DEFAULT_ENTRY_NUM, DEFAULT_SLOT_NUM
-from tests.e2e.cluster import Cluster, start_store
+from mqstore.testing.cluster import Cluster, start_store
 
 BATCH_BYTES = 4 << 20  # room for 1,000 messages of 1 KiB with their properties
 LONG_POLL_MS = 2000

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mqstore.client import Admin, ClientSettings, Consumer, Offset, Producer
-from tests.e2e.cluster import Cluster, start_store
+from mqstore.testing.cluster import Cluster, start_store
 
 QUEUES = 4
 TRIALS = 3

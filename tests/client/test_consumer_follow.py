@@ -26,8 +26,8 @@ from mqstore.client.follow import FollowStream
 from mqstore.client.message import Message
 from mqstore.client.settings import ClientSettings
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
+from mqstore.testing.cluster import Cluster, start_store
 from tests.client.conftest import settings_for
-from tests.e2e.cluster import Cluster, start_store
 from tests.e2e.support import CALL_TIMEOUT_S, append, eventually
 
 pytestmark = pytest.mark.timeout(60)

@@ -30,7 +30,7 @@ from mqstore.client.message import MessageRun, decode_run
 from mqstore.formats import sysflag
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 
 from .conftest import settings_for
 from .test_message_lazy import record

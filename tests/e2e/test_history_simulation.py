@@ -55,8 +55,8 @@ from mqstore.rpc.dispatch_codec import history_from_proto
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.subscriber import DispatchSink, Subscriber
 from mqstore.storage.logreader import LogDir, RecordEntry
+from mqstore.testing.cluster import Cluster
 
-from .cluster import Cluster
 from .support import append
 
 pytestmark = pytest.mark.timeout(900)
