@@ -210,7 +210,8 @@ def visible_consumer_per_queue(
     settings: ClientSettings, topic: str, n: int, ready: str
 ) -> dict[str, Any]:
     """The same with one Consumer per queue (queues=[q]), each in its own thread: what the
-    store does without the SDK's multi-queue polling (tests/bench/test_sdk_findings.py)."""
+    store does without the SDK's multi-queue polling
+    (tests/client/test_consumer_poll_every_queue.py)."""
     latencies = pacing.Arrivals()
     lock = threading.Lock()
     started = threading.Barrier(QUEUES_PER_TOPIC_DEFAULT + 1)
@@ -641,6 +642,6 @@ def _visible(ctx: Context, settings: ClientSettings, servers: dict[str, int]) ->
             f"mqstore append-to-visible, {size_name(size)}, with one Consumer per queue "
             f"(queues=[q], {QUEUES_PER_TOPIC_DEFAULT} threads) instead of one Consumer of the "
             f"topic, same load: p50 {p50:,.1f} ms, p99 {p99:,.1f} ms (median of {len(runs)} "
-            "run(s)); tests/bench/test_sdk_findings.py shows the one Consumer's poll handing "
-            "out one queue per call.",
+            "run(s)); tests/client/test_consumer_poll_every_queue.py pins the one Consumer's "
+            "poll handing out every queue's batch.",
         )
