@@ -30,8 +30,8 @@ from collections.abc import Callable
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import make_store
 from cq_svc.store import CqStore
-from cq_svc.time_file import Boundary
 from mqstore.dispatch import DispatchEntry
+from mqstore.formats.cq_time import Boundary
 
 BATCH = 1024
 UNITS_PER_FILE = 1000

@@ -5,7 +5,7 @@
 
 For each flush mode (sync, then async): first commitlog_svc alone (no subscribers), for the
 produce reference; then a fresh store of commitlog_svc with `--flush`, one cq_svc and one
-index_svc following it (mqstore.launcher.ServiceProcess, ports 0, data in a temporary
+index_svc following it (mqstore.testing.cluster.Cluster, ports 0, data in a temporary
 directory, logs to files there), each with its default settings, as `make run` starts them.
 Every service is stopped with SIGTERM at the end, whatever happened. The clients run in the
 worker processes of a spawn-based pool, never in a service's or the orchestrator's process.
@@ -88,6 +88,7 @@ from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as cq_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc as ix_grpc
+from mqstore.testing.cluster import Cluster
 
 BATCH = 1000  # messages per Append request, as the producer SDK batches them
 QUEUES = 8
@@ -106,7 +107,6 @@ CATCH_UP_TIMEOUT_S = 180.0
 # Unique UNIQ_KEYs cost ~2 us a message to make: the peak-load phase, which runs for a time
 # rather than a count, cycles through this many prebuilt requests instead.
 PEAK_POOL_BATCHES = 200
-EPHEMERAL = ["--port", "0", "--health-port", "0", "--metrics-port", "0"]
 # Disk one store of a full run takes at its largest (measured: ~3 GiB, mostly preallocated
 # 1 GiB commit-log segments, 6 MB consume-queue files and the 420 MB index file), with room.
 STORE_BYTES_MAX = 6 << 30
@@ -578,17 +578,6 @@ class CpuMeter:
         return out
 
 
-def _health(target: str, service: str) -> int:
-    with grpc.insecure_channel(target) as channel:
-        try:
-            answer = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=2
-            )
-        except grpc.RpcError:
-            return -1
-        return int(answer.status)
-
-
 def disk_guard(directory: Path) -> tuple[list[str], str | None]:
     """Flags for commitlog_svc when other files on this disk would trip its disk protection.
 
@@ -623,68 +612,38 @@ def allocated_bytes(directory: Path) -> int:
     return total
 
 
+# The followers' names in the Cluster (data directory and subscriber id), by package.
+FOLLOWERS = {"cq_svc": "cq", "index_svc": "index"}
+
+
 class Store:
-    """commitlog_svc, cq_svc and index_svc as processes under `root`, default settings (but
-    for `log_args`, see disk_guard)."""
+    """commitlog_svc, cq_svc and index_svc as processes under `root` (a Cluster), default
+    settings (but for `log_args`, see disk_guard); cq_svc reads records through the commit
+    log's Read."""
 
     def __init__(self, root: Path, flush: str, log_args: list[str] | None = None) -> None:
         self.root = root
-        logs = root / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        self.log = ServiceProcess(
-            "commitlog_svc",
-            str(root / "commitlog"),
-            args=[*EPHEMERAL, "--flush", flush, *(log_args or [])],
-            log_path=str(logs / "commitlog.log"),
+        self.cluster = Cluster(
+            root,
+            flush=flush,
+            extra={"commitlog_svc": list(log_args or [])},
+            local_reads=False,
+            ready_timeout_s=READY_TIMEOUT_S,
         )
-        self.followers: dict[str, ServiceProcess] = {}
+        self.log = self.cluster.commitlog
+        self.followers: dict[str, ServiceProcess] = {}  # by package
         self.channels: list[grpc.Channel] = []
 
     def start(self, *, followers: bool = True) -> None:
-        self.log.start()
-        self.log.wait_listening()
-        self._wait_ready(self.log)
-        for name in ("cq_svc", "index_svc") if followers else ():
-            follower = ServiceProcess(
-                name,
-                str(self.root / name),
-                args=[
-                    *EPHEMERAL,
-                    "--commitlog-target",
-                    self.log.target,
-                    "--subscriber-id",
-                    name.split("_")[0],
-                ],
-                log_path=str(self.root / "logs" / f"{name}.log"),
-            )
-            self.followers[name] = follower
-            follower.start()
-        for follower in self.followers.values():
-            follower.wait_listening()
-            self._wait_ready(follower)
-
-    @staticmethod
-    def _wait_ready(service: ServiceProcess) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if not service.running:
-                raise RuntimeError(f"{service.package} exited; see {service.log_path}")
-            if (
-                _health(service.health_target, "readiness")
-                == health_pb2.HealthCheckResponse.SERVING
-            ):
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"{service.package} not ready; see {service.log_path}")
+        self.cluster.start_commitlog()
+        for package, name in FOLLOWERS.items() if followers else ():
+            self.followers[package] = self.cluster.add(package, name)
+            self.cluster.start(name)
 
     def stop(self) -> dict[str, int]:
-        codes = {}
         for channel in self.channels:
             channel.close()
-        for name, follower in self.followers.items():
-            codes[name] = follower.stop()
-        codes["commitlog_svc"] = self.log.stop()
-        return codes
+        return self.cluster.stop_all()
 
     @property
     def services(self) -> dict[str, ServiceProcess]:
@@ -923,7 +882,7 @@ class Bench:
         print(
             f"   {flush}: the store under {store.root} took {used_gb:.1f} GiB of disk", flush=True
         )
-        for name in ("commitlog", "cq_svc", "index_svc"):
+        for name in ("commitlog", *FOLLOWERS.values()):
             shutil.rmtree(store.root / name, ignore_errors=True)
 
     def _gate(self) -> Gate:

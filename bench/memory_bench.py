@@ -3,11 +3,11 @@
     python -m bench.memory_bench [--rounds N] [--stores file,rocksdb] [--dir DIR] [--quick]
 
 For each consume-queue store kind, the three services start as real processes on loopback
-(tests/e2e/cluster.py; the index service with its default, RocketMQ-sized index files), and an
-SDK producer writes `--rounds` messages of 100 B into every queue of a growing set of topics: a
-topic holds at most 65,536 queues (limits.queue_id_max), so 100,000 queues are three topics of
-10,000, 40,000 and 50,000. After each stage the bench waits until both followers have applied
-the whole log, then reads /proc/PID/status of each service:
+(mqstore/testing/cluster.py; the index service with its default, RocketMQ-sized index
+files), and an SDK producer writes `--rounds` messages of 100 B into every queue of a growing
+set of topics: a topic holds at most 65,536 queues (limits.queue_id_max), so 100,000 queues
+are three topics of 10,000, 40,000 and 50,000. After each stage the bench waits until both
+followers have applied the whole log, then reads /proc/PID/status of each service:
 
 - RssAnon: anonymous resident memory (heap, Python objects, RocksDB caches): what must stay
   bounded;
@@ -31,7 +31,7 @@ from bench.peers.mqstore_bench import INDEX_DEFAULT_ARGS, settings_of
 from mqstore.client import Admin, Producer
 from mqstore.formats.cq_time import TIME_BYTES
 from mqstore.formats.cq_unit import UNIT_BYTES
-from tests.e2e.cluster import Cluster, start_all
+from mqstore.testing.cluster import Cluster, start_all
 
 BODY_BYTES = 100
 # (topic, its queues): cumulative 10,000 / 50,000 / 100,000 queues.

@@ -4,7 +4,7 @@
                                      [--flush async|sync] [--profile commitlog,cq,index,client]
                                      [--out DIR] [--top 25]
 
-Starts the three services (tests/e2e/cluster.py, the same settings as `make bench-peers`),
+Starts the three services (mqstore/testing/cluster.py, the same settings as `make bench-peers`),
 runs one workload from this process through the SDK, and prints the rate and the CPU seconds
 each process used (from /proc, so the figures are per message and hold on a noisy machine
 better than rates do). With --profile, py-spy (`--gil`: samples only the thread holding the
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from bench.peers.mqstore_bench import INDEX_DEFAULT_ARGS, settings_of, wait_caught_up
 from mqstore.client import ClientSettings, Consumer, Producer
-from tests.e2e.cluster import Cluster, start_store
+from mqstore.testing.cluster import Cluster, start_store
 
 BATCH = 1_000
 PROFILE_RATE_HZ = 250

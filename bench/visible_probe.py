@@ -1,5 +1,5 @@
 """Where append-to-visible time goes, by stage: a paced Producer in one process, a long-polling
-Consumer in another, against the three real services (tests/e2e/cluster.start_store).
+Consumer in another, against the three real services (mqstore.testing.cluster.start_store).
 
 Each body starts with time.time_ns() at send; the record's store timestamp (ms, stamped by
 commitlog_svc at append) splits the latency into send -> stored (the producer's linger and the
@@ -43,7 +43,7 @@ from bench.peers.mqstore_bench import (
 from bench.profile_services import summarize
 from mqstore.client import ClientSettings, Consumer, Message, Offset
 from mqstore.formats.record import checked_fields
-from tests.e2e.cluster import start_store
+from mqstore.testing.cluster import start_store
 
 GC_PAUSE = "mqstore_gc_pause_seconds"
 STAGE_SAMPLE = 8  # one message in 8 has its stages taken

@@ -37,7 +37,7 @@ from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
-from tests.e2e.cluster import EPHEMERAL, SMALL_INDEX_ARGS, wait_ready
+from mqstore.testing.cluster import EPHEMERAL, SMALL_INDEX_ARGS, wait_ready
 
 GROUP = "chaos"
 MIN_INSYNC = 2

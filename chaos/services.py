@@ -1,6 +1,6 @@
 """The real services of a chaos run, and what one cycle does to them.
 
-The store is tests/e2e/cluster.py's Cluster: commitlog_svc, one cq_svc ("cq") and one
+The store is mqstore/testing/cluster.py's Cluster: commitlog_svc, one cq_svc ("cq") and one
 index_svc ("index"), each a process on loopback with its own data directory under the run's
 root and its log in root/logs. After the first start every process is pinned to the ports it
 got, so that a restart comes back where clients (and, for the commit log, the followers) look
@@ -40,7 +40,7 @@ from grpc_health.v1 import health_pb2
 from chaos.plan import CyclePlan
 from mqstore.client.settings import ClientSettings
 from mqstore.launcher import ServiceProcess
-from tests.e2e.cluster import Cluster, health_status, start_all
+from mqstore.testing.cluster import Cluster, health_status, start_all
 
 SEGMENT_BYTES = 4 << 20
 CQ_UNITS_PER_FILE = 4_096

@@ -14,33 +14,11 @@ import logging
 import os
 
 from mqstore.errors import CorruptFile
-from mqstore.formats.cq_checkpoint import (
-    FILE_NAME,
-    MAGIC,
-    NO_STORE_ID,
-    VERSION,
-    CqCheckpoint,
-    decode,
-    encode,
-)
+from mqstore.formats.cq_checkpoint import FILE_NAME, CqCheckpoint, decode, encode
 from mqstore.storage import failpoints
 from mqstore.storage.disk import Disk, write_atomic
 
 log = logging.getLogger(__name__)
-
-# The layout (CqCheckpoint, encode, decode) lives in mqstore.formats.cq_checkpoint, shared with
-# the Spark rebuild job; re-exported here so that the service's imports stay as they were.
-__all__ = [
-    "FILE_NAME",
-    "MAGIC",
-    "NO_STORE_ID",
-    "VERSION",
-    "CqCheckpoint",
-    "decode",
-    "encode",
-    "load",
-    "save",
-]
 
 
 def load(disk: Disk, data_dir: str) -> CqCheckpoint:

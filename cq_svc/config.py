@@ -6,8 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from cq_svc.unit_file import UNIT_BYTES
 from mqstore.errors import InvalidArgument
+from mqstore.formats.cq_unit import UNIT_BYTES
 
 
 class StoreKind(enum.StrEnum):

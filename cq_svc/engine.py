@@ -47,10 +47,10 @@ from cq_svc.errors import ReceiptExpired
 from cq_svc.file_store import FileCqStore
 from cq_svc.group_offsets import GroupKey, GroupOffsets
 from cq_svc.store import CqStore, PullResult, RecoveryReport
-from cq_svc.time_file import Boundary
-from cq_svc.unit_file import Unit
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import Unavailable
+from mqstore.formats.cq_time import Boundary
+from mqstore.formats.cq_unit import Unit
 from mqstore.group_lag import queue_lag
 from mqstore.history import LogHistory
 from mqstore.storage.clock import Clock, SystemClock

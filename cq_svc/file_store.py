@@ -40,10 +40,11 @@ from cq_svc.store import (
     decide_pull,
     plain_run_start,
 )
-from cq_svc.time_file import Boundary, clamp_time, clamp_times, search_offset_by_time
-from cq_svc.unit_file import UNIT_BYTES, Unit
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument, check
+from mqstore.formats.cq_checkpoint import CqCheckpoint
+from mqstore.formats.cq_time import Boundary, clamp_time, clamp_times, search_offset_by_time
+from mqstore.formats.cq_unit import UNIT_BYTES, Unit
 from mqstore.limits import TOPIC_PATTERN
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock, SystemClock
@@ -66,7 +67,7 @@ class FileCqStore:
         self._open_maps = 0
         self._unflushed: set[Key] = set()  # evicted while dirty (flushed at the checkpoint)
         self._lock = threading.RLock()
-        self._ckpt = checkpoint.CqCheckpoint()
+        self._ckpt = CqCheckpoint()
         self._applied = 0  # end of the newest entry given to put_batch
         self._min_phy = 0
         self._opened = False
@@ -157,7 +158,7 @@ class FileCqStore:
                 self.disk.remove_tree(f"{self.config.data_dir}/{tree}")
             self._applied = 0
             self._min_phy = 0
-            self._ckpt = checkpoint.CqCheckpoint(store_id=store_id, written_at_ms=0)
+            self._ckpt = CqCheckpoint(store_id=store_id, written_at_ms=0)
             self._write_checkpoint()
 
     # -- queues and the LRU ---------------------------------------------------------------------
@@ -480,5 +481,5 @@ def _check_topic(key: Key) -> None:
         raise InvalidArgument(f"bad topic or queue id {topic!r}/{qid}", field="topic")
 
 
-def _replace(ckpt: checkpoint.CqCheckpoint, **changes: int) -> checkpoint.CqCheckpoint:
+def _replace(ckpt: CqCheckpoint, **changes: int) -> CqCheckpoint:
     return dataclasses.replace(ckpt, **changes)  # type: ignore[arg-type]

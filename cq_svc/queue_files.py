@@ -43,18 +43,25 @@ import numpy as np
 import numpy.typing as npt
 
 from cq_svc.store import UnitColumns
-from cq_svc.time_file import TIME_BYTES, decode_time, encode_time
-from cq_svc.unit_file import (
+from mqstore.dispatch import Column
+from mqstore.errors import check
+from mqstore.formats.cq_time import (
+    TIME_BYTES,
+    RawBisect,
+    bisect_stored_files,
+    decode_time,
+    encode_time,
+    encode_times,
+)
+from mqstore.formats.cq_unit import (
     BLANK_SIZE,
     UNIT,
     UNIT_BYTES,
+    UNIT_DTYPE,
     Unit,
     count_valid,
+    encode_unit_columns,
 )
-from mqstore.dispatch import Column
-from mqstore.errors import check
-from mqstore.formats.cq_time import RawBisect, bisect_stored_files, encode_times
-from mqstore.formats.cq_unit import UNIT_DTYPE, encode_unit_columns
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue

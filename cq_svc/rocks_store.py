@@ -41,10 +41,11 @@ from cq_svc.store import (
     decide_pull,
     plain_run_start,
 )
-from cq_svc.time_file import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
-from cq_svc.unit_file import BLANK_SIZE, Unit
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument, check
+from mqstore.formats.cq_checkpoint import CqCheckpoint
+from mqstore.formats.cq_time import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
+from mqstore.formats.cq_unit import BLANK_SIZE, Unit
 from mqstore.limits import TOPIC_PATTERN
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock, SystemClock
@@ -94,7 +95,7 @@ class RocksCqStore:
         self._offset_handle: object = None
         self._cache: OrderedDict[Key, _QState] = OrderedDict()
         self._lock = threading.RLock()
-        self._ckpt = checkpoint.CqCheckpoint()
+        self._ckpt = CqCheckpoint()
         self._applied = 0
         self._confirmed = 0
         self._min_phy = 0
@@ -199,7 +200,7 @@ class RocksCqStore:
             self._open_db()
             self._applied = self._confirmed = 0
             self._min_phy = 0
-            self._ckpt = checkpoint.CqCheckpoint(store_id=store_id)
+            self._ckpt = CqCheckpoint(store_id=store_id)
             self._write_checkpoint_file()
 
     def _write_checkpoint_file(self) -> None:

@@ -70,8 +70,6 @@ from cq_svc.local_reads import LocalReads
 from cq_svc.settings import CqSettings
 from cq_svc.store import PullResult, PullStatus, UnitColumns
 from cq_svc.tail_records import TailRecords
-from cq_svc.time_file import Boundary
-from cq_svc.unit_file import Unit
 from cq_svc.watch import QueueWatch
 from mqstore.cpu_section import CPU_SECTION
 from mqstore.errors import (
@@ -82,6 +80,8 @@ from mqstore.errors import (
     Unavailable,
     check,
 )
+from mqstore.formats.cq_time import Boundary
+from mqstore.formats.cq_unit import Unit
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import TAGS
 from mqstore.formats.record import Bad, Blank, read_record, validate_topic

@@ -30,13 +30,13 @@ from collections.abc import Sequence
 import grpc
 
 from cq_svc import metrics
-from cq_svc.checkpoint import NO_STORE_ID
 from cq_svc.engine import CqEngine
 from cq_svc.local_reads import LocalReads
 from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import MqstoreError
+from mqstore.formats.cq_checkpoint import NO_STORE_ID
 from mqstore.history import LogHistory
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc

@@ -26,9 +26,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from cq_svc.time_file import Boundary
-from cq_svc.unit_file import BLANK_SIZE, UNIT_BYTES, Unit
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
+from mqstore.formats.cq_time import Boundary
+from mqstore.formats.cq_unit import BLANK_SIZE, UNIT_BYTES, Unit
 
 
 class PullStatus(enum.StrEnum):

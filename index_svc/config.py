@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from index_svc.formats import index_file as fmt
 from mqstore.errors import InvalidArgument
+from mqstore.formats import index_file as fmt
 
 
 @dataclass(frozen=True)

@@ -36,18 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from index_svc import keyhash
 from index_svc.config import IndexConfig
 from index_svc.confirm import KeyedRecord, confirm_key, confirm_uniq, within
-from index_svc.formats import index_file as fmt
-from index_svc.formats.checkpoint import (
-    FILE_HEAD_CRC,
-    NO_STORE_ID,
-    STORE_ID_BYTES,
-    IndexCheckpoint,
-    decode_checkpoint,
-    encode_checkpoint,
-)
 from index_svc.index_file import IndexFile
 from index_svc.recovery import RecoveryReport, cut_at_offset, recover
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
@@ -59,7 +49,16 @@ from mqstore.errors import (
     Unavailable,
     check,
 )
-from mqstore.formats import sysflag
+from mqstore.formats import index_file as fmt
+from mqstore.formats import keyhash, sysflag
+from mqstore.formats.index_checkpoint import (
+    FILE_HEAD_CRC,
+    NO_STORE_ID,
+    STORE_ID_BYTES,
+    IndexCheckpoint,
+    decode_checkpoint,
+    encode_checkpoint,
+)
 from mqstore.formats.javahash import index_key_hash
 from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR, index_hashes_prefixed, message_keys
 from mqstore.history import LogHistory

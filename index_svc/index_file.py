@@ -1,6 +1,6 @@
 """One index file on disk, with its exact-mode companion: batch puts, chain walks, flush, cut.
 
-The byte layouts are in index_svc.formats (index_file, hash64_file). This class does the I/O,
+The byte layouts are in mqstore.formats (index_file, index_hash64). This class does the I/O,
 through the Disk seam, and keeps the header's in-memory copy and the file's checkpoint record
 (`rec`) current. It is not thread-safe: the engine serialises every call.
 
@@ -23,16 +23,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from index_svc.formats import hash64_file as h64fmt
-from index_svc.formats import index_file as fmt
-from index_svc.formats.checkpoint import (
+from mqstore.errors import CorruptFile, check
+from mqstore.formats import index_file as fmt
+from mqstore.formats import index_hash64 as h64fmt
+from mqstore.formats.index_checkpoint import (
     FILE_HAS_COMPANION,
     FILE_HEAD_CRC,
     FILE_SEALED,
     FileRecord,
+    region_crc,
 )
-from mqstore.errors import CorruptFile, check
-from mqstore.formats.index_checkpoint import region_crc
 from mqstore.storage.disk import Disk, Region
 
 log = logging.getLogger(__name__)

@@ -48,11 +48,11 @@ import time
 from dataclasses import dataclass, field
 
 from index_svc.config import IndexConfig
-from index_svc.formats import hash64_file as h64fmt
-from index_svc.formats import index_file as fmt
-from index_svc.formats.checkpoint import FILE_HAS_COMPANION, FileRecord, IndexCheckpoint
 from index_svc.index_file import IndexFile
 from mqstore.errors import CorruptFile
+from mqstore.formats import index_file as fmt
+from mqstore.formats import index_hash64 as h64fmt
+from mqstore.formats.index_checkpoint import FILE_HAS_COMPANION, FileRecord, IndexCheckpoint
 from mqstore.storage.disk import Disk
 
 log = logging.getLogger(__name__)

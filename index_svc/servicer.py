@@ -42,7 +42,6 @@ import grpc
 from index_svc import metrics
 from index_svc.confirm import KeyedRecord, key_matches, uniq_matches
 from index_svc.engine import IndexEngine
-from index_svc.formats.checkpoint import NO_STORE_ID
 from index_svc.records import CommitLogReader, FetchedRecord
 from mqstore.errors import (
     FailedPrecondition,
@@ -50,6 +49,7 @@ from mqstore.errors import (
     MqstoreError,
     Unavailable,
 )
+from mqstore.formats.index_checkpoint import NO_STORE_ID
 from mqstore.formats.record import validate_topic
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.common.v1 import common_pb2

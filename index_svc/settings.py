@@ -22,9 +22,9 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from index_svc.config import IndexConfig
-from index_svc.formats import index_file as fmt
 from mqstore.dispatch import DISPATCH_LINGER_MS_MAX
 from mqstore.errors import InvalidArgument
+from mqstore.formats import index_file as fmt
 from mqstore.launcher import DEFAULT_PORTS
 from mqstore.rpc.settings import FollowerSettings
 

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 from index_svc import metrics
 from index_svc.engine import IndexEngine
-from index_svc.formats.checkpoint import NO_STORE_ID
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import FlushFailed
+from mqstore.formats.index_checkpoint import NO_STORE_ID
 from mqstore.history import LogHistory
 
 log = logging.getLogger(__name__)

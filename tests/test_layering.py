@@ -1,8 +1,11 @@
 """The package layering of STYLE.md, checked by walking every module's imports with ast.
 
 mqstore/formats   imports nothing from mqstore.storage, mqstore.rpc or any service
+mqstore/storage   imports nothing from mqstore.rpc (the disk layer knows no wire)
 mqstore/          never imports commitlog_svc, cq_svc or index_svc
 each service      never imports another service
+bench/, chaos/, fuzz/ and mqstore/ never import tests/ (shared support code lives in the
+                  package, e.g. mqstore/testing/cluster.py)
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ("commitlog_svc", "cq_svc", "index_svc")
-PACKAGES = ("mqstore", *SERVICES)
+TOOLS = ("bench", "chaos", "fuzz")
+PACKAGES = ("mqstore", *SERVICES, *TOOLS)
 # Generated gRPC stubs import only grpc and protobuf; they are not ours to lay out.
 SKIP_DIRS = ("mqstore/rpc/gen",)
 
@@ -82,6 +86,12 @@ def violations(imports: dict[str, set[str]]) -> list[str]:
                 for banned in ("mqstore.storage", "mqstore.rpc", *SERVICES):
                     if within(target, banned):
                         found.append(f"{module} imports {target}: formats must stay pure")
+            if within(module, "mqstore.storage") and within(target, "mqstore.rpc"):
+                found.append(f"{module} imports {target}: storage knows no wire")
+            if (within(module, "mqstore") or any(within(module, t) for t in TOOLS)) and within(
+                target, "tests"
+            ):
+                found.append(f"{module} imports {target}: nothing outside tests/ imports it")
             if within(module, "mqstore"):
                 for service in SERVICES:
                     if within(target, service):
@@ -102,6 +112,9 @@ def test_the_walk_sees_every_package_and_real_imports() -> None:
     assert "commitlog_svc.commitlog" in imports
     assert "mqstore.formats.properties" in imports["mqstore.formats.record"]
     assert any(within(t, "mqstore.storage") for t in imports["commitlog_svc.commitlog"])
+    assert "mqstore.testing.cluster" in imports["chaos.services"]
+    assert any(within(t, "mqstore") for t in imports["fuzz.targets.metafiles"])
+    assert any(within(t, "mqstore") for t in imports["bench.e2e_bench"])
 
 
 def test_packages_import_only_along_the_allowed_layers() -> None:
@@ -122,6 +135,14 @@ def test_packages_import_only_along_the_allowed_layers() -> None:
         ("commitlog_svc.x", False, "from mqstore.storage import disk", None),
         ("mqstore.storage.x", False, "from mqstore.formats import record", None),
         ("mqstore.formats.x", False, "from . import sysflag\nfrom .properties import P", None),
+        ("mqstore.storage.x", False, "from mqstore.rpc import channel", "knows no wire"),
+        ("mqstore.storage.x", False, "from ..rpc.gen import x", "knows no wire"),
+        ("mqstore.rpc.x", False, "from mqstore.storage import disk", None),
+        ("bench.e2e_bench", False, "from tests.e2e.cluster import Cluster", "outside tests/"),
+        ("chaos.services", False, "import tests.e2e.support", "outside tests/"),
+        ("fuzz.targets.x", False, "from tests import helpers", "outside tests/"),
+        ("mqstore.testing", True, "from tests.e2e import support", "outside tests/"),
+        ("bench.x", False, "from mqstore.testing.cluster import Cluster", None),
     ],
 )
 def test_the_checker_catches_each_kind_of_violation(

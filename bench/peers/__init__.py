@@ -7,7 +7,8 @@ Modules, one job each:
     servers.py        find (or apt-get install) nats-server / redis-server, start one on a free
                       loopback port with its own temp dir, stop it by PID
     common.py         scale, CPU accounting (foreign load), percentiles, the results store
-    mqstore_bench.py  the SDK (Producer, Consumer, Admin) against tests/e2e/cluster.start_store
+    mqstore_bench.py  the SDK (Producer, Consumer, Admin) against the services that
+                      mqstore.testing.cluster.start_store starts
     nats_bench.py     nats-py: publish_async, pull fetch(1000), ordered push, by_start_time
     redis_bench.py    redis-py with hiredis: pipelined XADD, paged XRANGE, XRANGE by time
     grpc_ceiling.py   a trivial gRPC service (its own process) answering the same batches

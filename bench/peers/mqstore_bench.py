@@ -1,7 +1,7 @@
 """mqstore through its SDK (mqstore.client) over gRPC, against the three real services as
-tests/e2e/cluster.start_store starts them (commitlog_svc, one cq_svc, one index_svc; ports 0,
-their own temp dir), once with `--flush async` (every workload) and once with `--flush sync`
-(produce only).
+mqstore.testing.cluster.start_store starts them (commitlog_svc, one cq_svc, one index_svc;
+ports 0, their own temp dir), once with `--flush async` (every workload) and once with
+`--flush sync` (produce only).
 
 - produce: Producer with large batches (1,000 messages, up to 4 MiB) and the default window
   (4 requests in flight on one AppendStream) and queues (4, contiguous runs); send_batch()
@@ -40,11 +40,11 @@ from bench.peers import pacing, replicated
 from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib, size_name
 from bench.peers.context import Context
 from bench.peers.grpc_ceiling import CeilingServer, pinger
-from index_svc.formats.index_file import DEFAULT_ENTRY_NUM, DEFAULT_SLOT_NUM
 from mqstore.client import Admin, ClientSettings, Consumer, Offset, Producer
 from mqstore.client.batch import ResultFuture
 from mqstore.client.producer import QUEUES_PER_TOPIC_DEFAULT, WINDOW_DEFAULT
-from tests.e2e.cluster import Cluster, start_store
+from mqstore.formats.index_file import DEFAULT_ENTRY_NUM, DEFAULT_SLOT_NUM
+from mqstore.testing.cluster import Cluster, start_store
 
 BATCH_BYTES = 4 << 20  # room for 1,000 messages of 1 KiB with their properties
 LONG_POLL_MS = 2000
@@ -210,7 +210,8 @@ def visible_consumer_per_queue(
     settings: ClientSettings, topic: str, n: int, ready: str
 ) -> dict[str, Any]:
     """The same with one Consumer per queue (queues=[q]), each in its own thread: what the
-    store does without the SDK's multi-queue polling (tests/bench/test_sdk_findings.py)."""
+    store does without the SDK's multi-queue polling
+    (tests/client/test_consumer_poll_every_queue.py)."""
     latencies = pacing.Arrivals()
     lock = threading.Lock()
     started = threading.Barrier(QUEUES_PER_TOPIC_DEFAULT + 1)
@@ -641,6 +642,6 @@ def _visible(ctx: Context, settings: ClientSettings, servers: dict[str, int]) ->
             f"mqstore append-to-visible, {size_name(size)}, with one Consumer per queue "
             f"(queues=[q], {QUEUES_PER_TOPIC_DEFAULT} threads) instead of one Consumer of the "
             f"topic, same load: p50 {p50:,.1f} ms, p99 {p99:,.1f} ms (median of {len(runs)} "
-            "run(s)); tests/bench/test_sdk_findings.py shows the one Consumer's poll handing "
-            "out one queue per call.",
+            "run(s)); tests/client/test_consumer_poll_every_queue.py pins the one Consumer's "
+            "poll handing out every queue's batch.",
         )

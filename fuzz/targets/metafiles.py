@@ -20,13 +20,11 @@ from dataclasses import dataclass
 import crc32c
 
 from cq_svc import ack_journal, ack_segment, group_offsets
-from cq_svc import checkpoint as cq_checkpoint
 from fuzz.draw import Draw
 from fuzz.findings import check
-from index_svc.formats import checkpoint as index_checkpoint
-from index_svc.formats import hash64_file
 from mqstore.errors import CorruptFile
 from mqstore.formats import commitlog_checkpoint as cl
+from mqstore.formats import cq_checkpoint, index_checkpoint, index_hash64
 from mqstore.formats.framing import frame
 
 DESCRIPTION = (
@@ -145,11 +143,13 @@ def _index_checkpoint(data: bytes) -> None:
 
 def _hash64_header(data: bytes) -> None:
     try:
-        entry_num = hash64_file.decode_header(data)
+        entry_num = index_hash64.decode_header(data)
     except CorruptFile:
         return
     _same(
-        "hash64 header", hash64_file.decode_header(hash64_file.encode_header(entry_num)), entry_num
+        "hash64 header",
+        index_hash64.decode_header(index_hash64.encode_header(entry_num)),
+        entry_num,
     )
 
 
@@ -192,7 +192,7 @@ DECODERS = (
         _index_checkpoint,
         index_checkpoint.decode_checkpoint,
     ),
-    Decoder("hash64 header", hash64_file.MAGIC, (1,), _hash64_header, hash64_file.decode_header),
+    Decoder("hash64 header", index_hash64.MAGIC, (1,), _hash64_header, index_hash64.decode_header),
 )
 BY_NAME = {d.name: d for d in DECODERS}
 

@@ -11,7 +11,7 @@
 The tools that read a store's files (`mqstore log ...`, `mqstore spark ...`, the `mqstore-log`
 source) take DATA itself, a service's data dir, or the exact directory of a part, and call
 `store_parts` to find what they read. `data/commitlog`, `data/cq` and `data/index` (the names of
-a test cluster's parts, tests/e2e/cluster.py) are found too.
+a test cluster's parts, mqstore/testing/cluster.py) are found too.
 """
 
 from __future__ import annotations

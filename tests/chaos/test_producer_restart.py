@@ -28,8 +28,8 @@ import pytest
 
 from mqstore.client import Admin, Producer
 from mqstore.client.errors import ClientError
+from mqstore.testing.cluster import Cluster
 from tests.client.conftest import settings_for, start_cluster
-from tests.e2e.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 

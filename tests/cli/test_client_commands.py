@@ -28,8 +28,8 @@ from click.testing import CliRunner
 from mqstore.cli import cli
 from mqstore.client.admin import Admin
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
+from mqstore.testing.cluster import Cluster
 from tests.client.conftest import settings_for, start_cluster
-from tests.e2e.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 60.0

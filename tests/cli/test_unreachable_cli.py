@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from mqstore.cli.options import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE
+from mqstore.testing.cluster import Cluster
 from tests.client.reach import Secrets, free_address, plain, secrets, secure
-from tests.e2e.cluster import Cluster
 
 __all__ = ["plain", "secrets", "secure"]  # fixtures, used by name
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mqstore.client.settings import ClientSettings
-from tests.e2e.cluster import SMALL_INDEX_ARGS, Cluster, start_store
+from mqstore.testing.cluster import SMALL_INDEX_ARGS, Cluster, start_store
 
 INDEX_ARGS = SMALL_INDEX_ARGS
 _topics = itertools.count()

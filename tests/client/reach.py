@@ -17,7 +17,7 @@ import pytest
 
 from mqstore.cli.security import issue_certificate, make_ca, new_token, toml_entry, write_secret
 from mqstore.client.settings import TlsSettings
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 
 
 def free_address() -> str:

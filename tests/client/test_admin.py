@@ -33,7 +33,7 @@ from mqstore.client.message import Message
 from mqstore.client.settings import ClientSettings
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
 from mqstore.sharding import shard_of
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 from tests.e2e.support import Sent, append, eventually
 
 from .conftest import INDEX_ARGS, settings_for

@@ -26,8 +26,8 @@ from mqstore.formats import sysflag
 from mqstore.formats.properties import encode_properties
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
+from mqstore.testing.cluster import Cluster, start_store
 from tests.client.conftest import settings_for
-from tests.e2e.cluster import Cluster, start_store
 from tests.e2e.support import CALL_TIMEOUT_S, Sent, append, eventually
 
 pytestmark = pytest.mark.timeout(60)

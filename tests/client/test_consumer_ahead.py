@@ -12,8 +12,8 @@ from mqstore.client.consumer import PULLS_AHEAD_MAX, Consumer
 from mqstore.client.message import Message
 from mqstore.client.settings import ClientSettings
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
+from mqstore.testing.cluster import Cluster
 from tests.client.test_consumer import numbered, offsets_of, put
-from tests.e2e.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(60)
 

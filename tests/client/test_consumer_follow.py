@@ -26,8 +26,8 @@ from mqstore.client.follow import FollowStream
 from mqstore.client.message import Message
 from mqstore.client.settings import ClientSettings
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
+from mqstore.testing.cluster import Cluster, start_store
 from tests.client.conftest import settings_for
-from tests.e2e.cluster import Cluster, start_store
 from tests.e2e.support import CALL_TIMEOUT_S, append, eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -470,9 +470,13 @@ def test_a_queue_that_appears_while_following_is_followed_too(
         assert old is not None and old.queue_ids == [0, 1]
         sent: dict[int, list[bytes]] = {}
 
+        def following_queue_2() -> bool:
+            current = c._follow
+            return current is not None and current is not old and 2 in current.queue_ids
+
         def later() -> None:
             merge(sent, produce(cluster, topic, [2, 2, 2], "new"))
-            time.sleep(0.6)  # the consumer follows queue 2 by now
+            eventually(following_queue_2, timeout_s=10)
             merge(sent, produce(cluster, topic, [2, 0, 2, 1], "after"))
 
         producer = Later(later, delay_s=0.3)

@@ -16,8 +16,8 @@ import pytest
 from mqstore.client.consumer import Consumer, Offset
 from mqstore.client.message import Message
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
+from mqstore.testing.cluster import Cluster, expiring_args, start_store
 from tests.client.conftest import INDEX_ARGS, settings_for
-from tests.e2e.cluster import Cluster, expiring_args, start_store
 from tests.e2e.support import CALL_TIMEOUT_S, append, eventually
 
 pytestmark = pytest.mark.timeout(120)

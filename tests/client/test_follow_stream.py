@@ -4,8 +4,8 @@ The Consumer's use of it against real services is in test_consumer_follow.py."""
 
 from __future__ import annotations
 
+import queue
 import threading
-import time
 from collections.abc import Iterator
 
 import grpc
@@ -14,6 +14,9 @@ import pytest
 from mqstore.client.errors import Internal
 from mqstore.client.follow import FOLLOW_BUFFER_ANSWERS, FollowStream
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from tests.e2e.support import eventually
+
+WAIT_S = 5.0
 
 
 class _Failed(grpc.RpcError):
@@ -49,13 +52,25 @@ def answer(index: int, next_begin: int) -> pb.PullResponse:
     return pb.PullResponse(status=pb.FOUND, pull_index=index, next_begin_offset=next_begin)
 
 
-def until(check: object, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
+class _FullPuts:
+    count = 0
+
+
+def count_full_puts(stream: FollowStream) -> _FullPuts:
+    """Counts the reader's puts into its buffer that found it full (and timed out)."""
+    full = _FullPuts()
+    buffer = stream._answers
+    put = buffer.put
+
+    def counted(item: object, block: bool = True, timeout: float | None = None) -> None:
+        try:
+            put(item, block, timeout)  # type: ignore[arg-type]
+        except queue.Full:
+            full.count += 1
+            raise
+
+    buffer.put = counted  # type: ignore[method-assign]
+    return full
 
 
 def test_each_answer_names_its_queue_and_the_offset_it_was_pulled_from() -> None:
@@ -97,12 +112,13 @@ def test_the_reader_stops_at_a_full_buffer_and_ends_when_closed() -> None:
     many = [pb.FollowResponse(answers=[answer(0, i + 1)]) for i in range(FOLLOW_BUFFER_ANSWERS * 4)]
     call = _Call(many)
     stream = FollowStream(call, [0], {0: 0})
-    # The buffer holds FOLLOW_BUFFER_ANSWERS; the reader holds one more, waiting to put it.
-    assert until(lambda: call.taken == FOLLOW_BUFFER_ANSWERS + 1)
-    time.sleep(0.2)
+    full = count_full_puts(stream)
+    # The buffer holds FOLLOW_BUFFER_ANSWERS; the reader holds one more, waiting to put it: it
+    # finds the buffer full again and again, and reads no further.
+    eventually(lambda: full.count >= 2, timeout_s=WAIT_S, step_s=0.01)
     assert call.taken == FOLLOW_BUFFER_ANSWERS + 1
     assert [q for q, _, _ in stream.next(0)] == [0]  # one taken: the reader moves one on
-    assert until(lambda: call.taken == FOLLOW_BUFFER_ANSWERS + 2)
+    eventually(lambda: call.taken == FOLLOW_BUFFER_ANSWERS + 2, timeout_s=WAIT_S, step_s=0.01)
     stream.close()
     assert call.cancelled.is_set()
-    assert until(lambda: not stream._thread.is_alive())
+    eventually(lambda: not stream._thread.is_alive(), timeout_s=WAIT_S, step_s=0.01)

@@ -30,9 +30,9 @@ from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.storage.simdisk import SimDisk
+from mqstore.testing.cluster import Cluster
 from tests.commitlog_svc.conftest import start  # noqa: F401  (fixture)
 from tests.commitlog_svc.support import FILE_BYTES, Running
-from tests.e2e.cluster import Cluster
 
 from .conftest import settings_for
 

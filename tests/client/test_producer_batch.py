@@ -28,7 +28,7 @@ from mqstore.formats import sysflag
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import UniqIdGenerator
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 
 from .conftest import settings_for
 from .test_producer import pull_queue, read_back, wait_for

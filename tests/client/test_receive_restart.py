@@ -10,9 +10,9 @@ import pytest
 
 from mqstore.client.consumer import Consumer
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
+from mqstore.testing.cluster import Cluster
 from tests.client.conftest import settings_for
 from tests.client.test_consumer_restart import Restarter
-from tests.e2e.cluster import Cluster
 from tests.e2e.support import CALL_TIMEOUT_S, append, eventually
 
 pytestmark = pytest.mark.timeout(120)

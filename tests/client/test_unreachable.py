@@ -26,8 +26,8 @@ from mqstore.client.errors import (
     Unauthenticated,
 )
 from mqstore.client.settings import CONNECT_TIMEOUT_S_DEFAULT, TlsSettings
+from mqstore.testing.cluster import Cluster
 from tests.client.reach import Secrets, free_address, plain, secrets, secure, start_commitlog
-from tests.e2e.cluster import Cluster
 
 __all__ = ["plain", "secrets", "secure"]  # fixtures, used by name
 

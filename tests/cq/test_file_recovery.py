@@ -9,7 +9,7 @@ import pytest
 
 from cq_svc.config import CqConfig
 from cq_svc.file_store import FileCqStore
-from cq_svc.time_file import Boundary
+from mqstore.formats.cq_time import Boundary
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.mapped_file_queue import StoreLoadError
 from mqstore.storage.simdisk import SimDisk

@@ -11,12 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cq_svc import ack_segment, checkpoint, group_offsets
+from cq_svc import ack_segment, group_offsets
 from cq_svc import rocks_layout as layout
-from cq_svc.time_file import Boundary, decode_time, encode_time, search_offset_by_time
-from cq_svc.unit_file import BLANK_UNIT, UNIT, count_valid, encode_units
 from mqstore.errors import CorruptFile
-from mqstore.formats.cq_time import bisect_series, bisect_stored_files
+from mqstore.formats import cq_checkpoint
+from mqstore.formats.cq_time import (
+    Boundary,
+    bisect_series,
+    bisect_stored_files,
+    decode_time,
+    encode_time,
+    search_offset_by_time,
+)
+from mqstore.formats.cq_unit import BLANK_UNIT, UNIT, count_valid, encode_units
 
 
 def test_a_unit_is_rocketmqs_20_big_endian_bytes() -> None:
@@ -164,14 +171,14 @@ def test_rocksdb_keys_sort_by_queue_offset() -> None:
 
 
 def test_the_checkpoint_round_trips_and_rejects_damage() -> None:
-    ckpt = checkpoint.CqCheckpoint(b"s" * 16, 1234, 99, 5)
-    data = checkpoint.encode(ckpt)
-    assert checkpoint.decode(data) == ckpt
+    ckpt = cq_checkpoint.CqCheckpoint(b"s" * 16, 1234, 99, 5)
+    data = cq_checkpoint.encode(ckpt)
+    assert cq_checkpoint.decode(data) == ckpt
     for pos in (0, 10, len(data) - 1):
         bad = bytearray(data)
         bad[pos] ^= 0x40
         with pytest.raises(CorruptFile):
-            checkpoint.decode(bytes(bad))
+            cq_checkpoint.decode(bytes(bad))
 
 
 @given(

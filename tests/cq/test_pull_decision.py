@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cq_svc.store import PullResult, PullStatus, UnitColumns, decide_pull
-from cq_svc.unit_file import BLANK_SIZE, Unit
+from mqstore.formats.cq_unit import BLANK_SIZE, Unit
 
 _SCAN_CHUNK_MIN = 64
 

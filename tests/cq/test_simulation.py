@@ -21,8 +21,8 @@ import pytest
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import make_store
 from cq_svc.store import CqStore, PullStatus
-from cq_svc.time_file import Boundary
 from mqstore.dispatch import DispatchEntry
+from mqstore.formats.cq_time import Boundary
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import SimDisk
 

@@ -8,10 +8,10 @@ import pytest
 
 from cq_svc.config import StoreKind
 from cq_svc.store import PullStatus
-from cq_svc.time_file import Boundary
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import InvalidArgument
 from mqstore.formats import sysflag
+from mqstore.formats.cq_time import Boundary
 from tests.cq.support import StoreHarness, entries, phys
 
 

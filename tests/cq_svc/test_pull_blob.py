@@ -17,7 +17,7 @@ import pytest
 
 from cq_svc.servicer import _all_unit_records, _is_unit_record, _ReadAnswer
 from cq_svc.store import UnitColumns
-from cq_svc.unit_file import Unit
+from mqstore.formats.cq_unit import Unit
 from mqstore.formats.record import encode_record
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb

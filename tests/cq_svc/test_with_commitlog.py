@@ -16,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
+from cq_svc.watch import Waiter
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
@@ -171,17 +172,29 @@ def test_offsets_are_found_by_store_time_on_either_side(
 
 
 def test_a_long_poll_returns_as_soon_as_a_matching_message_is_appended(
-    cq: Cq, log_stub: cl_grpc.CommitLogStub, topic: str
+    cq: Cq, log_stub: cl_grpc.CommitLogStub, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    waits = 0  # Waiter.wait calls of this topic's long poll: each one a look that found nothing
+    real_wait = Waiter.wait
+
+    def counted_wait(waiter: Waiter, timeout_s: float) -> bool:
+        nonlocal waits
+        if any(key[0] == topic for key in waiter.keys):
+            waits += 1
+        return real_wait(waiter, timeout_s)
+
+    monkeypatch.setattr(Waiter, "wait", counted_wait)
     first = append(log_stub, topic, bodies(2))
     cq.wait_applied(first[-1].end_offset)
     call = cq.stub.Pull.future(
         pb.PullRequest(topic=topic, offset=2, long_poll_ms=LONG_MS, tags=["Wanted"]), timeout=60
     )
-    assert wait_for(lambda: cq.service.watch.waiting == 1)
+    assert wait_for(lambda: cq.service.watch.waiting == 1 and waits == 1)
     append(log_stub, topic, [b"not this"], tags=["Other"])
-    time.sleep(0.3)
-    assert not call.done()  # a dispatched message the filter refuses does not end the wait
+    # A dispatched message the filter refuses does not end the wait: woken, the poll looks
+    # again and waits on.
+    assert wait_for(lambda: waits == 2 or call.done())
+    assert not call.done()
     began = time.monotonic()
     append(log_stub, topic, [b"this"], tags=["Wanted"])
     r = call.result()

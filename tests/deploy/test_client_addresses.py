@@ -14,7 +14,7 @@ from mqstore.client import Admin, ClientSettings, Producer
 from mqstore.client.errors import Unavailable
 from mqstore.client.settings import DNS_ALL_PREFIX, resolve_addresses
 from mqstore.errors import InvalidArgument
-from tests.e2e.cluster import Cluster, start_store
+from mqstore.testing.cluster import Cluster, start_store
 
 # A name that never resolves (RFC 6761 reserves .invalid).
 NOWHERE = "nothing.invalid"

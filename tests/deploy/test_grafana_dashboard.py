@@ -19,8 +19,8 @@ import pytest
 from mqstore.client import Admin, ClientSettings, Consumer, Producer
 from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.launcher import ServiceProcess
+from mqstore.testing.cluster import Cluster, start_store
 from tests.coordination.conftest import etcd  # noqa: F401 - the session's etcd, a fixture
-from tests.e2e.cluster import Cluster, start_store
 from tests.replication.test_group_processes import start_replica
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "mqstore-dashboard.json"

@@ -18,7 +18,7 @@ from commitlog_svc.config import CommitLogConfig
 from commitlog_svc.messages import MessageIn
 from mqstore.formats import sysflag
 from mqstore.formats.properties import encode_properties
-from tests.e2e.cluster import Cluster, start_all
+from mqstore.testing.cluster import Cluster, start_all
 
 ZLIB = sysflag.COMPRESSED | sysflag.COMPRESSION_ZLIB
 POISONED_TOPIC = "Poisoned"

@@ -3,6 +3,7 @@ from a consume-queue replica and an index replica in comparable form."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -161,3 +162,14 @@ def start_up(
         if "Ctrl-C stops" in line:
             break
     return proc, "".join(lines)
+
+
+def data_files(directory: str) -> dict[str, bytes]:
+    """Every file under `directory`, by relative path: its bytes."""
+    out = {}
+    for base, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(base, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, directory)] = f.read()
+    return out

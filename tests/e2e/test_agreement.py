@@ -12,7 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from .cluster import Cluster
+from mqstore.testing.cluster import Cluster
+
 from .support import Sent, append, eventually, key_snapshot, queue_snapshot
 
 pytestmark = pytest.mark.timeout(300)

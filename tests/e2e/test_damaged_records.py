@@ -33,8 +33,8 @@ from mqstore.formats.properties import encode_properties
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
+from mqstore.testing.cluster import SMALL_INDEX_ARGS, Cluster, start_store
 from tests.cli.segments import one_byte_in_each_field
-from tests.e2e.cluster import SMALL_INDEX_ARGS, Cluster, start_store
 from tests.e2e.support import CALL_TIMEOUT_S, eventually
 
 TOPIC = "damaged"

@@ -12,8 +12,8 @@ import pytest
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
+from mqstore.testing.cluster import Cluster
 
-from .cluster import Cluster
 from .support import CALL_TIMEOUT_S, append, decode, eventually, pull_all
 
 pytestmark = pytest.mark.timeout(180)

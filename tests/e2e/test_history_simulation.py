@@ -43,20 +43,20 @@ import pytest
 from cq_svc.config import CqConfig
 from cq_svc.engine import CqEngine
 from cq_svc.sink import EngineSink
-from cq_svc.unit_file import BLANK_SIZE
 from cq_svc.watch import QueueWatch
 from index_svc.config import IndexConfig
 from index_svc.engine import IndexEngine
 from index_svc.sink import IndexSink
 from mqstore.dispatch import DispatchEntry
+from mqstore.formats.cq_unit import BLANK_SIZE
 from mqstore.formats.properties import decode_properties
 from mqstore.history import LogHistory
 from mqstore.rpc.dispatch_codec import history_from_proto
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.subscriber import DispatchSink, Subscriber
 from mqstore.storage.logreader import LogDir, RecordEntry
+from mqstore.testing.cluster import Cluster
 
-from .cluster import Cluster
 from .support import append
 
 pytestmark = pytest.mark.timeout(900)

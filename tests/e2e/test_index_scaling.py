@@ -28,7 +28,7 @@ from mqstore.client import Admin, ClientSettings, Producer
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix_pb
 from mqstore.sharding import shard_of
-from tests.e2e.cluster import SMALL_INDEX_ARGS, Cluster, health_status, wait_ready
+from mqstore.testing.cluster import SMALL_INDEX_ARGS, Cluster, health_status, wait_ready
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mqstore.launcher import ServiceProcess
-from tests.e2e.cluster import Cluster, start_store
+from mqstore.testing.cluster import Cluster, start_store
 from tests.e2e.malformed import HEALTH, MALFORMED, Flood, api_methods, calls_from_env, flood
 
 pytestmark = pytest.mark.timeout(1_800)

@@ -22,8 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
-
-from .cluster import Cluster, health_status
+from mqstore.testing.cluster import Cluster, health_status
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -26,8 +26,8 @@ import grpc
 import pytest
 
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
+from mqstore.testing.cluster import SMALL_INDEX_ARGS, Cluster
 
-from .cluster import SMALL_INDEX_ARGS, Cluster
 from .support import Sent, append, eventually, key_snapshot, queue_snapshot
 
 pytestmark = pytest.mark.timeout(300)

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cq_svc.settings import CqSettings
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 from tests.e2e.slow_readers import SlowReaders, probe_pulls, wait_for_queues
 
 pytestmark = pytest.mark.timeout(600)

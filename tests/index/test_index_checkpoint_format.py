@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from index_svc.formats import hash64_file
-from index_svc.formats.checkpoint import (
+from mqstore.errors import CorruptFile
+from mqstore.formats import index_hash64
+from mqstore.formats.index_checkpoint import (
     FILE_RECORD_BYTES,
     FileRecord,
     IndexCheckpoint,
     decode_checkpoint,
     encode_checkpoint,
 )
-from mqstore.errors import CorruptFile
 
 i64 = st.integers(-(2**63), 2**63 - 1)
 i32 = st.integers(-(2**31), 2**31 - 1)
@@ -88,17 +88,17 @@ def test_a_store_id_must_be_16_bytes() -> None:
 
 
 def test_companion_header_round_trips_and_refuses_damage() -> None:
-    head = hash64_file.encode_header(1_000)
-    assert len(head) == hash64_file.HEADER_BYTES == 16
-    assert hash64_file.decode_header(head) == 1_000
-    assert hash64_file.file_bytes(1_000) == 16 + 8_000
+    head = index_hash64.encode_header(1_000)
+    assert len(head) == index_hash64.HEADER_BYTES == 16
+    assert index_hash64.decode_header(head) == 1_000
+    assert index_hash64.file_bytes(1_000) == 16 + 8_000
     for pos in range(16):
         bad = bytearray(head)
         bad[pos] ^= 0x01
         with pytest.raises(CorruptFile):
-            hash64_file.decode_header(bytes(bad))
+            index_hash64.decode_header(bytes(bad))
     with pytest.raises(CorruptFile):
-        hash64_file.decode_header(head[:15])
+        index_hash64.decode_header(head[:15])
     other = struct.pack(">4sHHi", b"NOPE", 1, 0, 5)
     with pytest.raises(CorruptFile, match="not a companion"):
-        hash64_file.decode_header(other + struct.pack(">I", crc32c.crc32c(other)))
+        index_hash64.decode_header(other + struct.pack(">I", crc32c.crc32c(other)))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from index_svc.formats import index_file as fmt
+from mqstore.formats import index_file as fmt
 from mqstore.formats.javahash import index_key_hash
 from mqstore.storage.simdisk import SimDisk
 from tests.index.model import T0, msg

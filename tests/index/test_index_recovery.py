@@ -11,9 +11,9 @@ import pytest
 
 from index_svc.config import IndexConfig
 from index_svc.engine import TIME_MAX_MS, IndexEngine
-from index_svc.formats import index_file as fmt
 from index_svc.recovery import RecoveryReport
 from mqstore.dispatch import DispatchEntry
+from mqstore.formats import index_file as fmt
 from mqstore.storage import failpoints
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import CrashMode, SimDisk

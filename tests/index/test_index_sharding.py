@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index_svc import keyhash
 from mqstore.errors import InvalidArgument
+from mqstore.formats import keyhash
 from mqstore.formats.javahash import index_key_hash, java_string_hash
 from mqstore.sharding import index_key, key_hash64, shard_of, shard_of_hash
 

@@ -11,7 +11,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from index_svc.formats.checkpoint import decode_checkpoint
+from mqstore.formats.index_checkpoint import decode_checkpoint
 from mqstore.rpc.gen.index.v1 import index_pb2 as pb
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
 from tests.index_svc.conftest import INDEX_GEOMETRY, Launch

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from index_svc.formats.checkpoint import IndexCheckpoint, decode_checkpoint
+from mqstore.formats.index_checkpoint import IndexCheckpoint, decode_checkpoint
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc

@@ -20,7 +20,8 @@ from mqstore.coordination.etcd_process import EtcdProcess, free_port
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
-from tests.e2e.cluster import EPHEMERAL, data_files, wait_ready
+from mqstore.testing.cluster import EPHEMERAL, wait_ready
+from tests.e2e.support import data_files
 
 FILE_BYTES = 64 * 1024  # several segments in a few hundred appends
 

@@ -1,5 +1,5 @@
 """Health and reflection on the services' API ports, as grpc_health_probe and grpcurl use them:
-real commitlog_svc, cq_svc and index_svc processes on loopback (tests/e2e/cluster.py)."""
+real commitlog_svc, cq_svc and index_svc processes on loopback (mqstore/testing/cluster.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from mqstore.rpc import reflection
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
-from tests.e2e.cluster import Cluster, start_store
+from mqstore.testing.cluster import Cluster, start_store
 
 pytestmark = pytest.mark.timeout(60)
 CALL_TIMEOUT_S = 5.0

@@ -16,7 +16,7 @@ import pytest
 from mqstore.cli.security import issue_certificate, make_ca, new_token, toml_entry, write_secret
 from mqstore.client.settings import ClientSettings, TlsSettings
 from mqstore.rpc.channel import ChannelSecurity
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 
 # Small index files: RocketMQ's default 420 MB file per replica is too much for a test.
 INDEX_ARGS = ("--slot-num", "4096", "--entry-num", "16384")

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mqstore.rpc import reflection
 from mqstore.rpc.channel import ChannelSecurity, make_channel
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 from tests.e2e.malformed import MALFORMED
 
 from .conftest import Material

@@ -13,7 +13,7 @@ import pytest
 
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import make_channel
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 from tests.e2e.malformed import api_methods, calls_from_env, flood
 from tests.e2e.test_malformed_requests import SERVICES, assert_nothing_kept
 

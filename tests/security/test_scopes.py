@@ -19,7 +19,7 @@ from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 
 from .conftest import Material
 

@@ -21,7 +21,7 @@ from mqstore.client.errors import PermissionDenied, Unauthenticated
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 
 from .conftest import Material, client_settings
 

@@ -27,7 +27,7 @@ from mqstore.rpc.auth import TOKENS_RELOAD_CHECK_S, TokensFile, hash_token
 from mqstore.rpc.channel import ChannelSecurity, make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 
 from .conftest import Material
 

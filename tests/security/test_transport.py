@@ -17,7 +17,7 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
-from tests.e2e.cluster import Cluster, health_status
+from mqstore.testing.cluster import Cluster, health_status
 
 from .conftest import Material, follower_flags, server_flags
 

@@ -123,7 +123,7 @@ def _stop_streams(request: pytest.FixtureRequest) -> Iterator[None]:
 def mqstore_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """commitlog_svc, one cq_svc and one index_svc on loopback, shared by the whole run;
     tests keep apart by using topics of their own."""
-    from tests.e2e.cluster import start_store  # noqa: PLC0415 (only tests that need a store)
+    from mqstore.testing.cluster import start_store  # noqa: PLC0415 (only tests that need a store)
 
     c = start_store(tmp_path_factory.mktemp("mqstore"))
     try:

@@ -23,7 +23,7 @@ from mqstore.formats import cq_checkpoint, index_checkpoint
 from mqstore.formats import index_file as ifmt
 from mqstore.spark.jobs import audit, derived, rebuild
 from mqstore.storage.mapped_file import offset_to_file_name
-from tests.e2e.cluster import data_files
+from tests.e2e.support import data_files
 from tests.spark.test_log_source import ENTRY_NUM, SLOT_NUM, UNITS_PER_FILE, LogStore, log_store
 
 __all__ = ["log_store"]  # the fixture, shared with test_log_source.py

@@ -25,8 +25,8 @@ from mqstore.spark.log_source import (
     read_ranges,
 )
 from mqstore.storage.logreader import LogDir, RecordEntry
+from mqstore.testing.cluster import start_store
 from tests.cli.segments import one_byte_in_each_field
-from tests.e2e.cluster import start_store
 
 # The fields of a record with the whole-record CRC (rocketmq-store.md §1.1 and the property).
 FIELD_NAMES = (

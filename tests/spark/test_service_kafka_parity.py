@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mqstore.client import Producer
-from tests.e2e.cluster import Cluster, start_store
+from mqstore.testing.cluster import Cluster, start_store
 from tests.spark.conftest import connection_options
 from tests.spark.test_service_read import _settings, _wait_dispatched
 

@@ -17,7 +17,7 @@ from mqstore.spark.options import (
     read_options,
     write_options,
 )
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 from tests.spark.conftest import connection_options
 from tests.spark.test_service_read import _wait_dispatched
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from mqstore.client import Admin, ClientSettings, Producer, SendResult
-from tests.e2e.cluster import Cluster, expiring_args, start_all
+from mqstore.testing.cluster import Cluster, expiring_args, start_all
 from tests.spark.conftest import connection_options
 
 pytest.importorskip("pyspark")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mqstore.client import Producer
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 from tests.spark.conftest import connection_options
 from tests.spark.test_service_read import _settings, _wait_dispatched
 

@@ -12,7 +12,7 @@ import pytest
 
 import mqstore.spark as mqstore_spark
 from mqstore.client import Admin, Consumer, Producer
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 from tests.spark.conftest import connection_options
 from tests.spark.test_service_read import _settings, reader
 

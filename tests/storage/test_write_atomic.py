@@ -26,6 +26,7 @@ NEW = pattern(500, 2)
 
 # The step a fault stops write_atomic before; None: it ran to the end.
 STEPS = ["write", "rename", "fsync_dir", None]
+BEFORE_WRITE_ATOMIC = failpoints.declare("test.before_write_atomic", "a caller of write_atomic")
 
 
 def attempt(disk: SimDisk, stop_before: str | None) -> None:
@@ -88,11 +89,11 @@ def test_a_failpoint_stops_the_caller_between_steps_and_the_old_content_survives
     disk = disk_with(OLD)
 
     def save() -> None:
-        failpoints.hit("test.before_write_atomic")
+        failpoints.hit(BEFORE_WRITE_ATOMIC)
         write_atomic(disk, PATH, NEW)
 
     with (
-        failpoints.armed("test.before_write_atomic"),
+        failpoints.armed(BEFORE_WRITE_ATOMIC),
         pytest.raises(failpoints.SimulatedCrash),
     ):
         save()

@@ -1,4 +1,4 @@
-"""Regressions of bugs found outside cq_svc while building it."""
+"""A stopped service lets go of its metrics port (the metrics server is mqstore.rpc's)."""
 
 from __future__ import annotations
 

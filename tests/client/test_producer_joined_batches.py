@@ -1,17 +1,14 @@
-"""Review of the morning's performance commits (2ef551f..02bbce8) on the client side: send_batch
-lingering and joining shares into one request (producer.py, batch.py), and a consumer's buffer
-joined with the next answer (consumer.py, message.py). Real store (the module's cluster of
-conftest.py) wherever the behaviour crosses the wire.
+"""send_batch lingering and joining shares into one request (producer.py, batch.py), on a real
+store (the module's cluster of conftest.py): each share gets its own answer, refusals and
+rebases stay within their share, and the linger never holds back a caller that waits.
 
-The review found four bugs, fixed the same session (the "joined requests" tests: each failed
-before its fix); the other tests pin what it found sound and no test pinned yet."""
+The tests under "regressions" each failed before the fix they pin."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import Sequence
 
 import pytest
 
@@ -20,20 +17,16 @@ from mqstore.client import (
     BatchNotStored,
     BatchResult,
     ClientSettings,
-    Consumer,
     Message,
     Producer,
 )
-from mqstore.client.consumer import _buffer_then
 from mqstore.client.errors import InvalidArgument, ResourceExhausted
-from mqstore.client.message import MessageRun, decode_run
 from mqstore.formats import sysflag
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
-from tests.e2e.cluster import Cluster
+from mqstore.testing.cluster import Cluster
 
 from .conftest import settings_for
-from .test_message_lazy import record
 from .test_producer import _earlier_life
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,7 +45,7 @@ def read_batch(cluster: Cluster, result: BatchResult) -> list[Message]:
     return [Message.from_record(raw) for raw in response.records]
 
 
-# -- joined requests: what was found sound ---------------------------------------------------------
+# -- joined requests ------------------------------------------------------------------------------
 
 
 def test_shares_of_alternating_topics_join_one_request_and_each_batch_gets_its_own_answer(
@@ -178,7 +171,7 @@ def test_a_joined_request_answered_from_an_earlier_life_is_moved_ahead_and_store
     assert not any(r.duplicate for r in results)
 
 
-# -- joined requests: the bugs the review found ------------------------------------------
+# -- regressions: refused at the call, and no wait on the linger ---------------------------
 
 
 def test_a_batch_the_store_refuses_whole_does_not_fail_the_batches_joined_to_it(
@@ -252,55 +245,3 @@ def test_awaiting_an_async_send_batch_sends_it_without_the_linger(
 
     result = asyncio.run(main())
     assert result is not None and len(result) == 1
-
-
-# -- a consumer's buffer joined with the next answer -----------------------------------------------
-
-
-def _run(bodies: Sequence[bytes], first: int) -> MessageRun:
-    records = [record(first + i, body=b) for i, b in enumerate(bodies)]
-    run, _ = decode_run(b"".join(records), [len(r) for r in records])
-    return run
-
-
-@pytest.mark.parametrize("taken", [0, 2, 3])
-def test_a_buffer_joins_the_next_answer_whatever_form_either_has(taken: int) -> None:
-    """_buffer_then: two MessageRuns join without making Messages; a list on either side
-    (an answer in `records`, a server before records_as_blob) joins as a list."""
-    first = _run([b"a", b"b", b"c"], 0)
-    second = _run([b"d", b"e"], 3)
-    want = [b"a", b"b", b"c", b"d", b"e"][taken:]
-    joined = _buffer_then(first, taken, second)
-    assert isinstance(joined, MessageRun)
-    assert [m.body for m in joined] == want
-    assert [m.queue_offset for m in joined] == list(range(100 + taken, 105))
-    as_list = _buffer_then(list(first), taken, second)
-    assert [m.body for m in as_list] == want
-    assert [m.body for m in _buffer_then(first, taken, list(second))] == want
-
-
-def test_a_consumer_behind_its_follow_stream_hands_out_every_message_once_in_order(
-    settings: ClientSettings, topic: str
-) -> None:
-    """The follow path with a buffer left when the next answers of its queue come (_apply:
-    _buffer_then, MessageRun.after): a consumer slower than its stream, each message once,
-    in queue order."""
-    n = 600
-    with Producer(settings, linger_ms=1) as p:
-        p.send_sync(topic, b"m0", queue_id=0)
-
-        def produce() -> None:
-            time.sleep(0.3)  # the consumer is caught up and following by then
-            p.send_batch(topic, [b"m%d" % j for j in range(1, n)], queue_id=0).result(20)
-
-        producer = threading.Thread(target=produce)
-        got: list[bytes] = []
-        with Consumer(settings, topic, queues=[0], max_messages=7, long_poll_ms=5_000) as c:
-            for m in c.messages(follow=True, limit=n):
-                if not got:
-                    producer.start()
-                got.append(m.body)
-                time.sleep(0.002)  # slower than the stream: its answers pile up
-            assert c.stats.follows >= 1
-        producer.join(30)
-    assert got == [b"m%d" % j for j in range(n)]

@@ -1,8 +1,13 @@
-"""Real service processes on loopback for end-to-end tests (ephemeral ports, temp dirs)."""
+"""Real service processes on loopback (ephemeral ports, data under one root directory).
+
+The one launcher of whole stores for the end-to-end tests, the benchmarks (bench/) and the
+chaos runs (chaos/): `Cluster` starts commitlog_svc and any number of cq_svc / index_svc
+followers through mqstore.launcher.ServiceProcess and waits until each is ready (its health
+service's "readiness" SERVING); `start_store` is the usual three. Not used by the services.
+"""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -52,9 +57,11 @@ class Cluster:
         flush: str = "sync",
         extra: dict[str, list[str]] | None = None,
         local_reads: bool = True,
+        ready_timeout_s: float = READY_TIMEOUT_S,
     ) -> None:
         self.root = root
         self.flush = flush
+        self.ready_timeout_s = ready_timeout_s
         # cq_svc replicas read the commit log's segment files (`--commitlog-dir`), as `mqstore
         # up` starts them; False: every pull's records come through the commit log's Read.
         self.local_reads = local_reads
@@ -79,7 +86,7 @@ class Cluster:
     def start_commitlog(self) -> ServiceProcess:
         self.commitlog.start()
         self.commitlog.wait_listening()
-        wait_ready(self.commitlog)
+        wait_ready(self.commitlog, self.ready_timeout_s)
         return self.commitlog
 
     def add(self, package: str, name: str, *args: str) -> ServiceProcess:
@@ -108,7 +115,7 @@ class Cluster:
         process.start()
         process.wait_listening()
         if ready:
-            wait_ready(process)
+            wait_ready(process, self.ready_timeout_s)
         self._channels.pop(name, None)
         return process
 
@@ -117,7 +124,7 @@ class Cluster:
         self.commitlog.pin_ports()
         self.commitlog.start()
         self.commitlog.wait_listening()
-        wait_ready(self.commitlog)
+        wait_ready(self.commitlog, self.ready_timeout_s)
         self._channels.pop("commitlog", None)
         # gRPC shares a connection to one address among this process's channels; one made
         # while the port was closed waits out its reconnect backoff (up to 2 s) before a new
@@ -126,13 +133,14 @@ class Cluster:
             timeout=READY_TIMEOUT_S
         )
 
-    def stop_all(self) -> None:
-        for process in list(self.followers.values()):
-            process.stop()
-        self.commitlog.stop()
+    def stop_all(self) -> dict[str, int]:
+        """SIGTERM to the followers, then the commit log; their exit codes by name."""
+        codes = {name: process.stop() for name, process in list(self.followers.items())}
+        codes["commitlog"] = self.commitlog.stop()
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
+        return codes
 
     # -- stubs ----------------------------------------------------------------------------------
 
@@ -202,13 +210,3 @@ def start_all(c: Cluster) -> Cluster:
         c.stop_all()
         raise
     return c
-
-
-def data_files(directory: str) -> dict[str, bytes]:
-    out = {}
-    for base, _, names in os.walk(directory):
-        for name in names:
-            path = os.path.join(base, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, directory)] = f.read()
-    return out

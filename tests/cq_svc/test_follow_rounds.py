@@ -1,7 +1,6 @@
-"""Review of 5781cd7 (cq_svc makes a Follow round's answers inside its FollowResponse and
-deletes the ones not worth sending): the answers left must be the right ones, named by the
-right pull_index, also when a round is cut to max_batches. (A follow past follow_streams_max
-used to answer its first round anyway; since issue 23 it is refused before it looks.)
+"""A Follow round's answers: cq_svc makes them inside its FollowResponse and deletes the ones
+not worth sending; the answers left must be the right ones, named by the right pull_index, also
+when a round is cut to max_batches. A follow past follow_streams_max is refused before it looks.
 
 Real commit log process; the consume queue is fed directly (real sink and engine), as in
 test_follow.py, whose helpers these tests use."""
@@ -24,7 +23,7 @@ LONG_MS = 20_000  # a wait that no passing test sits through
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiHarness]:
-    root = tmp_path_factory.mktemp("review")
+    root = tmp_path_factory.mktemp("follow-rounds")
     log: ServiceProcess = start_commitlog(root / "log")
     harness = ApiHarness(
         root / "cq", commitlog_target=log.target, long_polls_max=1, follow_streams_max=1

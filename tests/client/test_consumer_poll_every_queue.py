@@ -1,5 +1,5 @@
-"""What building the side-by-side benchmark (bench/peers) found in the SDK, shown against real
-services; fixed, kept as regression tests."""
+"""Consumer.poll hands out the messages of every queue that has some, in polls that wait out
+no long poll, on a real store (found by the side-by-side benchmark, bench/peers)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.client import Admin, ClientSettings, Consumer, Offset, Producer
-from tests.e2e.cluster import Cluster, start_store
+from mqstore.client import Admin, Consumer, Offset, Producer
+from mqstore.testing.cluster import Cluster, start_store
+
+from .conftest import settings_for
 
 QUEUES = 4
 TRIALS = 3
@@ -26,14 +28,6 @@ def store(tmp_path: Path) -> Iterator[Cluster]:
         c.stop_all()
 
 
-def _settings(c: Cluster) -> ClientSettings:
-    return ClientSettings(
-        commitlog=c.commitlog.target,
-        cq=(c.followers["cq"].target,),
-        index=(c.followers["index"].target,),
-    )
-
-
 def _wait_applied(admin: Admin, topic: str, total: int) -> None:
     deadline = time.monotonic() + APPLY_TIMEOUT_S
     while sum(q.max_offset for q in admin.queues(topic)) < total:
@@ -42,7 +36,7 @@ def _wait_applied(admin: Admin, topic: str, total: int) -> None:
 
 
 def test_poll_returns_a_batch_from_every_queue_that_has_some(store: Cluster) -> None:
-    settings = _settings(store)
+    settings = settings_for(store)
     topic = "fairness"
     with Producer(settings) as producer, Admin(settings) as admin:
         for q in range(QUEUES):
@@ -54,11 +48,10 @@ def test_poll_returns_a_batch_from_every_queue_that_has_some(store: Cluster) -> 
                 for q in range(QUEUES):
                     producer.send_sync(topic, b"x", queue_id=q)
                 _wait_applied(admin, topic, QUEUES * (trial + 2))
-                # Every queue has one message, already applied. The consumer once handed out
-                # one queue a poll with a long poll between (2 s each here). Now its Follow
-                # stream may bring a queue's message a round after another's (each dispatch
-                # wakes its own round), but all arrive within polls that wait for none of
-                # the 2 s long polls.
+                # Every queue has one message, already applied. The Follow stream may bring a
+                # queue's message a round after another's (each dispatch wakes its own
+                # round), but all arrive within polls that wait for none of the 2 s long
+                # polls (not one queue a poll with a long poll between).
                 began = time.monotonic()
                 got = consumer.poll(timeout_s=2)
                 polls = 1

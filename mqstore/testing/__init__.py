@@ -1,0 +1,1 @@
+"""Support code that tests, benchmarks and chaos runs share (not used by the services)."""
