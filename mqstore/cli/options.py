@@ -90,7 +90,11 @@ def error_code_name(err: domain.MqstoreError) -> str:
 
 
 def exit_code_for(err: domain.MqstoreError) -> int:
-    name = error_code_name(err)
+    return exit_code_for_status(error_code_name(err))
+
+
+def exit_code_for_status(name: str) -> int:
+    """The exit code for a gRPC status name (UNAVAILABLE, NOT_FOUND, ...)."""
     if name in _UNREACHABLE_CODES:
         return EXIT_UNREACHABLE
     if name == "NOT_FOUND":

@@ -44,7 +44,7 @@ from urllib.parse import urlparse
 from pyspark.sql import SparkSession
 
 from mqstore import errors as domain
-from mqstore.cli.options import EXIT_ERROR, EXIT_USAGE, exit_code_for
+from mqstore.cli.options import EXIT_ERROR, EXIT_USAGE, exit_code_for_status
 from mqstore.client.errors import ClientError
 from mqstore.spark import sessions
 from mqstore.spark.log_source import SOURCE_NAME
@@ -142,10 +142,10 @@ def describe_error(err: BaseException) -> tuple[int, str]:
 
 def _code_of(cls: type[domain.MqstoreError]) -> int:
     if issubclass(cls, ClientError):
-        return exit_code_for(cls("", code=cls.status))
+        return exit_code_for_status(cls.status.name)
     if issubclass(cls, domain.InvalidArgument):
         return EXIT_USAGE  # raised here, not answered by a service: the job's arguments
-    return exit_code_for(Exception.__new__(cls))
+    return exit_code_for_status(cls.grpc_code)
 
 
 def _class_named(dotted: str) -> type | None:
