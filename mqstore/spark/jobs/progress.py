@@ -38,12 +38,13 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from mqstore.cli.progress import PROGRESS_LINE_EVERY_S
+
 # How often the status tracker is asked: often enough for a bar that moves, cheap (a py4j call
 # per job and stage of the step).
 POLL_INTERVAL_S: Final = 0.5
-# How often a plain line is written when stderr is not a terminal: a log gets a sign of life
-# without filling up.
-LINE_INTERVAL_S: Final = 5.0
+# How often a plain line is written when stderr is not a terminal: the CLI's one interval.
+LINE_INTERVAL_S: Final = PROGRESS_LINE_EVERY_S
 # What SparkContext.setJobGroup sets on the calling thread (restored after a step).
 _JOB_PROPERTIES: Final = ("spark.jobGroup.id", "spark.job.description")
 
