@@ -51,7 +51,6 @@ EPHEMERAL = ["--port", "0", "--health-port", "0", "--metrics-port", "0"]
 # Index files sized for the run (RocketMQ's 420 MB default file per replica is not needed).
 INDEX_ARGS = ["--slot-num", "200000", "--entry-num", "800000"]
 CATCH_UP_TIMEOUT_S = 300.0
-READY_TIMEOUT_S = 60.0
 PRODUCE_RESULT_TIMEOUT_S = 60.0
 SEED = 20_261_121
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -99,28 +98,6 @@ def machine_busy_seconds() -> float:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + fields[4]  # idle + iowait
     return (sum(fields[:8]) - idle) / CLK_TCK
-
-
-def wait_ready(process: ServiceProcess) -> None:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: PLC0415 - bench only
-
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    channel = make_channel(process.health_target)
-    try:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if not process.running:
-                raise SystemExit(f"{process.package} exited; see {process.log_path}")
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=2)
-                if status.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except Exception:  # not listening yet
-                pass
-            time.sleep(0.05)
-    finally:
-        channel.close()
-    raise SystemExit(f"{process.package} not ready within {READY_TIMEOUT_S} s")
 
 
 def load(settings: ClientSettings, keys: int) -> None:
@@ -217,7 +194,7 @@ def measure(shards: int, plan: Plan, base: Path, ctx: mp.context.SpawnContext) -
     try:
         commitlog.start()
         commitlog.wait_listening()
-        wait_ready(commitlog)
+        commitlog.wait_ready()
         for n in range(shards):
             name = f"index-{n}"
             replica = ServiceProcess(
@@ -241,7 +218,7 @@ def measure(shards: int, plan: Plan, base: Path, ctx: mp.context.SpawnContext) -
             replica.start()
         for replica in replicas:
             replica.wait_listening()
-            wait_ready(replica)
+            replica.wait_ready()
         settings = ClientSettings(
             commitlog=commitlog.target, index=tuple(r.target for r in replicas)
         )

@@ -37,7 +37,7 @@ from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
-from mqstore.testing.cluster import EPHEMERAL, SMALL_INDEX_ARGS, wait_ready
+from mqstore.testing.cluster import EPHEMERAL, SMALL_INDEX_ARGS
 
 GROUP = "chaos"
 MIN_INSYNC = 2
@@ -173,7 +173,7 @@ class GroupServices:
             for follower in (self.cq, self.index):
                 follower.wait_listening(START_TIMEOUT_S)
                 follower.pin_ports()
-                wait_ready(follower, START_TIMEOUT_S)
+                follower.wait_ready(START_TIMEOUT_S)
         except BaseException:
             self.stop()
             raise

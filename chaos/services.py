@@ -39,8 +39,8 @@ from grpc_health.v1 import health_pb2
 
 from chaos.plan import CyclePlan
 from mqstore.client.settings import ClientSettings
-from mqstore.launcher import ServiceProcess
-from mqstore.testing.cluster import Cluster, health_status, start_all
+from mqstore.launcher import ServiceProcess, health_status
+from mqstore.testing.cluster import Cluster, start_all
 
 SEGMENT_BYTES = 4 << 20
 CQ_UNITS_PER_FILE = 4_096

@@ -2,8 +2,9 @@
 
 Used by `mqstore up` (and so `make run`) and by the end-to-end tests. A service is started as
 `python -m <package> --port P --ports-file F ...`; it writes F (JSON: port, health_port,
-metrics_port, pid) once it listens, so ports may be 0 and picked by the kernel. This module
-only launches processes: it imports no service code.
+metrics_port, pid) once it listens, so ports may be 0 and picked by the kernel. It is ready
+when its plaintext health port answers "readiness" SERVING (a follower: caught up with the
+commit log). This module only launches processes: it imports no service code.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 # Default ports for one machine: each service takes a block of three (API, health, metrics).
 DEFAULT_PORTS = {
     "commitlog_svc": (7100, 7101, 7102),
@@ -25,6 +29,10 @@ DEFAULT_PORTS = {
     "index_svc": (7300, 7301, 7302),
 }
 START_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 60.0
+READY_POLL_S = 0.05
+HEALTH_CALL_TIMEOUT_S = 2.0
+READINESS = "readiness"  # the health service name every service sets once it can serve
 # A service's port flags and the ports-file keys they name.
 _PORT_FLAGS = (
     ("--port", "port"),
@@ -55,6 +63,20 @@ def last_error(log_path: str) -> str:
         if isinstance(entry, dict) and entry.get("level") in ("error", "critical"):
             return str(entry.get("event", ""))
     return ""
+
+
+def health_status(target: str, service: str) -> int:
+    """A health Check's status (health_pb2.HealthCheckResponse.*) at `target`, -1 when the
+    call fails (not listening yet, or gone)."""
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            answer = stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=HEALTH_CALL_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return -1
+    return int(answer.status)
 
 
 def ends_with_launcher() -> Callable[[], None] | None:
@@ -146,6 +168,26 @@ class ServiceProcess:
                     return self.ports
             time.sleep(0.05)
         raise TimeoutError(f"{self.package} did not listen within {timeout_s} s")
+
+    def wait_ready(self, timeout_s: float | None = READY_TIMEOUT_S) -> None:
+        """Wait for readiness SERVING (None: as long as the process runs); raises
+        RuntimeError if it exits, TimeoutError when the time runs out."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while deadline is None or time.monotonic() < deadline:
+            if not self.running:
+                raise RuntimeError(f"{self.package} exited; see {self.log_path}")
+            if self.ready:
+                return
+            time.sleep(READY_POLL_S)
+        raise TimeoutError(f"{self.package} not ready within {timeout_s} s; see {self.log_path}")
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.running
+            and health_status(self.health_target, READINESS)
+            == health_pb2.HealthCheckResponse.SERVING
+        )
 
     def pin_ports(self) -> None:
         """The next start listens on the ports this run got (0 in the flags means the kernel

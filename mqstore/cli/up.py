@@ -17,6 +17,7 @@ import os
 import shlex
 import signal
 import threading
+import time
 from types import FrameType
 
 import click
@@ -25,7 +26,7 @@ from mqstore.cli.security import SecretFiles, prepare_secrets
 from mqstore.client import contexts
 from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.errors import InvalidArgument
-from mqstore.launcher import DEFAULT_PORTS, ServiceProcess
+from mqstore.launcher import DEFAULT_PORTS, READY_POLL_S, ServiceProcess, last_error
 from mqstore.storage.data_mode import DATA_MODES, DataMode
 from mqstore.storage.data_mode import apply as apply_data_mode
 
@@ -45,6 +46,8 @@ LAPTOP_SEGMENT_BYTES = 64 << 20
 LAPTOP_INDEX_SLOTS = 100_000
 LAPTOP_INDEX_ENTRIES = 400_000
 LAPTOP_CQ_UNITS_PER_FILE = 50_000
+# A follower not ready this long after it listens is replaying a large log: `up` says so.
+REPLAY_NOTICE_S = 2.0
 
 
 def _ports_args(package: str, base: int, *, replica: int = 0) -> list[str]:
@@ -215,24 +218,27 @@ def up(
             started.append(service)
         for service in followers:
             service.wait_listening()
+        # "mqstore is up" means a pull answers: the followers have replayed the log.
+        _wait_ready(followers, stop)
     except (RuntimeError, TimeoutError) as exc:
         _stop_all(started)
         if etcd is not None:
             etcd.stop()
         raise click.ClickException(str(exc)) from exc
     try:
-        if context_name is None:
-            context_name = _default_context_name(base_port)
-        # Saved before "mqstore is up" is printed: whoever waits for that line finds it.
-        saved = (
-            _save_context(context_name, client_environment(started, secrets, mtls))
-            if context_name
-            else None
-        )
-        _print_summary(data_dir, started, secrets, mtls, etcd)
-        if saved:
-            _say(saved)
-        _watch(started, etcd, logs, stop)
+        if not stop.is_set():  # (it is when asked to stop while the followers replayed)
+            if context_name is None:
+                context_name = _default_context_name(base_port)
+            # Saved before "mqstore is up" is printed: whoever waits for that line finds it.
+            saved = (
+                _save_context(context_name, client_environment(started, secrets, mtls))
+                if context_name
+                else None
+            )
+            _print_summary(data_dir, started, secrets, mtls, etcd)
+            if saved:
+                _say(saved)
+            _watch(started, etcd, logs, stop)
     finally:
         # Whatever ended the watch (a signal, a service lost, stdout gone with its pipe's
         # reader): the services stop with `up`, never left running on the data directory.
@@ -280,6 +286,28 @@ def _watch(
                     f"{alive} replicas",
                     err=True,
                 )
+
+
+def _wait_ready(followers: list[ServiceProcess], stop: threading.Event) -> None:
+    """Until each follower is ready (caught up with the commit log), or `up` is asked to
+    stop. A replay of a large log can take minutes; it is said on the console once."""
+    since = time.monotonic()
+    told = False
+    for service in followers:
+        while not service.ready:
+            if not service.running:
+                why = last_error(service.log_path)
+                raise RuntimeError(
+                    f"{service.package} exited before it was ready"
+                    + (f": {why}" if why else "")
+                    + f"; see {service.log_path}"
+                )
+            if stop.is_set():
+                return
+            if not told and time.monotonic() - since > REPLAY_NOTICE_S:
+                told = True
+                _say(f"{service.package} is replaying the commit log; waiting for it ...")
+            stop.wait(READY_POLL_S)
 
 
 def _stop_all(started: list[ServiceProcess]) -> dict[str, int]:

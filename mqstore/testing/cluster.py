@@ -8,43 +8,17 @@ service's "readiness" SERVING); `start_store` is the usual three. Not used by th
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mqstore.launcher import ServiceProcess
+from mqstore.launcher import READY_TIMEOUT_S, ServiceProcess
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
 
-READY_TIMEOUT_S = 60.0
 EPHEMERAL = ["--port", "0", "--health-port", "0", "--metrics-port", "0"]
-
-
-def health_status(target: str, service: str) -> int:
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status)
-        except grpc.RpcError:
-            return -1
-
-
-def wait_ready(service: ServiceProcess, timeout_s: float = READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not service.running:
-            raise RuntimeError(f"{service.package} exited; see {service.log_path}")
-        if (
-            health_status(service.health_target, "readiness")
-            == health_pb2.HealthCheckResponse.SERVING
-        ):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"{service.package} not ready within {timeout_s} s; see {service.log_path}")
 
 
 class Cluster:
@@ -86,7 +60,7 @@ class Cluster:
     def start_commitlog(self) -> ServiceProcess:
         self.commitlog.start()
         self.commitlog.wait_listening()
-        wait_ready(self.commitlog, self.ready_timeout_s)
+        self.commitlog.wait_ready(self.ready_timeout_s)
         return self.commitlog
 
     def add(self, package: str, name: str, *args: str) -> ServiceProcess:
@@ -115,7 +89,7 @@ class Cluster:
         process.start()
         process.wait_listening()
         if ready:
-            wait_ready(process, self.ready_timeout_s)
+            process.wait_ready(self.ready_timeout_s)
         self._channels.pop(name, None)
         return process
 
@@ -124,7 +98,7 @@ class Cluster:
         self.commitlog.pin_ports()
         self.commitlog.start()
         self.commitlog.wait_listening()
-        wait_ready(self.commitlog, self.ready_timeout_s)
+        self.commitlog.wait_ready(self.ready_timeout_s)
         self._channels.pop("commitlog", None)
         # gRPC shares a connection to one address among this process's channels; one made
         # while the port was closed waits out its reconnect backoff (up to 2 s) before a new

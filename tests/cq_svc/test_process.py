@@ -66,10 +66,6 @@ def readiness(process: ServiceProcess) -> int:
     return int(answer.status)
 
 
-def wait_ready(process: ServiceProcess) -> None:
-    assert wait_for(lambda: readiness(process) == health_pb2.HealthCheckResponse.SERVING, 60)
-
-
 def queue_contents(stub: pb_grpc.ConsumeQueueStub, queue_id: int) -> list[bytes]:
     r = stub.Pull(
         pb.PullRequest(topic="T", queue_id=queue_id, offset=0, max_messages=1_000), timeout=30
@@ -101,7 +97,7 @@ def test_sigterm_answers_long_polls_flushes_and_removes_the_abort_marker(
 ) -> None:
     cq = start_cq(tmp_path, log)
     try:
-        wait_ready(cq)
+        cq.wait_ready()
         stored = append(log_stub, "T", [b"a", b"b", b"c"], queue_ids=[0, 1, 0])
         with grpc.insecure_channel(cq.target) as channel:
             stub = pb_grpc.ConsumeQueueStub(channel)
@@ -125,7 +121,7 @@ def test_sigterm_answers_long_polls_flushes_and_removes_the_abort_marker(
         cq.stop()
     again = start_cq(tmp_path, log)
     try:
-        wait_ready(again)
+        again.wait_ready()
         with grpc.insecure_channel(again.target) as channel:
             stub = pb_grpc.ConsumeQueueStub(channel)
             assert queue_contents(stub, 0) == [b"a", b"c"]
@@ -140,7 +136,7 @@ def test_after_kill_9_a_restart_agrees_with_the_log_again(
     cq = start_cq(tmp_path, log)
     stored: list[Stored] = []
     try:
-        wait_ready(cq)
+        cq.wait_ready()
         for round_ in range(20):
             stored += append(
                 log_stub,
@@ -159,7 +155,7 @@ def test_after_kill_9_a_restart_agrees_with_the_log_again(
         cq.stop()
     again = start_cq(tmp_path, log)
     try:
-        wait_ready(again)
+        again.wait_ready()
         with grpc.insecure_channel(again.target) as channel:
             stub = pb_grpc.ConsumeQueueStub(channel)
             for queue_id in range(3):

@@ -161,8 +161,10 @@ def _run(cluster: Cluster) -> None:
             f"corrupt record in the middle of the log: [{offsets[i]}, {offsets[i + 1]})"
         )
         assert range_reported in reported, field
-    # (cq_svc answers UNAVAILABLE until it has shaken hands with the restarted log again.)
+    # cq_svc answers UNAVAILABLE until it has shaken hands with the restarted log again, and
+    # a damaged record's pull (which asks the log's Read) until its channel has reconnected.
     eventually(lambda: _pull_one(cluster, "cq", intact[-1]) == ("ok", raws[intact[-1]]))
+    eventually(lambda: _pull_one(cluster, "cq", min(damaged))[0] != "UNAVAILABLE")
     _check_serving(cluster, offsets, sizes, raws, keys, damaged, intact, answer.store_host)
 
 

@@ -25,10 +25,11 @@ import grpc
 import pytest
 
 from mqstore.client import Admin, ClientSettings, Producer
+from mqstore.launcher import health_status
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix_pb
 from mqstore.sharding import shard_of
-from mqstore.testing.cluster import SMALL_INDEX_ARGS, Cluster, health_status, wait_ready
+from mqstore.testing.cluster import SMALL_INDEX_ARGS, Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +98,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             c.add("index_svc", f"index-{n}", *INDEX_ARGS)
             c.start(f"index-{n}", ready=False)  # all four start at once, as Parallel pods do
         for name in ("cq", *(f"index-{n}" for n in range(FIRST_REPLICAS))):
-            wait_ready(c.followers[name])
+            c.followers[name].wait_ready()
         yield c
     finally:
         c.stop_all()
@@ -148,7 +149,7 @@ def test_the_index_tier_scales_by_replicas_and_shards_alone(cluster: Cluster) ->
     c.add("index_svc", "index-4", *INDEX_ARGS)
     new = c.start("index-4", ready=False)
     end_at_start = _log_end(c)
-    wait_ready(new)  # readiness: recovered, handshake done, and caught up to the log's end
+    new.wait_ready()  # readiness: recovered, handshake done, and caught up to the log's end
     ready_status = _index_status(c, "index-4")
     assert (ready_status.shard_count, ready_status.shard_index) == (SHARDS, 4 % SHARDS)
     assert ready_status.caught_up

@@ -21,8 +21,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from mqstore.launcher import health_status
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
-from mqstore.testing.cluster import Cluster, health_status
+from mqstore.testing.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -32,6 +32,29 @@ STORE_ON_A_LAPTOP_BYTES_MAX = 100 * 1000 * 1000
 def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc, text = start_up(data)
+    try:
+        _use_the_store_as_printed(data, text)
+    except BaseException:
+        proc.kill()
+        proc.communicate(timeout=60)
+        raise
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, text + out
+    assert "stopped cleanly" in out
+    for service in ("commitlog_svc", "cq_svc", "index_svc"):
+        leftovers = [
+            os.path.join(base, n)
+            for base, _, names in os.walk(data / service)
+            for n in names
+            if n == "abort"
+        ]
+        assert leftovers == [], f"{service} left an abort marker: not a clean stop"
+
+
+def _use_the_store_as_printed(data: Path, text: str) -> None:
+    """A message through the printed addresses, then the same with the export lines, then
+    with nothing at all (the saved context)."""
     targets = dict(re.findall(r"^\s+(\w+_svc)\s+api (\S+)", text, re.M))
     assert set(targets) == {"commitlog_svc", "cq_svc", "index_svc"}, text
     with (
@@ -64,18 +87,6 @@ def test_up_runs_the_store_and_ctrl_c_stops_it_cleanly(tmp_path: Path) -> None:
     listed = json.loads(mqstore({}, "context", "ls", "--json").stdout)
     assert listed == {"contexts": ["local-any"], "selected": "local-any"}, listed
     assert ClientSettings.from_env(bare).commitlog == env["MQSTORE_COMMITLOG"]
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, text + out
-    assert "stopped cleanly" in out
-    for service in ("commitlog_svc", "cq_svc", "index_svc"):
-        leftovers = [
-            os.path.join(base, n)
-            for base, _, names in os.walk(data / service)
-            for n in names
-            if n == "abort"
-        ]
-        assert leftovers == [], f"{service} left an abort marker: not a clean stop"
 
 
 def _disk_bytes(root: Path) -> int:

@@ -18,7 +18,6 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2 as pb
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
-from mqstore.rpc.subscriber import wait_until
 from tests.index_svc.conftest import EPHEMERAL, INDEX_GEOMETRY, Launch, start_commitlog
 from tests.index_svc.support import Appended, append, health_status, offsets_of, wait_applied
 
@@ -62,12 +61,6 @@ def start_index(launch: Launch, commitlog: ServiceProcess, name: str) -> Service
     return launch("index_svc", name, *INDEX_GEOMETRY, "--commitlog-target", commitlog.target)
 
 
-def wait_ready(process: ServiceProcess, timeout_s: float = 60) -> None:
-    assert wait_until(
-        lambda: health_status(process.health_target, "readiness") == "SERVING", timeout_s, 0.05
-    ), f"{process.package} not ready; see {process.log_path}"
-
-
 @pytest.mark.parametrize("how", ["sigterm", "kill"])
 def test_a_restarted_replica_catches_up_and_answers_what_the_log_holds(
     how: str, launch: Launch, tmp_path: Path
@@ -93,7 +86,7 @@ def test_a_restarted_replica_catches_up_and_answers_what_the_log_holds(
                 work.batch(25)  # appended while the replica is down
             index.start()
             index.wait_listening()
-            wait_ready(index)
+            index.wait_ready()
             with index_stub(index) as stub:
                 assert work.last is not None
                 wait_applied(stub, work.last.end_offset)
@@ -143,7 +136,7 @@ def check_unavailable_then_answers(
     again.start()
     try:
         again.wait_listening()
-        wait_ready(index)
+        index.wait_ready()
         status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
         assert status.caught_up
         assert work.last is not None and status.applied_offset >= work.last.end_offset

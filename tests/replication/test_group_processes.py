@@ -20,7 +20,7 @@ from mqstore.coordination.etcd_process import EtcdProcess, free_port
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
-from mqstore.testing.cluster import EPHEMERAL, wait_ready
+from mqstore.testing.cluster import EPHEMERAL
 from tests.e2e.support import data_files
 
 FILE_BYTES = 64 * 1024  # several segments in a few hundred appends
@@ -237,7 +237,7 @@ def test_cq_svc_follows_the_leader_through_a_kill_and_holds_every_acknowledged_m
     cq.start()
     try:
         cq.wait_listening()
-        wait_ready(cq)
+        cq.wait_ready()
         settings = ClientSettings(commitlog=addresses, cq=(cq.target,), index=())
         with Producer(settings, linger_ms=1, retry_timeout_s=30, batch_messages=100) as producer:
             sent = [producer.send("T", b"before-%05d" % i) for i in range(300)]

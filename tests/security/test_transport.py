@@ -12,12 +12,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from mqstore.launcher import health_status
 from mqstore.rpc.channel import ChannelSecurity, make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
-from mqstore.testing.cluster import Cluster, health_status
+from mqstore.testing.cluster import Cluster
 
 from .conftest import Material, follower_flags, server_flags
 
