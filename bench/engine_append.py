@@ -20,6 +20,7 @@ the same run, never to a number from elsewhere.
 from __future__ import annotations
 
 import argparse
+import functools
 import mmap
 import os
 import shutil
@@ -134,14 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for body_bytes in (100, 1024):
             batches = make_batches(args.records, body_bytes)
-            raw = median_of(args.runs, lambda b=body_bytes: raw_loop(directory, args.records, b))
-            touched = median_of(
-                args.runs,
-                lambda b=body_bytes: raw_loop(directory, args.records, b, pretouch=True),
-            )
-            with_crc = median_of(
-                args.runs, lambda b=body_bytes: raw_loop(directory, args.records, b, crc=True)
-            )
+            loop = functools.partial(raw_loop, directory, args.records, body_bytes)
+            raw = median_of(args.runs, loop)
+            touched = median_of(args.runs, functools.partial(loop, pretouch=True))
+            with_crc = median_of(args.runs, functools.partial(loop, crc=True))
             variants: dict[str, dict[str, object]] = {
                 "async": {"flush": FlushMode.ASYNC},
                 "async+pool": {
@@ -156,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(("raw + crc32 per record", body_bytes, with_crc, raw, touched))
             for name, config in variants.items():
                 rate = median_of(
-                    args.runs, lambda b=batches, c=config: engine_loop(directory, b, **c)
+                    args.runs, functools.partial(engine_loop, directory, batches, **config)
                 )
                 rows.append((f"engine {name}", body_bytes, rate, raw, touched))
     finally:

@@ -23,6 +23,7 @@ Java hashCode in Python plus RocketMQ's putKey with struct, one key at a time, i
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
@@ -152,6 +153,10 @@ def run_scalar_loop(keys: int, seed: int) -> float:
     return keys / spent
 
 
+def _engine_run(seed: int, *, keys: int, exact: bool, queries: int, base_dir: str) -> Result:
+    return run_engine(keys, exact=exact, queries=queries, base_dir=base_dir, seed=seed)
+
+
 def median_of(runs: int, fn: Callable[[int], Result]) -> Result:
     results = [fn(i) for i in range(runs)]
     return Result(
@@ -180,8 +185,8 @@ def main() -> None:
         for exact in (False, True):
             result = median_of(
                 runs,
-                lambda i, k=keys, x=exact: run_engine(
-                    k, exact=x, queries=queries, base_dir=base_dir, seed=i
+                functools.partial(
+                    _engine_run, keys=keys, exact=exact, queries=queries, base_dir=base_dir
                 ),
             )
             rows.append(("exact" if exact else "plain", keys, result))
