@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import pathlib
 import random
 import shutil
@@ -27,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from bench.meters import status_kib
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import make_store
 from cq_svc.store import CqStore
@@ -38,11 +40,7 @@ UNITS_PER_FILE = 1000
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    return status_kib("self").get("VmRSS", math.nan) / 1024
 
 
 def make_entries(

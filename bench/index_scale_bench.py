@@ -4,7 +4,7 @@
                                       [--threads T] [--dir DIR]
 
 For each shard count: commitlog_svc and one index_svc per shard, as real processes on loopback
-(mqstore.launcher, ports 0, data in a temporary directory removed at the end), replicas named
+(mqstore.testing.cluster, ports 0, data in a temporary directory removed at the end), replicas named
 index-0, index-1 with `--shard-from-ordinal` as the StatefulSet runs them. N messages, each
 with its own key, are appended through the SDK's Producer and every replica is waited for until
 it has applied the log's end. Then P client processes (spawned, so that no client shares a GIL
@@ -14,8 +14,8 @@ same key sequence, seeded, is asked of both shard counts.
 
 Printed: queries/s (all clients together), the median latency of one query, and the CPU cores
 each index process, the commit log (a query reads its matches from the log to confirm them)
-and the clients used over the measured window (from /proc and the clients' own clocks), and
-what everything else on the machine used meanwhile (a noisy neighbour).
+and the clients used over the measured window (bench/meters.py: /proc and the clients' own
+clocks), and what everything else on the machine used meanwhile (a noisy neighbour).
 The machine is a shared 2-core VM: with 2 shards, two index processes, the commit log and the
 clients share those two cores, so the ratio shows what a second shard gives when CPU is the
 bound, not what it gives on a cluster where each replica has its own cores. Each index
@@ -37,23 +37,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.meters import CpuMeter, Stopwatch
+from bench.processes import by_name, pids, wait_caught_up
 from mqstore.client import Admin, ClientSettings, Producer
-from mqstore.launcher import ServiceProcess
-from mqstore.rpc.channel import make_channel
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
-from mqstore.rpc.gen.index.v1 import index_pb2 as ix_pb
-from mqstore.rpc.gen.index.v1 import index_pb2_grpc
+from mqstore.testing.cluster import Cluster
 
 TOPIC = "IndexScale"
 SHARD_COUNTS = (1, 2)
-EPHEMERAL = ["--port", "0", "--health-port", "0", "--metrics-port", "0"]
 # Index files sized for the run (RocketMQ's 420 MB default file per replica is not needed).
 INDEX_ARGS = ["--slot-num", "200000", "--entry-num", "800000"]
 CATCH_UP_TIMEOUT_S = 300.0
 PRODUCE_RESULT_TIMEOUT_S = 60.0
 SEED = 20_261_121
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -85,50 +80,12 @@ class Result:
         return self.queries / self.seconds
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process (its own, not its children's), from /proc."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds every core of the machine spent busy since boot (/proc/stat's cpu line)."""
-    with open("/proc/stat", encoding="ascii") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / CLK_TCK
-
-
 def load(settings: ClientSettings, keys: int) -> None:
     with Producer(settings, producer_id="index-scale-bench") as producer:
         futures = [producer.send(TOPIC, f"k{i}".encode(), key=f"k{i}") for i in range(keys)]
         producer.flush()
         for f in futures:
             f.result(timeout=PRODUCE_RESULT_TIMEOUT_S)
-
-
-def wait_applied(commitlog: ServiceProcess, replicas: list[ServiceProcess]) -> None:
-    channel = make_channel(commitlog.target)
-    try:
-        end = (
-            commitlog_pb2_grpc.CommitLogStub(channel)
-            .GetStatus(cl_pb.GetStatusRequest(), timeout=10)
-            .max_offset
-        )
-    finally:
-        channel.close()
-    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
-    for replica in replicas:
-        channel = make_channel(replica.target)
-        try:
-            stub = index_pb2_grpc.IndexStub(channel)
-            while stub.GetStatus(ix_pb.GetStatusRequest(), timeout=10).applied_offset < end:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{replica.data_dir} did not catch up")
-                time.sleep(0.05)
-        finally:
-            channel.close()
 
 
 def client(
@@ -170,61 +127,33 @@ def client(
         t.start()
     while time.time() < start_at:
         time.sleep(0.001)
-    cpu0 = time.process_time()
-    for t in pool:
-        t.join()
-    cpu = time.process_time() - cpu0
+    with Stopwatch() as clock:
+        for t in pool:
+            t.join()
     admin.close()
     if errors:
         raise RuntimeError("; ".join(errors[:5]))
-    return sum(counts), latencies, cpu
+    return sum(counts), latencies, clock.cpu_s
 
 
 def measure(shards: int, plan: Plan, base: Path, ctx: mp.context.SpawnContext) -> Result:
     root = Path(tempfile.mkdtemp(prefix=f"index-scale-{shards}-", dir=base))
-    logs = root / "logs"
-    logs.mkdir()
-    commitlog = ServiceProcess(
-        "commitlog_svc",
-        str(root / "commitlog"),
-        args=[*EPHEMERAL, "--flush", "async"],
-        log_path=str(logs / "commitlog.log"),
-    )
-    replicas: list[ServiceProcess] = []
+    cluster = Cluster(root, flush="async", extra={"index_svc": INDEX_ARGS})
     try:
-        commitlog.start()
-        commitlog.wait_listening()
-        commitlog.wait_ready()
-        for n in range(shards):
-            name = f"index-{n}"
-            replica = ServiceProcess(
-                "index_svc",
-                str(root / name),
-                args=[
-                    *EPHEMERAL,
-                    *INDEX_ARGS,
-                    "--commitlog-target",
-                    commitlog.target,
-                    "--subscriber-id",
-                    name,
-                    "--shard-count",
-                    str(shards),
-                    "--shard-from-ordinal",
-                    "true",
-                ],
-                log_path=str(logs / f"{name}.log"),
+        cluster.start_commitlog()
+        names = [f"index-{n}" for n in range(shards)]
+        for name in names:
+            cluster.add(
+                "index_svc", name, "--shard-count", str(shards), "--shard-from-ordinal", "true"
             )
-            replicas.append(replica)
-            replica.start()
-        for replica in replicas:
-            replica.wait_listening()
-            replica.wait_ready()
+            cluster.start(name)
         settings = ClientSettings(
-            commitlog=commitlog.target, index=tuple(r.target for r in replicas)
+            commitlog=cluster.commitlog.target,
+            cq=(),
+            index=tuple(cluster.followers[name].target for name in names),
         )
         load(settings, plan.keys)
-        wait_applied(commitlog, replicas)
-        pids = [p.proc.pid for p in (*replicas, commitlog) if p.proc is not None]
+        wait_caught_up(settings, CATCH_UP_TIMEOUT_S)
         start_at = time.time() + 1.0 + 0.5 * plan.clients  # every client connected by then
         with ctx.Pool(plan.clients) as pool:
             jobs = [
@@ -235,32 +164,24 @@ def measure(shards: int, plan: Plan, base: Path, ctx: mp.context.SpawnContext) -
             ]
             while time.time() < start_at:
                 time.sleep(0.001)
-            cpu0 = [cpu_seconds(p) for p in pids]
-            busy0 = machine_busy_seconds()
-            answers = [j.get(timeout=plan.seconds + 120) for j in jobs]
-            cpu1 = [cpu_seconds(p) for p in pids]
-            busy1 = machine_busy_seconds()
+            with CpuMeter(pids(by_name(cluster))) as meter:
+                answers = [j.get(timeout=plan.seconds + 120) for j in jobs]
         queries = sum(a[0] for a in answers)
         latencies = [x for a in answers for x in a[1]]
+        clients_cpu_s = sum(a[2] for a in answers)
+        cores = meter.process_cores
         return Result(
             shards=shards,
             queries=queries,
             seconds=plan.seconds,
             p50_ms=statistics.median(latencies) if latencies else float("nan"),
-            index_cores=tuple(
-                (b - a) / plan.seconds for a, b in zip(cpu0[:-1], cpu1[:-1], strict=True)
-            ),
-            commitlog_cores=(cpu1[-1] - cpu0[-1]) / plan.seconds,
-            client_cores=sum(a[2] for a in answers) / plan.seconds,
-            other_cores=max(
-                0.0, (busy1 - busy0 - sum(cpu1) + sum(cpu0) - sum(a[2] for a in answers))
-            )
-            / plan.seconds,
+            index_cores=tuple(cores[name] for name in names),
+            commitlog_cores=cores["commitlog"],
+            client_cores=clients_cpu_s / meter.wall_s,
+            other_cores=meter.other_cores(clients_cpu_s),
         )
     finally:
-        for replica in replicas:
-            replica.stop()
-        commitlog.stop()
+        cluster.stop_all()
         shutil.rmtree(root, ignore_errors=True)
 
 

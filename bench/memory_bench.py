@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.peers.mqstore_bench import INDEX_DEFAULT_ARGS, settings_of
+from bench.meters import status_kib
+from bench.processes import INDEX_DEFAULT_ARGS, by_name, pids, settings_of, wait_caught_up
 from mqstore.client import Admin, Producer
 from mqstore.formats.cq_time import TIME_BYTES
 from mqstore.formats.cq_unit import UNIT_BYTES
@@ -43,6 +44,7 @@ QUICK_STAGES = (("mem-a", 100), ("mem-b", 400), ("mem-c", 500))
 FILE_UNITS_PER_FILE = 1_000
 DISK_SHARE_MAX = 0.5  # refuse to start a run whose files would take more of the free disk
 CATCH_UP_TIMEOUT_S = 600.0
+CATCH_UP_POLL_S = 0.2
 SETTLE_S = 1.0  # after catching up, let background work (flush, checkpoint) run once
 SERVICES = ("commitlog", "cq", "index")
 
@@ -56,13 +58,8 @@ class Memory:
 
     @classmethod
     def of(cls, pid: int) -> Memory:
-        fields: dict[str, int] = {}
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in ("RssAnon", "RssFile", "RssShmem", "VmHWM"):
-                    fields[key] = int(value.split()[0])
-        return cls(fields["RssAnon"], fields["RssFile"], fields["RssShmem"], fields["VmHWM"])
+        kib = status_kib(pid)
+        return cls(kib["RssAnon"], kib["RssFile"], kib["RssShmem"], kib["VmHWM"])
 
 
 @dataclass(frozen=True)
@@ -72,32 +69,6 @@ class Sample:
     messages: int
     seconds: float  # producing plus catching up
     memory: dict[str, Memory]
-
-
-def pids(cluster: Cluster) -> dict[str, int]:
-    procs = {
-        "commitlog": cluster.commitlog.proc,
-        "cq": cluster.followers["cq"].proc,
-        "index": cluster.followers["index"].proc,
-    }
-    out = {}
-    for name, proc in procs.items():
-        assert proc is not None, f"{name} is not running"
-        out[name] = proc.pid
-    return out
-
-
-def wait_caught_up(admin: Admin, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = admin.status()
-        end = status.commitlog.max_offset
-        done = [r.reachable and r.applied_offset >= end for r in status.cq]
-        done += [r.reachable and r.applied_offset >= end for r in status.index]
-        if done and all(done):
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"followers did not catch up within {timeout_s} s")
 
 
 def run_store(
@@ -118,7 +89,9 @@ def run_store(
     samples = []
     try:
         settings = settings_of(cluster)
-        ids = pids(cluster)
+        ids = pids(by_name(cluster))
+        if sorted(ids) != sorted(SERVICES):
+            raise RuntimeError(f"expected {SERVICES} running, found {sorted(ids)}")
         body = b"m" * BODY_BYTES
         queues = messages = 0
         with Admin(settings) as admin:
@@ -133,7 +106,7 @@ def run_store(
                     producer.flush()
                 finally:
                     producer.close()
-                wait_caught_up(admin, CATCH_UP_TIMEOUT_S)
+                wait_caught_up(settings, CATCH_UP_TIMEOUT_S, CATCH_UP_POLL_S)
                 took = time.monotonic() - began
                 queues += topic_queues
                 messages += topic_queues * rounds

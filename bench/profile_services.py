@@ -6,11 +6,11 @@
 
 Starts the three services (mqstore/testing/cluster.py, the same settings as `make bench-peers`),
 runs one workload from this process through the SDK, and prints the rate and the CPU seconds
-each process used (from /proc, so the figures are per message and hold on a noisy machine
-better than rates do). With --profile, py-spy (`--gil`: samples only the thread holding the
-GIL, i.e. Python work) records the named processes during the workload; each profile is
-written to DIR/<workload>-<process>.txt (py-spy's raw format) and summarised: the frames with
-the most samples, inclusive and self. Every issue 8 change started from such a profile.
+each process used (bench/meters.py, from /proc, so the figures are per message and hold on a
+noisy machine better than rates do). With --profile, py-spy (`--gil`: samples only the thread
+holding the GIL, i.e. Python work) records the named processes during the workload; each
+profile is written to DIR/<workload>-<process>.txt (py-spy's raw format) and summarised: the
+frames with the most samples, inclusive and self. Every issue 8 change started from such a profile.
 
 - produce: `Producer.send_batch` of 1,000 messages (4 queues round robin), then flush.
 - send: `Producer.send` of each message (what append-to-visible's producer does), then flush.
@@ -35,27 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.peers.mqstore_bench import INDEX_DEFAULT_ARGS, settings_of, wait_caught_up
+from bench.meters import CpuMeter
+from bench.processes import INDEX_DEFAULT_ARGS, by_name, pids, settings_of, wait_caught_up
 from mqstore.client import ClientSettings, Consumer, Producer
-from mqstore.testing.cluster import Cluster, start_store
+from mqstore.testing.cluster import start_store
 
 BATCH = 1_000
 PROFILE_RATE_HZ = 250
 PY_SPY_START_S = 0.5  # py-spy attaches before the clock starts
 WARM_UP_MESSAGES = 20_000
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _pids(cluster: Cluster) -> dict[str, int]:
-    procs = {"commitlog": cluster.commitlog, **cluster.followers}
-    pids = {name: p.proc.pid for name, p in procs.items() if p.proc is not None}
-    return {**pids, "client": os.getpid()}
 
 
 def _produce(settings: ClientSettings, topic: str, size: int, n: int) -> None:
@@ -159,34 +147,34 @@ def main(argv: list[str] | None = None) -> int:
         if reads:
             _produce(settings, topic, args.size, args.messages)
         wait_caught_up(settings)
-        pids = _pids(cluster)
+        processes = {**pids(by_name(cluster)), "client": os.getpid()}
         spy = Path(sys.executable).with_name("py-spy")
         for name in filter(None, args.profile.split(",")):
-            if name not in pids:
-                parser.error(f"--profile: {name!r} is not one of {', '.join(pids)}")
+            if name not in processes:
+                parser.error(f"--profile: {name!r} is not one of {', '.join(processes)}")
             args.out.mkdir(parents=True, exist_ok=True)
             path = args.out / f"{args.workload}-{name}.txt"
             cmd = [str(spy), "record", "--gil", "-r", str(PROFILE_RATE_HZ), "--format", "raw"]
-            cmd += ["-o", str(path), "-p", str(pids[name])]
+            cmd += ["-o", str(path), "-p", str(processes[name])]
             profilers.append(
                 (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path)
             )
         if profilers:
             time.sleep(PY_SPY_START_S)
-        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        began = time.perf_counter()
-        if args.workload == "produce":
-            _produce(settings, topic, args.size, args.messages)
-        elif args.workload == "send":
-            _send(settings, topic, args.size, args.messages)
-        elif args.workload == "poll":
-            _poll(settings, topic, args.messages)
-        else:
-            _consume(settings, topic, args.messages)
-        took = time.perf_counter() - began
-        if not reads:
-            wait_caught_up(settings)  # the followers' share of the work counts too
-        used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+        with CpuMeter(processes) as meter:
+            began = time.perf_counter()
+            if args.workload == "produce":
+                _produce(settings, topic, args.size, args.messages)
+            elif args.workload == "send":
+                _send(settings, topic, args.size, args.messages)
+            elif args.workload == "poll":
+                _poll(settings, topic, args.messages)
+            else:
+                _consume(settings, topic, args.messages)
+            took = time.perf_counter() - began
+            if not reads:
+                wait_caught_up(settings)  # the followers' share of the work counts too
+        used = meter.process_s
     finally:
         for proc, _ in profilers:
             proc.send_signal(signal.SIGINT)

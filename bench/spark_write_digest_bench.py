@@ -13,12 +13,12 @@ less than the wall clock). A ratio, not a speed: it is what to quote.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 
+from bench.meters import Stopwatch
 from mqstore.spark import service_source
 from mqstore.spark.options import write_options
 from mqstore.spark.write_ledger import WriteDigest
@@ -29,10 +29,10 @@ def _per_row_us(batch: Any, add: Callable[..., None]) -> float:
     real = WriteDigest.add
     WriteDigest.add = add  # type: ignore[method-assign]
     try:
-        started = time.process_time()
-        for _ in service_source._rows(opts, 0, iter([batch]), WriteDigest()):
-            pass
-        return (time.process_time() - started) / batch.num_rows * 1e6
+        with Stopwatch() as clock:
+            for _ in service_source._rows(opts, 0, iter([batch]), WriteDigest()):
+                pass
+        return clock.cpu_s / int(batch.num_rows) * 1e6
     finally:
         WriteDigest.add = real  # type: ignore[method-assign]
 

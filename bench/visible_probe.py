@@ -29,18 +29,12 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from bench.index_scale_bench import cpu_seconds
+from bench.meters import CpuMeter, Stopwatch
 from bench.peers import pacing
-from bench.peers.common import percentile
-from bench.peers.mqstore_bench import (
-    LONG_POLL_MS,
-    prime,
-    scrape,
-    settings_of,
-    visible_producer,
-    wait_caught_up,
-)
+from bench.peers.mqstore_bench import LONG_POLL_MS, prime, scrape, visible_producer
+from bench.processes import by_name, pids, settings_of, touch, wait_caught_up, wait_for_file
 from bench.profile_services import summarize
+from bench.report import percentile
 from mqstore.client import ClientSettings, Consumer, Message, Offset
 from mqstore.formats.record import checked_fields
 from mqstore.testing.cluster import start_store
@@ -106,10 +100,10 @@ def _produce(
 ) -> dict[str, Any]:
     """visible_producer once `go` exists (the probe may attach py-spy first), and the CPU its
     process spent (every thread of it)."""
-    pacing.wait_for_file(go)
-    began = time.process_time()
-    sent = visible_producer(settings, topic, size, rate, n, per_message)
-    return {**sent, "cpu_s": time.process_time() - began}
+    wait_for_file(go)
+    with Stopwatch() as clock:
+        sent = visible_producer(settings, topic, size, rate, n, per_message)
+    return {**sent, "cpu_s": clock.cpu_s}
 
 
 def _spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
@@ -221,34 +215,33 @@ def main() -> None:
                     n = int(args.rate * args.seconds)
                     ready = str(Path(tmp) / f"{topic}.ready")
                     got = pool.apply_async(_consume, (settings, topic, n, ready, args.unary))
-                    pacing.wait_for_file(ready)
+                    wait_for_file(ready)
                     go = str(Path(tmp) / f"{topic}.go")
                     sent_async = pool.apply_async(
                         _produce,
                         (settings, topic, args.size, args.rate, n, args.per_message, go),
                     )
-                    pids = {
-                        "producer": _other_worker(pool, int(Path(ready).read_text("ascii"))),
-                        "commitlog": cluster.commitlog.proc.pid,
-                        "cq": cluster.followers["cq"].proc.pid,
-                        "index": cluster.followers["index"].proc.pid,
-                        "consumer": int(Path(ready).read_text(encoding="ascii")),
+                    consumer = int(Path(ready).read_text(encoding="ascii"))
+                    processes = {
+                        **pids(by_name(cluster)),
+                        "consumer": consumer,
+                        "producer": _other_worker(pool, consumer),
                     }
                     PROFILES_DIR.mkdir(parents=True, exist_ok=True)
                     spy_out = PROFILES_DIR / f"visible-{args.profile}-{run}.txt"
-                    spy = _spy(pids[args.profile], spy_out) if args.profile else None
-                    before = {k: cpu_seconds(pid) for k, pid in pids.items()}
+                    spy = _spy(processes[args.profile], spy_out) if args.profile else None
                     counts_before = _counts(cluster)
-                    pacing.touch(go)
-                    sent = sent_async.get()
-                    out = got.get()
+                    with CpuMeter(processes) as meter:
+                        touch(go)
+                        sent = sent_async.get()
+                        out = got.get()
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)
                         spy.wait()
                         print(summarize(spy_out, 30))
                     cpu = {
-                        k: (cpu_seconds(pid) - before[k]) / sent["seconds"]
-                        for k, pid in pids.items()
+                        k: s / sent["seconds"]
+                        for k, s in meter.process_s.items()
                         if k != "producer"
                     }
                     counts = {k: v - counts_before[k] for k, v in _counts(cluster).items()}

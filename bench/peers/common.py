@@ -1,17 +1,14 @@
-"""What every system's benchmark shares: the scale, the workloads, CPU accounting, results.
+"""What every system's benchmark shares: the scale, the workloads, the results.
 
-CPU accounting: the machine is a shared 2-core VM. Every measured call is wrapped in a Meter,
-which reads the machine's busy time (/proc/stat) and the CPU time of this process and all its
-descendants (the client worker processes and every server we started) at both ends; what the
-machine spent beyond ours is "foreign" load, in cores over the call. A run with much of it is
-suspect, and the table says so.
+CPU accounting: the machine is a shared 2-core VM. Every measured call is wrapped in a
+bench.meters.CpuMeter with tree=True, which reads the machine's busy time and the CPU time of
+this process and all its descendants (the client worker processes and every server we started)
+at both ends; what the machine spent beyond ours is "foreign" load, in cores over the call. A
+run with more of it than FOREIGN_NOISY_CORES is suspect, and the table says so.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -77,19 +74,6 @@ WORKLOAD_KEYS = tuple(w.key for w in WORKLOADS)
 def sizes_of(workload: Workload) -> tuple[int, ...]:
     """Message sizes a workload has a row for (0: one row for the whole run)."""
     return SIZES if workload.per_size else (0,)
-
-
-def size_name(size: int) -> str:
-    if size == 0:
-        return "all"
-    return "1 KiB" if size == 1024 else f"{size} B"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 # -- results ----------------------------------------------------------------------------------
@@ -179,108 +163,6 @@ class Results:
         }
 
 
-# -- CPU accounting ---------------------------------------------------------------------------
-
-_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of a process (0 once it is gone)."""
-    fields = _stat_fields(pid)
-    if fields is None:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) * _TICK_S
-
-
-def descendants(root: int) -> set[int]:
-    """Every living process below `root` (children, grandchildren, ...)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        fields = _stat_fields(int(name))
-        if fields is not None:
-            children.setdefault(int(fields[1]), []).append(int(name))
-    out: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
-
-
-def _our_cpu() -> dict[int, float]:
-    """CPU seconds of this process (with its reaped children) and each living descendant."""
-    me = os.getpid()
-    fields = _stat_fields(me)
-    reaped = (int(fields[13]) + int(fields[14])) * _TICK_S if fields else 0.0
-    out = {pid: proc_cpu_s(pid) for pid in descendants(me)}
-    out[me] = proc_cpu_s(me) + reaped
-    return out
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (not idle, iowait or stolen)."""
-    with open("/proc/stat", encoding="ascii") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq = values[:7]
-    return (user + nice + system + irq + softirq) * _TICK_S
-
-
-def wait_for_quiet(limit_s: float, sample_s: float = 0.5) -> float:
-    """Sample foreign load until a sample is under FOREIGN_NOISY_CORES or `limit_s` has
-    passed; returns the seconds waited."""
-    began = time.perf_counter()
-    while time.perf_counter() - began < limit_s:
-        with Meter() as meter:
-            time.sleep(sample_s)
-        if meter.foreign_cores <= FOREIGN_NOISY_CORES:
-            break
-    return time.perf_counter() - began
-
-
-class Meter:
-    """Cores used over one measured call: by each server of ours, by everything of ours, and
-    by the rest of the machine (foreign)."""
-
-    def __init__(self, servers: Mapping[str, int] | None = None) -> None:
-        self.servers = dict(servers or {})
-        self.wall_s = 0.0
-        self.foreign_cores = 0.0
-        self.ours_cores = 0.0
-        self.server_cores: dict[str, float] = {}
-
-    def __enter__(self) -> Meter:
-        self._began = time.perf_counter()
-        self._busy0 = machine_busy_s()
-        self._ours0 = _our_cpu()
-        self._servers0 = {name: proc_cpu_s(pid) for name, pid in self.servers.items()}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        ours1 = _our_cpu()
-        busy = machine_busy_s() - self._busy0
-        self.wall_s = max(time.perf_counter() - self._began, 1e-9)
-        # A process born during the call counts in full; one that died is lost unless reaped.
-        ours = sum(cpu - self._ours0.get(pid, 0.0) for pid, cpu in ours1.items())
-        self.ours_cores = ours / self.wall_s
-        self.foreign_cores = max(0.0, busy - ours) / self.wall_s
-        self.server_cores = {
-            name: (proc_cpu_s(pid) - self._servers0[name]) / self.wall_s
-            for name, pid in self.servers.items()
-        }
-
-
 # -- memory -----------------------------------------------------------------------------------
 
 
@@ -288,19 +170,3 @@ def anon_mib(memory: dict[str, float]) -> float:
     """What the memory row compares (the issue's "resident memory, page cache aside"): RSS less
     mapped file pages, which the page cache holds for whoever maps them (mqstore maps its log)."""
     return memory.get("anon", memory.get("rss", 0.0))
-
-
-def rss_mib(pid: int) -> dict[str, float]:
-    """Resident memory of a process from /proc/<pid>/status, MiB: rss (anon + file + shmem),
-    anon, file (mapped file pages, e.g. an mmap'd log) and hwm (peak rss)."""
-    wanted = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "hwm"}
-    out: dict[str, float] = {}
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in wanted:
-                    out[wanted[key]] = int(rest.split()[0]) / 1024  # kB
-    except OSError:
-        pass
-    return out

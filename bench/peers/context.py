@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.peers.common import CALL_TIMEOUT_S, Meter, Results, Scale, wait_for_quiet
+from bench.meters import CpuMeter, wait_for_quiet
+from bench.peers.common import CALL_TIMEOUT_S, FOREIGN_NOISY_CORES, Results, Scale
 from bench.peers.pacing import READY_TIMEOUT_S
+from bench.processes import wait_for_client
 
 # A whole client call (a produce run of 200k messages at a few thousand msg/s included).
 CLIENT_TIMEOUT_S = 900.0
@@ -43,17 +45,17 @@ class Context:
         the whole run (a neighbour busy all along must not stretch it by an hour)."""
         left = SETTLE_BUDGET_S - self.settled_s
         if self.scale.settle_s > 0 and left > 0:
-            self.settled_s += wait_for_quiet(min(self.scale.settle_s, left))
+            self.settled_s += wait_for_quiet(min(self.scale.settle_s, left), FOREIGN_NOISY_CORES)
 
     def say(self, text: str) -> None:
         print(f"[{time.perf_counter() - self.started:6.1f} s] {text}", flush=True)
 
     def measure(
         self, servers: Mapping[str, int], fn: Callable[..., dict[str, Any]], *args: Any
-    ) -> tuple[dict[str, Any], Meter]:
+    ) -> tuple[dict[str, Any], CpuMeter]:
         """Run `fn(*args)` in a client process under a CPU meter."""
         self.settle()
-        with Meter(servers) as meter:
+        with CpuMeter(servers, tree=True) as meter:
             got = self.clients.submit(fn, *args).result(timeout=CLIENT_TIMEOUT_S)
         return got, meter
 
@@ -63,26 +65,15 @@ class Context:
         consumer: tuple[Callable[..., dict[str, Any]], tuple[Any, ...]],
         producer: tuple[Callable[..., dict[str, Any]], tuple[Any, ...]],
         ready_path: str,
-    ) -> tuple[dict[str, Any], dict[str, Any], Meter]:
+    ) -> tuple[dict[str, Any], dict[str, Any], CpuMeter]:
         """A consumer process, started first and waited for until it touches `ready_path`
         (subscribed, polling), then a producer process; the meter covers the producer's run
         until the consumer has everything."""
         self.settle()
         seen = self.clients.submit(consumer[0], *consumer[1])
-        _wait_ready(ready_path, seen)
-        with Meter(servers) as meter:
+        wait_for_client(ready_path, seen, timeout_s=READY_TIMEOUT_S + CALL_TIMEOUT_S)
+        with CpuMeter(servers, tree=True) as meter:
             sent = self.clients.submit(producer[0], *producer[1])
             sent_got = sent.result(timeout=CLIENT_TIMEOUT_S)
             seen_got = seen.result(timeout=CLIENT_TIMEOUT_S)
         return sent_got, seen_got, meter
-
-
-def _wait_ready(path: str, client: Future[Any]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S + CALL_TIMEOUT_S
-    while not Path(path).exists():
-        if client.done():
-            client.result()  # raises what the client raised
-            raise RuntimeError(f"the consumer returned before touching {path}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the consumer did not get ready ({path})")
-        time.sleep(0.005)

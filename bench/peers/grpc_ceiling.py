@@ -1,7 +1,10 @@
 """The transport ceiling: a trivial gRPC service moving the same batches mqstore moves, as in
 reference §3, so that mqstore's figures can be read against what Python gRPC alone allows.
 
-    python -m bench.peers.grpc_ceiling --serve PORTS_FILE     (the server process)
+    python -m bench.peers.grpc_ceiling --ports-file F [--data-dir D]     (the server process)
+
+The server is started as mqstore's services are (mqstore.launcher.ServiceProcess: the
+`--data-dir` it passes is not used, nothing is stored), and writes its ports file the same way.
 
 The service is the sync grpc.server with a thread pool, as mqstore's services are, with the
 same message-size options and no interceptors. Its proto is one of three messages made at run
@@ -22,8 +25,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,15 +37,20 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib
+from bench.meters import rss_mib
+from bench.peers.common import BATCH, SIZES, anon_mib
 from bench.peers.context import Context
+from bench.processes import pids
+from bench.report import percentile
 from mqstore.client.producer import WINDOW_DEFAULT
+from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import MAX_MESSAGE_BYTES, make_channel
 from mqstore.rpc.server import server_options
 
 SERVICE = "benchceiling.Ceiling"
 SERVER_THREADS = 8  # the reference's sync server
 READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
 LOOKUP_WARM_UP = 20
 _F = descriptor_pb2.FieldDescriptorProto
 
@@ -119,54 +125,19 @@ def serve(ports_file: str) -> None:
     server.stop(grace=1).wait()
 
 
-class CeilingServer:
-    """The server as a process of its own, stopped by PID."""
-
-    def __init__(self, root: Path) -> None:
-        self.ports_file = root / "ceiling.ports.json"
-        self.log_path = root / "ceiling.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    def __enter__(self) -> CeilingServer:
-        self.ports_file.unlink(missing_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bench.peers.grpc_ceiling", "--serve", str(self.ports_file)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                process_group=0,
-            )
-        try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while not self.ports_file.exists():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the ceiling server did not start; see {self.log_path}")
-                time.sleep(0.02)
-            self.port = int(json.loads(self.ports_file.read_text(encoding="utf-8"))["port"])
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+@contextmanager
+def ceiling_server(root: Path) -> Iterator[ServiceProcess]:
+    """The server as a process of its own under `root`, listening; stopped (SIGTERM, SIGKILL
+    past STOP_TIMEOUT_S) when the block ends."""
+    server = ServiceProcess(
+        "bench.peers.grpc_ceiling", str(root / "ceiling"), log_path=str(root / "ceiling.log")
+    )
+    server.start()
+    try:
+        server.wait_listening(READY_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop(STOP_TIMEOUT_S)
 
 
 # -- the clients (worker processes) -----------------------------------------------------------
@@ -249,8 +220,8 @@ def pings(target: str, count: int) -> dict[str, Any]:
 
 def run(ctx: Context) -> None:
     scale, results = ctx.scale, ctx.results
-    with CeilingServer(ctx.root) as server:
-        servers = {"ceiling": server.pid}
+    with ceiling_server(ctx.root) as server:
+        servers = pids({"ceiling": server})
         results.describe(
             "ceiling",
             f"grpcio {grpc.__version__}; sync grpc.server, {SERVER_THREADS} threads, "
@@ -277,7 +248,7 @@ def run(ctx: Context) -> None:
                         "unary empty round trip",
                         **got,
                     )
-        memory = rss_mib(server.pid)
+        memory = rss_mib(servers["ceiling"])
         results.add(
             "memory",
             0,
@@ -285,15 +256,16 @@ def run(ctx: Context) -> None:
             anon_mib(memory),
             0.0,
             "server anonymous RSS",
-            pid=server.pid,
+            pid=servers["ceiling"],
             **memory,
         )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the gRPC ceiling's server process")
-    parser.add_argument("--serve", metavar="PORTS_FILE", required=True)
-    serve(parser.parse_args(argv).serve)
+    parser.add_argument("--ports-file", required=True, help="written once it listens")
+    parser.add_argument("--data-dir", default=None, help="not used: nothing is stored")
+    serve(parser.parse_args(argv).ports_file)
     return 0
 
 

@@ -35,15 +35,24 @@ import time
 import urllib.request
 from typing import Any
 
-from bench.e2e_bench import disk_guard
+from bench.meters import rss_mib
 from bench.peers import pacing, replicated
-from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib, size_name
+from bench.peers.common import BATCH, SIZES, anon_mib
 from bench.peers.context import Context
-from bench.peers.grpc_ceiling import CeilingServer, pinger
+from bench.peers.grpc_ceiling import ceiling_server, pinger
+from bench.processes import (
+    INDEX_DEFAULT_ARGS,
+    by_package,
+    disk_guard,
+    pids,
+    settings_of,
+    touch,
+    wait_caught_up,
+)
+from bench.report import percentile, size_name
 from mqstore.client import Admin, ClientSettings, Consumer, Offset, Producer
 from mqstore.client.batch import ResultFuture
 from mqstore.client.producer import QUEUES_PER_TOPIC_DEFAULT, WINDOW_DEFAULT
-from mqstore.formats.index_file import DEFAULT_ENTRY_NUM, DEFAULT_SLOT_NUM
 from mqstore.testing.cluster import Cluster, start_store
 
 BATCH_BYTES = 4 << 20  # room for 1,000 messages of 1 KiB with their properties
@@ -52,20 +61,11 @@ LONG_POLL_MS = 2000
 PER_QUEUE_POLL_S = 0.2
 LOOKUP_WARM_UP = 20
 CATCH_UP_TIMEOUT_S = 300.0
-INDEX_DEFAULT_ARGS = ["--slot-num", str(DEFAULT_SLOT_NUM), "--entry-num", str(DEFAULT_ENTRY_NUM)]
 DURABILITY = {
     "async": "flush async: acked once in the commit log's mapped file (page cache); flushed "
     "every 500 ms when 4+ pages are dirty, everything every 10 s",
     "sync": "flush sync: acked once fsynced (group commit)",
 }
-
-
-def settings_of(cluster: Cluster) -> ClientSettings:
-    return ClientSettings(
-        commitlog=cluster.commitlog.target,
-        cq=(cluster.followers["cq"].target,),
-        index=(cluster.followers["index"].target,),
-    )
 
 
 def _producer(settings: ClientSettings) -> Producer:
@@ -196,7 +196,7 @@ def visible_consumer(settings: ClientSettings, topic: str, n: int, ready: str) -
         settings, topic, start=Offset(1), max_messages=BATCH, long_poll_ms=LONG_POLL_MS
     ) as c:
         c.poll(timeout_s=0)  # queues listed, positions resolved: the next poll long-polls
-        pacing.touch(ready)
+        touch(ready)
         deadline = time.monotonic() + pacing.READY_TIMEOUT_S + n / 100
         while len(latencies) < n and time.monotonic() < deadline:
             bodies = c.poll_batch().bodies
@@ -248,7 +248,7 @@ def visible_consumer_per_queue(
     for t in threads:
         t.start()
     started.wait()
-    pacing.touch(ready)
+    touch(ready)
     for t in threads:
         t.join()
     if errors:
@@ -286,34 +286,6 @@ def visible_producer(
 
 
 # -- the orchestrator side --------------------------------------------------------------------
-
-
-def wait_caught_up(settings: ClientSettings) -> float:
-    """Until cq_svc and index_svc have applied the whole log: each run starts with the
-    followers idle, and a consume reads what was produced. Returns the seconds it took."""
-    began = time.monotonic()
-    deadline = began + CATCH_UP_TIMEOUT_S
-    with Admin(settings) as admin:
-        while True:
-            status = admin.status()
-            end = status.commitlog.max_offset
-            applied = [r.applied_offset for r in status.cq] + [
-                r.applied_offset for r in status.index
-            ]
-            if all(a >= end for a in applied):
-                return time.monotonic() - began
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"followers did not catch up within {CATCH_UP_TIMEOUT_S} s")
-            time.sleep(0.05)
-
-
-def _services(cluster: Cluster) -> dict[str, int]:
-    processes = {
-        "commitlog_svc": cluster.commitlog,
-        "cq_svc": cluster.followers["cq"],
-        "index_svc": cluster.followers["index"],
-    }
-    return {name: p.proc.pid for name, p in processes.items() if p.proc is not None}
 
 
 def run(ctx: Context) -> None:
@@ -359,7 +331,7 @@ def _run_store(
 ) -> None:
     scale, results = ctx.scale, ctx.results
     settings = settings_of(cluster)
-    servers = _services(cluster)
+    servers = pids(by_package(cluster))
     results.describe("mqstore", DURABILITY[flush])
     produce_key = "produce" if flush == "async" else "produce_sync"
     catch_up: dict[str, list[float]] = {}
@@ -374,7 +346,7 @@ def _run_store(
             # How far dispatch trailed peak produce: the followers' catch-up after the last ack.
             behind = catch_up.setdefault(f"{flush}, {size_name(size)}", [])
             behind.append(wait_caught_up(settings) * 1000)
-            cores = m.server_cores
+            cores = m.process_cores
             results.add(
                 produce_key,
                 size,
@@ -400,7 +372,7 @@ def _run_store(
                 got["rate"],
                 m.foreign_cores,
                 "Consumer.messages(), max_messages 1000",
-                cores=m.server_cores,
+                cores=m.process_cores,
                 **got,
             )
             got, m = ctx.measure(servers, consume_poll, settings, topic, scale.messages)
@@ -411,14 +383,14 @@ def _run_store(
                 got["rate"],
                 m.foreign_cores,
                 "Consumer.poll_batch() columns, max_messages 1000",
-                cores=m.server_cores,
+                cores=m.process_cores,
                 **got,
             )
             got, _ = ctx.measure(servers, consume_raw, settings, topic, scale.messages)
             raw_pulls.setdefault(size, []).append(got["rate"])
-            with CeilingServer(ctx.root) as ceiling:
+            with ceiling_server(ctx.root) as ceiling:
                 got, m = ctx.measure(
-                    {**servers, "ceiling": ceiling.pid},
+                    {**servers, **pids({"ceiling": ceiling})},
                     lookups,
                     *(settings, topic, made["first_ms"], made["last_ms"], scale.lookups),
                     ceiling.target,
@@ -542,7 +514,9 @@ def _produce_twin(ctx: Context, twin: Cluster, topic: str, size: int, with_crc: 
     the rate with it over the rate without, pairs of runs back to back."""
     settings = settings_of(twin)
     wait_caught_up(settings)
-    made, _ = ctx.measure(_services(twin), produce, settings, topic, size, ctx.scale.messages)
+    made, _ = ctx.measure(
+        pids(by_package(twin)), produce, settings, topic, size, ctx.scale.messages
+    )
     wait_caught_up(settings)
     pairs = ctx.results.extras.setdefault("mqstore_record_crc_produce", {})
     pairs.setdefault(str(size), []).append([with_crc, made["rate"]])
@@ -568,7 +542,7 @@ def _produce_group(
     settings = group.settings
     wait_caught_up(settings)
     made, m = ctx.measure(group.pids(), produce, settings, topic, size, ctx.scale.messages)
-    replicated.note_replicated(ctx, size, single_rate, made, m.server_cores)
+    replicated.note_replicated(ctx, size, single_rate, made, m.process_cores)
 
 
 def _catch_up_note(results: Any, flush: str, catch_up: dict[str, list[float]]) -> None:
@@ -613,7 +587,7 @@ def _visible(ctx: Context, settings: ClientSettings, servers: dict[str, int]) ->
                     (visible_producer, (settings, topic, size, rate, n)),
                     ready,
                 )
-                raw = {**seen, **sent, "offered": rate, "cores": m.server_cores}
+                raw = {**seen, **sent, "offered": rate, "cores": m.process_cores}
                 if variant:
                     per_queue.setdefault(size, []).append({**raw, "foreign_cores": m.foreign_cores})
                     continue

@@ -25,10 +25,13 @@ import time
 from importlib.metadata import version
 from typing import Any
 
+from bench.meters import rss_mib
 from bench.peers import pacing
-from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib
+from bench.peers.common import BATCH, SIZES, anon_mib
 from bench.peers.context import Context
 from bench.peers.servers import nats_server, running
+from bench.processes import touch
+from bench.report import percentile
 
 PUBLISH_PENDING_MAX = 16_000  # the reference's publish_async_max_pending
 FETCH_TIMEOUT_S = 10.0
@@ -202,7 +205,7 @@ def visible_consumer(url: str, stream: str, subject: str, n: int, ready: str) ->
             await _add_stream(js, stream, subject)
             config = _consumer_config(deliver_policy=nats.js.api.DeliverPolicy.ALL)
             sub = await js.pull_subscribe(subject, stream=stream, config=config)
-            pacing.touch(ready)
+            touch(ready)
             deadline = time.monotonic() + pacing.READY_TIMEOUT_S + n / 100
             while len(latencies) < n and time.monotonic() < deadline:
                 try:

@@ -18,10 +18,9 @@ import struct
 import time
 from array import array
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-from bench.peers.common import percentile
+from bench.report import percentile
 
 STAMP = struct.Struct(">Q")
 # The producer wakes once a tick (not once a message: at tens of thousands of messages a
@@ -82,18 +81,6 @@ def _until_next_tick(began: float) -> float:
     """Seconds to the next tick boundary (began + k * TICK_S)."""
     elapsed = time.perf_counter() - began
     return (int(elapsed / TICK_S) + 1) * TICK_S - elapsed
-
-
-def wait_for_file(path: str, timeout_s: float = READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
-        time.sleep(0.002)
-
-
-def touch(path: str) -> None:
-    Path(path).touch()
 
 
 class Arrivals:

@@ -20,10 +20,13 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from bench.meters import rss_mib
 from bench.peers import pacing
-from bench.peers.common import BATCH, SIZES, anon_mib, percentile, rss_mib
+from bench.peers.common import BATCH, SIZES, anon_mib
 from bench.peers.context import Context
 from bench.peers.servers import redis_server, running
+from bench.processes import touch
+from bench.report import percentile
 
 FIELD = b"d"
 LONG_POLL_MS = 2000
@@ -114,7 +117,7 @@ def visible_consumer(port: int, key: str, n: int, ready: str) -> dict[str, Any]:
     r.ping()
     latencies = pacing.Arrivals()
     last_id: bytes | str = "0-0"  # the key does not exist yet: XREAD waits for it
-    pacing.touch(ready)
+    touch(ready)
     deadline = time.monotonic() + pacing.READY_TIMEOUT_S + n / 100
     while len(latencies) < n and time.monotonic() < deadline:
         answer = r.xread({key: last_id}, count=BATCH, block=LONG_POLL_MS)

@@ -19,19 +19,18 @@ from typing import Any
 
 import grpc
 
-from bench.peers.common import size_name
 from bench.peers.context import Context
+from bench.report import size_name
 from mqstore.client import ClientSettings
 from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
+from mqstore.testing.cluster import EPHEMERAL
 
 REPLICAS = 3
 MIN_INSYNC = 2
 GROUP = "bench"
-# Kernel-chosen ports, no warming thread, logs as bench-peers' single store writes them.
-PORT_ARGS = ("--port", "0", "--health-port", "0", "--metrics-port", "0")
 
 
 @dataclass
@@ -91,7 +90,7 @@ def start_group(root: Path, commitlog_args: list[str]) -> Group:
             replica = ServiceProcess(
                 "commitlog_svc",
                 str(root / name),
-                args=[*PORT_ARGS, "--flush", "sync", *commitlog_args,
+                args=[*EPHEMERAL, "--flush", "sync", *commitlog_args,
                       "--group", GROUP, "--replica-name", name, "--etcd", etcd.endpoint,
                       "--replication", "sync", "--min-insync", str(MIN_INSYNC)],
                 log_path=str(root / f"{name}.log"),
@@ -105,7 +104,7 @@ def start_group(root: Path, commitlog_args: list[str]) -> Group:
             service = ServiceProcess(
                 f"{name}_svc",
                 str(root / f"{name}_svc"),
-                args=[*PORT_ARGS, "--commitlog-target", target],
+                args=[*EPHEMERAL, "--commitlog-target", target],
                 log_path=str(root / f"{name}_svc.log"),
             )
             service.start()

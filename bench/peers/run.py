@@ -32,10 +32,10 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from bench.e2e_bench import versions
 from bench.peers import grpc_ceiling, mqstore_bench, nats_bench, redis_bench, table
 from bench.peers.common import FULL, QUICK, SIZES, SYSTEMS, Results, Scale
 from bench.peers.context import SETTLE_BUDGET_S, Context
+from bench.report import versions, versions_markdown, write_doc_block, write_stamped_json
 
 REPO = Path(__file__).resolve().parents[2]
 DOC_DEFAULT = REPO / "docs" / "bench-peers.md"
@@ -217,14 +217,11 @@ def build_report(results: Results, failures: dict[str, str], info: RunInfo) -> R
     text = "\n".join(
         [info.title, "", table.render_text(rows), "", table.READING, *(f"- {n}" for n in lines)]
     )
-    version_rows = "\n".join(f"| {k} | {v} |" for k, v in info.versions)
     markdown = "\n".join(
         [
             f"{info.title}.",
             "",
-            "| | |",
-            "| --- | --- |",
-            version_rows,
+            versions_markdown(info.versions),
             "",
             table.render_markdown(rows),
             "",
@@ -266,19 +263,11 @@ def load_json(path: Path) -> tuple[Results, dict[str, str], RunInfo]:
 
 def write_doc(path: Path, markdown: str) -> None:
     """The generated block replaces the one between the markers; the prose around it stays."""
-    block = f"{DOC_BEGIN}\n{markdown}\n{DOC_END}"
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    if DOC_BEGIN in text and DOC_END in text:
-        text = text.split(DOC_BEGIN, 1)[0] + block + text.split(DOC_END, 1)[1]
-    else:
-        text = (text.rstrip() + "\n\n" if text else "# mqstore and its peers\n\n") + block + "\n"
-    path.write_text(text, encoding="utf-8")
+    write_doc_block(path, DOC_BEGIN, DOC_END, markdown, "# mqstore and its peers\n\n")
 
 
 def write_json(directory: Path, report: Report, info: RunInfo, ctx: Context) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d-%H%M")
-    path = directory / f"peers-{stamp}.json"
+    """The run's raw figures as DIRECTORY/peers-<date>.json (load_json reads it back)."""
     payload: dict[str, Any] = {
         "title": report.title,
         "kind": info.kind,
@@ -292,8 +281,7 @@ def write_json(directory: Path, report: Report, info: RunInfo, ctx: Context) -> 
         "failures": report.failures,
         **report.results.to_json(),
     }
-    path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return path
+    return write_stamped_json(directory, "peers", payload)
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:

@@ -14,9 +14,9 @@ from bench.peers.common import (
     Cell,
     Results,
     Workload,
-    size_name,
     sizes_of,
 )
+from bench.report import markdown_table, median_range, size_name, text_table
 
 PEERS = ("nats", "redis", "ceiling")
 COLUMNS = ("mqstore", *PEERS)
@@ -82,11 +82,7 @@ def median(cell: Cell) -> float:
 
 
 def cell_text(cell: Cell, unit: str) -> str:
-    values = used(cell)
-    middle = _number(statistics.median(values), unit)
-    if len(values) == 1:
-        return middle
-    return f"{middle} ({_number(min(values), unit)}-{_number(max(values), unit)})"
+    return median_range(used(cell), lambda value: _number(value, unit))
 
 
 def _cell_for(results: Results, workload: str, size: int, system: str) -> tuple[Cell | None, bool]:
@@ -135,18 +131,11 @@ def rows(results: Results, ran: tuple[str, ...]) -> list[Row]:
 
 
 def render_text(table: list[Row]) -> str:
-    cells = [list(HEADERS)] + [r.texts() for r in table]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADERS))]
-    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(HEADERS))).rstrip() for c in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(HEADERS, [r.texts() for r in table])
 
 
 def render_markdown(table: list[Row]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + " --- |" * len(HEADERS)]
-    for r in table:
-        lines.append("| " + " | ".join(t.replace("|", "\\|") for t in r.texts()) + " |")
-    return "\n".join(lines)
+    return markdown_table(HEADERS, [r.texts() for r in table])
 
 
 READING = (
