@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from mqstore.client import contexts
 from mqstore.errors import InvalidArgument
-from mqstore.launcher import DEFAULT_PORTS
+from mqstore.ports import DEFAULT_PORTS
 
 CALL_TIMEOUT_S_DEFAULT = 10.0
 # How long a client keeps trying a store it has not reached yet before it fails naming the
