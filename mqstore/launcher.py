@@ -137,7 +137,7 @@ class ServiceProcess:
             stderr=out,
             env=env,
             process_group=0,
-            preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509
+            preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509 - takes no lock
         )
         if out is not None:
             out.close()  # the child has its own copy

@@ -152,7 +152,7 @@ class EtcdProcess:
                 stderr=out,
                 stdin=subprocess.DEVNULL,
                 process_group=0,
-                preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509
+                preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509 - takes no lock
             )
         self.wait_healthy(timeout_s)
         return self
