@@ -150,9 +150,9 @@ class Message:
         if raw is None:  # every field of a hand-built message is set in __init__
             raise AssertionError("a Message without its record lacks a field")
         # Nothing assigns to a Message's fields, so a lazy one holds its body alone: every
-        # other field is set here at once, from a record its batch's checks accepted. (Asking
-        # each slot whether it was set first raised an AttributeError per field: ~15 of the
-        # ~25 us a first read cost; read_record's checks and Record ~4 us more.)
+        # other field is set here at once, from a record its batch's checks accepted, so no
+        # read asks a slot whether it is set (an AttributeError per unset field: the larger
+        # part of a first read's cost; figures in docs/bench.md).
         for name, value in _fields_of(checked_fields(raw)).items():
             object.__setattr__(self, name, value)
 

@@ -458,9 +458,9 @@ def encode_blank(remaining_bytes: int) -> bytes:
 # Decoding
 
 
-# Not frozen: a frozen dataclass sets each field through object.__setattr__ (about 1 us more
-# per object with this many fields, measured), and one is made per message on hot paths. Treat
-# it as a value: nothing assigns to its fields; unsafe_hash keeps it hashable as before.
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, a cost per field
+# of every object, and one is made per message on hot paths. Treat it as a value: nothing
+# assigns to its fields, and unsafe_hash makes it hashable as a frozen one is.
 @dataclass(slots=True, unsafe_hash=True)
 class Record:
     total_size: int

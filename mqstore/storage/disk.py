@@ -209,9 +209,9 @@ def _load_msync() -> Any:
     return fn
 
 
-# msync through ctypes too: CPython's mmap.flush holds the GIL for the whole msync (measured:
-# a thread counting in a loop got 3% of its progress during a 200 ms flush, against all of it
-# through ctypes), so every group commit stopped every other thread of the process.
+# msync through ctypes too: CPython's mmap.flush holds the GIL for the whole msync, which would
+# stop every other thread of the process for each group commit; a ctypes call releases it
+# (figures in docs/bench.md).
 # MS_SYNC is 4 on Linux (other systems number it differently and keep mmap.flush).
 _MSYNC = _load_msync() if sys.platform.startswith("linux") else None
 _MS_SYNC = 4
