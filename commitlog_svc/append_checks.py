@@ -41,8 +41,8 @@ from mqstore.formats.property_shape import malformed, malformed_reason
 from mqstore.formats.record_batch import MessageBatch
 
 # Every compressed body of one append inflates at most this much in all while it is checked:
-# a body alone is bounded by the body limit (4 MiB: ~16 ms of zlib for a 4 KiB bomb on this
-# machine), but 10,000 of them in one request would buy minutes of CPU. 256 MiB is a
+# a body alone is bounded by the body limit (4 MiB: milliseconds of zlib for a 4 KiB bomb),
+# but 10,000 of them in one request would buy minutes of CPU. 256 MiB is a
 # producer's default 1 MiB batch of bodies that compress 256x, or its largest (32 MiB) at 8x.
 APPEND_INFLATE_BYTES_MAX = 256 << 20
 

@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from commitlog_svc.config import CommitLogConfig, FlushMode
-from mqstore.launcher import DEFAULT_PORTS
+from mqstore.ports import DEFAULT_PORTS
 from mqstore.rpc.settings import FollowerSettings, check_worker_budget
 from mqstore.rpc.streams import StreamCap
 

@@ -19,7 +19,7 @@ from pydantic_settings import SettingsConfigDict
 
 from cq_svc.config import AckFlush, CqConfig, StoreKind
 from cq_svc.tail_records import TAIL_RECORDS_MIB_DEFAULT
-from mqstore.launcher import DEFAULT_PORTS
+from mqstore.ports import DEFAULT_PORTS
 from mqstore.rpc.settings import FollowerSettings, check_worker_budget
 from mqstore.rpc.streams import StreamCap
 

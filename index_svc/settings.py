@@ -25,7 +25,7 @@ from index_svc.config import IndexConfig
 from mqstore.dispatch import DISPATCH_LINGER_MS_MAX
 from mqstore.errors import InvalidArgument
 from mqstore.formats import index_file as fmt
-from mqstore.launcher import DEFAULT_PORTS
+from mqstore.ports import DEFAULT_PORTS
 from mqstore.rpc.settings import FollowerSettings
 
 _API_PORT, _HEALTH_PORT, _METRICS_PORT = DEFAULT_PORTS["index_svc"]

@@ -3,11 +3,9 @@
 numpy lets go of the GIL inside each ufunc, gather or copy over a few hundred elements. One
 thread loses nothing by that; several threads in such code at once (a service's gRPC handlers
 and its dispatch thread) hand the GIL to one another at every release, and every hand-off is a
-context switch. Measured on the 2-core VM: four threads each checking pulls of 1,000 records
-(check_records) used 2.5-3x the CPU of one thread making the same calls, with ~70 context
-switches a call; with this lock around the calls, ~1 switch a call and one thread's CPU. In
-cq_svc serving a consumer's four PullStreams, 29,000 context switches a second fell to 6,500,
-the service's CPU a message from ~2 us to ~1.3 us.
+context switch: several threads checking pulls (check_records) at once use several times the
+CPU of one thread making the same calls. With this lock around the calls, a call costs about
+one switch and the threads together one thread's CPU (figures in docs/bench.md).
 
 Python runs one thread at a time anyway: what the lock takes away is the hand-offs alone
 (numpy's parallelism over arrays this small is nil). Hold it around computation only, never

@@ -27,9 +27,9 @@ from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
 from mqstore.formats.record import Record
 
 
-# Not frozen: a frozen dataclass sets each field through object.__setattr__ (about 1 us more
-# per object with this many fields, measured), and one is made per message on hot paths. Treat
-# it as a value: nothing assigns to its fields; unsafe_hash keeps it hashable as before.
+# Not frozen: a frozen dataclass sets each field through object.__setattr__, a cost per field
+# of every object, and one is made per message on hot paths. Treat it as a value: nothing
+# assigns to its fields, and unsafe_hash makes it hashable as a frozen one is.
 @dataclass(slots=True, unsafe_hash=True)
 class DispatchEntry:
     topic: str

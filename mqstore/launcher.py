@@ -22,12 +22,6 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-# Default ports for one machine: each service takes a block of three (API, health, metrics).
-DEFAULT_PORTS = {
-    "commitlog_svc": (7100, 7101, 7102),
-    "cq_svc": (7200, 7201, 7202),
-    "index_svc": (7300, 7301, 7302),
-}
 START_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 60.0
 READY_POLL_S = 0.05
@@ -143,7 +137,7 @@ class ServiceProcess:
             stderr=out,
             env=env,
             process_group=0,
-            preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509
+            preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509 - takes no lock
         )
         if out is not None:
             out.close()  # the child has its own copy

@@ -3,6 +3,8 @@
 mqstore/formats   imports nothing from mqstore.storage, mqstore.rpc or any service
 mqstore/storage   imports nothing from mqstore.rpc (the disk layer knows no wire)
 mqstore/          never imports commitlog_svc, cq_svc or index_svc
+mqstore/client    (the SDK) imports nothing that starts processes or runs the CLI:
+                  mqstore.launcher, mqstore.testing, mqstore.cli
 each service      never imports another service
 bench/, chaos/, fuzz/ and mqstore/ never import tests/ (shared support code lives in the
                   package, e.g. mqstore/testing/cluster.py)
@@ -21,6 +23,8 @@ TOOLS = ("bench", "chaos", "fuzz")
 PACKAGES = ("mqstore", *SERVICES, *TOOLS)
 # Generated gRPC stubs import only grpc and protobuf; they are not ours to lay out.
 SKIP_DIRS = ("mqstore/rpc/gen",)
+# What the SDK leaves out: an application that only sends and receives needs none of it.
+SDK_BANNED = ("mqstore.launcher", "mqstore.testing", "mqstore.cli")
 
 
 def module_name(path: Path) -> str:
@@ -86,6 +90,10 @@ def violations(imports: dict[str, set[str]]) -> list[str]:
                 for banned in ("mqstore.storage", "mqstore.rpc", *SERVICES):
                     if within(target, banned):
                         found.append(f"{module} imports {target}: formats must stay pure")
+            if within(module, "mqstore.client"):
+                for banned in SDK_BANNED:
+                    if within(target, banned):
+                        found.append(f"{module} imports {target}: the SDK starts no processes")
             if within(module, "mqstore.storage") and within(target, "mqstore.rpc"):
                 found.append(f"{module} imports {target}: storage knows no wire")
             if (within(module, "mqstore") or any(within(module, t) for t in TOOLS)) and within(
@@ -143,6 +151,10 @@ def test_packages_import_only_along_the_allowed_layers() -> None:
         ("fuzz.targets.x", False, "from tests import helpers", "outside tests/"),
         ("mqstore.testing", True, "from tests.e2e import support", "outside tests/"),
         ("bench.x", False, "from mqstore.testing.cluster import Cluster", None),
+        ("mqstore.client.settings", False, "from mqstore.launcher import X", "starts no"),
+        ("mqstore.client", True, "from ..testing import cluster", "starts no processes"),
+        ("mqstore.client.x", False, "from mqstore.ports import DEFAULT_PORTS", None),
+        ("mqstore.cli.up", False, "from mqstore.launcher import ServiceProcess", None),
     ],
 )
 def test_the_checker_catches_each_kind_of_violation(

@@ -26,7 +26,8 @@ from mqstore.cli.security import SecretFiles, prepare_secrets
 from mqstore.client import contexts
 from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.errors import InvalidArgument
-from mqstore.launcher import DEFAULT_PORTS, READY_POLL_S, ServiceProcess, last_error
+from mqstore.launcher import READY_POLL_S, ServiceProcess, last_error
+from mqstore.ports import DEFAULT_PORTS
 from mqstore.storage.data_mode import DATA_MODES, DataMode
 from mqstore.storage.data_mode import apply as apply_data_mode
 

@@ -150,9 +150,9 @@ class Message:
         if raw is None:  # every field of a hand-built message is set in __init__
             raise AssertionError("a Message without its record lacks a field")
         # Nothing assigns to a Message's fields, so a lazy one holds its body alone: every
-        # other field is set here at once, from a record its batch's checks accepted. (Asking
-        # each slot whether it was set first raised an AttributeError per field: ~15 of the
-        # ~25 us a first read cost; read_record's checks and Record ~4 us more.)
+        # other field is set here at once, from a record its batch's checks accepted, so no
+        # read asks a slot whether it is set (an AttributeError per unset field: the larger
+        # part of a first read's cost; figures in docs/bench.md).
         for name, value in _fields_of(checked_fields(raw)).items():
             object.__setattr__(self, name, value)
 
@@ -432,7 +432,7 @@ class MessageRun(Sequence[Message]):
 
     def iter_from(self, start: int) -> Iterator[Message]:
         """Messages start.. of the run, each made as the loop gets to it (a consumer handing
-        messages out one at a time: ~300 ns a message fewer than indexing the run)."""
+        messages out one at a time: cheaper than indexing the run for each)."""
         if self._made:
             for i in range(start, len(self._bodies)):
                 yield self._one(i)
@@ -605,7 +605,7 @@ def _fields_of(r: Record | CheckedFields) -> dict[str, Any]:
 
 
 def _lazy_messages(bodies: list[bytes], raws: list[bytes]) -> list[Message]:
-    # A plain loop: 80 ns a message, faster than setattr mapped over the objects (measured).
+    # A plain loop: faster than setattr mapped over the objects.
     new = object.__new__
     out: list[Message] = []
     append = out.append

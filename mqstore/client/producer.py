@@ -469,7 +469,7 @@ class Producer:
         request_timeout_s: float | None = None,
         buffer_bytes: int = BUFFER_BYTES_DEFAULT,
         block_timeout_s: float = BLOCK_TIMEOUT_S_DEFAULT,
-        limits: MessageLimits = MessageLimits(),  # noqa: B008
+        limits: MessageLimits = MessageLimits(),  # noqa: B008 - frozen, shared default
         first_sequence: int | None = None,
     ) -> None:
         if not 1 <= window <= WINDOW_MAX:

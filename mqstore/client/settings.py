@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from mqstore.client import contexts
 from mqstore.errors import InvalidArgument
-from mqstore.launcher import DEFAULT_PORTS
+from mqstore.ports import DEFAULT_PORTS
 
 CALL_TIMEOUT_S_DEFAULT = 10.0
 # How long a client keeps trying a store it has not reached yet before it fails naming the
@@ -89,8 +89,8 @@ class ClientSettings:
     connect_timeout_s: float = CONNECT_TIMEOUT_S_DEFAULT
     # Set glibc's malloc thresholds once in this process (mqstore/rpc/allocator.py), as the
     # services do: a pull's megabyte answer then reuses heap memory instead of fresh pages,
-    # each a page fault and a zeroing (a consumer at 1 KiB: ~20-25% less CPU). The price is
-    # that freed memory stays in the process. False leaves malloc as it is.
+    # each a page fault and a zeroing (a consumer spends less CPU a message: docs/bench.md).
+    # The price is that freed memory stays in the process. False leaves malloc as it is.
     keep_large_blocks: bool = True
 
     def __post_init__(self) -> None:

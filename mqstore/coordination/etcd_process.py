@@ -37,8 +37,8 @@ from mqstore.launcher import ends_with_launcher
 # etcd's own defaults, written out because the lease TTL minimum follows from them (above).
 HEARTBEAT_INTERVAL_MS = 100
 ELECTION_TIMEOUT_MS = 1_000
-# A single-member etcd is ready in ~1 s here (measured: 1.07 s from exec to /health true); a
-# loaded 2-core machine running three engineers' tests may take several times that.
+# A single-member etcd is ready in about a second on an idle machine (docs/bench.md); a loaded
+# machine running several test suites at once may take many times that.
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 HEALTH_PROBE_TIMEOUT_S = 0.5
@@ -152,7 +152,7 @@ class EtcdProcess:
                 stderr=out,
                 stdin=subprocess.DEVNULL,
                 process_group=0,
-                preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509
+                preexec_fn=ends_with_launcher() if self.ends_with_launcher else None,  # noqa: PLW1509 - takes no lock
             )
         self.wait_healthy(timeout_s)
         return self

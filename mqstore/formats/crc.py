@@ -3,8 +3,8 @@
 BODYCRC is CRC-32 with zlib's polynomial, top bit cleared (record.py). Every record is checked
 by it several times in its life: when it is encoded, on every Read, by the SDK on every pull,
 and on recovery. ISA-L's `crc32` (the `isal` package) computes the same value as `zlib.crc32`
-and, measured on this machine, 3x as fast on a 100-byte body, 5x on 1 KiB and 7x on 16 MiB;
-at 100 B most of what is left is the call itself. tests/formats/test_crc.py pins the two
+and faster at every size, the more so the longer the body (figures in docs/bench.md); at
+100 B most of what is left is the call itself. tests/formats/test_crc.py pins the two
 together.
 """
 

@@ -145,7 +145,7 @@ def _check_columns(
     buf = np.frombuffer(blob, dtype=np.uint8)
     # Records of one size (a producer's batch of like bodies: the usual answer) are rows of a
     # matrix, and a field every record holds at the same place is a column of it: a strided
-    # view instead of a gather (1,000 records of 100 B: ~380 -> ~250 ns a record).
+    # view instead of a gather, which copies.
     rows = buf.reshape(n, int(size[0])) if int(size.min()) == int(size.max()) else None
     head = _heads(buf, rows, starts)
     total = head["total"].astype(np.int64)
@@ -178,7 +178,7 @@ def _check_columns(
     if bodies or not every_whole:
         body_at = np.where(ok, starts + header, 0)
         body_end = body_at + np.where(ok, body_len, 0)
-        # A list comprehension of slices: twice as fast as mapping slice objects (measured).
+        # A list comprehension of slices: faster than mapping slice objects.
         a, b = body_at.tolist(), body_end.tolist()
         if bodies:
             body_list = [blob[x:y] for x, y in zip(a, b, strict=True)]
@@ -295,7 +295,7 @@ def _check_few(
 
 def split_records(blob: bytes, sizes: Sequence[int] | IntArray) -> list[bytes]:
     """The records laid end to end in `blob`, `sizes[i]` bytes each, as one bytes each (a
-    comprehension of slices: twice as fast as mapping slice objects, measured)."""
+    comprehension of slices: faster than mapping slice objects)."""
     bounds = [0, *np.cumsum(sizes, dtype=np.int64).tolist()]
     return [blob[a:b] for a, b in pairwise(bounds)]
 
@@ -435,7 +435,7 @@ def write_record_crcs(blob: bytearray, sizes: Sequence[int]) -> None:
         rows = np.frombuffer(blob, dtype=np.uint8).reshape(n, size)
         digits_at = size - 1 - RECORD_CRC_DIGITS
         high, low = np.divmod(crc, _HALF)
-        # np.take: a third faster than indexing the table (measured)
+        # np.take: faster than indexing the table
         rows[:, digits_at : digits_at + _HALF_DIGITS] = np.take(_DIGIT_ROWS, low, axis=0)
         rows[:, digits_at + _HALF_DIGITS : size - 1] = np.take(_DIGIT_ROWS, high, axis=0)
         return

@@ -5,8 +5,8 @@ into buffers of a megabyte or more, allocated and freed for every message. glibc
 allocation above its mmap threshold (128 KiB at start, raised as such blocks are freed) with a
 fresh mmap, and gives freed memory at the heap's top back to the kernel past its trim threshold;
 either way the next message's buffer is new pages, each one a page fault and zeroing by the
-kernel. Measured on the 2-core VM: serializing a 1 MiB PullResponse took 0.42 ns a byte with
-the defaults and 0.09 with the settings below (a plain copy is 0.04).
+kernel. With the settings below, serializing a megabyte answer costs about twice a plain copy
+instead of about ten times (figures in docs/bench.md).
 
 `keep_large_blocks` sets both thresholds once, so that such buffers come from the heap and
 stay there between messages. The price is memory: each malloc arena may keep up to

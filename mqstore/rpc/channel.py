@@ -66,8 +66,8 @@ SERVICE_CONFIG = json.dumps({"methodConfig": [{"name": _IDEMPOTENT, "retryPolicy
 
 
 # HTTP/2 windows and frames sized for batches: a stream's window aims this high (the default
-# starts at 64 KiB and grows by probing) and a frame carries up to this much. Measured on this
-# machine, a 244 KB answer costs the server 8-20% and the client 10-20% less CPU with both.
+# starts at 64 KiB and grows by probing) and a frame carries up to this much: a large answer
+# then goes in fewer frames and window updates, less CPU on both sides (docs/bench.md).
 HTTP2_STREAM_WINDOW_BYTES = 8 << 20
 HTTP2_FRAME_BYTES_MAX = 4 << 20
 

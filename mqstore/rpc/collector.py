@@ -1,9 +1,9 @@
 """The cyclic garbage collector's pauses in a service: `mqstore_gc_pause_seconds`, by generation.
 
-Every thread of a process stops while the collector runs. Measured with this histogram on the
-2-core VM at 64,000 msg/s of append-to-visible (bench.visible_probe): commitlog_svc ~50 ms of
-collection in a 5 s run (one pause over 5 ms), cq_svc 0-2 ms, index_svc none; freezing the
-start-up heap (gc.freeze) changed none of it, so the services leave the collector as it is.
+Every thread of a process stops while the collector runs. Under load the pauses this
+histogram shows are a small part of a service's time, and freezing the start-up heap
+(gc.freeze) does not change them, so the services leave the collector as it is (figures in
+docs/bench.md).
 
 The callback takes no lock: a collection may start in any thread at any allocation, also in
 one holding a lock of prometheus_client (its scrape copies a metric's children under the

@@ -51,7 +51,7 @@ def abort(context: grpc.ServicerContext, err: MqstoreError) -> None:
 
 def _aborted(context: grpc.ServicerContext) -> bool:
     """The handler already ended the call (context.abort raises a bare Exception)."""
-    code: Callable[[], grpc.StatusCode | None] = getattr(context, "code")  # noqa: B009
+    code: Callable[[], grpc.StatusCode | None] = getattr(context, "code")  # noqa: B009 - missing from the stubs
     return code() is not None
 
 

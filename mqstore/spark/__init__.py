@@ -38,8 +38,8 @@ def session(
 def register(spark: Any) -> None:
     """Register the mqstore data sources with a SparkSession (`spark.dataSource.register`)."""
     # Imported here: pyspark is needed only by those who register (import mqstore stays light).
-    from mqstore.spark.log_source import MqstoreLogDataSource  # noqa: PLC0415
-    from mqstore.spark.service_source import MqstoreDataSource  # noqa: PLC0415
+    from mqstore.spark.log_source import MqstoreLogDataSource  # noqa: PLC0415 - needs pyspark
+    from mqstore.spark.service_source import MqstoreDataSource  # noqa: PLC0415 - needs pyspark
 
     spark.dataSource.register(MqstoreDataSource)
     spark.dataSource.register(MqstoreLogDataSource)

@@ -100,7 +100,7 @@ class Disk(Protocol):
 
     def read(self, path: str) -> bytes: ...
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes | bytearray) -> None:
         """Create or replace a small file and fsync its content (not its name)."""
 
     def open_append(self, path: str) -> AppendFile: ...
@@ -128,9 +128,10 @@ class Disk(Protocol):
         """An exclusive lock on `path` for this process; StoreLocked if someone holds it."""
 
 
-def write_atomic(disk: Disk, path: str, data: bytes) -> None:
+def write_atomic(disk: Disk, path: str, data: bytes | bytearray) -> None:
     """Replace a file so that a crash leaves either the old or the new content, whole:
-    write a temporary file, fsync it, rename over the target, fsync the directory."""
+    write a temporary file, fsync it, rename over the target, fsync the directory. `data` may
+    be a bytearray (a rebuilt index file is hundreds of MB, built in place): it is not copied."""
     tmp = path + ".tmp"
     disk.write(tmp, data)
     disk.rename(tmp, path)
@@ -208,9 +209,9 @@ def _load_msync() -> Any:
     return fn
 
 
-# msync through ctypes too: CPython's mmap.flush holds the GIL for the whole msync (measured:
-# a thread counting in a loop got 3% of its progress during a 200 ms flush, against all of it
-# through ctypes), so every group commit stopped every other thread of the process.
+# msync through ctypes too: CPython's mmap.flush holds the GIL for the whole msync, which would
+# stop every other thread of the process for each group commit; a ctypes call releases it
+# (figures in docs/bench.md).
 # MS_SYNC is 4 on Linux (other systems number it differently and keep mmap.flush).
 _MSYNC = _load_msync() if sys.platform.startswith("linux") else None
 _MS_SYNC = 4
@@ -412,7 +413,7 @@ class OsDisk:
         with open(path, "rb") as f:
             return f.read()
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes | bytearray) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(data)

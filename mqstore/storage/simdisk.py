@@ -285,7 +285,7 @@ class SimDisk:
     def read(self, path: str) -> bytes:
         return bytes(self._inode(path).live)
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes | bytearray) -> None:
         path = _norm(path)
         self._check_parent(path)
         self._maybe_fail("write", path)

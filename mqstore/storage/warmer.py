@@ -1,8 +1,8 @@
 """Keeps the pages just ahead of an append position faulted in.
 
-The first write to a page of a freshly preallocated file costs a page fault, and on this kind of
-VM those were measured at 0.3-3.7 GB/s of writes through the map against 5.6-7.3 GB/s once the
-pages were faulted in ahead (docs/status.md). RocketMQ warms whole files when they are created
+The first write to a page of a freshly preallocated file costs a page fault, and writes through
+the map run several times slower over such pages than over pages faulted in ahead (figures in
+docs/bench.md). RocketMQ warms whole files when they are created
 (warmMapedFileEnable); this warms a window instead: a thread keeps [write position, + ahead) of
 the newest file populated, a few MiB at a time, with madvise(MADV_POPULATE_WRITE), which changes
 no byte and runs without the GIL. On a platform without it, the thread stops at once.

@@ -277,7 +277,7 @@ def test_a_request_the_store_refuses_fails_its_messages_and_the_producer_goes_on
 
 
 def test_a_full_disk_fails_sends_with_resource_exhausted_and_sends_resume_after(
-    start: Callable[..., Running],  # noqa: F811
+    start: Callable[..., Running],  # noqa: F811 - the fixture imported above
 ) -> None:
     disk = SimDisk()
     svc = start("/store", disk=disk)

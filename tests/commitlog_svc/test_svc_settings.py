@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from commitlog_svc.config import FlushMode
 from commitlog_svc.settings import CommitLogSettings
-from mqstore.launcher import DEFAULT_PORTS
+from mqstore.ports import DEFAULT_PORTS
 
 
 def test_defaults_run_on_one_machine_on_the_commit_logs_ports() -> None:

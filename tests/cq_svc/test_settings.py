@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from cq_svc.config import AckFlush, StoreKind
 from cq_svc.settings import CqSettings
-from mqstore.launcher import DEFAULT_PORTS
+from mqstore.ports import DEFAULT_PORTS
 
 
 def test_defaults_listen_on_the_cq_ports_and_follow_the_local_commit_log(

@@ -287,7 +287,7 @@ def request_of(nbytes: int) -> pb.AppendRequest:
     return request
 
 
-def test_a_request_of_exactly_max_message_bytes_is_handled_and_one_byte_more_is_resource_exhausted_before_the_handler(  # noqa: E501
+def test_exactly_max_message_bytes_is_handled_one_byte_more_is_refused_before_the_handler(
     stack: Stack,
 ) -> None:
     limit = stack.commitlog.settings.max_message_bytes

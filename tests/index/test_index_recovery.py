@@ -17,7 +17,15 @@ from mqstore.formats import index_file as fmt
 from mqstore.storage import failpoints
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import CrashMode, SimDisk
-from tests.index.model import T0, apply_in_batches, build_model, file_contents, msg, stream
+from tests.index.model import (
+    T0,
+    ModelIndex,
+    apply_in_batches,
+    build_model,
+    file_contents,
+    msg,
+    stream,
+)
 
 DATA = "/data/idx"
 INDEX_DIR = DATA + "/index"
@@ -202,7 +210,10 @@ def test_after_an_unclean_exit_the_active_file_is_cut_back_to_the_checkpoint(
     report = engine.recovery
     assert report is not None and not report.clean_exit
     assert report.replay_from_offset == confirmed
-    count = lambda m: struct.unpack_from(">i", m.files[0], 36)[0]  # noqa: E731
+
+    def count(model: ModelIndex) -> int:
+        return int(struct.unpack_from(">i", model.files[0], 36)[0])
+
     assert report.entries_cut == count(lost) - count(kept) > 0
     assert file_contents(sim, engine) == kept.files
     replay(engine, ENTRIES)

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from index_svc.settings import IndexSettings, ordinal_of
-from mqstore.launcher import DEFAULT_PORTS
+from mqstore.ports import DEFAULT_PORTS
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from mqstore.client import Producer
+from mqstore.spark.options import BadOption, Subscription, read_options
 from mqstore.testing.cluster import Cluster, start_store
 from tests.spark.conftest import connection_options
 from tests.spark.test_service_read import _settings, _wait_dispatched
@@ -415,7 +416,7 @@ def test_max_trigger_delay_lets_a_small_batch_run(
 def test_progress_shows_the_latest_offset_and_the_lag(
     spark: Any, mqstore_cluster: Cluster, tmp_path: Path
 ) -> None:
-    from mqstore.spark.service_source import offsets_behind  # noqa: PLC0415
+    from mqstore.spark.service_source import offsets_behind  # noqa: PLC0415 - needs pyspark (the module skips without it)
 
     topic = "kp-lag"
     produce(mqstore_cluster, topic, 2, 10)
@@ -448,8 +449,6 @@ def test_progress_shows_the_latest_offset_and_the_lag(
 
 
 def test_subscription_limits_and_durations_parse_as_kafkas() -> None:
-    from mqstore.spark.options import BadOption, read_options  # noqa: PLC0415
-
     def parse(streaming: bool = True, **options: str) -> Any:
         return read_options(options, streaming=streaming, env={})
 
@@ -478,8 +477,7 @@ def test_subscription_limits_and_durations_parse_as_kafkas() -> None:
 
 
 def test_a_checkpoint_of_a_one_topic_read_without_topic_names_is_still_read() -> None:
-    from mqstore.spark.options import BadOption, Subscription  # noqa: PLC0415
-    from mqstore.spark.service_source import _offsets_of  # noqa: PLC0415
+    from mqstore.spark.service_source import _offsets_of  # noqa: PLC0415 - needs pyspark (the module skips without it)
 
     assert _offsets_of({"0": 4, "1": 2}, Subscription(("t",))) == {("t", 0): 4, ("t", 1): 2}
     assert _offsets_of({"t": {"0": 4}}, Subscription(("t", "u"))) == {("t", 0): 4}
@@ -488,7 +486,7 @@ def test_a_checkpoint_of_a_one_topic_read_without_topic_names_is_still_read() ->
 
 
 def test_offsets_behind_reads_a_progress_dict_or_json() -> None:
-    from mqstore.spark.service_source import offsets_behind  # noqa: PLC0415
+    from mqstore.spark.service_source import offsets_behind  # noqa: PLC0415 - needs pyspark (the module skips without it)
 
     source = {
         "endOffset": {"t": {"0": 3, "1": 9}},

@@ -119,7 +119,7 @@ def test_without_a_bad_record_in_range_every_mode_reads_the_same(
 
 def test_the_corrupt_record_column_may_not_shadow_a_column() -> None:
     from mqstore.spark.options import BadOption  # noqa: PLC0415 (after the pyspark skip)
-    from mqstore.spark.service_source import SCHEMA, read_schema  # noqa: PLC0415
+    from mqstore.spark.service_source import SCHEMA, read_schema  # noqa: PLC0415 - needs pyspark (the module skips without it)
 
     assert read_schema("FAILFAST", "body") == SCHEMA  # the name matters under PERMISSIVE only
     with pytest.raises(BadOption) as info:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from mqstore.client import ClientSettings, Producer
 from mqstore.errors import InvalidArgument
 from mqstore.spark.options import (
     EARLIEST,
@@ -183,8 +184,6 @@ def test_bad_options_fail_the_read_with_the_message(
 def test_offsets_the_store_does_not_have_fail_at_planning(
     spark: Any, mqstore_cluster: Cluster
 ) -> None:
-    from mqstore.client import ClientSettings, Producer  # noqa: PLC0415
-
     topic = "spark-opts-range"
     settings = ClientSettings(
         commitlog=mqstore_cluster.commitlog.target, cq=(mqstore_cluster.followers["cq"].target,)

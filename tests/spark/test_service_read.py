@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from mqstore.client import Admin, ClientSettings, Producer, SendResult
+from mqstore.spark.options import OffsetsRemoved
 from mqstore.testing.cluster import Cluster, expiring_args, start_all
 from tests.spark.conftest import connection_options
 
@@ -291,8 +292,7 @@ def test_offsets_removed_while_a_task_reads_fail_it_or_are_skipped(
     expiring: Cluster, expired: int
 ) -> None:
     """The executor side alone: a range planned before retention moved the queue's start."""
-    from mqstore.spark.options import OffsetsRemoved  # noqa: PLC0415
-    from mqstore.spark.service_source import (  # noqa: PLC0415
+    from mqstore.spark.service_source import (  # noqa: PLC0415 - needs pyspark (the module skips without it)
         SCHEMA,
         QueueRange,
         arrow_schema,

@@ -15,6 +15,7 @@ from mqstore.client import Producer
 from mqstore.testing.cluster import Cluster
 from tests.spark.conftest import connection_options
 from tests.spark.test_service_read import _settings, _wait_dispatched
+from tests.spark.test_service_write import all_bodies
 
 pytest.importorskip("pyspark")
 
@@ -103,7 +104,7 @@ def test_exactly_once_into_parquet_across_a_failed_batch_and_restarts(
     spark: Any, mqstore_cluster: Cluster, tmp_path: Path
 ) -> None:
     from pyspark.sql.functions import col, udf  # noqa: PLC0415 (pyspark may be missing: skip)
-    from pyspark.sql.types import BinaryType  # noqa: PLC0415
+    from pyspark.sql.types import BinaryType  # noqa: PLC0415 - pyspark may be missing: skip
 
     topic = "spark-stream-once"
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
@@ -204,9 +205,7 @@ def test_stream_write_exactly_once_into_a_topic_across_a_failed_batch(
     spark: Any, mqstore_cluster: Cluster, tmp_path: Path
 ) -> None:
     from pyspark.sql.functions import col, udf  # noqa: PLC0415 (pyspark may be missing: skip)
-    from pyspark.sql.types import BinaryType  # noqa: PLC0415
-
-    from tests.spark.test_service_write import all_bodies  # noqa: PLC0415
+    from pyspark.sql.types import BinaryType  # noqa: PLC0415 - pyspark may be missing: skip
 
     source, target = "spark-sw-from", "spark-sw-to"
     marker = tmp_path / "fail"

@@ -12,6 +12,7 @@ import pytest
 
 import mqstore.spark as mqstore_spark
 from mqstore.client import Admin, Consumer, Producer
+from mqstore.spark.options import write_options
 from mqstore.testing.cluster import Cluster
 from tests.spark.conftest import connection_options
 from tests.spark.test_service_read import _settings, reader
@@ -157,8 +158,7 @@ def test_write_summary_counts(mqstore_cluster: Cluster) -> None:
     """write_partition without Spark: stored, then duplicates on the same producer id."""
     import pyarrow as pa  # noqa: PLC0415 (pyspark[sql] brings it; skipped without)
 
-    from mqstore.spark.options import write_options  # noqa: PLC0415
-    from mqstore.spark.service_source import write_partition  # noqa: PLC0415
+    from mqstore.spark.service_source import write_partition  # noqa: PLC0415 - needs pyspark (the module skips without it)
 
     opts_map = {**connection_options(mqstore_cluster), "topic": "spark-write-unit"}
     opts = write_options({**opts_map, "writeBatchMessages": "3"})

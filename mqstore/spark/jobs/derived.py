@@ -41,6 +41,7 @@ from mqstore.formats import index_file as ifmt
 from mqstore.formats.commitlog_checkpoint import decode_meta
 from mqstore.formats.cq_time import TIME_BYTES, clamp_time, decode_time, encode_time
 from mqstore.formats.cq_unit import BLANK_SIZE, UNIT, UNIT_BYTES
+from mqstore.storage.disk import OsDisk, write_atomic
 from mqstore.storage.logreader import STORE_META_FILE
 from mqstore.storage.mapped_file import file_name_to_offset, offset_to_file_name
 
@@ -51,6 +52,8 @@ INDEX_SUBDIR = "index"
 INDEX_CHECKPOINT = "checkpoint"
 # cq_svc's default (RocketMQ's mappedFileSizeConsumeQueue / 20).
 UNITS_PER_FILE_DEFAULT = 300_000
+# Files are written through the services' Disk seam (write_file).
+_DISK = OsDisk()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,8 +155,8 @@ def write_queue(cq_dir: str, topic: str, queue_id: int, image: QueueImage) -> in
     os.makedirs(tdir, exist_ok=True)
     n = 0
     for first, units, times in image.files():
-        _write(os.path.join(udir, offset_to_file_name(first * UNIT_BYTES)), units)
-        _write(os.path.join(tdir, offset_to_file_name(first * TIME_BYTES)), times)
+        write_file(os.path.join(udir, offset_to_file_name(first * UNIT_BYTES)), units)
+        write_file(os.path.join(tdir, offset_to_file_name(first * TIME_BYTES)), times)
         n += 1
     return n
 
@@ -240,7 +243,7 @@ def write_cq_checkpoint(
     cq_dir: str, store_id: bytes, confirmed_offset: int, min_offset: int, now_ms: int
 ) -> None:
     ckpt = cq_checkpoint.CqCheckpoint(store_id, confirmed_offset, min_offset, now_ms)
-    _write(os.path.join(cq_dir, cq_checkpoint.FILE_NAME), cq_checkpoint.encode(ckpt))
+    write_file(os.path.join(cq_dir, cq_checkpoint.FILE_NAME), cq_checkpoint.encode(ckpt))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +379,7 @@ def write_index_checkpoint(
         files=records,
     )
     path = os.path.join(index_dir, INDEX_SUBDIR, INDEX_CHECKPOINT)
-    _write(path, index_checkpoint.encode_checkpoint(ckpt))
+    write_file(path, index_checkpoint.encode_checkpoint(ckpt))
 
 
 def read_index_checkpoint(index_data_dir: str) -> index_checkpoint.IndexCheckpoint | None:
@@ -404,12 +407,8 @@ def store_id_of(commitlog_dir: str) -> bytes:
     return cq_checkpoint.NO_STORE_ID
 
 
-def _write(path: str, data: bytes | bytearray) -> None:
-    """Write a whole file through a temporary name, so a reader never sees half of it."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_file(path: str, data: bytes | bytearray) -> None:
+    """Write a whole file as the services write theirs (storage/disk.py write_atomic): a reader
+    or a crash sees the old content or the new, never half of it. Creates its directory."""
+    _DISK.makedirs(os.path.dirname(path))
+    write_atomic(_DISK, path, data)

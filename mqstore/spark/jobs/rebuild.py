@@ -266,9 +266,9 @@ def _rebuild_index(
         file_no = int(pdf["fileNo"].iloc[0])
         image = build_file_of(pdf, geometry)
         tmp = os.path.join(index_dir, f"{_TMP_PREFIX}{file_no}")
-        derived._write(tmp, image.data)
+        derived.write_file(tmp, image.data)
         if image.companion is not None:
-            derived._write(tmp + index_hash64.SUFFIX, image.companion)
+            derived.write_file(tmp + index_hash64.SUFFIX, image.companion)
         rec = derived.file_record(geometry, image, 0, 0, sealed=False)
         h = image.header
         return pd.DataFrame(
