@@ -98,7 +98,7 @@ def run(name: str, batches: list[MessageBatch], runs: int) -> None:
             time.sleep(0.01)
         try:
             checks.append(timed(lambda: [refuse_unreadable([b], BODY_LIMIT) for b in batches]))
-            appends.append(timed(lambda: [engine.append_batch(b) for b in batches]))  # noqa: B023
+            appends.append(timed(lambda: [engine.append_batch(b) for b in batches]))  # noqa: B023 - called at once
             per_blob.append(
                 timed(lambda: [list(map(well_formed, b.properties or ())) for b in batches])
             )
