@@ -33,6 +33,7 @@ from bench.report import percentile
 from mqstore.formats.msgid import UniqIdGenerator
 from mqstore.formats.properties import decode_properties, encode_properties
 from mqstore.formats.record import Record, read_record
+from mqstore.formats.record_columns import split_records
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
@@ -197,10 +198,11 @@ def consume(target: str, topic: str, expected: int, threads: int, gate: Gate) ->
                     if response.status != cq.FOUND:
                         del offsets[queue_id]
                         continue
-                    for raw in response.records:
+                    raws = split_records(response.records_blob, response.record_sizes)
+                    for raw in raws:
                         record, _ = _decode(raw)
                         body_bytes[slot] += len(record.body)
-                    counts[slot] += len(response.records)
+                    counts[slot] += len(raws)
                     offsets[queue_id] = response.next_begin_offset
         except BaseException as err:  # reported by the caller
             errors.append(err)
@@ -328,11 +330,12 @@ def visible_consumer(
                     polled.wait()
                 if response.status != cq.FOUND:
                     continue
-                for raw in response.records:
+                raws = split_records(response.records_blob, response.record_sizes)
+                for raw in raws:
                     record, _ = _decode(raw)
                     sent_ns = int.from_bytes(record.body[:8], "big")
                     mine.append((sent_ns, arrived_ns - sent_ns))
-                received[queue_id] += len(response.records)
+                received[queue_id] += len(raws)
                 offset = response.next_begin_offset
                 if sum(received) >= expected:
                     done.set()

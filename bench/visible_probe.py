@@ -7,11 +7,8 @@ Append) and stored -> visible (dispatch, cq_svc's apply and wake-up, the Pull, i
 client's decode). Figures are ms, p50 / p99 over the run. The consumer reads as bench-peers'
 does (poll_batch, bodies only) and takes the stages of one message in STAGE_SAMPLE.
 
-    python -m bench.visible_probe [--rate 2000] [--seconds 5] [--size 100] [--runs 1] [--unary]
+    python -m bench.visible_probe [--rate 2000] [--seconds 5] [--size 100] [--runs 1]
                                   [--per-message] [--profile commitlog|cq|index|consumer|producer]
-
---unary: the Consumer long-polls queue by queue (unary Pulls) instead of following its queues
-on one Follow stream, for comparison.
 """
 
 from __future__ import annotations
@@ -51,17 +48,13 @@ def _stored_ms(m: Message) -> int:
     return checked_fields(m._raw).store_timestamp_ms
 
 
-def _consume(
-    settings: ClientSettings, topic: str, n: int, ready: str, unary: bool
-) -> dict[str, Any]:
+def _consume(settings: ClientSettings, topic: str, n: int, ready: str) -> dict[str, Any]:
     # Two float arrays, not a list of tuples: objects the collector walks (pacing.Arrivals).
     to_store, to_visible, sent_at = array("d"), array("d"), array("d")
     with Consumer(
         settings, topic, start=Offset(1), max_messages=1000, long_poll_ms=LONG_POLL_MS
     ) as c:
         c.poll(timeout_s=0)
-        if unary:
-            c._follows = False
         tmp = f"{ready}.tmp"
         Path(tmp).write_text(str(os.getpid()), encoding="ascii")
         os.replace(tmp, ready)  # ready, and which process to watch
@@ -178,7 +171,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--unary", action="store_true")
     parser.add_argument(
         "--per-message",
         action="store_true",
@@ -214,7 +206,7 @@ def main() -> None:
                     wait_caught_up(settings)
                     n = int(args.rate * args.seconds)
                     ready = str(Path(tmp) / f"{topic}.ready")
-                    got = pool.apply_async(_consume, (settings, topic, n, ready, args.unary))
+                    got = pool.apply_async(_consume, (settings, topic, n, ready))
                     wait_for_file(ready)
                     go = str(Path(tmp) / f"{topic}.go")
                     sent_async = pool.apply_async(

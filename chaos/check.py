@@ -56,6 +56,7 @@ from mqstore.client.consumer import Consumer, Offset
 from mqstore.client.errors import ClientError, DataLoss
 from mqstore.client.message import Message
 from mqstore.formats.properties import KEYS, UNIQ_KEY, split_keys
+from mqstore.formats.record_columns import split_records
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1.commitlog_pb2_grpc import CommitLogStub
 from mqstore.storage.logreader import BadEntry, LogDir, RecordEntry
@@ -265,7 +266,8 @@ def read_batch(
         offsets=[a.commit_log_offset for a in batch], sizes=[a.size for a in batch]
     )
     response = conn.call(stub.Read, request, name="CommitLog/Read")
-    for ack, raw, status in zip(batch, response.records, response.statuses, strict=True):
+    raws = split_records(response.records_blob, response.record_sizes)
+    for ack, raw, status in zip(batch, raws, response.statuses, strict=True):
         what = f"producer {ack.producer} message {ack.n} at {ack.commit_log_offset}"
         if status != cl_pb.READ_OK:
             problems.lose(ack.producer, ack.n, f"{what}: Read says {cl_pb.ReadStatus.Name(status)}")

@@ -992,12 +992,6 @@ class CommitLog:
             mf.release()
         return isinstance(found, (Record, Blank))
 
-    def read_whole_record(self, offset: int) -> bytes:
-        """Raw bytes of the record starting at `offset`, CRC-checked (its size unknown to the
-        caller: the index stores offsets only). Errors as read_record."""
-        record = self.read_record(offset)
-        return self.read(offset, record.total_size)
-
     def read_records(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Raw bytes of whole records, each (offset, size) checked to be one intact record;
         the first range that is not raises (read_many's errors)."""

@@ -434,8 +434,8 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
 
     def Read(self, request: pb.ReadRequest, context: grpc.ServicerContext) -> pb.ReadResponse:
         """Size 0 asks for the whole record at the offset (callers that keep offsets only, as
-        RocketMQ's index does); its size counts against the answer limit as it is read. With
-        records_as_blob the answer is one bytes field and two int columns (_read_blob)."""
+        RocketMQ's index does); its size counts against the answer limit as it is read. The
+        answer is one bytes field and two int columns (_read_blob)."""
         offsets = request.offsets
         sizes = request.sizes
         n = len(offsets)
@@ -455,39 +455,12 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                 f"a Read of {asked} bytes in {n} records exceeds the {limit}-byte answer "
                 "limit; split it"
             )
-        if request.records_as_blob:
-            return self._read_blob(offset_column, size_column, needed)
-        response = pb.ReadResponse()
-        records = response.records
-        statuses = response.statuses
-        sized = self.engine.read_many([(o, z) for o, z in zip(offsets, sizes, strict=True) if z])
-        taken = iter(sized)
-        for offset, size in zip(offsets, sizes, strict=True):
-            got: bytes | MqstoreError
-            if size:
-                got = next(taken)
-            else:
-                try:
-                    got = self.engine.read_whole_record(offset)
-                except (CorruptRecord, InvalidArgument, OutOfRange, DataLoss) as err:
-                    got = err
-                else:
-                    needed += len(got)
-                    if needed > limit:
-                        raise _past_answer_limit(limit)
-            if isinstance(got, bytes):
-                records.append(got)
-                statuses.append(pb.READ_OK)
-            else:
-                records.append(b"")
-                statuses.append(_read_status(offset, got))
-        return response
+        return self._read_blob(offset_column, size_column, needed)
 
     def _read_blob(self, offsets: IntArray, sizes: IntArray, needed: int) -> pb.ReadResponse:
-        """Read's answer with records_as_blob: the records served end to end in records_blob,
-        each range's size in it in record_sizes (0 where not served), the statuses of the
-        records form. A column each, filled in one call; per record only what is rare (size 0,
-        a range not served)."""
+        """Read's answer: the records served end to end in records_blob, each range's size in
+        it in record_sizes (0 where not served), and each range's status. A column each, filled
+        in one call; per record only what is rare (size 0, a range not served)."""
         failed: dict[int, MqstoreError] = {}
         whole = np.flatnonzero(sizes == 0)
         if len(whole):

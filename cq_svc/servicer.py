@@ -15,8 +15,8 @@ Pull (RocketMQ's getMessage, rocketmq-store.md §6.2):
       READ_CORRUPT       never served. With report_bad_records (the SDK sets it) the answer
                          names it in bad_record after the records before it and steps over it
                          (next_begin_offset past it), so a consumer hands out what precedes
-                         it, surfaces it with its offsets and goes on. Without (clients that
-                         predate the field): the answer stops before it; DATA_LOSS naming its
+                         it, surfaces it with its offsets and goes on. Without (a caller that
+                         does not set it): the answer stops before it; DATA_LOSS naming its
                          offset when nothing precedes it (the consumer must decide to skip it)
 
     Statuses keep RocketMQ's meaning: an out-of-range offset is a status with a correction in
@@ -128,7 +128,6 @@ class _PullArgs:
     max_messages: int
     max_bytes: int
     tags: TagFilter | None
-    as_blob: bool
     report_bad: bool  # PullRequest.report_bad_records
 
 
@@ -187,12 +186,6 @@ class _ReadAnswer:
     # Each record's fixed fields (record_columns.PREFIX_DTYPE) when the answer's own checks
     # read them (local reads): looked at again by _all_unit_records, not gathered twice.
     heads: Any = None
-
-    @classmethod
-    def of_records(cls, statuses: Sequence[int], records: Sequence[bytes]) -> _ReadAnswer:
-        """The answer of a commit log that predates the blob (one field a record; b"" where
-        not served), in the same form."""
-        return cls(statuses, b"".join(records), list(map(len, records)))
 
     def as_records(self) -> list[bytes]:
         return split_records(self.blob, self.sizes)
@@ -424,7 +417,6 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             max_messages,
             max_bytes,
             tags,
-            request.records_as_blob,
             request.report_bad_records,
         )
 
@@ -503,9 +495,10 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         """A FOUND pull's response filled from the Read's answer for its units."""
         got = self._gather(a, result, answer)
         if got.blob:
-            _put_blob(response, got.blob, got.sizes, a.as_blob)
+            response.records_blob = got.blob
+            response.record_sizes.extend(got.sizes)
         else:
-            _put_records(response, got.records, a.as_blob)
+            _put_records(response, got.records)
         response.queue_offsets.extend(got.offsets)
         response.next_begin_offset = got.next_begin
         if got.bad is not None:
@@ -684,13 +677,12 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     def _read(
         self, offsets: list[int], sizes: list[int], context: grpc.ServicerContext
     ) -> _ReadAnswer:
-        """The records at (offsets[i], sizes[i]) and their read statuses, in one Read (asked
-        for as one blob; a commit log that predates the blob answers one field a record)."""
+        """The records at (offsets[i], sizes[i]) and their read statuses, in one Read."""
         timeout_s = self.settings.read_timeout_ms / 1000.0
         remaining = context.time_remaining()
         if remaining is not None:
             timeout_s = max(0.001, min(timeout_s, remaining))
-        request = cl_pb.ReadRequest(offsets=offsets, sizes=sizes, records_as_blob=True)
+        request = cl_pb.ReadRequest(offsets=offsets, sizes=sizes)
         try:
             response = self._log.Read(request, timeout=timeout_s)
         except grpc.RpcError as err:
@@ -701,19 +693,14 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             raise Unavailable(f"the commit log's Read failed: {code.name}: {details}") from err
         n = len(offsets)
         statuses = list(response.statuses)
-        if len(response.record_sizes) == n and n:
-            served = list(response.record_sizes)
-            check(
-                len(statuses) == n and sum(served) == len(response.records_blob),
-                f"Read answered {len(statuses)} statuses and a blob of "
-                f"{len(response.records_blob)} bytes for {n} ranges of {sum(served)}",
-            )
-            return _ReadAnswer(statuses, response.records_blob, served)
+        served = list(response.record_sizes)
+        blob = response.records_blob
         check(
-            len(response.records) == n and len(statuses) == n,
-            f"Read answered {len(response.records)} records for {n} ranges",
+            len(statuses) == n and len(served) == n and sum(served) == len(blob),
+            f"Read answered {len(statuses)} statuses and a blob of {len(blob)} bytes in "
+            f"{len(served)} sizes for {n} ranges",
         )
-        return _ReadAnswer.of_records(statuses, response.records)
+        return _ReadAnswer(statuses, blob, served)
 
     # -- long polling ------------------------------------------------------------------------------
 
@@ -885,12 +872,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         wait_s = self._long_poll_s(request.long_poll_ms, context)
         self._require_caught_up()
 
-        as_blob = request.records_as_blob
         report_bad = request.report_bad_records
 
         def look(_: pb.ReceiveResponse) -> pb.ReceiveResponse:
             return self._receive_once(
-                group, topic, queue_id, count, invisible_ms, as_blob, report_bad, context
+                group, topic, queue_id, count, invisible_ms, report_bad, context
             )
 
         def next_due_s() -> float | None:
@@ -899,7 +885,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 return None
             return (due_ms - self.engine.clock.now_ms()) / 1000.0
 
-        # queue_offsets has one entry per record served, whichever form the records take.
+        # queue_offsets has one entry per record served.
         response = look(pb.ReceiveResponse())
         if wait_s > 0 and not _delivered(response):
             response = self._long_poll(
@@ -922,7 +908,6 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         queue_id: int,
         count: int,
         invisible_ms: int,
-        as_blob: bool,
         report_bad: bool,
         context: grpc.ServicerContext,
     ) -> pb.ReceiveResponse:
@@ -932,7 +917,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             if not got:
                 return response
             removed = self._serve_received(
-                group, topic, queue_id, got, response, as_blob, report_bad, context
+                group, topic, queue_id, got, response, report_bad, context
             )
             if _delivered(response) or not removed:
                 return response
@@ -946,7 +931,6 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         queue_id: int,
         got: list[Received],
         response: pb.ReceiveResponse,
-        as_blob: bool,
         report_bad: bool,
         context: grpc.ServicerContext,
     ) -> int:
@@ -1010,7 +994,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                     bad.delivery_count = d.delivery_count
                 corrupt = corrupt or r
         metrics.READ_RECORDS.labels("ok").inc(read_ok)
-        _put_records(response, served, as_blob)
+        _put_records(response, served)
         if removed:
             self.engine.ack_receipts(group, topic, queue_id, removed)
         if corrupt is not None and not _delivered(response):
@@ -1177,7 +1161,7 @@ def _delivered(response: pb.ReceiveResponse) -> bool:
 
 def _count_pull(response: pb.PullResponse) -> None:
     """A pull's answer in the metrics (Pull, PullStream and Follow alike): its status, and its
-    records, one per queue offset whichever form they travel in."""
+    records, one per queue offset."""
     metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
     metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))
 
@@ -1197,27 +1181,13 @@ def _retry_offset(asked: int, last: pb.PullResponse) -> int:
     return asked
 
 
-def _put_records(
-    response: pb.PullResponse | pb.ReceiveResponse, records: list[bytes], as_blob: bool
-) -> None:
-    """Records into an answer: laid end to end with their sizes (records_as_blob), or one
-    bytes field each (what clients that predate the blob ask for)."""
-    if not as_blob:
-        response.records.extend(records)
-    elif records:
+def _put_records(response: pb.PullResponse | pb.ReceiveResponse, records: list[bytes]) -> None:
+    """Records into an answer: laid end to end, with their sizes."""
+    if records:
         blob = b"".join(records)
         # Assigned, not appended, when it is the first: `+=` would copy the blob twice more.
         response.records_blob = response.records_blob + blob if response.records_blob else blob
         response.record_sizes.extend(map(len, records))
-
-
-def _put_blob(response: pb.PullResponse, blob: bytes, sizes: list[int], as_blob: bool) -> None:
-    """_put_records of records laid end to end in `blob`: passed on as they came."""
-    if as_blob:
-        response.records_blob = blob
-        response.record_sizes.extend(sizes)
-    else:
-        _put_records(response, split_records(blob, sizes), False)
 
 
 def _all_unit_records(

@@ -129,16 +129,20 @@ class CommitLogReader:
             if code in _TRANSIENT:
                 raise _unavailable("reading candidates from the commit log", err) from err
             raise
-        statuses, records = response.statuses, response.records
+        statuses, sizes_read, blob = response.statuses, response.record_sizes, response.records_blob
         check(
-            len(statuses) == len(offsets) and len(records) == len(offsets),
+            len(statuses) == len(offsets)
+            and len(sizes_read) == len(offsets)
+            and sum(sizes_read) == len(blob),
             f"Read of {len(offsets)} ranges answered {len(statuses)} statuses "
-            f"and {len(records)} records",
+            f"and {len(sizes_read)} sizes of a {len(blob)}-byte blob",
         )
-        for offset, status, raw in zip(offsets, statuses, records, strict=True):
+        end = 0
+        for offset, status, size in zip(offsets, statuses, sizes_read, strict=True):
+            start, end = end, end + size
             if status == pb.READ_OK:
-                found = read_record(raw, 0, len(raw), check_crc=True, expected_offset=offset)
-                if isinstance(found, Record) and found.total_size == len(raw):
+                found = read_record(blob, start, end, check_crc=True, expected_offset=offset)
+                if isinstance(found, Record) and found.total_size == size:
                     out.records[offset] = FetchedRecord(record_to_message(found))
                     continue
                 reason = getattr(found, "reason", "not one whole record")

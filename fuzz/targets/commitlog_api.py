@@ -36,6 +36,7 @@ from fuzz.targets.api import (
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import Record, read_record
+from mqstore.formats.record_columns import split_records
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
@@ -292,13 +293,14 @@ class CommitLogApi:
         if isinstance(got, Failed):
             return
         check(
-            len(got.records) == len(got.statuses) == n,
+            len(got.record_sizes) == len(got.statuses) == n
+            and sum(got.record_sizes) == len(got.records_blob),
             "commitlog.Read.answer-shape",
-            f"{len(got.records)} records, {len(got.statuses)} statuses for {n} ranges",
+            f"{len(got.record_sizes)} sizes of a {len(got.records_blob)}-byte blob, "
+            f"{len(got.statuses)} statuses for {n} ranges",
         )
-        for offset, size, raw, status in zip(
-            offsets, sizes, got.records, got.statuses, strict=True
-        ):
+        raws = split_records(got.records_blob, got.record_sizes)
+        for offset, size, raw, status in zip(offsets, sizes, raws, got.statuses, strict=True):
             if status != pb.READ_OK:
                 check(raw == b"", "commitlog.Read.bytes-without-ok", f"{status} at {offset}")
                 continue

@@ -124,14 +124,15 @@ class CqApi:
         got = call("cq.Pull", lambda: self.stub.Pull(request, timeout=CALL_TIMEOUT_S))
         if isinstance(got, Failed):
             return
-        n = len(got.records)
+        raws = _raws_of(got)
+        n = len(raws)
         check(n == len(got.queue_offsets), "cq.Pull.answer-shape", f"{n} records")
         if n:
             check(got.status == pb.FOUND, "cq.Pull.records-without-found", str(got.status))
         cap = min(request.max_messages, s.pull_messages_max) or s.pull_messages_default
         check(n <= cap, "cq.Pull.over-max-messages", f"{n} records, cap {cap}")
         byte_cap = min(request.max_bytes, s.pull_bytes_max) or s.pull_bytes_default
-        total = sum(len(r) for r in got.records)
+        total = sum(len(r) for r in raws)
         check(
             n <= 1 or total <= max(byte_cap, 100),
             "cq.Pull.over-max-bytes",
@@ -139,9 +140,7 @@ class CqApi:
         )
         names = {t.strip() for t in tags} - {""}
         filtered = bool(names) and "*" not in names
-        records, _ = _records_of(
-            "cq.Pull", request, got.records, got.queue_offsets, request.offset - 1
-        )
+        records, _ = _records_of("cq.Pull", request, raws, got.queue_offsets, request.offset - 1)
         if filtered:
             for record in records:
                 tag = record.properties_dict().get(TAGS_KEY, "")
@@ -155,7 +154,6 @@ class CqApi:
                 queue_id=self.draw_queue(draw),
                 offset=draw.integer(0, 12, (-1, INT64_MAX)),
                 max_messages=draw.integer(0, 40, (-1, s.pull_messages_max + 1, INT32_MAX)),
-                records_as_blob=draw.boolean(),
             )
             for _ in range(draw.integer(0, 4, (s.follow_queues_max + 1,)))
         ]
@@ -179,11 +177,7 @@ class CqApi:
             i = answer.pull_index
             check(0 <= i < len(pulls), "cq.Follow.pull-index", f"{i} of {len(pulls)}")
             asked = pulls[i]
-            raws = (
-                split_records(answer.records_blob, answer.record_sizes)
-                if answer.record_sizes
-                else list(answer.records)
-            )
+            raws = _raws_of(answer)
             check(len(raws) == len(answer.queue_offsets), "cq.Follow.answer-shape", str(i))
             _, previous[i] = _records_of(
                 "cq.Follow", asked, raws, answer.queue_offsets, previous[i]
@@ -288,13 +282,14 @@ class CqApi:
         if isinstance(got, Failed):
             self.check_unchanged("cq.Receive", before)
             return
-        n = len(got.records)
+        raws = _raws_of(got)
+        n = len(raws)
         shape = {len(got.queue_offsets), len(got.receipt_handles), len(got.delivery_counts)}
         check(shape <= {n}, "cq.Receive.answer-shape", f"{n} records, columns {shape}")
         cap = min(request.max_messages, s.receive_messages_max) or s.receive_messages_default
         check(n <= cap, "cq.Receive.over-max-messages", f"{n} records, cap {cap}")
         for raw, offset, handle, count in zip(
-            got.records, got.queue_offsets, got.receipt_handles, got.delivery_counts, strict=True
+            raws, got.queue_offsets, got.receipt_handles, got.delivery_counts, strict=True
         ):
             record = read_record(raw, 0, len(raw))
             check(
@@ -382,6 +377,17 @@ def setup() -> Callable[[bytes], None]:
 
 def seeds() -> list[bytes]:
     return [bytes([0, 0, 0, 0, 0, 0, 0]), bytes([8, 0, 0, 0, 0, 3]), bytes([9, 1, 0, 0])]
+
+
+def _raws_of(answer: pb.PullResponse | pb.ReceiveResponse) -> list[bytes]:
+    """An answer's records, one bytes each: its blob cut by its sizes, which must add up."""
+    total = sum(answer.record_sizes)
+    check(
+        total == len(answer.records_blob),
+        "cq.answer-blob-shape",
+        f"sizes adding up to {total} for a {len(answer.records_blob)}-byte blob",
+    )
+    return split_records(answer.records_blob[:total], answer.record_sizes)
 
 
 def _records_of(

@@ -20,7 +20,7 @@ will, and a restart of cq_svc or commitlog_svc costs a pause, never a message or
 poll and messages pull ahead: when an answer leaves more in its queue, the next Pull of that
 queue is sent at once (at most PULLS_AHEAD_MAX in flight), so that cq_svc and commitlog_svc
 fetch the next batch while this one is decoded and handed out. Answers carry their records in
-one blob (PullRequest.records_as_blob), decoded a batch at a time (message.decode_answer).
+one blob (PullResponse.records_blob), decoded a batch at a time (message.decode_answer).
 
 A record that can never be handed out (the store refuses it as damaged, or its body does not
 decompress) does not stall its queue: every message before it is handed out, then it is
@@ -265,7 +265,7 @@ class _Queue:
     fetch_at: int  # where the next pull starts
     position: int  # the next offset to hand out (== fetch_at when nothing is buffered)
     # The buffered batch, its messages' queue offsets, and how many of it are handed out.
-    messages: Sequence[Message] = field(default_factory=list)  # a MessageRun once pulled
+    messages: MessageRun = field(default_factory=lambda: decode_answer(b"", ())[0])
     offsets: list[int] = field(default_factory=list)
     taken: int = 0
     # A record that can never be handed out, right after the buffered messages (fetch_at is
@@ -274,9 +274,7 @@ class _Queue:
     # The last pull found nothing more at the queue's end (or reached it): a hint for poll,
     # and what messages(follow=False) stops on.
     caught_up: bool = False
-    # A Pull sent ahead: the offset it asked for and its answer to come.
-    ahead: tuple[int, grpc.Future[pb.PullResponse]] | None = None
-    # Or a PullStream: the offset its next answer was pulled from, and the stream.
+    # A PullStream sent ahead: the offset its next answer was pulled from, and the stream.
     stream: tuple[int, Any] | None = None
 
     @property
@@ -295,12 +293,9 @@ class _Queue:
 
     @property
     def in_flight(self) -> bool:
-        return self.ahead is not None or self.stream is not None
+        return self.stream is not None
 
     def cancel_ahead(self) -> None:
-        if self.ahead is not None:
-            self.ahead[1].cancel()  # nothing for a call that is done
-            self.ahead = None
         if self.stream is not None:
             self.stream[1].cancel()
             self.stream = None
@@ -345,8 +340,6 @@ class Consumer:
         self.fallback: Fallback = fallback
         self.tags = _check_tags(tags)
         self.max_messages = _check_max_messages(max_messages)
-        self._streams = True  # PullStream until a server says it does not serve it
-        self._follows = True  # Follow, likewise
         self._follow: FollowStream | None = None
         if long_poll_ms < 0:
             raise InvalidArgument("long_poll_ms must not be negative", field="long_poll_ms")
@@ -471,7 +464,7 @@ class Consumer:
         """An answer's messages and their queue offsets, and its records that can never be
         handed out as BadRecords in queue order: those that do not decode here (`failed`, by
         their index in the answer), then the one the server reported (a Pull's ends it)."""
-        run, offsets, failed = _decode_answer(response)
+        run, offsets, failed = decode_answer(response.records_blob, response.record_sizes)
         bad = [
             BadRecord(
                 f.reason,
@@ -522,7 +515,6 @@ class Consumer:
             max_messages=max_messages,
             tags=tags,
             long_poll_ms=long_poll_ms,
-            records_as_blob=True,
             report_bad_records=True,
         )
 
@@ -763,12 +755,8 @@ class Consumer:
                     continue
                 messages, offsets = state.messages, state.offsets
                 last = len(messages) - 1
-                if isinstance(messages, MessageRun):
-                    each = messages.iter_from(state.taken)
-                else:
-                    each = iter(messages[state.taken :])
                 expected = state.taken
-                for message in each:
+                for message in messages.iter_from(state.taken):
                     i = state.taken
                     # (A poll or a seek between two messages moved the queue on: stop here.)
                     if i != expected or (limit is not None and handed >= limit):
@@ -855,7 +843,7 @@ class Consumer:
         if self.long_poll_ms == 0:
             time.sleep(min(IDLE_PAUSE_S, wait_ms / 1000.0))
             return False
-        if self._follows and len(queue_ids) <= FOLLOW_QUEUES_MAX:
+        if len(queue_ids) <= FOLLOW_QUEUES_MAX:
             self._open_follow(queue_ids)
             self._follow_take(wait_ms)
             return self._buffered()
@@ -898,7 +886,7 @@ class Consumer:
         """Have the Pull of `queue_id` from `offset` under way without waiting for it, when
         the queue has none and fewer than PULLS_AHEAD_MAX queues have: a PullStream (the
         server pulls on from each answer's next offset; a batch costs both ends a third of a
-        unary call), or a Pull sent ahead where streams are not served."""
+        unary call)."""
         if state.stream is not None and state.stream[0] == offset:
             return  # the stream's next answer is this pull
         state.cancel_ahead()
@@ -907,58 +895,32 @@ class Consumer:
         request = self._pull_request(
             queue_id, offset, max_messages=self.max_messages, long_poll_ms=0, tags=self.tags
         )
-        if self._streams:
-            stream = self._conn.call_cq(
-                lambda s: s.PullStream,
-                pb.PullStreamRequest(pull=request),
-                name=_PULL_STREAM,
-                timeout_s=PULL_STREAM_TIMEOUT_S,
-            )
-            state.stream = (offset, stream)
-            return
-        self.stats.pulls += 1
-        future: grpc.Future[pb.PullResponse] = self._conn.call_cq(
-            lambda s: s.Pull.future, request, name=_PULL, timeout_s=self._pull_timeout_s(0)
+        stream = self._conn.call_cq(
+            lambda s: s.PullStream,
+            pb.PullStreamRequest(pull=request),
+            name=_PULL_STREAM,
+            timeout_s=PULL_STREAM_TIMEOUT_S,
         )
-        state.ahead = (offset, future)
+        state.stream = (offset, stream)
 
     def _collect(self, queue_id: int, state: _Queue) -> pb.PullResponse:
-        """The answer of the Pull of the queue from its fetch_at: the stream's next or the one
-        sent ahead, else a plain call. A stream that ended or failed leaves it to a plain
-        call (which raises the error itself if there is one). A Pull sent ahead that failed
-        raises its error as a plain call would, except UNAVAILABLE with other cq replicas
-        configured: a plain call tries them."""
+        """The answer of the Pull of the queue from its fetch_at: the stream's next, else a
+        plain call. A stream that ended or failed leaves it to a plain call (which raises the
+        error itself if there is one)."""
         stream, state.stream = state.stream, None
         if stream is not None:
             asked, call = stream
             if asked == state.fetch_at:
                 try:
                     response: pb.PullResponse = next(call)
-                except StopIteration:
+                except (StopIteration, grpc.RpcError):
                     pass
-                except grpc.RpcError as err:
-                    if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                        self._streams = False  # a server that predates PullStream
                 else:
                     self.stats.pulls += 1  # a pull's answer, as a plain Pull's is
                     state.stream = (response.next_begin_offset, call)
                     return response
             else:
                 call.cancel()
-        ahead, state.ahead = state.ahead, None
-        if ahead is not None:
-            asked, future = ahead
-            if asked == state.fetch_at:
-                try:
-                    return future.result()
-                except grpc.FutureCancelledError:
-                    pass
-                except grpc.RpcError as err:
-                    error = self._conn.explain(from_rpc_error(err, _PULL))
-                    if not isinstance(error, Unavailable) or len(self._settings.cq) < 2:
-                        raise error from None
-            else:
-                future.cancel()
         request = self._pull_request(
             queue_id, state.fetch_at, max_messages=self.max_messages, long_poll_ms=0, tags=self.tags
         )
@@ -1014,7 +976,7 @@ class Consumer:
     def _follow_take(self, wait_ms: int) -> None:
         """Apply the follow's answers: the first waited for up to `wait_ms`, then whatever
         else is already buffered. An ended stream is dropped; its error, if any, raised as a
-        long poll's would be (UNIMPLEMENTED: the server predates Follow, long polls instead)."""
+        long poll's would be."""
         follow = self._follow
         assert follow is not None
         got = follow.next(wait_ms / 1000.0)
@@ -1029,9 +991,7 @@ class Consumer:
         if follow.error is None:
             return
         error = self._conn.explain(from_rpc_error(follow.error, _FOLLOW))
-        if error.code is grpc.StatusCode.UNIMPLEMENTED:
-            self._follows = False
-        elif error.code is grpc.StatusCode.CANCELLED:
+        if error.code is grpc.StatusCode.CANCELLED:
             pass
         elif isinstance(error, ResourceExhausted):
             # Every follow stream of the server is taken (follow_streams_max): pull until one
@@ -1108,7 +1068,7 @@ class Consumer:
             if state.bad is not None:
                 return  # after a bad record still to surface: pulled again once it is
             run, offsets, bads, failed = self._read_answer(queue_id, response, _PULL)
-            messages: Sequence[Message] = run
+            messages = run
             bad = bads[0] if bads else None
             if failed:  # the answer's messages before it; the rest is pulled again after it
                 messages = run.head(failed[0].index)
@@ -1121,18 +1081,17 @@ class Consumer:
                 # steps over them): retention got there first.
                 self._skip(queue_id, asked, first, "MESSAGE_WAS_REMOVING")
             if state.buffered:  # a follow's next answer; pulls go to queues with nothing buffered
-                if (
-                    state.taken == 0
-                    and isinstance(state.messages, MessageRun)
-                    and isinstance(messages, MessageRun)
-                ):
+                if state.taken == 0:
                     # Nothing of it handed out yet (it came earlier in this same look), so
                     # nobody holds it: grown in place, not copied once an answer.
                     state.messages.extend(messages)
                     state.offsets.extend(offsets)
                     messages, offsets = state.messages, state.offsets
                 else:
-                    messages = _buffer_then(state.messages, state.taken, messages)
+                    # The rest of the buffer, then the answer's: joined without making a
+                    # Message (making the buffer's at each answer cost a consumer behind a
+                    # follow stream time quadratic in its backlog).
+                    messages = state.messages.after(state.taken, messages)
                     offsets = state.offsets[state.taken :] + offsets
             state.messages, state.offsets, state.taken = messages, offsets, 0
             state.bad = bad
@@ -1204,11 +1163,7 @@ class Consumer:
             state = self._queues[q]
             if state.has_messages:
                 taken, messages = state.taken, state.messages
-                if isinstance(messages, MessageRun):
-                    rest: Sequence[Message] = messages.tail(taken)
-                else:
-                    rest = messages[taken:]
-                parts.append((q, rest, state.offsets[taken:]))
+                parts.append((q, messages.tail(taken), state.offsets[taken:]))
                 self.stats.messages += len(messages) - taken
                 state.taken = len(messages)
                 state.position = state.end
@@ -1327,7 +1282,6 @@ class Consumer:
             max_messages=max_messages,
             invisible_duration_ms=invisible_duration_ms,
             long_poll_ms=long_poll_ms,
-            records_as_blob=True,
             report_bad_records=True,
         )
         response = self._unary(
@@ -1504,34 +1458,11 @@ class Consumer:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _decode_answer(
-    response: pb.PullResponse | pb.ReceiveResponse,
-) -> tuple[MessageRun, list[int], list[Undecodable]]:
-    """message.decode_answer of an answer's records, whichever form they take (a server that
-    predates records_as_blob answers in `records`)."""
-    if response.record_sizes or response.records_blob:
-        return decode_answer(response.records_blob, response.record_sizes)
-    records = response.records
-    return decode_answer(b"".join(records), list(map(len, records)))
-
-
 def _receipt_of(response: pb.PullResponse | pb.ReceiveResponse, index: int) -> str:
     """The receipt of record `index` of a Receive's answer ("" for a Pull's)."""
     if isinstance(response, pb.ReceiveResponse):
         return response.receipt_handles[index]
     return ""
-
-
-def _buffer_then(
-    buffered: Sequence[Message], taken: int, more: Sequence[Message]
-) -> Sequence[Message]:
-    """What is left of a queue's buffer, then a new answer's messages. Two MessageRuns join
-    without making a Message: a consumer behind a follow stream meets several answers a queue
-    at each look, and making the buffer's Messages at each one cost it time quadratic in its
-    backlog (a third of its CPU, and seconds of delay, at 65,000 msg/s)."""
-    if isinstance(buffered, MessageRun) and isinstance(more, MessageRun):
-        return buffered.after(taken, more)
-    return [*buffered[taken:], *more[:]]
 
 
 def _check_topic(topic: str) -> str:

@@ -320,7 +320,7 @@ def append_manifest(conn: Connection, ledger_topic: str, manifest: Manifest) -> 
         cl_pb.ReadRequest(offsets=response.commit_log_offsets, sizes=response.sizes),
         name="CommitLog/Read",
     )
-    record = read_record(read.records[0], 0, len(read.records[0]))
+    record = read_record(read.records_blob, 0, read.record_sizes[0])
     if not isinstance(record, Record):
         raise Unavailable(
             f"the ledger's manifest of write {manifest.write_id!r} does not read back",

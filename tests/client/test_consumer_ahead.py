@@ -1,17 +1,14 @@
 """The Consumer's pulls sent ahead (poll and messages send a queue's next Pull as soon as an
 answer says there is more) and its batch decoding, against a real store: every message is
-handed out once, in order, wherever the walk is cut (a seek, a limit, a poll in between); an
-answer in the old `repeated bytes records` form decodes as the blob form does."""
+handed out once, in order, wherever the walk is cut (a seek, a limit, a poll in between)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mqstore.client import consumer as consumer_module
 from mqstore.client.consumer import PULLS_AHEAD_MAX, Consumer
 from mqstore.client.message import Message
 from mqstore.client.settings import ClientSettings
-from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cqpb
 from mqstore.testing.cluster import Cluster
 from tests.client.test_consumer import numbered, offsets_of, put
 
@@ -86,20 +83,3 @@ def test_a_limit_inside_a_batch_leaves_the_position_after_the_last_handed_out(
         assert [m.queue_offset for m in c.messages(follow=False, limit=9)] == list(range(9))
         assert c.position(0) == 9
         assert [m.queue_offset for m in c.messages(follow=False)] == list(range(9, 20))
-
-
-def test_an_answer_in_the_old_records_form_decodes_as_the_blob_form(
-    cluster: Cluster, settings: ClientSettings, topic: str
-) -> None:
-    """What a cq_svc that predates records_as_blob answers: records, one bytes field each."""
-    put(cluster, topic, 0, numbered("m", 5))
-    stub = cluster.cq_stub("cq")
-    request = cqpb.PullRequest(topic=topic, queue_id=0, offset=0, records_as_blob=False)
-    old = stub.Pull(request, timeout=10)
-    request.records_as_blob = True
-    new = stub.Pull(request, timeout=10)
-    assert len(old.records) == 5 and not old.records_blob and not new.records
-    old_run, old_offsets, old_failed = consumer_module._decode_answer(old)
-    new_run, new_offsets, new_failed = consumer_module._decode_answer(new)
-    assert (old_run[:], old_offsets, old_failed) == (new_run[:], new_offsets, new_failed)
-    assert ([m.body for m in old_run], old_offsets) == (numbered("m", 5), list(range(5)))

@@ -1,5 +1,5 @@
-"""A consumer's buffer joined with the next answer (consumer.py's _buffer_then, message.py's
-MessageRun): the join itself, and a consumer slower than its Follow stream on a real store (the
+"""A consumer's buffer joined with the next answer (message.py's MessageRun.after): the join
+itself, and a consumer slower than its Follow stream on a real store (the
 module's cluster of conftest.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from collections.abc import Sequence
 import pytest
 
 from mqstore.client import ClientSettings, Consumer, Producer
-from mqstore.client.consumer import _buffer_then
 from mqstore.client.message import MessageRun, decode_run
 
 from .test_message_lazy import record
@@ -26,26 +25,22 @@ def _run(bodies: Sequence[bytes], first: int) -> MessageRun:
 
 
 @pytest.mark.parametrize("taken", [0, 2, 3])
-def test_a_buffer_joins_the_next_answer_whatever_form_either_has(taken: int) -> None:
-    """_buffer_then: two MessageRuns join without making Messages; a list on either side
-    (an answer in `records`, a server before records_as_blob) joins as a list."""
+def test_a_buffer_joins_the_next_answer(taken: int) -> None:
+    """MessageRun.after: what is left of the buffer, then the next answer's messages."""
     first = _run([b"a", b"b", b"c"], 0)
     second = _run([b"d", b"e"], 3)
     want = [b"a", b"b", b"c", b"d", b"e"][taken:]
-    joined = _buffer_then(first, taken, second)
+    joined = first.after(taken, second)
     assert isinstance(joined, MessageRun)
     assert [m.body for m in joined] == want
     assert [m.queue_offset for m in joined] == list(range(100 + taken, 105))
-    as_list = _buffer_then(list(first), taken, second)
-    assert [m.body for m in as_list] == want
-    assert [m.body for m in _buffer_then(first, taken, list(second))] == want
 
 
 def test_a_consumer_behind_its_follow_stream_hands_out_every_message_once_in_order(
     settings: ClientSettings, topic: str
 ) -> None:
     """The follow path with a buffer left when the next answers of its queue come (_apply:
-    _buffer_then, MessageRun.after): a consumer slower than its stream, each message once,
+    MessageRun.after): a consumer slower than its stream, each message once,
     in queue order."""
     n = 600
     with Producer(settings, linger_ms=1) as p:

@@ -31,6 +31,7 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.storage.simdisk import SimDisk
 from mqstore.testing.cluster import Cluster
+from tests.answers import records_of
 from tests.commitlog_svc.conftest import start  # noqa: F401  (fixture)
 from tests.commitlog_svc.support import FILE_BYTES, Running
 
@@ -61,7 +62,7 @@ def read_back(cluster: Cluster, results: list[SendResult]) -> list[Message]:
         timeout=10,
     )
     assert list(response.statuses) == [cl.READ_OK] * len(results)
-    return [Message.from_record(raw) for raw in response.records]
+    return [Message.from_record(raw) for raw in records_of(response)]
 
 
 def pull_queue(cluster: Cluster, topic: str, queue_id: int) -> list[Message]:
@@ -75,7 +76,7 @@ def pull_queue(cluster: Cluster, topic: str, queue_id: int) -> list[Message]:
         )
         if r.status != cq.FOUND:
             return out
-        out.extend(Message.from_record(raw) for raw in r.records)
+        out.extend(Message.from_record(raw) for raw in records_of(r))
         offset = r.next_begin_offset
 
 

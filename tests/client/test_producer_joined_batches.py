@@ -25,6 +25,7 @@ from mqstore.formats import sysflag
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.testing.cluster import Cluster
+from tests.answers import records_of
 
 from .conftest import settings_for
 from .test_producer import _earlier_life
@@ -42,7 +43,7 @@ def read_batch(cluster: Cluster, result: BatchResult) -> list[Message]:
         cl.ReadRequest(offsets=result.commit_log_offsets, sizes=result.sizes), timeout=10
     )
     assert list(response.statuses) == [cl.READ_OK] * len(result)
-    return [Message.from_record(raw) for raw in response.records]
+    return [Message.from_record(raw) for raw in records_of(response)]
 
 
 # -- joined requests ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Reads stop at a broker group's commit offset (issue 24: "every read a consumer can make stops
 at the commit offset, so nothing a consumer saw can vanish in a failover"). The replica
 controller hands the log its commit offset with `set_commit_bound`, as it does here; a record
-past it is READ_OUT_OF_RANGE in both Read forms and UNAVAILABLE (retry) from GetMessage, and
+past it is READ_OUT_OF_RANGE in a Read and UNAVAILABLE (retry) from GetMessage, and
 is served as soon as the bound passes it."""
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ import grpc
 
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+from tests.answers import records_of
 from tests.commitlog_svc.support import RPC_TIMEOUT_S, Running, batch, parse, rpc_error
 
 
-def read_statuses(svc: Running, offsets: list[int], sizes: list[int], blob: bool) -> list[int]:
-    answer = svc.stub.Read(
-        pb.ReadRequest(offsets=offsets, sizes=sizes, records_as_blob=blob), timeout=RPC_TIMEOUT_S
-    )
+def read_statuses(svc: Running, offsets: list[int], sizes: list[int]) -> list[int]:
+    answer = svc.stub.Read(pb.ReadRequest(offsets=offsets, sizes=sizes), timeout=RPC_TIMEOUT_S)
     return list(answer.statuses)
 
 
@@ -28,12 +27,11 @@ def test_records_past_the_commit_offset_are_not_served_until_it_passes_them(
     commit = offsets[3]  # the group holds the first three records
     svc.engine.set_commit_bound(lambda: commit)
     wanted = pb.READ_OK, pb.READ_OK, pb.READ_OK, *[pb.READ_OUT_OF_RANGE] * 3
-    for blob in (False, True):
-        assert read_statuses(svc, offsets, sizes, blob) == list(wanted)
-        # Size 0 (the whole record, its size from its header) is bounded the same way.
-        assert read_statuses(svc, offsets, [0] * 6, blob) == list(wanted)
+    assert read_statuses(svc, offsets, sizes) == list(wanted)
+    # Size 0 (the whole record, its size from its header) is bounded the same way.
+    assert read_statuses(svc, offsets, [0] * 6) == list(wanted)
     # A range that starts below the commit offset and ends past it is not served either.
-    assert read_statuses(svc, [offsets[2]], [sizes[2] + sizes[3]], True) == [pb.READ_OUT_OF_RANGE]
+    assert read_statuses(svc, [offsets[2]], [sizes[2] + sizes[3]]) == [pb.READ_OUT_OF_RANGE]
 
     host = stored.store_host
     got = svc.stub.GetMessage(pb.GetMessageRequest(msg_id=offset_msg_id(host, offsets[2])))
@@ -47,7 +45,7 @@ def test_records_past_the_commit_offset_are_not_served_until_it_passes_them(
     commit = offsets[5] + sizes[5]  # the group caught up
     answer = svc.stub.Read(pb.ReadRequest(offsets=offsets, sizes=sizes), timeout=RPC_TIMEOUT_S)
     assert list(answer.statuses) == [pb.READ_OK] * 6
-    assert [parse(r).physical_offset for r in answer.records] == offsets
+    assert [parse(r).physical_offset for r in records_of(answer)] == offsets
     got = svc.stub.GetMessage(pb.GetMessageRequest(msg_id=offset_msg_id(host, offsets[4])))
     assert got.commit_log_offset == offsets[4]
 

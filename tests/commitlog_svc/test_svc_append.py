@@ -15,6 +15,7 @@ from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import pack_host, unpack_host
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.storage.simdisk import SimDisk
+from tests.answers import records_of
 from tests.commitlog_svc.support import (
     FILE_BYTES,
     TOPIC,
@@ -64,8 +65,8 @@ def test_a_message_without_born_host_is_born_at_the_callers_address(svc: Running
             sizes=[given.sizes[0], unset.sizes[0]],
         )
     )
-    assert unpack_host(parse(read.records[0]).born_host) == ("10.1.2.3", 4567)
-    ip, port = unpack_host(parse(read.records[1]).born_host)
+    assert unpack_host(parse(records_of(read)[0]).born_host) == ("10.1.2.3", 4567)
+    ip, port = unpack_host(parse(records_of(read)[1]).born_host)
     assert ip == "127.0.0.1" and port > 0  # the client's side of the connection
 
 
@@ -219,7 +220,7 @@ def test_a_malformed_request_on_an_append_stream_is_answered_alone_and_the_strea
             sizes=[*first.sizes, *last.sizes],
         )
     )
-    assert [parse(r).body for r in stored.records] == [body_for(i) for i in range(5)]
+    assert [parse(r).body for r in records_of(stored)] == [body_for(i) for i in range(5)]
 
 
 def test_a_property_merely_ending_in_the_reserved_name_is_accepted(svc: Running) -> None:
@@ -367,4 +368,4 @@ def test_body_bytes_come_back_unchanged(svc: Running) -> None:
         pb.MessageBatch(topic=TOPIC, queue_ids=[0] * len(bodies), bodies=bodies)
     )
     read = svc.stub.Read(pb.ReadRequest(offsets=response.commit_log_offsets, sizes=response.sizes))
-    assert [parse(r).body for r in read.records] == bodies
+    assert [parse(r).body for r in records_of(read)] == bodies

@@ -15,6 +15,7 @@ import zstandard
 from mqstore.formats import sysflag
 from mqstore.formats.properties import encode_properties
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+from tests.answers import records_of
 from tests.commitlog_svc.support import TOPIC, Running, parse
 
 ZLIB = sysflag.COMPRESSED | sysflag.COMPRESSION_ZLIB
@@ -33,7 +34,7 @@ def stored_bodies(svc: Running, response: pb.AppendResponse) -> list[bytes]:
             sizes=[response.sizes[i] for i in ok],
         )
     )
-    return [parse(raw).body for raw in got.records]
+    return [parse(raw).body for raw in records_of(got)]
 
 
 def refusal(response: pb.AppendResponse, index: int) -> pb.Refusal:
@@ -168,9 +169,9 @@ def test_properties_rocketmq_writes_are_accepted(svc: Running) -> None:
             topic=TOPIC, queue_ids=[0] * 4, bodies=[b"a", b"b", b"c", b"d"], properties=accepted
         )
     )
-    got = svc.stub.Read(
-        pb.ReadRequest(offsets=response.commit_log_offsets, sizes=response.sizes)
-    ).records
+    got = records_of(
+        svc.stub.Read(pb.ReadRequest(offsets=response.commit_log_offsets, sizes=response.sizes))
+    )
     assert [parse(raw).properties for raw in got] == accepted
 
 

@@ -18,6 +18,7 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.storage.mapped_file import offset_to_file_name
+from tests.answers import records_of
 from tests.commitlog_svc.support import (
     FILE_BYTES,
     PROCESS_ARGS,
@@ -86,7 +87,7 @@ def assert_all_readable(stub: pb_grpc.CommitLogStub, load: Load) -> None:
             pb.ReadRequest(offsets=response.commit_log_offsets, sizes=response.sizes), timeout=30
         )
         assert set(read.statuses) == {pb.READ_OK}, (k, seq)
-        bodies = [parse(raw).body for raw in read.records]
+        bodies = [parse(raw).body for raw in records_of(read)]
         assert bodies == list(load.request(k, seq).batches[0].bodies), (k, seq)
 
 
@@ -186,7 +187,7 @@ def assert_each_message_once(stub: pb_grpc.CommitLogStub, load: Load) -> None:
                 break
     frames.cancel()
     read = stub.Read(pb.ReadRequest(offsets=offsets, sizes=sizes), timeout=60)
-    bodies = [parse(raw).body for raw in read.records]
+    bodies = [parse(raw).body for raw in records_of(read)]
     assert len(bodies) == len(set(bodies)), "a message is stored twice"
     expected = {
         body
@@ -240,7 +241,7 @@ def _assert_log_holds(stub: pb_grpc.CommitLogStub, kept: list[tuple[int, int, by
         pb.ReadRequest(offsets=[o for o, _, _ in kept], sizes=[s for _, s, _ in kept]), timeout=30
     )
     assert set(read.statuses) == {pb.READ_OK}
-    assert [parse(raw).body for raw in read.records] == [b for _, _, b in kept]
+    assert [parse(raw).body for raw in records_of(read)] == [b for _, _, b in kept]
     after = stub.Append(pb.AppendRequest(batches=[batch(10**6, 3)]), timeout=30)
     assert set(after.statuses) == {pb.PUT_OK}
     assert after.commit_log_offsets[0] in (

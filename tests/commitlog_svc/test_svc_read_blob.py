@@ -1,10 +1,11 @@
-"""Read with records_as_blob: the records form's answer, laid end to end.
+"""Read's answer: the records served laid end to end in records_blob, each range's size there
+in record_sizes (0 where not served), and each range's status.
 
-For any request, records_blob is the records form's records joined, record_sizes their
-lengths, statuses the same, and the CRC-mismatch metric counts the same damaged records;
-records stays empty. The limits and request errors are the records form's too. Real service
-(support.Running) on real files, 64 KiB segments: runs cross segment boundaries, the first
-segment is expired away (offsets below the minimum), a few records are damaged on disk.
+For any request, the answer is the answers of each range read on its own, joined (ranges that
+follow each other are read as one run), and the CRC-mismatch metric counts the same damaged
+records. Real service (support.Running) on real files, 64 KiB segments: runs cross segment
+boundaries, the first segment is expired away (offsets below the minimum), a few records are
+damaged on disk.
 """
 
 from __future__ import annotations
@@ -33,20 +34,20 @@ def crc_mismatches() -> float:
     return float(metrics.CRC_MISMATCHES.labels("read")._value.get())
 
 
-def both_forms(svc: Running, offsets: list[int], sizes: list[int]) -> None:
-    """Asserts that the blob form answers (offsets, sizes) as the records form does."""
+def as_each_alone(svc: Running, offsets: list[int], sizes: list[int]) -> None:
+    """Asserts that one Read answers (offsets, sizes) as a Read of each range alone does."""
     before = crc_mismatches()
-    records = svc.stub.Read(pb.ReadRequest(offsets=offsets, sizes=sizes), timeout=RPC_TIMEOUT_S)
+    alone = [
+        svc.stub.Read(pb.ReadRequest(offsets=[o], sizes=[z]), timeout=RPC_TIMEOUT_S)
+        for o, z in zip(offsets, sizes, strict=True)
+    ]
     between = crc_mismatches()
-    blob = svc.stub.Read(
-        pb.ReadRequest(offsets=offsets, sizes=sizes, records_as_blob=True), timeout=RPC_TIMEOUT_S
-    )
+    read = svc.stub.Read(pb.ReadRequest(offsets=offsets, sizes=sizes), timeout=RPC_TIMEOUT_S)
     after = crc_mismatches()
-    assert len(records.statuses) == len(offsets)
-    assert list(blob.statuses) == list(records.statuses)
-    assert list(blob.record_sizes) == [len(r) for r in records.records]
-    assert blob.records_blob == b"".join(records.records)
-    assert list(blob.records) == [] and records.records_blob == b""
+    assert len(read.statuses) == len(offsets)
+    assert list(read.statuses) == [a.statuses[0] for a in alone]
+    assert list(read.record_sizes) == [a.record_sizes[0] for a in alone]
+    assert read.records_blob == b"".join(a.records_blob for a in alone)
     assert after - between == between - before
 
 
@@ -69,7 +70,7 @@ def log_with_damage(start: Callable[..., Running]) -> tuple[Running, list[int], 
     return svc, offsets, sizes
 
 
-def test_the_blob_form_answers_any_mix_of_ranges_as_the_records_form(
+def test_a_read_answers_any_mix_of_ranges_as_each_range_alone(
     log_with_damage: tuple[Running, list[int], list[int]],
 ) -> None:
     svc, offsets, sizes = log_with_damage
@@ -95,7 +96,7 @@ def test_the_blob_form_answers_any_mix_of_ranges_as_the_records_form(
     @given(st.lists(piece, max_size=10))
     def check(pieces: list[list[tuple[int, int]]]) -> None:
         ranges = [r for p in pieces for r in p]
-        both_forms(svc, [o for o, _ in ranges], [z for _, z in ranges])
+        as_each_alone(svc, [o for o, _ in ranges], [z for _, z in ranges])
 
     check()
 
@@ -104,9 +105,7 @@ def test_a_read_of_every_record_serves_all_but_the_damaged_in_one_blob(
     log_with_damage: tuple[Running, list[int], list[int]],
 ) -> None:
     svc, offsets, sizes = log_with_damage
-    read = svc.stub.Read(
-        pb.ReadRequest(offsets=offsets, sizes=sizes, records_as_blob=True), timeout=RPC_TIMEOUT_S
-    )
+    read = svc.stub.Read(pb.ReadRequest(offsets=offsets, sizes=sizes), timeout=RPC_TIMEOUT_S)
     expired = [o < FILE_BYTES for o in offsets]
     damaged = {300, 301, 550}
     assert list(read.statuses) == [
@@ -121,37 +120,20 @@ def test_a_read_of_every_record_serves_all_but_the_damaged_in_one_blob(
         if size:
             assert parse(read.records_blob[at : at + size]).physical_offset == offsets[i]
             at += size
-    both_forms(svc, offsets, sizes)
+    as_each_alone(svc, offsets, sizes)
 
 
 def test_an_empty_read_is_an_empty_answer(svc: Running) -> None:
-    read = svc.stub.Read(pb.ReadRequest(records_as_blob=True), timeout=RPC_TIMEOUT_S)
+    read = svc.stub.Read(pb.ReadRequest(), timeout=RPC_TIMEOUT_S)
     assert (read.records_blob, list(read.record_sizes), list(read.statuses)) == (b"", [], [])
 
 
-@pytest.mark.parametrize(
-    ("request_", "field"),
-    [
-        (pb.ReadRequest(offsets=[0, 1], sizes=[10], records_as_blob=True), "sizes"),
-        (pb.ReadRequest(offsets=[0], sizes=[-1], records_as_blob=True), "sizes"),
-        (pb.ReadRequest(offsets=[-1], sizes=[10], records_as_blob=True), "offsets"),
-    ],
-    ids=["lengths-differ", "negative-size", "negative-offset"],
-)
-def test_a_malformed_blob_read_is_invalid_argument_naming_the_field(
-    svc: Running, request_: pb.ReadRequest, field: str
-) -> None:
-    svc.append_ok(batch(0, 1))
-    code, _, got = rpc_error(lambda: svc.stub.Read(request_, timeout=RPC_TIMEOUT_S))
-    assert (code, got) == (grpc.StatusCode.INVALID_ARGUMENT, field)
-
-
 @pytest.mark.parametrize("whole", [False, True], ids=["sized", "size-0"])
-def test_a_blob_read_past_the_answer_limit_is_resource_exhausted(
+def test_a_read_past_the_answer_limit_is_resource_exhausted(
     start: Callable[..., Running], whole: bool
 ) -> None:
-    """The limit counts as in the records form: the sizes asked for, or for size 0 the size of
-    each whole record read, plus the per-record overhead; the largest that fits is served."""
+    """The limit counts the sizes asked for, or for size 0 the size of each whole record
+    read, plus the per-record overhead; the largest that fits is served."""
     svc = start(max_message_bytes=1 << 20)
     stored = svc.append_ok(batch(0, 1, body_bytes=10_000))
     offset, size = stored.commit_log_offsets[0], stored.sizes[0]
@@ -162,7 +144,6 @@ def test_a_blob_read_past_the_answer_limit_is_resource_exhausted(
             pb.ReadRequest(
                 offsets=[offset] * count,
                 sizes=[0 if whole else size] * count,
-                records_as_blob=True,
             ),
             timeout=RPC_TIMEOUT_S,
         )

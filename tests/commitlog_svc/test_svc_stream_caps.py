@@ -17,6 +17,7 @@ import pytest
 from commitlog_svc.settings import CommitLogSettings
 from mqstore.client import ClientSettings, Producer
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+from tests.answers import records_of
 from tests.commitlog_svc.support import RPC_TIMEOUT_S, WAIT_S, Running, batch
 
 STREAMS_MAX = 2
@@ -103,7 +104,7 @@ def test_a_producer_refused_a_stream_retries_and_stores_once_a_slot_is_free(
         threading.Timer(0.2, holder.end).start()
         result = sent.result(timeout=WAIT_S)
     read = svc.stub.Read(pb.ReadRequest(offsets=[result.commit_log_offset], sizes=[result.size]))
-    assert list(read.statuses) == [pb.READ_OK] and b"waits for a slot" in read.records[0]
+    assert list(read.statuses) == [pb.READ_OK] and b"waits for a slot" in records_of(read)[0]
 
 
 def test_subscriptions_past_the_cap_are_refused_and_leave_no_subscriber_behind(

@@ -36,7 +36,7 @@ def _end(response: pb.AppendResponse) -> int:
 def _read(svc: Running, offsets: Sequence[int], sizes: Sequence[int]) -> bytes:
     """The records at (offsets[i], sizes[i]) back to back, as the Read RPC serves them."""
     response = svc.stub.Read(
-        pb.ReadRequest(offsets=list(offsets), sizes=list(sizes), records_as_blob=True),
+        pb.ReadRequest(offsets=list(offsets), sizes=list(sizes)),
         timeout=RPC_TIMEOUT_S,
     )
     assert list(response.statuses) == [pb.READ_OK] * len(offsets)

@@ -15,6 +15,7 @@ from mqstore.formats.record import Record, read_record
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
+from tests.answers import records_of
 
 EPHEMERAL_ARGS = ["--port", "0", "--health-port", "0", "--metrics-port", "0"]
 
@@ -148,18 +149,7 @@ def log_read(stub: cl_grpc.CommitLogStub, stored: Sequence[Stored]) -> list[byte
         timeout=30,
     )
     assert list(response.statuses) == [cl_pb.READ_OK] * len(stored)
-    return list(response.records)
-
-
-def pulled_records(response: Any) -> list[bytes]:
-    """A Pull's or Receive's records, from whichever form they came in."""
-    if response.records_blob:
-        blob, out, at = response.records_blob, [], 0
-        for size in response.record_sizes:
-            out.append(blob[at : at + size])
-            at += size
-        return out
-    return list(response.records)
+    return records_of(response)
 
 
 def append_topics(

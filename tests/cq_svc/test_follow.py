@@ -29,6 +29,7 @@ from mqstore.formats.record_columns import split_records
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from tests.answers import records_of
 from tests.cq_svc.logs import Stored, append, decode, start_commitlog
 from tests.cq_svc.support import ApiHarness, rpc_error, wait_for
 
@@ -162,9 +163,9 @@ def test_answers_are_the_unary_pulls_of_each_queue_served_in_turn(api: ApiHarnes
     counts = {0: 20, 1: 13, 2: 5}
     feed(api, "F", [q for i in range(20) for q in counts if i < counts[q]])
     pulls = [
-        pull("F", 0, 0, max_messages=3, records_as_blob=True),
-        pull("F", 1, 1, max_messages=3, records_as_blob=True),
-        pull("F", 2, 0, max_messages=2),  # records one field each
+        pull("F", 0, 0, max_messages=3),
+        pull("F", 1, 1, max_messages=3),
+        pull("F", 2, 0, max_messages=2),
     ]
     answers = list(follow_call(api, follow(*pulls), timeout=30))
 
@@ -176,7 +177,7 @@ def test_answers_are_the_unary_pulls_of_each_queue_served_in_turn(api: ApiHarnes
         assert same(mine, walk), i
         assert mine[-1].next_begin_offset == mine[-1].max_offset == counts[i]
     assert answers[-1].pull_index == 0  # the longest queue ends the stream
-    assert [a.records for a in answers if a.pull_index == 2] != [[], [], []]
+    assert [records_of(a) for a in answers if a.pull_index == 2] != [[], [], []]
     # In turn: while every queue has more, no queue is more than one answer ahead.
     served: Counter[int] = Counter()
     for answer in answers[: len(pulls) * min(len(w) for w in walks)]:
@@ -186,7 +187,7 @@ def test_answers_are_the_unary_pulls_of_each_queue_served_in_turn(api: ApiHarnes
 
 def test_a_round_answers_every_queue_that_has_something_in_one_message(api: ApiHarness) -> None:
     feed(api, "Round", [0, 1, 2, 0, 1, 2])
-    pulls = [pull("Round", q, 0, max_messages=1, records_as_blob=True) for q in range(3)]
+    pulls = [pull("Round", q, 0, max_messages=1) for q in range(3)]
     messages = list(api.stub.Follow(follow(*pulls), timeout=30))
     # Two rounds of three (a message each per queue), then nothing new: no third message.
     assert [[a.pull_index for a in m.answers] for m in messages] == [[0, 1, 2], [1, 2, 0]]
@@ -202,7 +203,7 @@ def test_a_round_answers_every_queue_that_has_something_in_one_message(api: ApiH
 
 def test_a_follow_ends_after_max_batches_answers_capped_by_the_server(api: ApiHarness) -> None:
     feed(api, "Cap", [0] * (BATCHES_MAX + 5))
-    one = pull("Cap", 0, 0, max_messages=1, records_as_blob=True)
+    one = pull("Cap", 0, 0, max_messages=1)
     three = list(follow_call(api, follow(one, max_batches=3, long_poll_ms=LONG_MS), timeout=30))
     assert same(three, unary_walk(api, one)[:3])
     assert [list(a.queue_offsets) for a in three] == [[0], [1], [2]]
@@ -223,9 +224,9 @@ def test_a_follow_at_the_end_waits_for_a_dispatch_and_answers_only_that_queue(
 ) -> None:
     feed(api, "W", [0, 0, 1, 1, 1])
     pulls = [
-        pull("W", 0, 2, records_as_blob=True),
-        pull("W", 1, 3, records_as_blob=True),
-        pull("W", 2, 0, records_as_blob=True),  # never written
+        pull("W", 0, 2),
+        pull("W", 1, 3),
+        pull("W", 2, 0),  # never written
     ]
     stream = follow_call(api, follow(*pulls, long_poll_ms=1_500), timeout=30)
     assert wait_for(lambda: api.watch.waiting == 1)  # one long poll for the three queues
@@ -301,8 +302,8 @@ def test_a_tag_filter_answers_matching_records_and_moves_past_the_rest(api: ApiH
     tags = ["a", "b", "c"] * 4
     feed(api, "G", [0] * len(tags) + [1], tags=[*tags, "b"])
     pulls = [
-        pull("G", 0, 0, max_messages=4, tags=["b"], records_as_blob=True),
-        pull("G", 1, 1, tags=["b"], records_as_blob=True),  # at its end
+        pull("G", 0, 0, max_messages=4, tags=["b"]),
+        pull("G", 1, 1, tags=["b"]),  # at its end
     ]
     walk = unary_walk(api, pulls[0])
     stream = follow_call(
@@ -461,7 +462,7 @@ def test_a_round_answers_at_most_stream_answer_bytes_max_and_the_rest_in_the_nex
         small.dispatch([s.entry("B") for s in stored])
         record_bytes = stored[0].size
         assert 2 * record_bytes <= budget < 3 * record_bytes
-        pulls = [pull("B", q, 0, max_messages=4, records_as_blob=True) for q in range(4)]
+        pulls = [pull("B", q, 0, max_messages=4) for q in range(4)]
         messages = list(small.stub.Follow(follow(*pulls), timeout=30))
     finally:
         small.stop()

@@ -44,7 +44,7 @@ def test_a_round_drops_the_queues_with_nothing_new_and_names_the_others_rightly(
     api: ApiHarness,
 ) -> None:
     feed(api, "Mixed", [1, 3, 1, 3, 3])
-    pulls = [pull("Mixed", q, 0, max_messages=8, records_as_blob=True) for q in range(5)]
+    pulls = [pull("Mixed", q, 0, max_messages=8) for q in range(5)]
     messages = list(api.stub.Follow(follow(*pulls), timeout=30))
     assert [[a.pull_index for a in m.answers] for m in messages] == [[1, 3]]
     for a in messages[0].answers:
@@ -57,7 +57,7 @@ def test_a_follow_past_the_cap_answers_nothing_and_a_round_is_cut_to_max_batches
 ) -> None:
     feed(api, "Busy", [0])
     feed(api, "Cut", [1, 2, 3, 1])
-    pulls = [pull("Cut", q, 0, records_as_blob=True) for q in range(4)]  # 0: empty
+    pulls = [pull("Cut", q, 0) for q in range(4)]  # 0: empty
     request = follow(*pulls, long_poll_ms=LONG_MS, max_batches=2)
     holder = follow_call(api, follow(pull("Busy", 0, 1), long_poll_ms=LONG_MS), timeout=30)
     try:

@@ -37,6 +37,7 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from tests.answers import records_of
 from tests.cq_svc.logs import (
     EXPIRING_LOG_ARGS,
     EXPIRING_LOG_BYTES,
@@ -47,7 +48,6 @@ from tests.cq_svc.logs import (
     applied,
     decode,
     log_read,
-    pulled_records,
     segment_path,
     start_commitlog,
     wire,
@@ -241,9 +241,8 @@ def test_pulls_streams_follows_and_receives_are_read_from_the_segment_files(
         for q in (0, 1)
         for fields in (
             {},
-            {"records_as_blob": True},
             {"max_messages": 3},
-            {"offset": 4, "max_messages": 5, "records_as_blob": True},
+            {"offset": 4, "max_messages": 5},
             {"tags": ["Aa"]},
         )
     ]
@@ -266,14 +265,14 @@ def test_pulls_streams_follows_and_receives_are_read_from_the_segment_files(
     for p, response in zip(pulls, from_local, strict=True):
         mine = [s for s in stored if s.queue_id == p["queue_id"]]
         mine = [s for s in mine if s.queue_offset in set(response.queue_offsets)]
-        assert pulled_records(response) == log_read(log_stub, mine)
+        assert records_of(response) == log_read(log_stub, mine)
         if p.get("tags"):
-            assert {decode(raw).body for raw in pulled_records(response)} <= {
+            assert {decode(raw).body for raw in records_of(response)} <= {
                 s.body for s in stored if s.tags == "Aa"
             }
 
     stream = pb.PullStreamRequest(
-        pull=pb.PullRequest(topic=topic, queue_id=1, max_messages=5, records_as_blob=True),
+        pull=pb.PullRequest(topic=topic, queue_id=1, max_messages=5),
         max_batches=10,
     )
     counts = Counted(log)
@@ -291,15 +290,15 @@ def test_pulls_streams_follows_and_receives_are_read_from_the_segment_files(
     assert wire(received) == wire(
         [reads.receive(topic, queue_id=0, max_messages=5), reads.receive(topic, queue_id=0)]
     )
-    as_blob = local.receive(topic, queue_id=1, records_as_blob=True)
-    assert wire([as_blob]) == wire([reads.receive(topic, queue_id=1, records_as_blob=True)])
-    assert pulled_records(as_blob) == log_read(log_stub, [s for s in stored if s.queue_id == 1])
+    other = local.receive(topic, queue_id=1)
+    assert wire([other]) == wire([reads.receive(topic, queue_id=1)])
+    assert records_of(other) == log_read(log_stub, [s for s in stored if s.queue_id == 1])
 
     # A Follow of a queue nobody wrote to yet: it waits, a dispatch wakes it, and the records
     # it answers are read from the segment files the moment they are dispatched.
     fresh = topic + "f"
     follow = pb.FollowRequest(
-        pulls=[pb.PullRequest(topic=fresh, queue_id=q, records_as_blob=bool(q)) for q in range(2)],
+        pulls=[pb.PullRequest(topic=fresh, queue_id=q) for q in range(2)],
         long_poll_ms=20_000,
         max_batches=2,
     )
@@ -317,9 +316,9 @@ def test_pulls_streams_follows_and_receives_are_read_from_the_segment_files(
         unary.CopyFrom(answer)
         unary.ClearField("pull_index")
         q = answer.pull_index
-        expected = reads.pull(fresh, 0, queue_id=q, records_as_blob=bool(q))
+        expected = reads.pull(fresh, 0, queue_id=q)
         assert unary.SerializeToString() == expected.SerializeToString()
-        assert pulled_records(answer) == log_read(log_stub, [s for s in later if s.queue_id == q])
+        assert records_of(answer) == log_read(log_stub, [s for s in later if s.queue_id == q])
     # The tail stayed out of it: frames brought no records.
     assert tail_hits() == tail_before and local.service.tail.nbytes == 0
 
@@ -348,8 +347,7 @@ def test_a_follow_round_of_interleaved_queues_reads_them_all_at_once(
     ]
     follow = pb.FollowRequest(
         pulls=[
-            pb.PullRequest(topic=t, queue_id=q, offset=o, max_messages=m, records_as_blob=q == 1)
-            for t, q, o, m in asks
+            pb.PullRequest(topic=t, queue_id=q, offset=o, max_messages=m) for t, q, o, m in asks
         ],
         long_poll_ms=0,
         max_batches=len(asks),  # one round: one look at all six queues, one answer each
@@ -362,7 +360,7 @@ def test_a_follow_round_of_interleaved_queues_reads_them_all_at_once(
         answer = pb.PullResponse.FromString(from_local[i])
         mine = [s for s in stored[t] if s.queue_id == q][o : o + m]
         assert list(answer.queue_offsets) == [s.queue_offset for s in mine]
-        assert pulled_records(answer) == log_read(log_stub, mine)
+        assert records_of(answer) == log_read(log_stub, mine)
         served += len(mine)
     assert looked == ({"hit": served, "miss": 0, "failed_check": 0}, 0)
     reads_before = log_reads(log)
@@ -394,10 +392,7 @@ def test_queues_spread_over_many_segments_are_read_in_one_look(
         assert len(os.listdir(Path(own.data_dir) / "commitlog")) == len(segments)
         keys = [(t, q) for t in ("B", "A") for q in (2, 0, 1)]
         follow = pb.FollowRequest(
-            pulls=[
-                pb.PullRequest(topic=t, queue_id=q, max_messages=64, records_as_blob=t == "A")
-                for t, q in keys
-            ],
+            pulls=[pb.PullRequest(topic=t, queue_id=q, max_messages=64) for t, q in keys],
             long_poll_ms=0,
             max_batches=len(keys),
         )
@@ -418,7 +413,7 @@ def test_queues_spread_over_many_segments_are_read_in_one_look(
             mine = [s for s in stored[t] if s.queue_id == q]
             assert len({s.commit_log_offset // SMALL_SEGMENT_BYTES for s in mine}) >= 4
             answer = pb.PullResponse.FromString(from_local[i])
-            assert pulled_records(answer) == log_read(stub, mine)
+            assert records_of(answer) == log_read(stub, mine)
 
 
 def test_records_of_a_long_topic_are_read_locally_as_the_read_serves_them(
@@ -432,7 +427,7 @@ def test_records_of_a_long_topic_are_read_locally_as_the_read_serves_them(
     got = local.pull(topic, 0)
     assert (counts(), counts.log_reads()) == ({"hit": 3, "miss": 0, "failed_check": 0}, 0)
     assert wire([got]) == wire([reads.pull(topic, 0)])
-    assert pulled_records(got) == log_read(log_stub, stored)
+    assert records_of(got) == log_read(log_stub, stored)
 
 
 # -- 3. a directory that is not the log followed ------------------------------------------------
@@ -475,10 +470,10 @@ def test_a_directory_that_is_not_the_followed_log_is_never_read(
             assert counts() == {"hit": 0, "miss": 0, "failed_check": 0}
             assert counts.log_reads() == 3
             assert wire(got) == wire(expected)
-            assert [decode(r).body for g in got for r in pulled_records(g)] == [
+            assert [decode(r).body for g in got for r in records_of(g)] == [
                 b"ours-0", b"ours-2", b"ours-4", b"ours-1", b"ours-3", b"ours-5"
             ]  # fmt: skip
-            assert pulled_records(received) == log_read(stub, stored[1::2])
+            assert records_of(received) == log_read(stub, stored[1::2])
 
 
 # -- 4. bytes damaged after the append ---------------------------------------------------------
@@ -519,10 +514,10 @@ def test_a_record_damaged_in_the_segment_fails_the_check_and_the_read_decides(
         assert counts.log_reads() == 1
         assert (r.status, list(r.queue_offsets), r.next_begin_offset) == (pb.FOUND, [0, 1], 2)
         assert wire([r]) == wire([without.pull("D", 0)])
-        assert pulled_records(r) == log_read(stub, stored[:2])
+        assert records_of(r) == log_read(stub, stored[:2])
 
         # A pull whose first record is the damaged one: refused, as the Read refuses it.
-        asks: list[dict[str, Any]] = [{}, {"records_as_blob": True}, {"max_messages": 1}]
+        asks: list[dict[str, Any]] = [{}, {"max_messages": 1}]
         for fields in asks:
             counts = Counted(own)
             code, message, _ = rpc_error(partial(with_local.pull, "D", 2, **fields))
@@ -549,7 +544,7 @@ def test_a_record_damaged_in_the_segment_fails_the_check_and_the_read_decides(
         assert counts() == {"hit": 2, "miss": 0, "failed_check": 0}
         assert wire([past]) == wire([without.pull("D", 3)])
         for served in (r, first, past):
-            assert damaged not in pulled_records(served), "the damaged bytes were served"
+            assert damaged not in records_of(served), "the damaged bytes were served"
 
 
 # -- 5. retention under a mapping ---------------------------------------------------------------
@@ -598,7 +593,7 @@ def test_segments_retention_deleted_are_not_served_from_a_stale_mapping(
                 mapped_hits += counts()["hit"]
                 # (a pull stops at the end of a consume-queue file: 50 units here)
                 mine = [s for s in batch if s.queue_offset in got.queue_offsets]
-                assert pulled_records(got) == log_read(stub, mine)
+                assert records_of(got) == log_read(stub, mine)
         assert mapped_hits >= len(stored) // 2, "the segments were never read locally"
         last_start = stored[-1].commit_log_offset // EXPIRING_LOG_BYTES * EXPIRING_LOG_BYTES
         assert wait_for(lambda: log_min() == last_start), "retention did not run"
@@ -622,7 +617,7 @@ def test_segments_retention_deleted_are_not_served_from_a_stale_mapping(
                 assert (r.status, list(r.queue_offsets)) == (pb.MESSAGE_WAS_REMOVING, [])
             assert min(r.queue_offsets, default=last_gone + 1) > last_gone
         assert from_local[-1].status == pb.FOUND
-        assert pulled_records(from_local[-1]) == log_read(stub, left[: len(served)])
+        assert records_of(from_local[-1]) == log_read(stub, left[: len(served)])
         # Receive steps over the removed records the same way.
         assert wire([with_local.receive("X", max_messages=200)]) == wire(
             [without.receive("X", max_messages=200)]
@@ -660,7 +655,7 @@ def test_after_the_log_restarts_on_a_wiped_dir_only_the_new_records_are_served(
         old = append(stub, "R", [b"old-%d" % i for i in range(6)])
         applied(cqs, old)
         counts = Counted()
-        assert pulled_records(with_local.pull("R", 0)) == log_read(stub, old)  # mapped
+        assert records_of(with_local.pull("R", 0)) == log_read(stub, old)  # mapped
         assert counts()["hit"] == 6
     own.pin_ports()  # the cqs name its target
     assert own.stop(timeout_s=15) == 0
@@ -689,12 +684,12 @@ def test_after_the_log_restarts_on_a_wiped_dir_only_the_new_records_are_served(
         ]
         applied(cqs, new)
         counts = Counted(own)
-        got = [with_local.pull("R", 0), with_local.pull("R", 2, records_as_blob=True)]
+        got = [with_local.pull("R", 0), with_local.pull("R", 2)]
         assert counts() == {"hit": 10, "miss": 0, "failed_check": 0}
         assert counts.log_reads() == 0
-        assert wire(got) == wire([without.pull("R", 0), without.pull("R", 2, records_as_blob=True)])
-        assert [decode(r).body for r in pulled_records(got[0])] == [s.body for s in new]
-        assert pulled_records(got[0]) == log_read(stub, new)
+        assert wire(got) == wire([without.pull("R", 0), without.pull("R", 2)])
+        assert [decode(r).body for r in records_of(got[0])] == [s.body for s in new]
+        assert records_of(got[0]) == log_read(stub, new)
 
 
 def test_a_log_replaced_before_the_handshake_is_never_served_as_the_old_one(
@@ -776,11 +771,11 @@ def test_while_the_log_is_down_the_segment_files_are_still_served(
     assert own.stop(timeout_s=15) == 0
     counts = Counted()
     down = [with_local.pull("S", 0, queue_id=q) for q in (0, 1)]
-    received = with_local.receive("S", queue_id=1, records_as_blob=True)
+    received = with_local.receive("S", queue_id=1)
     assert counts() == {"hit": 9, "miss": 0, "failed_check": 0}
     assert wire(down) == wire(up)
-    assert pulled_records(down[0]) + pulled_records(down[1]) == as_written[0::2] + as_written[1::2]
-    assert pulled_records(received) == as_written[1::2]
+    assert records_of(down[0]) + records_of(down[1]) == as_written[0::2] + as_written[1::2]
+    assert records_of(received) == as_written[1::2]
     for call in (lambda: without.pull("S", 0), lambda: without.receive("S", queue_id=1)):
         assert rpc_error(call)[0] == grpc.StatusCode.UNAVAILABLE
 
@@ -825,5 +820,5 @@ def test_with_local_reads_the_frames_never_bring_records(
     assert not local.service.servicer.tail_wanted()
     assert not local.service.subscriber.records_included
     counts = Counted(log)
-    assert pulled_records(local.pull(topic, 0)) == log_read(log_stub, stored)
+    assert records_of(local.pull(topic, 0)) == log_read(log_stub, stored)
     assert counts() == {"hit": 4, "miss": 0, "failed_check": 0}

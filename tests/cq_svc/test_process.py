@@ -20,6 +20,7 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
 from mqstore.storage.disk import OsDisk
+from tests.answers import records_of
 from tests.cq_svc.logs import EPHEMERAL_ARGS, Stored, append, decode, start_commitlog
 from tests.cq_svc.support import wait_for
 
@@ -70,7 +71,7 @@ def queue_contents(stub: pb_grpc.ConsumeQueueStub, queue_id: int) -> list[bytes]
     r = stub.Pull(
         pb.PullRequest(topic="T", queue_id=queue_id, offset=0, max_messages=1_000), timeout=30
     )
-    return [decode(raw).body for raw in r.records]
+    return [decode(raw).body for raw in records_of(r)]
 
 
 def long_polls_waiting(process: ServiceProcess) -> float:

@@ -1,7 +1,6 @@
-"""Pull and Receive answering with records_as_blob: the records laid end to end in
-records_blob with record_sizes, exactly the records the `repeated bytes records` form holds
-(which clients that predate the blob still get), through every path of a pull: all read,
-filtered by tag, removed, corrupt, and a unit naming another record.
+"""Pull and Receive answers: the records laid end to end in records_blob with record_sizes,
+exactly the records the commit log's Read serves for the queue offsets answered, through every
+path of a pull: all read, filtered by tag, removed, corrupt, and a unit naming another record.
 
 Real commit log process; the consume queue is fed directly (real sink and engine) with the
 dispatch entries of real appends, as in test_read_failures.py."""
@@ -23,7 +22,8 @@ from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
-from tests.cq_svc.logs import Stored, append, decode, segment_path, start_commitlog
+from tests.answers import records_of
+from tests.cq_svc.logs import Stored, append, decode, log_read, segment_path, start_commitlog
 from tests.cq_svc.support import ApiHarness, rpc_error
 
 # Far beyond anything a test log holds: the log answers READ_OUT_OF_RANGE there.
@@ -59,38 +59,20 @@ def fill(api: ApiHarness, stored: list[Stored], removed: frozenset[int] = frozen
     )
 
 
-def pull(api: ApiHarness, offset: int, *, blob: bool, **fields: object) -> pb.PullResponse:
-    request = pb.PullRequest(
-        topic="T",
-        offset=offset,
-        records_as_blob=blob,
-        **fields,  # type: ignore[arg-type]
-    )
+def pull(api: ApiHarness, offset: int, **fields: object) -> pb.PullResponse:
+    request = pb.PullRequest(topic="T", offset=offset, **fields)  # type: ignore[arg-type]
     response: pb.PullResponse = api.stub.Pull(request, timeout=30)
     return response
 
 
-def records_of(response: pb.PullResponse | pb.ReceiveResponse) -> list[bytes]:
-    """The records of an answer in blob form, split by their sizes (and checked to be whole)."""
-    assert not response.records, "a blob answer has nothing in records"
-    out = []
-    at = 0
-    for size in response.record_sizes:
-        out.append(response.records_blob[at : at + size])
-        at += size
-    assert at == len(response.records_blob)
-    return out
+def assert_log_records(
+    answer: pb.PullResponse, stored: list[Stored], log_stub: cl_grpc.CommitLogStub
+) -> None:
+    """The answer's records are the log's, those of the queue offsets it names."""
+    assert records_of(answer) == log_read(log_stub, [stored[q] for q in answer.queue_offsets])
 
 
-def assert_same_answer(as_list: pb.PullResponse, as_blob: pb.PullResponse) -> None:
-    assert records_of(as_blob) == list(as_list.records)
-    assert list(as_blob.queue_offsets) == list(as_list.queue_offsets)
-    head = ("status", "next_begin_offset", "min_offset", "max_offset")
-    assert [getattr(as_blob, f) for f in head] == [getattr(as_list, f) for f in head]
-    assert not as_list.records_blob and not as_list.record_sizes  # old clients: old fields only
-
-
-def test_a_blob_answer_holds_the_records_the_list_answer_holds(
+def test_a_blob_answer_holds_the_log_records_of_its_queue_offsets(
     api: ApiHarness, log_stub: cl_grpc.CommitLogStub
 ) -> None:
     tags = ["a", "b", "", "a", "c", "a", "b", "a", "c", "c"]
@@ -103,28 +85,31 @@ def test_a_blob_answer_holds_the_records_the_list_answer_holds(
         (0, {"tags": ["a"]}),
         (1, {"tags": ["b", "c"], "max_messages": 2}),
         (9, {}),
-        (10, {}),  # at the end: OFFSET_OVERFLOW_ONE, no records in either form
+        (10, {}),  # at the end: OFFSET_OVERFLOW_ONE, no records
         (0, {"tags": ["nothing"]}),
     ]
     for offset, fields in cases:
-        as_list = pull(api, offset, blob=False, **fields)
-        as_blob = pull(api, offset, blob=True, **fields)
-        assert_same_answer(as_list, as_blob)
-    everything = pull(api, 0, blob=True)
+        answer = pull(api, offset, **fields)
+        assert_log_records(answer, stored, log_stub)
+        wanted = fields.get("tags")
+        if isinstance(wanted, list):
+            assert all(stored[q].tags in wanted for q in answer.queue_offsets)
+    assert not pull(api, 10).record_sizes and not pull(api, 0, tags=["nothing"]).records_blob
+    everything = pull(api, 0)
     assert [decode(r).body for r in records_of(everything)] == [s.body for s in stored]
 
 
-def test_a_removed_message_ends_a_blob_answer_where_it_ends_a_list_answer(
+def test_a_removed_message_ends_a_blob_answer(
     api: ApiHarness, log_stub: cl_grpc.CommitLogStub
 ) -> None:
     # The last unit points where the log holds nothing (a tail it lost).
     stored = append(log_stub, "T", [b"m0", b"m1", b"m2"])
     fill(api, stored, removed=frozenset({2}))
     for offset in (0, 1, 2):
-        assert_same_answer(pull(api, offset, blob=False), pull(api, offset, blob=True))
-    r = pull(api, 0, blob=True)
+        assert_log_records(pull(api, offset), stored, log_stub)
+    r = pull(api, 0)
     assert ([decode(x).body for x in records_of(r)], r.next_begin_offset) == ([b"m0", b"m1"], 2)
-    r = pull(api, 2, blob=True)
+    r = pull(api, 2)
     assert (r.status, r.next_begin_offset, r.records_blob) == (pb.MESSAGE_WAS_REMOVING, 3, b"")
 
 
@@ -140,15 +125,13 @@ def test_a_corrupt_record_is_never_in_a_blob_answer(
         raw = f.read(victim.size)
         at = victim.commit_log_offset % LOG_FILE_BYTES + raw.index(b"body-2") + 5
         os.pwrite(f.fileno(), b"X", at)  # the record's CRC no longer matches
-    r = pull(api, 0, blob=True)
+    r = pull(api, 0)
     assert [decode(x).body for x in records_of(r)] == [b"body-0", b"body-1"]
-    assert_same_answer(pull(api, 0, blob=False), r)
-    code, message, _ = rpc_error(lambda: pull(api, 2, blob=True))
+    assert_log_records(r, stored, log_stub)
+    code, message, _ = rpc_error(lambda: pull(api, 2))
     assert code == grpc.StatusCode.DATA_LOSS and str(victim.commit_log_offset) in message
     got = api.stub.Receive(
-        pb.ReceiveRequest(
-            group="g", topic="T", max_messages=4, invisible_duration_ms=60_000, records_as_blob=True
-        )
+        pb.ReceiveRequest(group="g", topic="T", max_messages=4, invisible_duration_ms=60_000)
     )
     assert [decode(x).body for x in records_of(got)] == [b"body-0", b"body-1", b"body-3"]
     assert list(got.queue_offsets) == [0, 1, 3] and len(got.receipt_handles) == 3
@@ -159,34 +142,28 @@ def test_a_unit_naming_another_record_is_not_served_in_blob_form(
 ) -> None:
     stored = append(log_stub, "T", [b"m0", b"m1"])
     api.dispatch([s.entry("T", queue_id=1) for s in stored])  # queue 1's units, queue 0's records
-    code, message, _ = rpc_error(lambda: pull(api, 0, blob=True, queue_id=1))
+    code, message, _ = rpc_error(lambda: pull(api, 0, queue_id=1))
     assert code == grpc.StatusCode.UNAVAILABLE and "disagree" in message
 
 
-def test_receive_answers_the_same_records_in_either_form(
+def test_receive_answers_the_log_records_in_one_blob(
     api: ApiHarness, log_stub: cl_grpc.CommitLogStub
 ) -> None:
     stored = append(log_stub, "T", [b"r%d" % i for i in range(5)])
     fill(api, stored)
 
-    def receive(group: str, blob: bool) -> pb.ReceiveResponse:
+    def receive(group: str) -> pb.ReceiveResponse:
         request = pb.ReceiveRequest(
-            group=group,
-            topic="T",
-            max_messages=4,
-            invisible_duration_ms=60_000,
-            records_as_blob=blob,
+            group=group, topic="T", max_messages=4, invisible_duration_ms=60_000
         )
         response: pb.ReceiveResponse = api.stub.Receive(request, timeout=30)
         return response
 
-    as_list = receive("old", False)
-    as_blob = receive("new", True)
-    assert records_of(as_blob) == list(as_list.records)
-    assert list(as_blob.queue_offsets) == list(as_list.queue_offsets) == [0, 1, 2, 3]
-    assert not as_list.records_blob
-    assert list(receive("new", True).queue_offsets) == [4]
-    assert not receive("new", True).record_sizes  # nothing left: an empty answer
+    first = receive("g")
+    assert list(first.queue_offsets) == [0, 1, 2, 3]
+    assert records_of(first) == log_read(log_stub, stored[:4])
+    assert list(receive("g").queue_offsets) == [4]
+    assert not receive("g").record_sizes  # nothing left: an empty answer
 
 
 # -- the column check against the record-by-record one --------------------------------------------
@@ -200,21 +177,16 @@ def test_the_column_check_of_unit_records_agrees_with_the_check_of_each() -> Non
     units = [Unit(i, 200 * i, len(r), 0) for i, r in enumerate(raws)]
 
     def both(records: list[bytes], units: list[Unit], queue_id: int = 2) -> tuple[bool, bool]:
-        """The column check of a Read answered one field a record, and of one answered in a
-        blob, must agree; their verdict against the check of each record on its own."""
+        """The column check of a Read's answer, and the check of each record on its own."""
         sizes = [u.size for u in units]
         columns = UnitColumns.of_units(units)
         statuses = [cl_pb.READ_OK] * len(records)
-        as_list = _all_unit_records(
-            _ReadAnswer.of_records(statuses, records), queue_id, sizes, columns
-        )
         as_blob = _all_unit_records(
             _ReadAnswer(statuses, b"".join(records), list(map(len, records))),
             queue_id,
             sizes,
             columns,
         )
-        assert as_list == as_blob
         each = all(_is_unit_record(r, u, queue_id) for r, u in zip(records, units, strict=True))
         return as_blob, each
 

@@ -49,7 +49,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, log: ServiceProcess) -> Iterat
 
 
 def request(offset: int, *, max_batches: int = 0, **fields: object) -> pb.PullStreamRequest:
-    pull = pb.PullRequest(topic="T", offset=offset, records_as_blob=True, **fields)  # type: ignore[arg-type]
+    pull = pb.PullRequest(topic="T", offset=offset, **fields)  # type: ignore[arg-type]
     return pb.PullStreamRequest(pull=pull, max_batches=max_batches)
 
 
@@ -155,9 +155,7 @@ def test_each_answer_carries_at_most_stream_answer_bytes_max_of_records(
         stub = cl_grpc.CommitLogStub(small.log_channel)
         stored = append(stub, "Big", [b"%03d" % i + b"x" * 300 for i in range(12)])
         small.dispatch([s.entry("Big") for s in stored])
-        pull = pb.PullRequest(
-            topic="Big", max_messages=1_000, max_bytes=1 << 20, records_as_blob=True
-        )
+        pull = pb.PullRequest(topic="Big", max_messages=1_000, max_bytes=1 << 20)
         answers = list(small.stub.PullStream(pb.PullStreamRequest(pull=pull), timeout=30))
         unary = small.stub.Pull(pull, timeout=30)  # a unary Pull keeps its own max_bytes
     finally:

@@ -20,6 +20,7 @@ from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from tests.answers import records_of
 from tests.cq_svc.logs import (
     EXPIRING_LOG_ARGS,
     EXPIRING_LOG_BYTES,
@@ -89,7 +90,7 @@ def pull(api: ApiHarness, offset: int, **fields: object) -> pb.PullResponse:
 
 
 def bodies_of(response: pb.PullResponse) -> list[bytes]:
-    return [decode(r).body for r in response.records]
+    return [decode(r).body for r in records_of(response)]
 
 
 def test_removed_messages_at_the_start_are_stepped_over(
@@ -111,7 +112,7 @@ def test_only_removed_messages_answer_message_was_removing_and_move_past_them(
     stored, _ = expire_some(log_stub)
     fill(api, stored, removed=set())
     r = pull(api, 0, max_messages=3)
-    assert (r.status, list(r.records), r.next_begin_offset) == (pb.MESSAGE_WAS_REMOVING, [], 3)
+    assert (r.status, list(records_of(r)), r.next_begin_offset) == (pb.MESSAGE_WAS_REMOVING, [], 3)
 
 
 def test_a_removed_message_after_gathered_ones_ends_the_batch_there(
@@ -148,7 +149,7 @@ def test_a_corrupt_record_is_never_served_and_is_data_loss_when_first(
     got = api.stub.Receive(
         pb.ReceiveRequest(group="g", topic="T", max_messages=4, invisible_duration_ms=60_000)
     )
-    assert [decode(r).body for r in got.records] == [b"body-0", b"body-1", b"body-3"]
+    assert [decode(r).body for r in records_of(got)] == [b"body-0", b"body-1", b"body-3"]
 
 
 def test_a_unit_naming_another_record_is_not_served(
@@ -209,7 +210,7 @@ def test_with_report_bad_records_a_corrupt_record_is_named_and_stepped_over(
     assert r.next_begin_offset == 3
 
     # Starting at it: FOUND with nothing served but the bad record, and past it.
-    r = pull(api, 2, report_bad_records=True, records_as_blob=True)
+    r = pull(api, 2, report_bad_records=True)
     assert (r.status, r.record_sizes, r.bad_record.queue_offset, r.next_begin_offset) == (
         pb.FOUND,
         [],

@@ -34,6 +34,7 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from tests.answers import records_of
 from tests.cq_svc.logs import (
     EXPIRING_LOG_ARGS,
     EXPIRING_LOG_BYTES,
@@ -44,7 +45,6 @@ from tests.cq_svc.logs import (
     applied,
     decode,
     log_read,
-    pulled_records,
     segment_path,
     start_commitlog,
     wire,
@@ -160,7 +160,7 @@ def test_fresh_pulls_are_served_from_the_tail_as_the_log_reads_them(
         (t, q, fields)
         for t in (topic, other)
         for q in range(3)
-        for fields in ({}, {"records_as_blob": True}, {"max_messages": 3})
+        for fields in ({}, {"max_messages": 3})
     ]
     counts = Counted()
     from_tail = [tail.pull(t, 0, queue_id=q, **f) for t, q, f in pulls]
@@ -174,8 +174,8 @@ def test_fresh_pulls_are_served_from_the_tail_as_the_log_reads_them(
         assert response.status == pb.FOUND
         mine = [s for s in stored[t] if s.queue_id == q][: len(response.queue_offsets)]
         assert list(response.queue_offsets) == [s.queue_offset for s in mine]
-        assert pulled_records(response) == log_read(log_stub, mine)
-        assert [decode(raw).body for raw in pulled_records(response)] == [s.body for s in mine]
+        assert records_of(response) == log_read(log_stub, mine)
+        assert [decode(raw).body for raw in records_of(response)] == [s.body for s in mine]
 
 
 def test_tag_filtered_pulls_from_the_tail_keep_only_exact_tags(
@@ -190,7 +190,6 @@ def test_tag_filtered_pulls_from_the_tail_keep_only_exact_tags(
     asks: list[dict[str, Any]] = [
         {"offset": 0, "tags": ["Aa"]},
         {"offset": 0, "tags": ["C", "Aa"], "max_messages": 3},
-        {"offset": 0, "tags": ["Aa"], "records_as_blob": True},
         {"offset": 1, "tags": ["Aa"], "max_messages": 1},  # collisions only
         {"offset": 5, "tags": ["BB"], "max_messages": 1},
     ]
@@ -198,9 +197,9 @@ def test_tag_filtered_pulls_from_the_tail_keep_only_exact_tags(
     from_tail = [tail.pull(topic, **ask) for ask in asks]
     assert counts()["hit"] > 0 and counts()["miss"] == 0
     assert wire(from_tail) == wire([reads.pull(topic, **ask) for ask in asks])
-    assert [list(r.queue_offsets) for r in from_tail] == [[0, 4, 7], [0, 3], [0, 4, 7], [], [5]]
-    assert from_tail[3].status == pb.NO_MATCHED_MESSAGE
-    assert [decode(raw).body for raw in pulled_records(from_tail[2])] == [b"m-0", b"m-4", b"m-7"]
+    assert [list(r.queue_offsets) for r in from_tail] == [[0, 4, 7], [0, 3], [], [5]]
+    assert from_tail[2].status == pb.NO_MATCHED_MESSAGE
+    assert [decode(raw).body for raw in records_of(from_tail[0])] == [b"m-0", b"m-4", b"m-7"]
 
 
 def test_pull_stream_and_follow_from_the_tail_answer_what_reads_answer(
@@ -210,7 +209,7 @@ def test_pull_stream_and_follow_from_the_tail_answer_what_reads_answer(
     applied([tail, reads], stored)
     assert tail.holds(stored)
     stream = pb.PullStreamRequest(
-        pull=pb.PullRequest(topic=topic, queue_id=1, max_messages=3, records_as_blob=True),
+        pull=pb.PullRequest(topic=topic, queue_id=1, max_messages=3),
         max_batches=10,
     )
     counts = Counted()
@@ -223,7 +222,7 @@ def test_pull_stream_and_follow_from_the_tail_answer_what_reads_answer(
     # answers come from the tail.
     fresh = topic + "f"
     follow = pb.FollowRequest(
-        pulls=[pb.PullRequest(topic=fresh, queue_id=q, records_as_blob=bool(q)) for q in range(2)],
+        pulls=[pb.PullRequest(topic=fresh, queue_id=q) for q in range(2)],
         long_poll_ms=20_000,
         max_batches=2,
     )
@@ -240,9 +239,9 @@ def test_pull_stream_and_follow_from_the_tail_answer_what_reads_answer(
         unary.CopyFrom(answer)
         unary.ClearField("pull_index")
         q = answer.pull_index
-        expected = reads.pull(fresh, 0, queue_id=q, records_as_blob=bool(q))
+        expected = reads.pull(fresh, 0, queue_id=q)
         assert unary.SerializeToString() == expected.SerializeToString()
-        assert [decode(raw).body for raw in pulled_records(answer)] == [
+        assert [decode(raw).body for raw in records_of(answer)] == [
             s.body for s in later if s.queue_id == q
         ]
 
@@ -267,7 +266,7 @@ def test_a_restarted_cq_has_an_empty_tail_and_reads_what_it_applied_before(
         old = again.pull(topic, 0)
         assert counts() == {"hit": 0, "miss": 0}  # nothing held: not a lookup, no miss
         assert wire([old]) == wire([reads.pull(topic, 0)])
-        assert pulled_records(old) == log_read(log_stub, before)
+        assert records_of(old) == log_read(log_stub, before)
         after = append(log_stub, topic, [b"a-%d" % i for i in range(3)])
         applied([again, reads], after)
         counts = Counted()
@@ -276,9 +275,9 @@ def test_a_restarted_cq_has_an_empty_tail_and_reads_what_it_applied_before(
         assert wire([new]) == wire([reads.pull(topic, 5)])
         # A pull of old and new records together is one look: all or nothing, so a miss.
         counts = Counted()
-        both = again.pull(topic, 0, records_as_blob=True)
+        both = again.pull(topic, 0)
         assert counts() == {"hit": 0, "miss": 8}
-        assert wire([both]) == wire([reads.pull(topic, 0, records_as_blob=True)])
+        assert wire([both]) == wire([reads.pull(topic, 0)])
     finally:
         again.stop()
 
@@ -309,7 +308,7 @@ def test_a_tail_smaller_than_the_records_serves_the_newest_and_reads_the_rest(
         assert wire([old, new]) == wire(
             [reads.pull(topic, 0, max_messages=10), reads.pull(topic, first, max_messages=10)]
         )
-        assert pulled_records(new) == log_read(log_stub, newest[:10])
+        assert records_of(new) == log_read(log_stub, newest[:10])
     finally:
         small.stop()
 
@@ -343,7 +342,7 @@ def test_frames_bring_records_only_while_consumers_read_at_the_tail(
             reading = append(log_stub, topic, [b"read-%d" % i for i in range(8)])
             applied([cq], reading)
             assert cq.holds(reading) and cq.tail_bytes > held
-            assert pulled_records(cq.pull(topic, 8)) == log_read(log_stub, reading)
+            assert records_of(cq.pull(topic, 8)) == log_read(log_stub, reading)
             assert counts()["hit"] == 8
         finally:
             other.join()
@@ -386,9 +385,9 @@ def test_the_tail_is_dropped_at_a_handshake_and_pulls_after_it_read(tmp_path: Pa
         # handshake); a cq that reads cannot.
         assert cq.holds(before), "held until the next handshake"
         counts = Counted()
-        down = cq.pull("H", 0, records_as_blob=True)
+        down = cq.pull("H", 0)
         assert counts() == {"hit": 6, "miss": 0}
-        assert pulled_records(down) == as_written
+        assert records_of(down) == as_written
         code, _, _ = rpc_error(lambda: plain.pull("H", 0))
         assert code == grpc.StatusCode.UNAVAILABLE
         own.start()
@@ -399,10 +398,10 @@ def test_the_tail_is_dropped_at_a_handshake_and_pulls_after_it_read(tmp_path: Pa
         with make_channel(own.target) as channel:
             stub = cl_grpc.CommitLogStub(channel)
             counts = Counted()
-            old = cq.pull("H", 0, records_as_blob=True)
+            old = cq.pull("H", 0)
             assert counts() == {"hit": 0, "miss": 0}  # nothing held: read, no lookup
             assert wire([old]) == wire([down])
-            assert pulled_records(old) == log_read(stub, before)
+            assert records_of(old) == log_read(stub, before)
             cq.want_records()  # however long the restart took, a consumer is at the tail
             after = append(stub, "H", [b"n-%d" % i for i in range(2)])
             applied(cqs, after)
@@ -410,7 +409,7 @@ def test_the_tail_is_dropped_at_a_handshake_and_pulls_after_it_read(tmp_path: Pa
             new = cq.pull("H", 6)
             assert counts() == {"hit": 2, "miss": 0}
             assert wire([new]) == wire([plain.pull("H", 6)])
-            assert pulled_records(new) == log_read(stub, after)
+            assert records_of(new) == log_read(stub, after)
     finally:
         for one in reversed(cqs):
             one.stop()
@@ -458,7 +457,7 @@ def test_records_below_a_moved_log_minimum_are_no_longer_served_from_the_tail(
             r = cq.pull("X", kept[0].queue_offset)
             assert counts() == {"hit": len(kept), "miss": 0}
             assert (r.status, list(r.queue_offsets)) == (pb.FOUND, [s.queue_offset for s in kept])
-            assert pulled_records(r) == log_read(stub, kept)
+            assert records_of(r) == log_read(stub, kept)
     finally:
         if cq is not None:
             cq.stop()
@@ -502,8 +501,8 @@ def test_a_record_damaged_after_the_append_is_served_as_written_from_the_tail_on
             served = with_tail.pull("D", 0)
             assert counts() == {"hit": 4, "miss": 0}
             assert (served.status, list(served.queue_offsets)) == (pb.FOUND, [0, 1, 2, 3])
-            assert pulled_records(served) == as_written
-            assert decode(pulled_records(served)[2]).body == b"body-2"
+            assert records_of(served) == as_written
+            assert decode(records_of(served)[2]).body == b"body-2"
 
             r = without.pull("D", 0)
             assert (r.status, list(r.queue_offsets), r.next_begin_offset) == (pb.FOUND, [0, 1], 2)

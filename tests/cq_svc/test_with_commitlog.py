@@ -23,6 +23,7 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from tests.answers import records_of
 from tests.cq_svc.logs import (
     EXPIRING_LOG_ARGS,
     EXPIRING_LOG_BYTES,
@@ -69,7 +70,7 @@ def bodies(n: int, prefix: str = "m") -> list[bytes]:
 def pulled(response: pb.PullResponse) -> list[tuple[int, bytes]]:
     return [
         (qo, decode(raw).body)
-        for qo, raw in zip(response.queue_offsets, response.records, strict=True)
+        for qo, raw in zip(response.queue_offsets, records_of(response), strict=True)
     ]
 
 
@@ -90,7 +91,7 @@ def test_appended_batches_are_pulled_back_per_queue_in_order(
         assert pulled(r) == [(s.queue_offset, s.body) for s in mine]
         assert [s.queue_offset for s in mine] == list(range(len(mine)))
         assert (r.next_begin_offset, r.min_offset, r.max_offset) == (len(mine), 0, len(mine))
-        for raw, s in zip(r.records, mine, strict=True):
+        for raw, s in zip(records_of(r), mine, strict=True):
             record = decode(raw)
             assert (record.topic, record.queue_id, record.physical_offset) == (
                 topic,
@@ -110,15 +111,15 @@ def test_count_and_byte_limits_cut_the_batch_and_the_next_offset_follows(
     try:
         cq.wait_applied(stored[-1].end_offset)
         r = cq.pull(topic, 0, max_messages=3)
-        assert (len(r.records), r.next_begin_offset) == (3, 3)
+        assert (len(records_of(r)), r.next_begin_offset) == (3, 3)
         r = cq.pull(topic, 3, max_bytes=size * 2 + size // 2)
-        assert (len(r.records), r.next_begin_offset) == (2, 5)
+        assert (len(records_of(r)), r.next_begin_offset) == (2, 5)
         r = cq.pull(topic, 5, max_bytes=1)  # smaller than one message: still one
-        assert (len(r.records), r.next_begin_offset) == (1, 6)
+        assert (len(records_of(r)), r.next_begin_offset) == (1, 6)
         r = cq.pull(topic, 0, max_messages=1_000)  # over the server's maximum: capped
-        assert (len(r.records), r.next_begin_offset) == (4, 4)
+        assert (len(records_of(r)), r.next_begin_offset) == (4, 4)
         r = cq.pull(topic, 0)  # 0: the server's default
-        assert len(r.records) == 2
+        assert len(records_of(r)) == 2
     finally:
         cq.stop()
 
@@ -140,7 +141,7 @@ def test_a_tag_filter_returns_only_messages_whose_tags_match_exactly(
     assert r.next_begin_offset == 4  # the batch was full with 0, 1 (a collision) and 3
     # A batch of collisions only: nothing to hand out, and the next pull starts past them.
     r = cq.pull(topic, 1, tags=["Aa"], max_messages=1)
-    assert (r.status, list(r.records), r.next_begin_offset) == (pb.NO_MATCHED_MESSAGE, [], 2)
+    assert (r.status, list(records_of(r)), r.next_begin_offset) == (pb.NO_MATCHED_MESSAGE, [], 2)
     r = cq.pull(topic, 5, tags=["BB"], max_messages=1)
     assert pulled(r) == [(5, b"m-5")]
     r = cq.pull(topic, 6, tags=["BB"])
@@ -243,7 +244,7 @@ def test_received_messages_not_acked_in_time_are_delivered_again(
     stored = append(log_stub, topic, bodies(4))
     cq.wait_applied(stored[-1].end_offset)
     got = receive(cq, topic, 3, 300)
-    assert [decode(r).body for r in got.records] == bodies(3)
+    assert [decode(r).body for r in records_of(got)] == bodies(3)
     assert list(got.queue_offsets) == [0, 1, 2]
     assert list(got.delivery_counts) == [1, 1, 1]
     done = ack(cq, topic, got.receipt_handles[0], got.receipt_handles[2])
@@ -298,7 +299,7 @@ def test_a_receive_long_poll_returns_when_a_message_is_appended(
     append(log_stub, topic, [b"hello"])
     got = call.result()
     assert time.monotonic() - began < LONG_MS / 1000 / 4
-    assert [decode(r).body for r in got.records] == [b"hello"]
+    assert [decode(r).body for r in records_of(got)] == [b"hello"]
 
 
 # -- the service --------------------------------------------------------------------------------

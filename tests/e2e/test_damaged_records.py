@@ -34,6 +34,7 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
 from mqstore.testing.cluster import SMALL_INDEX_ARGS, Cluster, start_store
+from tests.answers import records_of
 from tests.cli.segments import one_byte_in_each_field
 from tests.e2e.support import CALL_TIMEOUT_S, eventually
 
@@ -57,7 +58,7 @@ def _pull_one(cluster: Cluster, name: str, queue_offset: int) -> tuple[str, byte
         return err.code().name, None
     if answer.status != cq.FOUND:
         return cq.GetMessageStatus.Name(answer.status), None
-    records = list(answer.records) or [answer.records_blob]
+    records = records_of(answer)
     assert answer.queue_offsets[0] == queue_offset
     return "ok", records[0]
 
@@ -184,7 +185,7 @@ def _check_serving(
         if i in damaged:
             assert status == cl.READ_CORRUPT, damaged[i]
         else:
-            assert status == cl.READ_OK and read.records[i] == raws[i], i
+            assert status == cl.READ_OK and records_of(read)[i] == raws[i], i
     for i, field in damaged.items():
         msg_id = offset_msg_id(store_host, offsets[i])
         try:

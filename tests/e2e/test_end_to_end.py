@@ -13,6 +13,7 @@ from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
 from mqstore.testing.cluster import Cluster
+from tests.answers import records_of
 
 from .support import CALL_TIMEOUT_S, append, decode, eventually, pull_all
 
@@ -57,10 +58,12 @@ def test_messages_appended_are_pulled_found_by_time_and_by_key(cluster: Cluster)
 
     # By time: the first message stored at or after the second batch's store time.
     head = decode(
-        cq_stub.Pull(
-            cq.PullRequest(topic="payments", queue_id=2, offset=0, max_messages=1),
-            timeout=CALL_TIMEOUT_S,
-        ).records[0]
+        records_of(
+            cq_stub.Pull(
+                cq.PullRequest(topic="payments", queue_id=2, offset=0, max_messages=1),
+                timeout=CALL_TIMEOUT_S,
+            )
+        )[0]
     )
     lower = cq_stub.GetOffsetByTime(
         cq.GetOffsetByTimeRequest(
@@ -104,7 +107,7 @@ def test_a_received_message_not_acked_is_delivered_again_after_its_deadline(
         ),
         timeout=CALL_TIMEOUT_S,
     )
-    assert [decode(r).body for r in received.records] == [b"j0", b"j1", b"j2"]
+    assert [decode(r).body for r in records_of(received)] == [b"j0", b"j1", b"j2"]
     assert list(received.delivery_counts) == [1, 1, 1]
     ack = stub.Ack(
         cq.AckRequest(
@@ -124,7 +127,7 @@ def test_a_received_message_not_acked_is_delivered_again_after_its_deadline(
         ),
         timeout=CALL_TIMEOUT_S,
     )
-    assert [decode(r).body for r in again.records] == [b"j1"]
+    assert [decode(r).body for r in records_of(again)] == [b"j1"]
     assert list(again.delivery_counts) == [2]
     stub.Ack(
         cq.AckRequest(

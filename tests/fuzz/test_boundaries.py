@@ -34,6 +34,7 @@ from mqstore.rpc.errors import error_from_rpc
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as cq
 from mqstore.rpc.gen.index.v1 import index_pb2 as ix
+from tests.answers import records_of
 
 LIMITS = MessageLimits()
 TIMEOUT_S = 20.0
@@ -65,7 +66,7 @@ def snapshot(stack: Stack) -> Snapshot:
     read = stack.log.Read(pb.ReadRequest(offsets=[offset], sizes=[0]), timeout=TIMEOUT_S)
     status = stack.log.GetStatus(pb.GetStatusRequest(), timeout=TIMEOUT_S)
     assert status.max_offset == offset + response.sizes[0]
-    return Snapshot(status.max_offset, offset, read.records[0])
+    return Snapshot(status.max_offset, offset, records_of(read)[0])
 
 
 def assert_unchanged(stack: Stack, before: Snapshot) -> None:
@@ -73,7 +74,7 @@ def assert_unchanged(stack: Stack, before: Snapshot) -> None:
     read = stack.log.Read(
         pb.ReadRequest(offsets=[before.marker_offset], sizes=[0]), timeout=TIMEOUT_S
     )
-    assert (status.max_offset, read.records[0]) == (before.max_offset, before.marker)
+    assert (status.max_offset, records_of(read)[0]) == (before.max_offset, before.marker)
 
 
 def failure(call: Callable[[], object]) -> tuple[grpc.StatusCode, str, str]:
@@ -128,7 +129,7 @@ def test_a_topic_of_127_bytes_is_stored_served_and_indexed_and_128_is_refused_ev
                                             properties=[props])))  # fmt: skip
     stack.wait_followers()
     got = pull(stack, topic=topic, queue_id=1, offset=0)
-    assert got.status == cq.FOUND and len(got.records) == 1
+    assert got.status == cq.FOUND and len(records_of(got)) == 1
     found = stack.keys.QueryByKey(ix.QueryByKeyRequest(topic=topic, key="edge-key"))
     assert [m.topic for m in found.messages] == [topic]
 
@@ -362,7 +363,7 @@ def test_pull_max_bytes_stops_before_the_record_that_would_pass_it_and_past_the_
     ]:
         got = pull(stack, topic="CapBytes", queue_id=0, offset=0,
                    max_messages=PULL_MESSAGES_MAX, max_bytes=max_bytes)  # fmt: skip
-        assert len(got.records) == expected, max_bytes
+        assert len(records_of(got)) == expected, max_bytes
     code, _, field = failure(lambda: pull(stack, topic="CapBytes", queue_id=0, max_bytes=-1))
     assert (code, field) == (INVALID, "max_bytes")
 
@@ -409,7 +410,7 @@ def test_negative_and_huge_offsets_get_their_documented_answers(stack: Stack) ->
     assert (code, field) == (INVALID, "offsets")
     read = stack.log.Read(pb.ReadRequest(offsets=[end, INT64_MAX], sizes=[0, 100]))
     assert list(read.statuses) == [pb.READ_OUT_OF_RANGE, pb.READ_OUT_OF_RANGE]
-    assert list(read.records) == [b"", b""]
+    assert list(records_of(read)) == [b"", b""]
     # GetMessage: an id naming a place past the end is NOT_FOUND.
     code, _, _ = failure(
         lambda: stack.log.GetMessage(
@@ -451,7 +452,7 @@ def test_negative_and_huge_offsets_get_their_documented_answers(stack: Stack) ->
     assert (at_end.status, at_end.next_begin_offset) == (cq.OFFSET_OVERFLOW_ONE, info.max_offset)
     past = pull(stack, topic="T", queue_id=0, offset=INT64_MAX)
     assert (past.status, past.next_begin_offset) == (cq.OFFSET_OVERFLOW_BADLY, info.max_offset)
-    assert not past.records
+    assert not records_of(past)
 
 
 # -- names, unknown and odd ---------------------------------------------------------------------
@@ -524,7 +525,7 @@ def test_an_empty_body_is_stored_and_served_whole(stack: Stack) -> None:
     offset, size = response.commit_log_offsets[0], response.sizes[0]
     read = stack.log.Read(pb.ReadRequest(offsets=[offset, offset], sizes=[size, 0]))
     assert list(read.statuses) == [pb.READ_OK, pb.READ_OK]
-    record = read_record(read.records[0], 0, size, expected_offset=offset)
+    record = read_record(records_of(read)[0], 0, size, expected_offset=offset)
     assert isinstance(record, Record) and record.body == b""
     message = stack.log.GetMessage(
         pb.GetMessageRequest(msg_id=offset_msg_id(response.store_host, offset))
@@ -532,4 +533,4 @@ def test_an_empty_body_is_stored_and_served_whole(stack: Stack) -> None:
     assert message.body == b""
     stack.wait_followers()
     got = pull(stack, topic="Empty", queue_id=0, offset=0)
-    assert list(got.records) == [read.records[0]]
+    assert list(records_of(got)) == [records_of(read)[0]]

@@ -16,6 +16,7 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as clpb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2 as pb
 from mqstore.rpc.subscriber import wait_until
+from tests.answers import records_of
 from tests.index_svc.conftest import start_commitlog, start_replica, stop_replica
 from tests.index_svc.support import append, offsets_of, sample, wait_applied
 
@@ -134,6 +135,6 @@ def test_the_commit_log_reads_the_whole_record_at_an_offset_given_size_zero(
             except grpc.RpcError as err:
                 pytest.fail(f"Read with size 0 failed: {err.code()} {err.details()}")
             assert list(response.statuses) == [clpb.READ_OK, clpb.READ_OK]
-            assert [len(r) for r in response.records] == stored.sizes
+            assert [len(r) for r in records_of(response)] == stored.sizes
     finally:
         process.stop(timeout_s=15)

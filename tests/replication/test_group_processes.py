@@ -21,6 +21,7 @@ from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.testing.cluster import EPHEMERAL
+from tests.answers import records_of
 from tests.e2e.support import data_files
 
 FILE_BYTES = 64 * 1024  # several segments in a few hundred appends
@@ -112,7 +113,7 @@ def assert_read_back(
             pb.ReadRequest(offsets=offsets, sizes=[r.size for r in results]), timeout=30
         )
     assert list(read.statuses) == [pb.READ_OK] * len(results)
-    assert all(body in record for body, record in zip(bodies, read.records, strict=True))
+    assert all(body in record for body, record in zip(bodies, records_of(read), strict=True))
 
 
 def scrape(process: ServiceProcess) -> str:
@@ -182,7 +183,7 @@ def test_acknowledged_appends_survive_a_kill_of_the_leader(
             pb.ReadRequest(offsets=offsets, sizes=[acked[o][0] for o in offsets]), timeout=20
         )
     assert list(read.statuses) == [pb.READ_OK] * len(offsets)
-    assert all(acked[o][1] in r for o, r in zip(offsets, read.records, strict=True))
+    assert all(acked[o][1] in r for o, r in zip(offsets, records_of(read), strict=True))
     # the killed replica comes back as a follower and catches up to byte-identity
     replicas[first].start()
     replicas[first].wait_listening()

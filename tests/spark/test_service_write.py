@@ -267,3 +267,17 @@ def test_without_a_write_id_each_run_is_a_write_of_its_own(
         assert (report.rows, report.stored, report.already_stored) == (20, 20, 0)
         assert report.write_id == ""
     assert len(all_bodies(mqstore_cluster, topic)) == 40
+
+
+def test_a_manifest_appended_again_reads_back_the_one_stored(mqstore_cluster: Cluster) -> None:
+    """append_manifest of a write id already in the ledger: the store answers the append as a
+    duplicate, and the manifest stored first is read back from the commit log."""
+    from mqstore.client.connection import Connection  # noqa: PLC0415
+    from mqstore.spark.write_ledger import Manifest, WriteDigest, append_manifest  # noqa: PLC0415
+
+    first = Manifest("ledger-unit-1", WriteDigest(), 3, 0, 1_000)
+    later = Manifest("ledger-unit-1", WriteDigest(), 0, 3, 2_000)
+    with Connection(_settings(mqstore_cluster)) as conn:
+        assert append_manifest(conn, "ledger-unit", first) is first
+        kept = append_manifest(conn, "ledger-unit", later)
+    assert kept == first and kept is not first

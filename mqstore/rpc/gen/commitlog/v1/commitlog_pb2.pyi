@@ -302,12 +302,6 @@ class ReadRequest(_message.Message):
 
     OFFSETS_FIELD_NUMBER: _builtins.int
     SIZES_FIELD_NUMBER: _builtins.int
-    RECORDS_AS_BLOB_FIELD_NUMBER: _builtins.int
-    records_as_blob: _builtins.bool
-    """Answer in records_blob and record_sizes instead of records: one bytes field for the whole
-    answer (a field per record costs a Python caller about a microsecond each). A server that
-    predates the field answers in records.
-    """
     @_builtins.property
     def offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -321,11 +315,10 @@ class ReadRequest(_message.Message):
         *,
         offsets: _abc.Iterable[_builtins.int] | None = ...,
         sizes: _abc.Iterable[_builtins.int] | None = ...,
-        records_as_blob: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offsets", b"offsets", "records_as_blob", b"records_as_blob", "sizes", b"sizes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offsets", b"offsets", "sizes", b"sizes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -335,18 +328,14 @@ Global___ReadRequest: _TypeAlias = ReadRequest  # noqa: Y015
 class ReadResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    RECORDS_FIELD_NUMBER: _builtins.int
     STATUSES_FIELD_NUMBER: _builtins.int
     RECORDS_BLOB_FIELD_NUMBER: _builtins.int
     RECORD_SIZES_FIELD_NUMBER: _builtins.int
     records_blob: _builtins.bytes
-    """With records_as_blob: the READ_OK records laid end to end, and each asked-for record's size
-    in the blob (0 where its status is not READ_OK).
+    """The READ_OK records laid end to end in one bytes field (a field per record costs a Python
+    caller about a microsecond each), and each asked-for record's size in it (0 where its
+    status is not READ_OK).
     """
-    @_builtins.property
-    def records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
-        """raw records; empty where the status is not READ_OK"""
-
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[Global___ReadStatus.ValueType]: ...
     @_builtins.property
@@ -354,14 +343,13 @@ class ReadResponse(_message.Message):
     def __init__(
         self,
         *,
-        records: _abc.Iterable[_builtins.bytes] | None = ...,
         statuses: _abc.Iterable[Global___ReadStatus.ValueType] | None = ...,
         records_blob: _builtins.bytes = ...,
         record_sizes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record_sizes", b"record_sizes", "records_blob", b"records_blob", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

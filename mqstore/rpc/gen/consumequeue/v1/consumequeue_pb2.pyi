@@ -78,7 +78,6 @@ class PullRequest(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
     LONG_POLL_MS_FIELD_NUMBER: _builtins.int
-    RECORDS_AS_BLOB_FIELD_NUMBER: _builtins.int
     REPORT_BAD_RECORDS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     queue_id: _builtins.int
@@ -91,11 +90,6 @@ class PullRequest(_message.Message):
     long_poll_ms: _builtins.int
     """When nothing matches yet, wait up to this long for a matching message to be dispatched
     (0 = answer at once).
-    """
-    records_as_blob: _builtins.bool
-    """Answer the records in records_blob and record_sizes instead of records: one bytes field for
-    the whole batch (a field per record costs a Python client and server about a microsecond
-    each to build and to read). A server that predates the field answers in records.
     """
     report_bad_records: _builtins.bool
     """A record the commit log refuses as damaged (READ_CORRUPT: it fails its CRC or layout
@@ -119,12 +113,11 @@ class PullRequest(_message.Message):
         max_bytes: _builtins.int = ...,
         tags: _abc.Iterable[_builtins.str] | None = ...,
         long_poll_ms: _builtins.int = ...,
-        records_as_blob: _builtins.bool = ...,
         report_bad_records: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["long_poll_ms", b"long_poll_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "records_as_blob", b"records_as_blob", "report_bad_records", b"report_bad_records", "tags", b"tags", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["long_poll_ms", b"long_poll_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "report_bad_records", b"report_bad_records", "tags", b"tags", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -181,7 +174,7 @@ class PullStreamRequest(_message.Message):
     """answers at most (0 = the server's default; capped by the server)"""
     @_builtins.property
     def pull(self) -> Global___PullRequest:
-        """the first Pull; every answer is in the records_as_blob form"""
+        """the first Pull"""
 
     def __init__(
         self,
@@ -257,7 +250,6 @@ class PullResponse(_message.Message):
     NEXT_BEGIN_OFFSET_FIELD_NUMBER: _builtins.int
     MIN_OFFSET_FIELD_NUMBER: _builtins.int
     MAX_OFFSET_FIELD_NUMBER: _builtins.int
-    RECORDS_FIELD_NUMBER: _builtins.int
     QUEUE_OFFSETS_FIELD_NUMBER: _builtins.int
     RECORDS_BLOB_FIELD_NUMBER: _builtins.int
     RECORD_SIZES_FIELD_NUMBER: _builtins.int
@@ -268,13 +260,8 @@ class PullResponse(_message.Message):
     min_offset: _builtins.int
     max_offset: _builtins.int
     records_blob: _builtins.bytes
-    """With records_as_blob: the same records laid end to end, and each one's size in bytes."""
     pull_index: _builtins.int
     """Follow: which of the request's pulls this answers (its index in FollowRequest.pulls)."""
-    @_builtins.property
-    def records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
-        """Raw commit-log records (format in common.proto) and their queue offsets."""
-
     @_builtins.property
     def queue_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -292,7 +279,6 @@ class PullResponse(_message.Message):
         next_begin_offset: _builtins.int = ...,
         min_offset: _builtins.int = ...,
         max_offset: _builtins.int = ...,
-        records: _abc.Iterable[_builtins.bytes] | None = ...,
         queue_offsets: _abc.Iterable[_builtins.int] | None = ...,
         records_blob: _builtins.bytes = ...,
         record_sizes: _abc.Iterable[_builtins.int] | None = ...,
@@ -301,7 +287,7 @@ class PullResponse(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["bad_record", b"bad_record"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_record", b"bad_record", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "pull_index", b"pull_index", "queue_offsets", b"queue_offsets", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_record", b"bad_record", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "pull_index", b"pull_index", "queue_offsets", b"queue_offsets", "record_sizes", b"record_sizes", "records_blob", b"records_blob", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -649,7 +635,6 @@ class ReceiveRequest(_message.Message):
     MAX_MESSAGES_FIELD_NUMBER: _builtins.int
     INVISIBLE_DURATION_MS_FIELD_NUMBER: _builtins.int
     LONG_POLL_MS_FIELD_NUMBER: _builtins.int
-    RECORDS_AS_BLOB_FIELD_NUMBER: _builtins.int
     REPORT_BAD_RECORDS_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     topic: _builtins.str
@@ -658,8 +643,6 @@ class ReceiveRequest(_message.Message):
     invisible_duration_ms: _builtins.int
     """How long a received message stays invisible to the group before it is delivered again."""
     long_poll_ms: _builtins.int
-    records_as_blob: _builtins.bool
-    """As PullRequest.records_as_blob: records_blob and record_sizes instead of records."""
     report_bad_records: _builtins.bool
     """As PullRequest.report_bad_records: a delivery whose record the commit log refuses as
     damaged comes in bad_records (with its receipt) instead of staying invisible unserved, and
@@ -674,12 +657,11 @@ class ReceiveRequest(_message.Message):
         max_messages: _builtins.int = ...,
         invisible_duration_ms: _builtins.int = ...,
         long_poll_ms: _builtins.int = ...,
-        records_as_blob: _builtins.bool = ...,
         report_bad_records: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "long_poll_ms", b"long_poll_ms", "max_messages", b"max_messages", "queue_id", b"queue_id", "records_as_blob", b"records_as_blob", "report_bad_records", b"report_bad_records", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "long_poll_ms", b"long_poll_ms", "max_messages", b"max_messages", "queue_id", b"queue_id", "report_bad_records", b"report_bad_records", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -689,7 +671,6 @@ Global___ReceiveRequest: _TypeAlias = ReceiveRequest  # noqa: Y015
 class ReceiveResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    RECORDS_FIELD_NUMBER: _builtins.int
     QUEUE_OFFSETS_FIELD_NUMBER: _builtins.int
     RECEIPT_HANDLES_FIELD_NUMBER: _builtins.int
     DELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
@@ -697,11 +678,7 @@ class ReceiveResponse(_message.Message):
     RECORD_SIZES_FIELD_NUMBER: _builtins.int
     BAD_RECORDS_FIELD_NUMBER: _builtins.int
     records_blob: _builtins.bytes
-    """With records_as_blob: the records laid end to end, and each one's size in bytes."""
-    @_builtins.property
-    def records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
-        """raw commit-log records"""
-
+    """The raw commit-log records laid end to end, and each one's size in bytes."""
     @_builtins.property
     def queue_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -721,7 +698,6 @@ class ReceiveResponse(_message.Message):
     def __init__(
         self,
         *,
-        records: _abc.Iterable[_builtins.bytes] | None = ...,
         queue_offsets: _abc.Iterable[_builtins.int] | None = ...,
         receipt_handles: _abc.Iterable[_builtins.str] | None = ...,
         delivery_counts: _abc.Iterable[_builtins.int] | None = ...,
@@ -731,7 +707,7 @@ class ReceiveResponse(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_records", b"bad_records", "delivery_counts", b"delivery_counts", "queue_offsets", b"queue_offsets", "receipt_handles", b"receipt_handles", "record_sizes", b"record_sizes", "records", b"records", "records_blob", b"records_blob"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_records", b"bad_records", "delivery_counts", b"delivery_counts", "queue_offsets", b"queue_offsets", "receipt_handles", b"receipt_handles", "record_sizes", b"record_sizes", "records_blob", b"records_blob"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
