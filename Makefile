@@ -22,9 +22,11 @@ help:
 	@echo "make fuzz   - coverage-guided fuzzing of every decoder and API (FUZZ_SECONDS per target)"
 	@echo "make chaos  - kill -9 the services under load at seeded moments; check every acknowledged append (CYCLES=, SEED=, FLUSH=async: torn tails; REPLICAS=3: a broker group's leader killed, paused, cut off, etcd restarted)"
 
-# The venv is rebuilt whenever pyproject.toml changes.
+# The venv is rebuilt whenever pyproject.toml changes, and the compiled record core (built by
+# the editable install, in place) whenever its sources do.
 # pip shows what it collects and a bar per download: the first set-up takes about a minute.
-$(STAMP): pyproject.toml
+CORE_SOURCES := setup.py mqstore/formats/_core.pyx mqstore/formats/_core_support.h
+$(STAMP): pyproject.toml $(CORE_SOURCES)
 	@echo "==> setting up $(VENV): mqstore and its dependencies (about a minute the first time)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -124,4 +126,5 @@ fuzz: $(FUZZ_STAMP)
 	$(PY) -m fuzz all --seconds $(FUZZ_SECONDS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build mqstore/formats/_core.c \
+		mqstore/formats/_core.*.so

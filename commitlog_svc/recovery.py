@@ -33,8 +33,8 @@ record there is corruption, never a reason to throw away the records after it (C
 The queue-offset table is the checkpoint's snapshot (exact at F) with every record at or after F
 applied on top; without a checkpoint it is rebuilt from every record scanned.
 
-The walk is record_walk.scan_run_fast: record.scan_run's verdicts (pinned by tests), vectorised
-per window, ~4x faster on fixed-size messages. A thread reads the segments ahead of it
+The walk is record_walk.scan_run_fast: record.scan_run's verdicts (pinned by tests), one
+compiled loop (formats/_core.pyx). A thread reads the segments ahead of it
 (_ReadAhead), so that a cold start reads the disk while the walk checks what is already in.
 """
 

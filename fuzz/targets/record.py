@@ -1,4 +1,5 @@
-"""The commit-log record decoder over arbitrary bytes: read_record, scan_run, find_next_record.
+"""The commit-log record decoder over arbitrary bytes: read_record, scan_run, the compiled
+walk (record_walk.scan_run_fast), find_next_record.
 
 Input: a flags byte (bit 0: check the CRC, bit 1: a non-zero base offset), the start position,
 then the buffer itself. Rules:
@@ -8,7 +9,8 @@ then the buffer itself. Rules:
                     bytes it was read from, so no byte was skipped or misread; when its fields
                     are within the writer's limits, encode_record gives those bytes too
     scan_run        agrees with a walk of read_record calls: the same end, count, stop verdict
-                    (Blank size, Bad reason) and queue-offset table
+                    (Blank size, Bad reason) and queue-offset table; so does scan_run_fast
+                    (formats/_core.pyx), which never raises on any bytes
     find_next_record  -1, or a position after the start where a CRC-checked record with the
                     matching offset field starts
 """
@@ -40,10 +42,11 @@ from mqstore.formats.record import (
     scan_run,
     write_prepared,
 )
+from mqstore.formats.record_walk import scan_run_fast
 
 DESCRIPTION = (
-    "read_record / scan_run / find_next_record over arbitrary bytes: only Record/Blank/Bad, a "
-    "Record writes back to its bytes, scan_run agrees with read_record"
+    "read_record / scan_run / scan_run_fast / find_next_record over arbitrary bytes: only "
+    "Record/Blank/Bad, a Record writes back to its bytes, both walks agree with read_record"
 )
 # Packages atheris instruments for coverage (fuzz/engine.py).
 INSTRUMENT = ("mqstore",)
@@ -190,25 +193,26 @@ def walk(
 
 def check_scan(buf: bytes, pos: int, base: int, check_crc: bool) -> None:
     end = len(buf)
-    fast_table: QueueTable = {}
-    fast = scan_run(buf, pos, end, base, check_crc=check_crc, queue_table=fast_table)
     slow_table: QueueTable = {}
     slow = walk(buf, pos, end, base, check_crc, slow_table)
-    check(
-        fast[:2] == slow[:2],
-        "record.scan-disagrees",
-        f"scan_run stops at {fast[:2]}, read_record at {slow[:2]}",
-    )
-    check(
-        _verdict(fast[2]) == _verdict(slow[2]),
-        "record.scan-verdict-differs",
-        f"scan_run says {fast[2]}, read_record {slow[2]}",
-    )
-    check(
-        fast_table == slow_table,
-        "record.scan-queue-table-differs",
-        f"{fast_table} != {slow_table}",
-    )
+    for name, scan in (("scan", scan_run), ("compiled", scan_run_fast)):
+        fast_table: QueueTable = {}
+        fast = scan(buf, pos, end, base, check_crc=check_crc, queue_table=fast_table)
+        check(
+            fast[:2] == slow[:2],
+            f"record.{name}-disagrees",
+            f"{scan.__name__} stops at {fast[:2]}, read_record at {slow[:2]}",
+        )
+        check(
+            _verdict(fast[2]) == _verdict(slow[2]),
+            f"record.{name}-verdict-differs",
+            f"{scan.__name__} says {fast[2]}, read_record {slow[2]}",
+        )
+        check(
+            fast_table == slow_table,
+            f"record.{name}-queue-table-differs",
+            f"{fast_table} != {slow_table}",
+        )
 
 
 def _verdict(result: ReadResult | None) -> tuple[str, int | str]:

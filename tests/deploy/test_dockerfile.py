@@ -212,6 +212,7 @@ def test_the_installed_package_holds_the_services_and_the_command(
     for module in (*SERVICES, "mqstore/cli"):
         assert f"{module}/__main__.py" in names, f"the image would lack {module}"
     assert "mqstore/rpc/gen/commitlog/v1/commitlog_pb2.py" in names
+    assert any(re.match(r"mqstore/formats/_core\..*\.so$", n) for n in names), "no record core"
     assert re.search(r"^mqstore = mqstore\.cli:main$", scripts, re.M), scripts
 
 

@@ -9,6 +9,7 @@ import zlib
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mqstore.formats import _core
 from mqstore.formats.crc import crc32
 from mqstore.formats.record import body_crc
 
@@ -34,3 +35,26 @@ def test_the_crc_of_a_mapped_page_and_of_large_and_empty_buffers() -> None:
 def test_a_body_crc_is_rocketmqs_positive_java_int() -> None:
     # RocketMQ's UtilAll.crc32(body) & 0x7FFFFFFF of a known body.
     assert body_crc(b"hello world") == zlib.crc32(b"hello world") & 0x7FFFFFFF == 222957957
+
+
+@given(st.binary(max_size=5_000), st.integers(0, 64), st.integers(0, 2**32 - 1))
+def test_the_compiled_cores_crc_is_the_same(data: bytes, cut: int, start: int) -> None:
+    """formats/_core.pyx's CRC-32 (zlib, 64-byte blocks folded with PCLMULQDQ where the CPU has
+    it) gives crc.py's values, from any start value and at any alignment."""
+    view = memoryview(data)[cut:]
+    assert _core.crc32(view) == crc32(view)
+    assert _core.crc32(view, start) == crc32(view, start) == zlib.crc32(view, start)
+
+
+def test_the_compiled_crc_at_every_length_around_its_block_sizes() -> None:
+    data = bytes(range(256)) * 40
+    for length in [*range(200), 255, 256, 257, 1023, 1024, 1025, 4096 + 15]:
+        for at in (0, 1, 3, 8, 15):
+            piece = memoryview(data)[at : at + length]
+            assert _core.crc32(piece) == crc32(piece), (length, at)
+    big = bytes(range(256)) * 70_000
+    assert _core.crc32(big) == crc32(big)
+    with mmap.mmap(-1, 8192) as page:
+        page[:100] = bytes(range(100))
+        assert _core.crc32(page) == crc32(page)
+    assert _core.crc32(b"") == 0

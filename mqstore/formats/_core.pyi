@@ -1,0 +1,31 @@
+"""Types of the compiled record core (mqstore/formats/_core.pyx)."""
+
+from typing import Final
+
+from mqstore.formats.record import Buffer
+
+QUEUE_ID_POS: Final[int]
+QUEUE_OFFSET_POS: Final[int]
+PHYSICAL_OFFSET_POS: Final[int]
+SYSFLAG_POS: Final[int]
+HEADER_V4_V4_SIZE: Final[int]
+RECORD_BYTES_MIN: Final[int]
+MAGIC_V1: Final[int]
+MAGIC_V2: Final[int]
+PROPERTIES_END_BYTE: Final[int]
+RECORD_CRC_BYTES: Final[int]
+RECORD_CRC_HEAD: Final[bytes]
+NO_RECORD_CRC: Final[int]
+DAMAGED_RECORD_CRC: Final[int]
+CRC_FOLDED: Final[bool]
+
+def crc32(data: Buffer, value: int = 0) -> int: ...
+def walk(
+    buf: Buffer,
+    pos: int,
+    end: int,
+    base_offset: int,
+    check_crc: bool,
+    queue_table: dict[str, dict[int, int]] | None,
+    apply_from: int,
+) -> tuple[int, int]: ...
