@@ -28,6 +28,14 @@ help:
 CORE_SOURCES := setup.py mqstore/formats/_core.pyx mqstore/formats/_core_support.h
 $(STAMP): pyproject.toml $(CORE_SOURCES)
 	@echo "==> setting up $(VENV): mqstore and its dependencies (about a minute the first time)"
+	@# The record core is C: a compiler and zlib's header (Debian packages, when missing)
+	@if ! command -v gcc >/dev/null || ! test -f /usr/include/zlib.h; then \
+		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+			echo "==> installing gcc and zlib1g-dev (the compiled record core needs them)"; \
+			apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+				gcc libc6-dev zlib1g-dev; \
+		fi; \
+	fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --progress-bar on -e '.[dev]'
