@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from tests.commitlog_svc.replica_support import (
     segments,
 )
 
+# How long the follower's flusher may take to flush what it already holds.
+FLUSH_SETTLE_S = 10.0
 # Every field of a record (record.py's layout), as field_spans names them.
 FIELDS = [
     "TOTALSIZE",
@@ -115,6 +118,10 @@ def damaged(chunk: Chunk, field: str) -> Chunk:
 
 
 def assert_refused(follower: ReplicaLog, bad: Chunk, error: type[Exception] = ChunkRefused) -> None:
+    # The flusher settles first: a flush of what the follower already held is not a change.
+    deadline = time.monotonic() + FLUSH_SETTLE_S
+    while follower.flushed_offset < follower.end_offset and time.monotonic() < deadline:
+        time.sleep(0.005)
     before = state(follower)
     with pytest.raises(error):
         follower.append_replicated(bad)
