@@ -101,7 +101,7 @@ def started() -> Iterator[list[Any]]:
         item.stop()
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+def wait_until(condition: Callable[[], bool], timeout_s: float = 90.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
