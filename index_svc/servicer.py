@@ -110,7 +110,7 @@ class IndexServicer(pb_grpc.IndexServicer):
     ) -> pb.QueryResponse:
         return self._answer("key", lambda: self._query_by_key(request, context))
 
-    def QueryByUniqKey(  # noqa: N802
+    def QueryByUniqKey(  # noqa: N802 - the gRPC method name
         self, request: pb.QueryByUniqKeyRequest, context: grpc.ServicerContext
     ) -> pb.QueryResponse:
         return self._answer("uniq", lambda: self._query_by_uniq_key(request, context))
@@ -177,7 +177,7 @@ class IndexServicer(pb_grpc.IndexServicer):
 
     # -- GetStatus ------------------------------------------------------------------------------
 
-    def GetStatus(  # noqa: N802
+    def GetStatus(  # noqa: N802 - the gRPC method name
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetStatusResponse:
         config = self.engine.config
