@@ -7,10 +7,15 @@ AppendRequest's columns directly:
 
     bodies ─┬─> queue ids (contiguous runs per queue), properties (one shared prefix, a
             │   UNIQ_KEY each, KEYS when given), compressed bodies where over the threshold
-            └─> parts of at most batch_messages / batch_bytes ──> one request each
+            └─> shares of at most batch_messages / batch_bytes ──> the producer's open batch
                                                    (sequence, window and retries as send)
 
-One BatchFuture answers for all parts; BatchResult holds the answer as columns. A part the
+A share is what one request carries of one call: a BatchShare here, or producer.py's one
+message of a send(). The producer's open batch holds shares of either kind; a request's
+answer is a RequestAnswer, its columns over every message of the request, from which each
+share takes its own slice.
+
+One BatchFuture answers for all shares; BatchResult holds the answer as columns. A share the
 store did not take (a failed request, a refused message) is listed in `BatchResult.errors`
 by message index, and `BatchFuture.result()` raises BatchNotStored carrying the result.
 """
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from typing import Any, Generic, TypeVar
 
+import grpc
 import numpy as np
 
 from mqstore.client.compression import Compression, compress
@@ -148,22 +154,6 @@ class ResultFuture(Generic[T]):
                 log.exception("a send callback failed")
 
 
-def resolve_stored(futures: Sequence[Any], answer: object) -> None:
-    """Resolve many send futures as stored, each to its place in `answer` (producer.py's
-    SendFuture makes its result from it when asked), under one take of the lock (a take per
-    future was a tenth of a send's Python time)."""
-    watched = []
-    with _FUTURE_LOCK:
-        for index, future in enumerate(futures):
-            future._answer = answer
-            future._index = index
-            future._done = True
-            if future._event is not None or future._callbacks:
-                watched.append(future)
-    for future in watched:
-        future._wake()
-
-
 @dataclass(slots=True)
 class BatchResult:
     """Where the messages of one send_batch went, as columns in the order of the bodies.
@@ -177,7 +167,7 @@ class BatchResult:
     sizes: list[int]
     store_timestamps_ms: list[int]
     store_host: bytes = b""
-    duplicate: bool = False  # some part was answered from a retry the store had stored
+    duplicate: bool = False  # some share was answered from a retry the store had stored
     errors: dict[int, ClientError] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -208,20 +198,20 @@ class BatchNotStored(ClientError):
 
 
 class BatchFuture(ResultFuture[BatchResult]):
-    """The result of one send_batch: resolved once every part has its answer."""
+    """The result of one send_batch: resolved once every share has its answer."""
 
     __slots__ = ("_batch", "_hurry", "_pending")
 
     def __init__(
         self,
         batch: BatchResult,
-        parts: int,
+        shares: int,
         hurry: Callable[[BatchFuture], None] | None = None,
         owner: object | None = None,
     ) -> None:
         super().__init__(owner)
         self._batch = batch
-        self._pending = parts
+        self._pending = shares
         # The producer's: sends what of this batch still lingers, once someone waits for it.
         self._hurry = hurry
 
@@ -230,41 +220,31 @@ class BatchFuture(ResultFuture[BatchResult]):
             self._hurry(self)
         super()._wait(timeout)
 
-    def _part_done(self, part: BatchPart, outcome: pb.AppendResponse | ClientError) -> int:
-        """Take one part's answer; the number of its messages stored."""
+    def _share_done(self, share: BatchShare, answer: RequestAnswer, at: int) -> int:
+        """Take one share's answer (its messages from `at` in the request); the number of its
+        messages stored."""
         b = self._batch
-        lo = part.first
-        n = part.count
+        lo = share.first
+        n = share.count
         stored = 0
-        if isinstance(outcome, ClientError):
+        if answer.error is not None:
             for i in range(lo, lo + n):
-                b.errors[i] = outcome
-        elif len(outcome.statuses) != n or len(outcome.commit_log_offsets) != n:
-            bad = ClientError(f"the store answered {len(outcome.statuses)} results for {n}")
-            for i in range(lo, lo + n):
-                b.errors[i] = bad
+                b.errors[i] = answer.error
         else:
-            b.queue_offsets[lo : lo + n] = outcome.queue_offsets
-            b.commit_log_offsets[lo : lo + n] = outcome.commit_log_offsets
-            b.sizes[lo : lo + n] = outcome.sizes
-            b.store_timestamps_ms[lo : lo + n] = [outcome.store_timestamp_ms] * n
-            b.store_host = outcome.store_host or b.store_host
-            b.duplicate = b.duplicate or outcome.duplicate
+            b.queue_offsets[lo : lo + n] = answer.queue_offsets[at : at + n]
+            b.commit_log_offsets[lo : lo + n] = answer.commit_log_offsets[at : at + n]
+            b.sizes[lo : lo + n] = answer.sizes[at : at + n]
+            b.store_timestamps_ms[lo : lo + n] = [answer.store_timestamp_ms] * n
+            b.store_host = answer.store_host or b.store_host
+            b.duplicate = b.duplicate or answer.duplicate
             stored = n
-            if outcome.refusals or any(s != _PUT_OK for s in outcome.statuses):
-                reasons = {r.index: r for r in outcome.refusals}
-                for i, status in enumerate(outcome.statuses):
-                    if status == _PUT_OK:
-                        continue
-                    r = reasons.get(i)
-                    b.errors[lo + i] = refusal(
-                        pb.PutStatus.Name(status),
-                        r.reason if r else "",
-                        field=r.field if r else "",
-                        index=lo + i,
-                    )
-                    b.queue_offsets[lo + i] = b.commit_log_offsets[lo + i] = -1
-                    stored -= 1
+            if not answer.all_stored:
+                for i in range(n):
+                    refused = answer.refused(at + i, lo + i)
+                    if refused is not None:
+                        b.errors[lo + i] = refused
+                        b.queue_offsets[lo + i] = b.commit_log_offsets[lo + i] = -1
+                        stored -= 1
         with _FUTURE_LOCK:
             self._pending -= 1
             last = self._pending == 0
@@ -277,17 +257,116 @@ class BatchFuture(ResultFuture[BatchResult]):
 
 
 @dataclass(slots=True)
-class BatchPart:
-    """One request's share of a send_batch: messages [first, first + count)."""
+class BatchShare:
+    """What one request carries of a send_batch: messages [first, first + count)."""
 
     future: BatchFuture
+    prepared: PreparedBatch
     first: int
     count: int
+    weight: int
+
+    @property
+    def topic(self) -> str:
+        return self.prepared.topic
+
+    def add_columns(
+        self, queue_ids: list[int], bodies: list[bytes], properties: list[bytes], flags: list[int]
+    ) -> None:
+        """This share's messages appended to a MessageBatch's columns being built."""
+        p, lo, hi = self.prepared, self.first, self.first + self.count
+        queue_ids.extend(p.queue_ids[lo:hi])
+        bodies.extend(p.bodies[lo:hi])
+        properties.extend(p.properties[lo:hi])
+        flags.extend(p.sys_flags[lo:hi] if p.sys_flags else repeat(0, self.count))
+
+    def take(self, answer: RequestAnswer, at: int) -> int:
+        """Take this share's answer, its messages from `at` in the request; how many stored."""
+        return self.future._share_done(self, answer, at)
+
+
+@dataclass(slots=True)
+class RequestAnswer:
+    """The store's answer to one request, split by message: columns over every message of the
+    request in the order of the answer, from which each share takes its own slice (from the
+    index of its first message, `at`). A request that failed as a whole, or an answer of the
+    wrong length, is `error` for every message; a message the store refused alone has its
+    own error (`refused`), numbered from the first message of its call."""
+
+    error: ClientError | None
+    all_stored: bool = False  # every message PUT_OK (the usual answer: no per-message check)
+    queue_offsets: list[int] = field(default_factory=list)
+    commit_log_offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    statuses: list[pb.PutStatus.ValueType] = field(default_factory=list)
+    reasons: dict[int, Any] = field(default_factory=dict)  # refusals by index in the request
+    store_host: bytes = b""
+    store_timestamp_ms: int = 0
+    duplicate: bool = False
+    # One-message shares stored (producer.py's messages, `at` set): resolved together by
+    # resolve_stored (a take of the futures' lock per message was a tenth of a send's time).
+    stored: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, outcome: pb.AppendResponse | ClientError, n: int) -> RequestAnswer:
+        """The answer of a request of `n` messages (or its error)."""
+        if isinstance(outcome, ClientError):
+            return cls(outcome)
+        columns = (outcome.statuses, outcome.commit_log_offsets, outcome.queue_offsets)
+        if any(len(c) != n for c in columns) or len(outcome.sizes) != n:
+            return cls(
+                ClientError(
+                    f"the store answered {len(outcome.statuses)} results for {n} messages",
+                    code=grpc.StatusCode.INTERNAL,
+                    method="CommitLog/AppendStream",
+                )
+            )
+        statuses = list(outcome.statuses)
+        return cls(
+            None,
+            statuses.count(_PUT_OK) == n,
+            list(outcome.queue_offsets),
+            list(outcome.commit_log_offsets),
+            list(outcome.sizes),
+            statuses,
+            {r.index: r for r in outcome.refusals},
+            outcome.store_host,
+            outcome.store_timestamp_ms,
+            outcome.duplicate,
+        )
+
+    def refused(self, i: int, index: int) -> ClientError | None:
+        """The error of the request's message `i` (None: stored); a refusal says `index`, the
+        message's place in its own call."""
+        if self.error is not None:
+            return self.error
+        status = self.statuses[i]
+        if status == _PUT_OK:
+            return None
+        r = self.reasons.get(i)
+        name = pb.PutStatus.Name(status)
+        return refusal(name, r.reason if r else "", field=r.field if r else "", index=index)
+
+    def resolve_stored(self) -> None:
+        """Resolve the futures of the one-message shares in `stored` as stored, each to its
+        place in this answer (producer.py's SendFuture makes its result from it when asked),
+        under one take of the futures' lock."""
+        watched = []
+        with _FUTURE_LOCK:
+            for message in self.stored:
+                future = message.future
+                future._answer = self
+                future._message = message
+                future._done = True
+                if future._event is not None or future._callbacks:
+                    watched.append(future)
+        for future in watched:
+            future._wake()
 
 
 @dataclass(slots=True)
 class PreparedBatch:
-    """The columns of a send_batch, checked and encoded, split into parts."""
+    """The columns of a send_batch, checked and encoded, split into shares."""
 
     topic: str
     queue_ids: list[int]
@@ -295,22 +374,7 @@ class PreparedBatch:
     properties: list[bytes]
     sys_flags: list[int]
     uniq_keys: list[str]
-    cuts: list[tuple[int, int, int]]  # (first, end, weight) per part
-
-    def add_to(self, batch: pb.MessageBatch, first: int, end: int) -> None:
-        """Messages [first, end) appended to `batch` (of this topic) in place: building a
-        MessageBatch and then putting it in a request copied every body twice more (a fifth
-        of a 1 KiB producer's time)."""
-        before = len(batch.queue_ids)
-        batch.queue_ids.extend(self.queue_ids[first:end])
-        batch.bodies.extend(self.bodies[first:end])
-        batch.properties.extend(self.properties[first:end])
-        flags = self.sys_flags[first:end] if self.sys_flags else []
-        if any(flags):
-            batch.sys_flags.extend([0] * (before - len(batch.sys_flags)))
-            batch.sys_flags.extend(flags)
-        elif batch.sys_flags:
-            batch.sys_flags.extend([0] * (end - first))
+    shares: list[tuple[int, int, int]]  # (first, end, weight) per share
 
 
 def check_not_reserved(properties: Mapping[str, str]) -> None:
@@ -343,8 +407,8 @@ def prepare_batch(
     compression: Compression,
     compress_over_bytes: int,
     limits: MessageLimits,
-    part_messages: int,
-    part_bytes: int,
+    share_messages: int,
+    share_bytes: int,
 ) -> PreparedBatch:
     """Check and encode a send_batch's columns (the caller checked the topic). Bad input
     raises InvalidArgument before anything is queued."""
@@ -422,7 +486,7 @@ def prepare_batch(
     )
     return PreparedBatch(
         topic, queue_ids, body_list, props, sys_flags, uniq_keys,
-        _cuts(weights, part_messages, part_bytes),
+        _share_bounds(weights, share_messages, share_bytes),
     )  # fmt: skip
 
 
@@ -459,25 +523,27 @@ def _queue_runs(first_queue: int, queues_per_topic: int, n: int) -> list[int]:
     return out
 
 
-def _cuts(weights: list[int], part_messages: int, part_bytes: int) -> list[tuple[int, int, int]]:
-    """Split messages into parts of at most part_messages and about part_bytes (a message
-    heavier than part_bytes makes a part of its own)."""
-    cuts: list[tuple[int, int, int]] = []
+def _share_bounds(
+    weights: list[int], share_messages: int, share_bytes: int
+) -> list[tuple[int, int, int]]:
+    """Split messages into shares of at most share_messages and about share_bytes (a message
+    heavier than share_bytes makes a share of its own): (first, end, weight) each."""
+    shares: list[tuple[int, int, int]] = []
     totals = [0, *accumulate(weights)]
     first = 0
     n = len(weights)
     while first < n:
-        end = min(n, first + part_messages)
-        if totals[end] - totals[first] > part_bytes:
-            # The longest run from `first` within part_bytes (at least one message).
+        end = min(n, first + share_messages)
+        if totals[end] - totals[first] > share_bytes:
+            # The longest run from `first` within share_bytes (at least one message).
             lo, hi = first + 1, end
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if totals[mid] - totals[first] <= part_bytes:
+                if totals[mid] - totals[first] <= share_bytes:
                     lo = mid
                 else:
                     hi = mid - 1
             end = lo
-        cuts.append((first, end, totals[end] - totals[first]))
+        shares.append((first, end, totals[end] - totals[first]))
         first = end
-    return cuts
+    return shares

@@ -45,9 +45,9 @@ OFFSET_OVERFLOW_BADLY (past the end) moves back to the end; NO_MATCHED_MESSAGE (
 skipped everything scanned) moves on past what was scanned.
 
 Every call goes through `Connection.call_cq` (which tries the next cq replica on UNAVAILABLE).
-When every replica is unavailable, the consumer backs off (BACKOFF_INITIAL_S doubling to
-BACKOFF_MAX_S) and asks again from its position; after `reconnect_timeout_s` of nothing but
-UNAVAILABLE it raises Unavailable. `poll(timeout_s)` returns [] when its own time runs out
+When every replica is unavailable, the consumer backs off (mqstore/backoff.py) and asks again
+from its position; after `reconnect_timeout_s` of nothing but UNAVAILABLE it raises
+Unavailable. `poll(timeout_s)` returns [] when its own time runs out
 first (the outage keeps counting towards reconnect_timeout_s across polls).
 
 Receive / ack (RocketMQ 5's simple consumer) keeps the state on the server instead: a received
@@ -71,6 +71,7 @@ from typing import Any, Literal, TypeVar
 import grpc
 
 from mqstore import errors as domain
+from mqstore.backoff import Backoff
 from mqstore.client.connection import Connection
 from mqstore.client.errors import (
     BadRecord,
@@ -135,8 +136,6 @@ QUEUE_REFRESH_INTERVAL_S_DEFAULT = 5.0
 RECONNECT_TIMEOUT_S_DEFAULT = 30.0
 # Retry pauses while every replica is unavailable: from 50 ms (a replica failing over answers
 # at once), doubling, to 1 s (a consumer costs one call a second while it waits).
-BACKOFF_INITIAL_S = 0.05
-BACKOFF_MAX_S = 1.0
 # Long polls one consumer keeps waiting at once: cq_svc serves 24 at most (long_polls_max),
 # so one consumer of a wide topic must not take them all.
 LONG_POLLS_MAX = 8
@@ -392,7 +391,7 @@ class Consumer:
         self._last_committed: dict[int, int] = {}
         self._next_auto_commit = time.monotonic() + auto_commit_interval_s
         self._outage_since: float | None = None
-        self._backoff_s = BACKOFF_INITIAL_S
+        self._backoff = Backoff()  # between attempts while every replica is unavailable
         self._closed = False
         # Receive: deliveries of damaged records not raised yet, per queue (on_bad_record=raise).
         self._bad_received: dict[int, deque[BadRecord]] = {}
@@ -1417,7 +1416,7 @@ class Consumer:
         never_reached = isinstance(err, StoreUnreachable) and not self._conn.reached
         if self._outage_since is None:
             self._outage_since = now
-            self._backoff_s = BACKOFF_INITIAL_S
+            self._backoff.reset()
             if not never_reached:
                 log.warning("%s: consume queues unavailable (%s); retrying", self.topic, err)
         give_up = self._outage_since + self.reconnect_timeout_s
@@ -1433,7 +1432,7 @@ class Consumer:
                 f"({', '.join(self._settings.cq)}): {err.details}",
                 method=err.method,
             ) from err
-        pause = min(self._backoff_s, give_up - now)
+        pause = min(self._backoff.pause_s, give_up - now)
         # Counted whether the next attempt comes after this pause or in the caller's next
         # call: a failure that always lands near the deadline (a Follow that waits it out, then
         # fails) was never counted, and nothing watching `retries` saw the outage.
@@ -1441,7 +1440,7 @@ class Consumer:
         if deadline is not None and now + pause > deadline:
             return False
         time.sleep(pause)
-        self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+        self._backoff.grow()
         return True
 
     def _recovered(self) -> None:

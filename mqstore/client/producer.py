@@ -2,8 +2,14 @@
 retry without ever storing a message twice.
 
     send() ───────┬─> open batch ──(count | bytes | linger)──> sealed requests ──(window)──> stream
-    send_batch() ─┘   (or its shares smaller than a request)          ^                        │
+    send_batch() ─┘   (shares)                                        ^                        │
                                                                       └─ unanswered, again ────┘
+
+The open batch is a list of shares, a share being what one request carries of one call: a
+send()'s one message (`_Message`), or a send_batch()'s run of messages (batch.BatchShare, at
+most a request's worth). One builder makes a request of them (`append_request`: a MessageBatch
+per topic), one splitter reads its answer (batch.RequestAnswer: each share takes its slice)
+and one path finishes it (`Producer._finish`).
 
 One batch is one AppendRequest with this producer's id and the next sequence. Up to `window`
 requests are in flight; the store answers them in order. When the stream breaks (UNAVAILABLE,
@@ -44,25 +50,25 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import grpc
 
 from mqstore import errors as domain
+from mqstore.backoff import Backoff
 from mqstore.client.batch import (
     MESSAGE_OVERHEAD_BYTES,
     BatchFuture,
-    BatchPart,
     BatchResult,
-    PreparedBatch,
+    BatchShare,
+    RequestAnswer,
     ResultFuture,
     check_not_reserved,
     mark_producer_thread,
     on_own_thread,
     prepare_batch,
     refuse_wait_on_own_thread,
-    resolve_stored,
 )
 from mqstore.client.compression import COMPRESS_OVER_BYTES_DEFAULT, Compression, compress
 from mqstore.client.connection import Connection
@@ -74,7 +80,6 @@ from mqstore.client.errors import (
     Unavailable,
     error_for,
     from_rpc_error,
-    refusal,
 )
 from mqstore.client.settings import ClientSettings
 from mqstore.formats.javahash import java_string_hash
@@ -102,8 +107,6 @@ QUEUES_PER_TOPIC_DEFAULT = 4  # RocketMQ's defaultTopicQueueNums
 RETRY_TIMEOUT_S_DEFAULT = 30.0
 BUFFER_BYTES_DEFAULT = 64 << 20  # unsent bytes held before send() blocks (Kafka's buffer.memory)
 BLOCK_TIMEOUT_S_DEFAULT = 60.0  # how long send() blocks on a full buffer (Kafka's max.block.ms)
-BACKOFF_FIRST_S = 0.05
-BACKOFF_MAX_S = 1.0
 # With several commit-log replicas, an answer this late makes the producer ask the others
 # whether one of them leads now (and again this often while it waits): a paused or cut-off
 # leader answers nothing and keeps the stream open, while its group elects another within the
@@ -157,67 +160,38 @@ class SendFuture(ResultFuture[SendResult]):
     (a frozen dataclass per message was a tenth of a send's Python time, and a producer that
     checks only errors never asks)."""
 
-    __slots__ = ("_answer", "_index")
+    __slots__ = ("_answer", "_message")
 
-    _answer: _StoredAnswer
-    _index: int
+    _answer: RequestAnswer
+    _message: _Message
 
     def result(self, timeout: float | None = None) -> SendResult:
         self._wait(timeout)
         if self._error is not None:
             raise self._error
         if self._result is None:
-            self._result = self._answer.result(self._index)
+            m, answer = self._message, self._answer
+            offset = answer.commit_log_offsets[m.at]
+            host = answer.store_host
+            self._result = SendResult(
+                topic=m.topic,
+                queue_id=m.queue_id,
+                queue_offset=answer.queue_offsets[m.at],
+                commit_log_offset=offset,
+                msg_id=offset_msg_id(host, offset) if host else "",
+                uniq_key=m.uniq_key,
+                size=answer.sizes[m.at],
+                store_timestamp_ms=answer.store_timestamp_ms,
+                duplicate=answer.duplicate,
+            )
         return self._result
 
 
 @dataclass(slots=True)
-class _StoredAnswer:
-    """The store's answer to one request, as columns: every message's SendResult on demand."""
-
-    messages: list[_Message]
-    queue_offsets: list[int]
-    commit_log_offsets: list[int]
-    sizes: list[int]
-    store_host: bytes
-    store_timestamp_ms: int
-    duplicate: bool
-
-    @classmethod
-    def of(cls, messages: list[_Message], response: pb.AppendResponse) -> _StoredAnswer:
-        return cls(
-            messages,
-            list(response.queue_offsets),
-            list(response.commit_log_offsets),
-            list(response.sizes),
-            response.store_host,
-            response.store_timestamp_ms,
-            response.duplicate,
-        )
-
-    def result(self, i: int) -> SendResult:
-        m = self.messages[i]
-        offset = self.commit_log_offsets[i]
-        host = self.store_host
-        return SendResult(
-            topic=m.topic,
-            queue_id=m.queue_id,
-            queue_offset=self.queue_offsets[i],
-            commit_log_offset=offset,
-            msg_id=offset_msg_id(host, offset) if host else "",
-            uniq_key=m.uniq_key,
-            size=self.sizes[i],
-            store_timestamp_ms=self.store_timestamp_ms,
-            duplicate=self.duplicate,
-        )
-
-    def resolve(self) -> None:
-        """Resolve every message's future as stored (one take of the futures' lock)."""
-        resolve_stored([m.future for m in self.messages], self)
-
-
-@dataclass(slots=True)
 class _Message:
+    """A send()'s message: a share of one message."""
+
+    count: ClassVar[int] = 1
     topic: str
     queue_id: int
     body: bytes  # as stored (compressed when sys_flag says so)
@@ -225,19 +199,30 @@ class _Message:
     sys_flag: int
     uniq_key: str
     future: SendFuture
+    weight: int
+    at: int = 0  # its index in its request's answer, once answered
 
-    def weight(self) -> int:
-        return len(self.body) + len(self.properties) + MESSAGE_OVERHEAD_BYTES
+    def take(self, answer: RequestAnswer, at: int) -> int:
+        """Take this message's answer (index `at` in the request); 1 when stored."""
+        error = None if answer.all_stored else answer.refused(at, 0)
+        if error is None:
+            self.at = at
+            answer.stored.append(self)  # resolved with the others (RequestAnswer.resolve_stored)
+            return 1
+        self.future._resolve(None, error)
+        return 0
+
+
+_Share = _Message | BatchShare
 
 
 @dataclass(slots=True)
 class _Request:
     sequence: int
     request: pb.AppendRequest
-    messages: list[_Message]  # in the order of the answer (batches concatenated)
+    shares: list[_Share]  # in the order of the answer (append_request)
+    count: int  # messages
     weight: int
-    # send_batch shares instead of messages: one MessageBatch each, answered in this order.
-    parts: list[BatchPart] = field(default_factory=list)
     sent_at: float = 0.0
     attempts: int = 0  # times written to a stream under its current sequence
     rebases: int = 0
@@ -275,133 +260,55 @@ class Appendable(Protocol):
     def sys_flag(self) -> int: ...
 
 
-M = TypeVar("M", bound=Appendable)
+S = TypeVar("S", bound=Appendable | BatchShare)
 
 
 def append_request(
-    producer_id: str, sequence: int, messages: Sequence[M]
-) -> tuple[pb.AppendRequest, list[M]]:
-    """One AppendRequest: a MessageBatch per topic, topics in order of first appearance. The
-    answer lists the messages batch after batch: the messages come back in that order."""
-    by_topic: dict[str, list[M]] = {}
-    for m in messages:
-        by_topic.setdefault(m.topic, []).append(m)
-    ordered: list[M] = []
+    producer_id: str, sequence: int, shares: Sequence[S]
+) -> tuple[pb.AppendRequest, list[S]]:
+    """One AppendRequest of `shares` (single messages, Appendable, or send_batch shares): a
+    MessageBatch per topic, topics in order of first appearance, each topic's shares in their
+    order. The answer lists the messages batch after batch: the shares come back in that
+    order, each with its messages in a row."""
+    by_topic: dict[str, list[S]] = {}
+    for s in shares:
+        by_topic.setdefault(s.topic, []).append(s)
+    ordered: list[S] = []
     # Batches are made inside the request: a MessageBatch built apart is copied, bodies and
     # all, when a request takes it.
     request = pb.AppendRequest(producer_id=producer_id, sequence=sequence)
     born_ms = time.time_ns() // 1_000_000
     for topic, group in by_topic.items():
         ordered.extend(group)
-        flags = [m.sys_flag for m in group]
+        queue_ids: list[int] = []
+        bodies: list[bytes] = []
+        properties: list[bytes] = []
+        flags: list[int] = []
+        for s in group:
+            if isinstance(s, BatchShare):
+                s.add_columns(queue_ids, bodies, properties, flags)
+            else:
+                queue_ids.append(s.queue_id)
+                bodies.append(s.body)
+                properties.append(s.properties)
+                flags.append(s.sys_flag)
         request.batches.add(
             topic=topic,
-            queue_ids=[m.queue_id for m in group],
-            bodies=[m.body for m in group],
-            properties=[m.properties for m in group],
+            queue_ids=queue_ids,
+            bodies=bodies,
+            properties=properties,
             sys_flags=flags if any(flags) else [],
             born_timestamp_ms=born_ms,
         )
     return request, ordered
 
 
-def build_request(producer_id: str, sequence: int, messages: list[_Message]) -> _Request:
-    """The producer's request for an open batch, its messages in the order of the answer."""
-    request, ordered = append_request(producer_id, sequence, messages)
-    return _Request(sequence, request, ordered, sum(m.weight() for m in messages))
-
-
-@dataclass(slots=True)
-class _OpenPart:
-    """A send_batch share that lingers: its messages and its weight."""
-
-    prepared: PreparedBatch
-    part: BatchPart
-    weight: int
-
-
-def parts_request(producer_id: str, sequence: int, parts: list[_OpenPart]) -> _Request:
-    """One request of the lingering send_batch shares, in order; shares of one topic in a row
-    go as one MessageBatch (the store's work is per batch as well as per message)."""
-    request = pb.AppendRequest(producer_id=producer_id, sequence=sequence)
-    born_ms = time.time_ns() // 1_000_000  # as append_request: no message born before its call
-    batch: pb.MessageBatch | None = None
-    for p in parts:
-        if batch is None or batch.topic != p.prepared.topic:
-            batch = request.batches.add(topic=p.prepared.topic, born_timestamp_ms=born_ms)
-        p.prepared.add_to(batch, p.part.first, p.part.first + p.part.count)
-    weight = sum(p.weight for p in parts)
-    return _Request(sequence, request, [], weight, [p.part for p in parts])
-
-
-def part_answers(
-    parts: list[BatchPart], outcome: pb.AppendResponse | ClientError
-) -> list[pb.AppendResponse | ClientError]:
-    """Each share's answer out of its request's (its slice of every column, its refusals
-    numbered from its own first message); an answer of the wrong length goes to every share
-    as it is, and each share reports it."""
-    if isinstance(outcome, ClientError) or len(parts) == 1:
-        return [outcome] * len(parts)
-    n = sum(p.count for p in parts)
-    if len(outcome.statuses) != n or len(outcome.commit_log_offsets) != n:
-        return [outcome] * len(parts)
-    answers: list[pb.AppendResponse | ClientError] = []
-    lo = 0
-    for part in parts:
-        hi = lo + part.count
-        answer = pb.AppendResponse(
-            statuses=outcome.statuses[lo:hi],
-            commit_log_offsets=outcome.commit_log_offsets[lo:hi],
-            sizes=outcome.sizes[lo:hi],
-            queue_offsets=outcome.queue_offsets[lo:hi],
-            store_timestamp_ms=outcome.store_timestamp_ms,
-            store_host=outcome.store_host,
-            duplicate=outcome.duplicate,
-            sequence=outcome.sequence,
-        )
-        for r in outcome.refusals:
-            if lo <= r.index < hi:
-                answer.refusals.add(
-                    index=r.index - lo, status=r.status, reason=r.reason, field=r.field
-                )
-        answers.append(answer)
-        lo = hi
-    return answers
-
-
-def _all_stored(response: pb.AppendResponse, n: int) -> bool:
-    """Every one of the `n` messages answered PUT_OK, with every column whole."""
-    return (
-        len(response.statuses) == n
-        and len(response.commit_log_offsets) == n
-        and len(response.queue_offsets) == n
-        and len(response.sizes) == n
-        and list(response.statuses).count(_PUT_OK) == n
-    )
-
-
-def results_of(request: _Request, response: pb.AppendResponse) -> list[SendResult | ClientError]:
-    """Each message's outcome, in the order of `request.messages`."""
-    n = len(request.messages)
-    if len(response.statuses) != n or len(response.commit_log_offsets) != n:
-        bad = ClientError(
-            f"the store answered {len(response.statuses)} results for {n} messages",
-            code=grpc.StatusCode.INTERNAL,
-            method="CommitLog/AppendStream",
-        )
-        return [bad] * n
-    statuses = list(response.statuses)
-    answer = _StoredAnswer.of(request.messages, response)
-    refusals = {r.index: r for r in response.refusals}
-    out: list[SendResult | ClientError] = []
-    for i, status in enumerate(statuses):
-        if status == _PUT_OK:
-            out.append(answer.result(i))
-            continue
-        r = refusals.get(i)
-        name = pb.PutStatus.Name(status)
-        out.append(refusal(name, r.reason if r else "", field=r.field if r else "", index=i))
-    return out
+def build_request(
+    producer_id: str, sequence: int, shares: list[_Share], count: int, weight: int
+) -> _Request:
+    """The producer's request for an open batch (`count` messages, `weight` bytes)."""
+    request, ordered = append_request(producer_id, sequence, shares)
+    return _Request(sequence, request, ordered, count, weight)
 
 
 def request_error(response: pb.AppendResponse) -> ClientError | None:
@@ -520,11 +427,9 @@ class Producer:
         # sent again under new sequences once the stream has answered everything in flight.
         self._stale: list[_Request] = []
         self._cond = threading.Condition()
-        # What lingers: messages of send(), or else shares of send_batch() calls smaller than
-        # a request (never both: whichever comes second seals the other, to keep the order).
-        self._open: list[_Message] = []
-        self._open_parts: list[_OpenPart] = []
-        self._open_count = 0  # messages in _open_parts
+        # What lingers: the shares of the next request (send()'s messages, send_batch()'s).
+        self._open: list[_Share] = []
+        self._open_count = 0  # messages in _open
         self._open_weight = 0
         self._open_since = 0.0
         self._sealed: deque[_Request] = deque()
@@ -543,7 +448,7 @@ class Producer:
         self._probing = False
         self._probe_at = 0.0
         self._leader_found = False  # the next stream goes where the probe found the leader
-        self._backoff_s = BACKOFF_FIRST_S
+        self._backoff = Backoff()  # between streams while the commit log fails
         self._sender = threading.Thread(target=self._run, name="mqstore-producer", daemon=True)
         self._sender.start()
 
@@ -564,22 +469,10 @@ class Producer:
         """Queue one message; the future resolves once the store answered for it. Bad input
         raises InvalidArgument here, before anything is queued."""
         message = self._prepare(topic, body, key, keys, tags, properties, queue_id, uniq_key)
-        weight = message.weight()
         with self._cond:
-            if self._buffered + weight > self.buffer_bytes or self._closing:
-                self._wait_for_room(weight, time.monotonic() + self.block_timeout_s)
-            if self._open_parts:
-                self._seal()  # the batches sent before go first
-            if not self._open:
-                self._open_since = time.monotonic()
-            self._open.append(message)
-            self._open_weight += weight
-            self._buffered += weight
-            if len(self._open) >= self.batch_messages or self._open_weight >= self.batch_bytes:
-                self._seal()
-                self._cond.notify_all()
-            elif len(self._open) == 1:
-                self._cond.notify_all()
+            if self._buffered + message.weight > self.buffer_bytes or self._closing:
+                self._wait_for_room(message.weight, time.monotonic() + self.block_timeout_s)
+            self._join(message)
         return message.future
 
     def send_batch(
@@ -620,8 +513,8 @@ class Producer:
             compression=self.compression,
             compress_over_bytes=self.compress_over_bytes,
             limits=self.limits,
-            part_messages=min(self.batch_messages, self.limits.batch_messages_max),
-            part_bytes=self.batch_bytes,
+            share_messages=self.batch_messages,
+            share_bytes=self.batch_bytes,
         )
         result = BatchResult(
             topic,
@@ -632,63 +525,62 @@ class Producer:
             sizes=[0] * n,
             store_timestamps_ms=[0] * n,
         )
-        future = BatchFuture(result, len(prepared.cuts), self._hurry, self)
+        future = BatchFuture(result, len(prepared.shares), self._hurry, self)
         deadline = time.monotonic() + self.block_timeout_s
-        for k, (first, end, weight) in enumerate(prepared.cuts):
+        for k, (first, end, weight) in enumerate(prepared.shares):
+            share = BatchShare(future, prepared, first, end - first, weight)
             try:
-                self._queue_part(prepared, BatchPart(future, first, end - first), weight, deadline)
+                with self._cond:
+                    self._wait_for_room(weight, deadline)
+                    self._join(share)
             except ClientError as err:
                 if k == 0:
                     raise  # nothing of the batch is queued: the call fails as a whole
-                # Parts are on their way: the rest fail with the reason, and the future tells
+                # Shares are on their way: the rest fail with the reason, and the future tells
                 # which messages were not stored (BatchNotStored) once the sent ones answer.
-                for rest_first, rest_end, _ in prepared.cuts[k:]:
-                    future._part_done(BatchPart(future, rest_first, rest_end - rest_first), err)
+                failed = RequestAnswer(err)
+                for rest_first, rest_end, rest_weight in prepared.shares[k:]:
+                    rest = BatchShare(
+                        future, prepared, rest_first, rest_end - rest_first, rest_weight
+                    )
+                    rest.take(failed, 0)
                 with self._cond:
-                    self.stats.failed += n - prepared.cuts[k][0]
+                    self.stats.failed += n - first
                 break
         return future
 
-    def _queue_part(
-        self, prepared: PreparedBatch, part: BatchPart, weight: int, deadline: float
-    ) -> None:
-        """A share lingers like send()'s messages, joined by the shares that follow it until a
-        request is full (a paced caller's small batches go as one request, not one each); a
-        full share goes at once."""
-        share = _OpenPart(prepared, part, weight)
-        messages_max = min(self.batch_messages, self.limits.batch_messages_max)
-        with self._cond:
-            self._wait_for_room(weight, deadline)
-            wake = False
-            if self._open or (
-                self._open_parts
-                and (
-                    self._open_count + part.count > messages_max
-                    or self._open_weight + weight > self.batch_bytes
-                )
-            ):
-                self._seal()  # what was sent before goes first
-                wake = True
-            if not self._open_parts:
-                self._open_since = time.monotonic()
-                wake = True  # the sender sets its linger wake-up
-            self._open_parts.append(share)
-            self._open_count += part.count
-            self._open_weight += weight
-            self._buffered += weight
-            if self._open_count >= messages_max or self._open_weight >= self.batch_bytes:
-                self._seal()
-                wake = True
-            # A share joining a lingering request wakes nobody: the sender already waits for
-            # that request's linger to end (a paced caller's 1,000 calls a second woke it 1,000
-            # times a second).
-            if wake:
-                self._cond.notify_all()
+    def _join(self, share: _Share) -> None:
+        """Under the lock, with room in the buffer: `share` joins the open batch, sealed first
+        when the share would overflow it and after when full. What lingers is joined by the
+        shares that follow it until a request is full (a paced caller's small sends go as one
+        request, not one each)."""
+        wake = False
+        if self._open and (
+            self._open_count + share.count > self.batch_messages
+            or self._open_weight + share.weight > self.batch_bytes
+        ):
+            self._seal()  # what was sent before goes first
+            wake = True
+        if not self._open:
+            self._open_since = time.monotonic()
+            wake = True  # the sender sets its linger wake-up
+        self._open.append(share)
+        self._open_count += share.count
+        self._open_weight += share.weight
+        self._buffered += share.weight
+        if self._open_count >= self.batch_messages or self._open_weight >= self.batch_bytes:
+            self._seal()
+            wake = True
+        # A share joining a lingering request wakes nobody: the sender already waits for that
+        # request's linger to end (a paced caller's 1,000 calls a second woke it 1,000 times a
+        # second).
+        if wake:
+            self._cond.notify_all()
 
     def _hurry(self, future: BatchFuture) -> None:
         """Someone waits for `future`: what of it still lingers goes now."""
         with self._cond:
-            if any(p.part.future is future for p in self._open_parts):
+            if any(s.future is future for s in self._open):
                 self._seal()
                 self._cond.notify_all()
 
@@ -809,7 +701,8 @@ class Producer:
         sys_flag = 0
         if len(body) > self.compress_over_bytes:
             body, sys_flag = compress(body, self.compression)
-        return _Message(topic, queue_id, body, encoded, sys_flag, uniq, SendFuture(self))
+        weight = len(body) + len(encoded) + MESSAGE_OVERHEAD_BYTES
+        return _Message(topic, queue_id, body, encoded, sys_flag, uniq, SendFuture(self), weight)
 
     def _route(
         self,
@@ -859,18 +752,21 @@ class Producer:
     @property
     def _lingering(self) -> bool:
         """Under the lock: messages or shares wait in the open batch."""
-        return bool(self._open or self._open_parts)
+        return bool(self._open)
 
     def _seal(self) -> None:
         """Turn what lingers into a request with the next sequence (under the lock)."""
-        if self._open_parts:
-            request = parts_request(self.producer_id, next(self._sequences), self._open_parts)
-            self._open_parts = []
-            self._open_count = 0
-        else:
-            request = build_request(self.producer_id, next(self._sequences), self._open)
-            self._open = []
-        self._sealed.append(request)
+        self._sealed.append(
+            build_request(
+                self.producer_id,
+                next(self._sequences),
+                self._open,
+                self._open_count,
+                self._open_weight,
+            )
+        )
+        self._open = []
+        self._open_count = 0
         self._open_weight = 0
 
     def _run(self) -> None:
@@ -1038,7 +934,7 @@ class Producer:
                         break
                     self._inflight.popleft()
                     self._failing_since = None
-                    self._backoff_s = BACKOFF_FIRST_S
+                    self._backoff.reset()
                     # A request refused alone (malformed): it fails, the stream goes on.
                     answer: pb.AppendResponse = response
                     refused = request_error(answer)
@@ -1139,40 +1035,24 @@ class Producer:
         return failed
 
     def _back_off(self, error: ClientError | None) -> None:
-        """The next stream opens after a pause that doubles up to BACKOFF_MAX_S (under the
-        lock); retries end `retry_timeout_s` after the first failure without an answer
-        (`_gave_up`)."""
+        """The next stream opens after the backoff's next pause (under the lock); retries end
+        `retry_timeout_s` after the first failure without an answer (`_gave_up`)."""
         now = time.monotonic()
         self._last_error = error
         if self._failing_since is None:
             self._failing_since = now
-        self._retry_at = now + self._backoff_s
-        self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+        self._retry_at = now + self._backoff.next_s()
 
     def _finish(self, request: _Request, outcome: pb.AppendResponse | ClientError) -> None:
         """Resolve the futures of an answered request (or fail them with `outcome`)."""
-        n = sum(p.count for p in request.parts) if request.parts else len(request.messages)
+        answer = RequestAnswer.of(outcome, request.count)
         ok = 0
-        if request.parts:
-            for part, answer in zip(
-                request.parts, part_answers(request.parts, outcome), strict=True
-            ):
-                ok += part.future._part_done(part, answer)
-        elif isinstance(outcome, pb.AppendResponse) and _all_stored(outcome, n):
-            _StoredAnswer.of(request.messages, outcome).resolve()
-            ok = n
-        else:
-            outcomes = (
-                results_of(request, outcome)
-                if isinstance(outcome, pb.AppendResponse)
-                else [outcome] * n
-            )
-            for m, result in zip(request.messages, outcomes, strict=True):
-                if isinstance(result, SendResult):
-                    m.future._resolve(result, None)
-                    ok += 1
-                else:
-                    m.future._resolve(None, result)
+        at = 0
+        for share in request.shares:
+            ok += share.take(answer, at)
+            at += share.count
+        answer.resolve_stored()
+        n = request.count
         with self._cond:
             self.stats.sent += ok
             self.stats.failed += n - ok

@@ -32,6 +32,7 @@ from typing import Protocol
 
 import grpc
 
+from mqstore.backoff import Backoff
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import InvalidArgument, MalformedFrame
 from mqstore.history import LogHistory
@@ -48,13 +49,15 @@ from mqstore.rpc.leader_channel import LeaderChannel, commitlog_channel
 
 log = logging.getLogger(__name__)
 
-# Reconnect backoff: from 100 ms, doubling, to 5 s (a commit log restarting takes seconds).
-BACKOFF_INITIAL_S = 0.1
-BACKOFF_MAX_S = 5.0
+# Reconnect backoff (mqstore/backoff.py): doubling from the first pause to the ceiling (a
+# commit log restarting takes seconds).
+SUBSCRIBE_BACKOFF_FIRST_S = 0.1
+SUBSCRIBE_BACKOFF_MAX_S = 5.0
 # In a broker group the backoff stops lower: a new leader is elected within the lease TTL (2 s)
 # and every probe of the replicas' roles is cheap, so the dispatch stream resumes within this of
-# the election instead of up to BACKOFF_MAX_S later (which held consumers back after failovers).
-GROUP_BACKOFF_MAX_S = 0.5
+# the election instead of up to SUBSCRIBE_BACKOFF_MAX_S later (which held consumers back after
+# failovers).
+GROUP_SUBSCRIBE_BACKOFF_MAX_S = 0.5
 CONFIRM_INTERVAL_S = 0.2
 # With wants_records, a Confirm says whether the frames should carry records at least this
 # often even when nothing moved (a reconnect may have left the commit log told otherwise).
@@ -199,10 +202,12 @@ class Subscriber:
     # -- the stream -----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = BACKOFF_INITIAL_S
         assert self._channel is not None
-        backoff_max = (
-            GROUP_BACKOFF_MAX_S if isinstance(self._channel, LeaderChannel) else BACKOFF_MAX_S
+        backoff = Backoff(
+            SUBSCRIBE_BACKOFF_FIRST_S,
+            GROUP_SUBSCRIBE_BACKOFF_MAX_S
+            if isinstance(self._channel, LeaderChannel)
+            else SUBSCRIBE_BACKOFF_MAX_S,
         )
         stub = pb_grpc.CommitLogStub(self._channel)
         while not self._stop.is_set():
@@ -215,7 +220,7 @@ class Subscriber:
                         "subscription to %s broke: %s; reconnecting in %.1f s",
                         self.target,
                         _describe(err),
-                        backoff,
+                        backoff.pause_s,
                     )
             except MalformedFrame as err:  # a malformed frame: nothing of it applied; ask again
                 got_frames = False
@@ -223,7 +228,7 @@ class Subscriber:
                     "the commit log at %s sent a malformed frame: %s; reconnecting in %.1f s",
                     self.target,
                     err,
-                    backoff,
+                    backoff.pause_s,
                 )
             except Exception as err:  # the sink failed: stop, the service goes not-alive
                 log.exception("applying dispatch failed; the subscription stops")
@@ -240,9 +245,8 @@ class Subscriber:
                 # A broker group: the leader may have moved (a follower refuses Subscribe).
                 self.target = self._channel.find_leader()
             if got_frames:
-                backoff = BACKOFF_INITIAL_S
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, backoff_max)
+                backoff.reset()
+            self._stop.wait(backoff.next_s())
 
     def _follow(self, stub: pb_grpc.CommitLogStub) -> bool:
         with self._agree_lock:

@@ -92,6 +92,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from mqstore.backoff import Backoff
 from mqstore.client.admin import Admin, QueueInfo
 from mqstore.client.compression import COMPRESS_OVER_BYTES_DEFAULT, Compression, compress
 from mqstore.client.connection import Connection
@@ -232,10 +233,9 @@ _SHORT = frozenset({"OFFSET_OVERFLOW_ONE", "OFFSET_OVERFLOW_BADLY", "NO_MESSAGE_
 # A consume-queue replica behind the one that answered the planner gets this long, in long
 # polls, to reach a range's end before the read fails.
 REPLICA_CATCH_UP_MS = 10_000
-# Appends retried on UNAVAILABLE / DEADLINE_EXCEEDED (same sequence: idempotent) for this long.
+# Appends retried on UNAVAILABLE / DEADLINE_EXCEEDED (same sequence: idempotent) for this long,
+# after pauses of mqstore/backoff.py.
 APPEND_RETRY_S = 30.0
-APPEND_BACKOFF_FIRST_S = 0.05
-APPEND_BACKOFF_MAX_S = 1.0
 # Properties a writer never copies from a row: the store's idempotence tag belongs to the
 # request that carries it, and the whole-record CRC to the record it checks (the store
 # refuses a request naming either).
@@ -1109,7 +1109,7 @@ def _append(conn: Connection, request: Any) -> Any | None:
     """One Append, retried with the same sequence while the commit log is unreachable. None:
     an earlier attempt stored this sequence (FAILED_PRECONDITION, see the module docstring)."""
     deadline = time.monotonic() + APPEND_RETRY_S
-    pause = APPEND_BACKOFF_FIRST_S
+    backoff = Backoff()
     while True:
         try:
             return conn.call(conn.commitlog().Append, request, name="CommitLog/Append")
@@ -1120,10 +1120,9 @@ def _append(conn: Connection, request: Any) -> Any | None:
                 raise
             return None
         except (Unavailable, DeadlineExceeded):
-            if time.monotonic() + pause > deadline:
+            if time.monotonic() + backoff.pause_s > deadline:
                 raise
-            time.sleep(pause)
-            pause = min(pause * 2, APPEND_BACKOFF_MAX_S)
+            time.sleep(backoff.next_s())
 
 
 def write_partition(

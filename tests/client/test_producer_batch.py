@@ -1,4 +1,4 @@
-"""Producer.send_batch against real services: columns in, columns out, split into parts,
+"""Producer.send_batch against real services: columns in, columns out, split into shares,
 in order with send(), bad input refused before anything is queued, failures reported per
 message, and retries across a kill -9 of the commit log that store nothing twice."""
 
@@ -21,9 +21,15 @@ from mqstore.client import (
     ClientSettings,
     Producer,
 )
-from mqstore.client.batch import BatchFuture, BatchPart, _queue_runs, _uniq_props
-from mqstore.client.errors import InvalidArgument, ResourceExhausted, Unavailable
-from mqstore.client.producer import part_answers
+from mqstore.client.batch import (
+    BatchFuture,
+    BatchShare,
+    PreparedBatch,
+    RequestAnswer,
+    _queue_runs,
+    _uniq_props,
+)
+from mqstore.client.errors import InvalidArgument, MessageRefused, ResourceExhausted, Unavailable
 from mqstore.formats import sysflag
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import UniqIdGenerator
@@ -78,13 +84,13 @@ def _as_send_results(result: BatchResult) -> list:  # type: ignore[type-arg]
     return [At(o, s) for o, s in zip(result.commit_log_offsets, result.sizes, strict=True)]
 
 
-def test_a_large_batch_is_split_into_parts_and_queues_get_contiguous_runs(
+def test_a_large_batch_is_split_into_shares_and_queues_get_contiguous_runs(
     cluster: Cluster, settings: ClientSettings, topic: str
 ) -> None:
     bodies = [b"m%04d" % i for i in range(1_050)]
     with Producer(settings, batch_messages=200, queues_per_topic=3) as p:
         result = p.send_batch(topic, bodies).result(timeout=30)
-        assert p.stats.requests >= 6  # 1,050 / 200 -> 6 parts
+        assert p.stats.requests >= 6  # 1,050 / 200 -> 6 shares
         assert p.stats.sent == 1_050
     # Without keys or a queue id, each queue takes one contiguous run of the bodies.
     runs = [q for i, q in enumerate(result.queue_ids) if i == 0 or q != result.queue_ids[i - 1]]
@@ -126,8 +132,8 @@ def test_small_batches_linger_and_go_as_one_request_in_order(
     cluster: Cluster, settings: ClientSettings, topic: str
 ) -> None:
     """A caller sending a few messages at a time (a paced producer's tick) makes one request
-    per linger, not one per call: the shares join, interleaved with send()'s messages in
-    call order, and each batch's result is its own slice of the answer."""
+    per linger, not one per call: the shares join, send()'s one-message shares among them, in
+    call order, and each call's result is its own slice of the answer."""
     # bodies(2) holds a body to compress: a SYSFLAG in a share joined to shares without any.
     with Producer(settings, linger_ms=60_000, compress_over_bytes=4_096) as p:
         batches = [p.send_batch(topic, bodies(i), queue_id=0) for i in range(5)]
@@ -135,8 +141,8 @@ def test_small_batches_linger_and_go_as_one_request_in_order(
         after = p.send_batch(topic, [b"after-0", b"after-1"], queue_id=0)
         assert p.stats.requests == 0 and not any(b.done() for b in batches)
         p.flush(timeout_s=30)
-        # The five batches, then send()'s message, then the last batch: three requests.
-        assert p.stats.requests == 3
+        # The five batches, send()'s message and the last batch: one request.
+        assert p.stats.requests == 1
         results = [b.result() for b in batches]
         offsets = [o for r in results for o in r.queue_offsets]
         offsets += [single.result().queue_offset, *after.result().queue_offsets]
@@ -190,14 +196,26 @@ def test_waiting_for_a_lingering_batch_sends_it_and_a_full_one_never_lingers(
 
 
 def test_a_joined_request_s_answer_is_cut_into_each_batch_s_own() -> None:
-    """part_answers: each share's slice of every column, refusals renumbered from its first
-    message, and an answer of the wrong length handed to every share for it to report."""
+    """RequestAnswer and BatchShare.take: each share's slice of every column, refusals
+    renumbered from its first message, and an answer of the wrong length an error for every
+    message of every share."""
 
-    def part(n: int) -> BatchPart:
+    def share(n: int) -> BatchShare:
         empty = BatchResult("t", [0] * n, [""] * n, [-1] * n, [-1] * n, [0] * n, [0] * n)
-        return BatchPart(BatchFuture(empty, 1), 0, n)
+        prepared = PreparedBatch("t", [0] * n, [b""] * n, [b""] * n, [], [""] * n, [(0, n, 0)])
+        return BatchShare(BatchFuture(empty, 1), prepared, 0, n, 0)
 
-    parts = [part(n) for n in (2, 3, 1)]
+    def answer_each(shares: list[BatchShare], answer: RequestAnswer) -> list[BatchResult]:
+        at = 0
+        for s in shares:
+            s.take(answer, at)
+            at += s.count
+        out = []
+        for s in shares:
+            error = s.future.exception()
+            out.append(error.result if isinstance(error, BatchNotStored) else s.future.result())
+        return out
+
     ok, refused = cl.PutStatus.Value("PUT_OK"), cl.PutStatus.Value("MESSAGE_ILLEGAL")
     answer = cl.AppendResponse(
         statuses=[ok, ok, ok, refused, ok, ok],
@@ -208,18 +226,24 @@ def test_a_joined_request_s_answer_is_cut_into_each_batch_s_own() -> None:
         store_host=b"host",
     )
     answer.refusals.add(index=3, status=refused, reason="too long", field="topic")
-    got = part_answers(parts, answer)
-    assert [list(a.commit_log_offsets) for a in got] == [[10, 20], [30, -1, 50], [60]]
-    assert [list(a.queue_offsets) for a in got] == [[0, 1], [2, -1, 3], [4]]
-    assert [list(a.sizes) for a in got] == [[1, 2], [3, 0, 5], [6]]
-    assert [(a.store_timestamp_ms, a.store_host) for a in got] == [(7, b"host")] * 3
-    assert [[(r.index, r.reason, r.field) for r in a.refusals] for a in got] == [
-        [],
-        [(1, "too long", "topic")],
-        [],
+    got = answer_each([share(n) for n in (2, 3, 1)], RequestAnswer.of(answer, 6))
+    assert [r.commit_log_offsets for r in got] == [[10, 20], [30, -1, 50], [60]]
+    assert [r.queue_offsets for r in got] == [[0, 1], [2, -1, 3], [4]]
+    assert [r.sizes for r in got] == [[1, 2], [3, 0, 5], [6]]
+    assert [(r.store_timestamps_ms, r.store_host) for r in got] == [
+        ([7, 7], b"host"),
+        ([7, 7, 7], b"host"),
+        ([7], b"host"),
     ]
+    assert [
+        [(i, e.details, e.field) for i, e in r.errors.items() if isinstance(e, MessageRefused)]
+        for r in got
+    ] == [[], [(1, "too long", "topic")], []]
+    assert got[1].errors[1].index == 1
     short = cl.AppendResponse(statuses=[ok] * 5, commit_log_offsets=[1] * 5)
-    assert part_answers(parts, short) == [short] * 3
+    got = answer_each([share(n) for n in (2, 3, 1)], RequestAnswer.of(short, 6))
+    assert [sorted(r.errors) for r in got] == [[0, 1], [0, 1, 2], [0]]
+    assert all("5 results for 6" in str(e) for r in got for e in r.errors.values())
 
 
 @pytest.mark.parametrize(
@@ -262,16 +286,16 @@ def test_a_batch_the_store_never_takes_fails_with_every_message_listed() -> None
 
 
 def test_a_batch_the_buffer_cannot_take_fails_whole_or_lists_what_was_not_queued() -> None:
-    """A full buffer (the store away) raises while nothing of the batch is queued; once parts
+    """A full buffer (the store away) raises while nothing of the batch is queued; once shares
     are on their way, the call returns and the future lists the rest as not stored, with the
-    reason, rather than raising and leaving the queued parts without a future."""
+    reason, rather than raising and leaving the queued shares without a future."""
     settings = ClientSettings(commitlog="127.0.0.1:1", cq=("127.0.0.1:1",), index=())
     body = b"x" * 600
     with Producer(
         settings, buffer_bytes=1_500, block_timeout_s=0.3, retry_timeout_s=1.0, batch_messages=2
     ) as p:
         future = p.send_batch("orders", [body] * 6)  # the first 2 fit, the rest wait for room
-        with pytest.raises(ResourceExhausted):  # its first part finds no room: nothing queued
+        with pytest.raises(ResourceExhausted):  # its first share finds no room: nothing queued
             p.send_batch("orders", [body] * 2)
         with pytest.raises(BatchNotStored) as err:
             future.result(timeout=30)

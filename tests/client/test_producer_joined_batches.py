@@ -52,9 +52,9 @@ def read_batch(cluster: Cluster, result: BatchResult) -> list[Message]:
 def test_shares_of_alternating_topics_join_one_request_and_each_batch_gets_its_own_answer(
     cluster: Cluster, settings: ClientSettings, topic: str
 ) -> None:
-    """parts_request makes one MessageBatch per run of one topic (A, B, A, B: four batches),
-    PreparedBatch.add_to pads sys_flags for shares without compressed bodies, and
-    part_answers cuts the store's answer per share in that order."""
+    """append_request makes one MessageBatch per topic (A, B, A, B: two batches, each topic's
+    shares in order), pads sys_flags for shares without compressed bodies, and RequestAnswer
+    cuts the store's answer per share in that order."""
     other = f"{topic}_b"
     big = b"z" * 9_000  # compressed (over compress_over_bytes)
     shares: list[tuple[str, list[bytes]]] = [
@@ -86,9 +86,9 @@ def test_shares_of_alternating_topics_join_one_request_and_each_batch_gets_its_o
 def test_a_message_the_store_refuses_in_a_joined_request_fails_only_its_own_batch(
     cluster: Cluster, settings: ClientSettings, topic: str
 ) -> None:
-    """The store numbers refusals over the whole request (every batch); part_answers gives
-    each share its own, numbered from its first message. A topic longer than the store takes
-    (the client was told a looser limit) is refused message by message."""
+    """The store numbers refusals over the whole request (every batch); each share takes its
+    own (RequestAnswer.refused), numbered from its first message. A topic longer than the
+    store takes (the client was told a looser limit) is refused message by message."""
     long_topic = "L" * 150  # over the store's 127 bytes for an ordinary topic
     loose = MessageLimits(topic_bytes_max=200)
     with Producer(settings, linger_ms=LINGER_FOREVER_MS, limits=loose) as p:
