@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -84,7 +83,7 @@ from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import Unit
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import TAGS
-from mqstore.formats.record import Bad, Blank, read_record, validate_topic
+from mqstore.formats.record import RECORD_PREFIX, Bad, Blank, read_record, validate_topic
 from mqstore.formats.record_columns import record_heads, split_records
 from mqstore.history import LogHistory
 from mqstore.limits import MessageLimits, validate_group
@@ -107,8 +106,6 @@ RECEIVE_ROUNDS_MAX = 8
 # under the 4 MiB message limit.
 GROUP_OFFSETS_LISTED_MAX = 20_000
 
-# TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET: the fixed head.
-_HEAD = struct.Struct(">iiiiiqq")
 _COMMIT_LOG_OFFSET = operator.attrgetter("commit_log_offset")
 _SIZE = operator.attrgetter("size")
 
@@ -1212,9 +1209,9 @@ def _all_unit_records(
 
 def _is_unit_record(record: bytes, unit: Unit, queue_id: int) -> bool:
     """The record is the one the unit names (cheap: the fixed head only)."""
-    if len(record) != unit.size or len(record) < _HEAD.size:
+    if len(record) != unit.size or len(record) < RECORD_PREFIX.size:
         return False
-    total, _, _, qid, _, queue_offset, phy = _HEAD.unpack_from(record)
+    total, _, _, qid, _, queue_offset, phy, _ = RECORD_PREFIX.unpack_from(record)
     return bool(
         total == unit.size
         and qid == queue_id
