@@ -34,10 +34,10 @@ The tail's readers: the dispatch frames carry records only while a consumer read
 
 from __future__ import annotations
 
-import logging
 import struct
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -62,8 +62,6 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 
 if TYPE_CHECKING:
     from cq_svc.engine import CqEngine
-
-log = logging.getLogger(__name__)
 
 IntArray = npt.NDArray[np.int64]
 Ranges = tuple[IntArray, IntArray]  # commit-log offsets and sizes, one entry a record
@@ -134,7 +132,7 @@ def is_unit_record(record: bytes, unit: Unit, queue_id: int) -> bool:
     )
 
 
-class RecordSource:
+class RecordSource(ABC):
     """A source that answers a group of ranges whole, or passes it (None) to the next one."""
 
     def copy(self, ranges: Ranges) -> bytes | None:
@@ -142,10 +140,10 @@ class RecordSource:
         to copy."""
         return None
 
+    @abstractmethod
     def answer(self, ranges: Ranges, copied: bytes | None) -> RecordsAnswer | None:
         """Every range served (READ_OK each), or None: the next source's turn. Called inside
         CPU_SECTION."""
-        raise NotImplementedError
 
 
 class SegmentFiles(RecordSource):

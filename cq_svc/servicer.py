@@ -379,17 +379,18 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         *,
         budget_bytes: int | None = None,
     ) -> list[pb.PullResponse]:
-        """Pulls of several queues (each args[i] from offsets[i]) with one commit-log Read for
-        all of them (several when their records pass pull_bytes_max together): a Follow cycle
-        over the queues a dispatch woke costs one Read, not one a queue. With `budget_bytes`,
+        """Pulls of several queues (each args[i] from offsets[i]) with one fetch of records for
+        all of them (record_sources.py; several when their records pass pull_bytes_max
+        together): a Follow cycle over the queues a dispatch woke costs one Read, not one a
+        queue. With `budget_bytes`,
         the pulls together take at most that many bytes of records (the first pull at least one
         record, whatever its size): the answers are those of the first pulls that fit."""
         began = time.perf_counter()
         started: list[tuple[pb.PullResponse, PullResult]] = []
         left = budget_bytes
         # The computation in CPU_SECTION (mqstore/cpu_section.py: handler threads in numpy at
-        # once hand the GIL to each other at every call); outside it what may wait: the copy
-        # out of the segment files (a page not in memory is a disk read), the commit-log Read.
+        # once hand the GIL to each other at every call); the sources' chain leaves out of it
+        # what may wait (the copies out of the segment files, the commit-log Read).
         with CPU_SECTION:
             for a, offset in zip(args, offsets, strict=True):
                 if left is not None and left <= 0:
@@ -435,7 +436,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
     def _pull_finish(
         self, a: _PullArgs, response: pb.PullResponse, result: PullResult, answer: RecordsAnswer
     ) -> None:
-        """A FOUND pull's response filled from the Read's answer for its units."""
+        """A FOUND pull's response filled from the sources' answer for its units."""
         got = self._gather(a, result, answer)
         if got.blob:
             response.records_blob = got.blob
@@ -450,7 +451,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             response.status = pb.MESSAGE_WAS_REMOVING if got.removed else pb.NO_MATCHED_MESSAGE
 
     def _gather(self, a: _PullArgs, result: PullResult, answer: RecordsAnswer) -> _Gathered:
-        """The engine's units from the Read's answer for them, in queue order (module
+        """The engine's units from the sources' answer for them, in queue order (module
         docstring)."""
         queue_id, tags = a.queue_id, a.tags
         taken = result.taken
