@@ -382,9 +382,9 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         """Pulls of several queues (each args[i] from offsets[i]) with one fetch of records for
         all of them (record_sources.py; several when their records pass pull_bytes_max
         together): a Follow cycle over the queues a dispatch woke costs one Read, not one a
-        queue. With `budget_bytes`,
-        the pulls together take at most that many bytes of records (the first pull at least one
-        record, whatever its size): the answers are those of the first pulls that fit."""
+        queue. With `budget_bytes`, the pulls together take at most that many bytes of records
+        (the first pull at least one record, whatever its size): the answers are those of the
+        first pulls that fit."""
         began = time.perf_counter()
         started: list[tuple[pb.PullResponse, PullResult]] = []
         left = budget_bytes
