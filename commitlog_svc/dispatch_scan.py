@@ -36,12 +36,17 @@ from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, property_value
 from mqstore.formats.record import (
     BLANK_MAGIC,
+    BORN_HOST_POS,
     DAMAGED_RECORD_CRC,
     HEADER_V4_V4,
     MAGIC_V1,
     MAGIC_V2,
     PROPERTIES_END_BYTE,
+    RECORD_BYTES_MIN,
     RECORD_CRC_BYTES,
+    RECORD_PREFIX,
+    RECORD_PREFIX_BYTES,
+    V6_EXTRA_BYTES,
     Record,
     read_record,
     stored_record_crc,
@@ -49,13 +54,9 @@ from mqstore.formats.record import (
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.storage.mapped_file import MappedFile
 
-_PREFIX = struct.Struct(">iiiiiqqi")  # TOTALSIZE .. SYSFLAG
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _I64 = struct.Struct(">q")
-_FIXED_MIN = HEADER_V4_V4.size + 3
-_BORN_HOST_POS = 48
-_V6_EXTRA = 12
 
 
 @dataclass(slots=True)
@@ -303,18 +304,20 @@ def _fast(
     """Take the record at `pos` if it passes scan_run's checks and its CRCs: its size; 0 when it
     is valid but ends past `limit`; -1 on any doubt (the caller asks read_record)."""
     remaining = readable - pos
-    if remaining < _PREFIX.size:
+    if remaining < RECORD_PREFIX_BYTES:
         return -1
-    prefix: tuple[int, ...] = _PREFIX.unpack_from(buf, pos)
+    prefix: tuple[int, ...] = RECORD_PREFIX.unpack_from(buf, pos)
     total, magic, crc, queue_id, _, queue_offset, physical, flags = prefix
     if magic == BLANK_MAGIC or magic not in (MAGIC_V1, MAGIC_V2):
         return -1
-    born_extra = _V6_EXTRA if flags & sysflag.BORNHOST_V6 else 0
+    born_extra = V6_EXTRA_BYTES if flags & sysflag.BORNHOST_V6 else 0
     header_size = (
-        HEADER_V4_V4.size + born_extra + (_V6_EXTRA if flags & sysflag.STOREHOST_V6 else 0)
+        HEADER_V4_V4.size + born_extra + (V6_EXTRA_BYTES if flags & sysflag.STOREHOST_V6 else 0)
     )
     if not (
-        _FIXED_MIN <= total <= remaining and physical == base + pos and total >= header_size + 3
+        RECORD_BYTES_MIN <= total <= remaining
+        and physical == base + pos
+        and total >= header_size + 3
     ):
         return -1
     record_end = pos + total
@@ -359,7 +362,7 @@ def _fast(
         return -1
     if record_end > limit:
         return 0
-    (store_ts,) = _I64.unpack_from(buf, pos + _BORN_HOST_POS + 8 + born_extra)
+    (store_ts,) = _I64.unpack_from(buf, pos + BORN_HOST_POS + 8 + born_extra)
     props_end = record_end - (RECORD_CRC_BYTES if stored >= 0 else 0)  # as read_record
     props = bytes(view[props_at + 2 : props_end]) if props_end > props_at + 2 else b""
     cols.add(topic, queue_id, queue_offset, base + pos, total, store_ts, flags, props)

@@ -27,6 +27,7 @@ import grpc
 from cq_svc import metrics
 from cq_svc.engine import CqEngine
 from cq_svc.local_reads import LocalReads
+from cq_svc.record_sources import RecordSources
 from cq_svc.servicer import CqServicer
 from cq_svc.settings import CqSettings
 from cq_svc.sink import SMALL_FRAME_ENTRIES, EngineSink, HeadProbe
@@ -61,11 +62,15 @@ class CqService:
         # One channel to the commit log (every replica of a broker group: it follows the
         # leader) for the subscription, Reads and probes.
         self.channel: grpc.Channel = commitlog_channel(settings.commitlog_target, security)
+        # Where pulls and receives find records: segment files, tail, Read (record_sources.py).
+        self.sources = RecordSources.build(
+            self.engine, settings, self.channel, tail=self.tail, local=self.local
+        )
         self.subscriber = Subscriber(
             settings.commitlog_target,
             settings.subscriber_id,
             self.sink,
-            wants_records=lambda: self.servicer.tail_wanted(),  # noqa: PLW0108 - built below
+            wants_records=self.sources.tail_wanted,
             entries_max=SMALL_FRAME_ENTRIES,
             on_ready_change=self._ready_changed,
             security=security,
@@ -77,10 +82,8 @@ class CqService:
             self.engine,
             settings,
             watch=self.watch,
-            commitlog=self.channel,
+            sources=self.sources,
             caught_up=lambda: self.subscriber.caught_up,
-            tail=self.tail,
-            local=self.local,
         )
         self.host = ServiceHost(
             "cq_svc",

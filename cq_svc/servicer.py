@@ -3,7 +3,9 @@
 Pull (RocketMQ's getMessage, rocketmq-store.md §6.2):
 
     validate -> engine.pull (range checks, unit scan, tag-code filter: status, corrections,
-    the units to fetch) -> ONE commit-log Read for all of them -> the records, in order:
+    the units to fetch) -> their records from the first source that has them all
+    (record_sources.py: the segment files, the dispatch-frame tail, else ONE commit-log Read
+    for all of them; every source answers as a Read would) -> the records, in order:
 
       READ_OK            served, after two checks: the record is the one the unit names (size,
                          queue id, queue offset, physical offset; else the log and the queue
@@ -52,12 +54,10 @@ from __future__ import annotations
 
 import logging
 import operator
-import struct
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -66,31 +66,24 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from cq_svc import metrics, receipts
 from cq_svc.engine import CqEngine, Received
 from cq_svc.errors import ReceiptExpired
-from cq_svc.local_reads import LocalReads
+from cq_svc.record_sources import RecordsAnswer, RecordSources, is_unit_record
 from cq_svc.settings import CqSettings
 from cq_svc.store import PullResult, PullStatus, UnitColumns
-from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
 from mqstore.cpu_section import CPU_SECTION
 from mqstore.errors import (
     CorruptRecord,
-    DataLoss,
     InvalidArgument,
     ResourceExhausted,
     Unavailable,
-    check,
 )
 from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import Unit
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import TAGS
 from mqstore.formats.record import Bad, Blank, read_record, validate_topic
-from mqstore.formats.record_columns import record_heads, split_records
-from mqstore.history import LogHistory
 from mqstore.limits import MessageLimits, validate_group
-from mqstore.rpc.dispatch_codec import history_from_proto
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
@@ -98,7 +91,6 @@ from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 LIMITS = MessageLimits()
-# RocketMQ's Validators.CHARACTER_MAX_LENGTH for group names.
 # A long poll answers this long before the caller's deadline, so the answer still arrives.
 DEADLINE_MARGIN_S = 0.05
 # Receive settles messages the log no longer holds and looks again: at most this many looks.
@@ -107,8 +99,6 @@ RECEIVE_ROUNDS_MAX = 8
 # under the 4 MiB message limit.
 GROUP_OFFSETS_LISTED_MAX = 20_000
 
-# TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET: the fixed head.
-_HEAD = struct.Struct(">iiiiiqq")
 _COMMIT_LOG_OFFSET = operator.attrgetter("commit_log_offset")
 _SIZE = operator.attrgetter("size")
 
@@ -175,37 +165,6 @@ class _Gathered:
         return len(self.offsets)
 
 
-@dataclass(slots=True)
-class _ReadAnswer:
-    """A commit-log Read's answer: per range its status, and the records served laid end to
-    end in `blob` (`sizes`: each range's size there, 0 where not READ_OK)."""
-
-    statuses: Sequence[int]
-    blob: bytes
-    sizes: list[int]
-    # Each record's fixed fields (record_columns.PREFIX_DTYPE) when the answer's own checks
-    # read them (local reads): looked at again by _all_unit_records, not gathered twice.
-    heads: Any = None
-
-    def as_records(self) -> list[bytes]:
-        return split_records(self.blob, self.sizes)
-
-    def parts(self, counts: Sequence[int]) -> list[_ReadAnswer]:
-        """The answer cut into consecutive answers of counts[i] ranges each."""
-        out = []
-        at = 0
-        byte_at = 0
-        for count in counts:
-            sizes = self.sizes[at : at + count]
-            end = byte_at + sum(sizes)
-            heads = None if self.heads is None else self.heads[at : at + count]
-            out.append(
-                _ReadAnswer(self.statuses[at : at + count], self.blob[byte_at:end], sizes, heads)
-            )
-            at, byte_at = at + count, end
-        return out
-
-
 class CqServicer(pb_grpc.ConsumeQueueServicer):
     def __init__(
         self,
@@ -213,22 +172,13 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         settings: CqSettings,
         *,
         watch: QueueWatch,
-        commitlog: grpc.Channel,
+        sources: RecordSources,
         caught_up: Callable[[], bool],
-        tail: TailRecords | None = None,
-        local: LocalReads | None = None,
     ) -> None:
         self.engine = engine
-        self._tail = tail
-        self._local = local
-        # Consumers at the tail: pulls and Follows waiting there now (not Receive: it reads the
-        # log), and when one last waited there or was served from the tail.
-        self._tail_lock = threading.Lock()
-        self._tail_waiting = 0
-        self._tail_read_at: float | None = None
         self.settings = settings
         self.watch = watch
-        self._log = cl_grpc.CommitLogStub(commitlog)
+        self.sources = sources  # where the records come from (record_sources.py)
         self._caught_up = caught_up
 
     # -- Pull --------------------------------------------------------------------------------------
@@ -315,7 +265,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         index_of = {key: i for i, key in enumerate(keys)}
         ready = set(range(len(pulls)))
         waiter = self.watch.register_many(keys)
-        self._waiting_at_tail(+1)
+        self.sources.count_waiting_at_tail(+1)
         try:
             if not context.add_callback(waiter.wake):
                 return
@@ -347,7 +297,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 waiter.wait(left)
         finally:
             self.watch.unregister(waiter)
-            self._waiting_at_tail(-1)
+            self.sources.count_waiting_at_tail(-1)
 
     def _follow_round(
         self,
@@ -429,17 +379,18 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         *,
         budget_bytes: int | None = None,
     ) -> list[pb.PullResponse]:
-        """Pulls of several queues (each args[i] from offsets[i]) with one commit-log Read for
-        all of them (several when their records pass pull_bytes_max together): a Follow cycle
-        over the queues a dispatch woke costs one Read, not one a queue. With `budget_bytes`,
-        the pulls together take at most that many bytes of records (the first pull at least one
-        record, whatever its size): the answers are those of the first pulls that fit."""
+        """Pulls of several queues (each args[i] from offsets[i]) with one fetch of records for
+        all of them (record_sources.py; several when their records pass pull_bytes_max
+        together): a Follow cycle over the queues a dispatch woke costs one Read, not one a
+        queue. With `budget_bytes`, the pulls together take at most that many bytes of records
+        (the first pull at least one record, whatever its size): the answers are those of the
+        first pulls that fit."""
         began = time.perf_counter()
         started: list[tuple[pb.PullResponse, PullResult]] = []
         left = budget_bytes
         # The computation in CPU_SECTION (mqstore/cpu_section.py: handler threads in numpy at
-        # once hand the GIL to each other at every call); outside it what may wait: the copy
-        # out of the segment files (a page not in memory is a disk read), the commit-log Read.
+        # once hand the GIL to each other at every call); the sources' chain leaves out of it
+        # what may wait (the copies out of the segment files, the commit-log Read).
         with CPU_SECTION:
             for a, offset in zip(args, offsets, strict=True):
                 if left is not None and left <= 0:
@@ -471,15 +422,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 phy = taken[0].phy if len(taken) == 1 else np.concatenate([t.phy for t in taken])
                 size = taken[0].size if len(taken) == 1 else np.concatenate([t.size for t in taken])
                 groups.append((group, taken, phy, size))
-        copies = [
-            None if self._local is None else self._local.copy(phy, size)
-            for _, _, phy, size in groups
-        ]
-        for (group, taken, phy, size), copied in zip(groups, copies, strict=True):
-            with CPU_SECTION:
-                answer = self._local_answer(phy, size, copied) or self._tail_answer(phy, size)
-            if answer is None:
-                answer = self._read(phy.tolist(), size.tolist(), context)
+        answers = self.sources.pulls.answers([(phy, size) for _, _, phy, size in groups], context)
+        for (group, taken, _, _), answer in zip(groups, answers, strict=True):
             with CPU_SECTION:
                 for k, part in zip(group, answer.parts([len(t) for t in taken]), strict=True):
                     response, result = started[k]
@@ -490,9 +434,9 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         return [response for response, _ in started]
 
     def _pull_finish(
-        self, a: _PullArgs, response: pb.PullResponse, result: PullResult, answer: _ReadAnswer
+        self, a: _PullArgs, response: pb.PullResponse, result: PullResult, answer: RecordsAnswer
     ) -> None:
-        """A FOUND pull's response filled from the Read's answer for its units."""
+        """A FOUND pull's response filled from the sources' answer for its units."""
         got = self._gather(a, result, answer)
         if got.blob:
             response.records_blob = got.blob
@@ -506,22 +450,24 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         elif not got.served:
             response.status = pb.MESSAGE_WAS_REMOVING if got.removed else pb.NO_MATCHED_MESSAGE
 
-    def _gather(self, a: _PullArgs, result: PullResult, answer: _ReadAnswer) -> _Gathered:
-        """The engine's units from the Read's answer for them, in queue order (module
+    def _gather(self, a: _PullArgs, result: PullResult, answer: RecordsAnswer) -> _Gathered:
+        """The engine's units from the sources' answer for them, in queue order (module
         docstring)."""
         queue_id, tags = a.queue_id, a.tags
         taken = result.taken
-        sizes = taken.size.tolist()
         read_ok = answer.statuses.count(cl_pb.READ_OK)
-        # One metric update per Pull, not per record (it was a quarter of a Pull's time).
-        metrics.READ_RECORDS.labels("ok").inc(read_ok)
-        if read_ok == len(sizes) and _all_unit_records(answer, queue_id, sizes, taken):
+        metrics.READ_RECORDS.labels("ok").inc(read_ok)  # once a pull, not once a record
+        if read_ok == len(taken) and answer.names_units(queue_id, taken):
             # The usual answer: every record read and the one its unit names; the checks of
             # _gather_read, a column at a time.
             queue_offsets = taken.queue_offset.tolist()
             if tags is None:
                 return _Gathered(
-                    [], queue_offsets, result.next_begin_offset, blob=answer.blob, sizes=sizes
+                    [],
+                    queue_offsets,
+                    result.next_begin_offset,
+                    blob=answer.blob,
+                    sizes=answer.sizes,
                 )
             records = answer.as_records()
             kept = [i for i, record in enumerate(records) if tags.matches(record)]
@@ -543,7 +489,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         topic, queue_id, tags = a.topic, a.queue_id, a.tags
         got = _Gathered(next_begin=result.next_begin_offset)
         for unit, record, status in zip(units, records, statuses, strict=True):
-            if status == cl_pb.READ_OK and not _is_unit_record(record, unit, queue_id):
+            if status == cl_pb.READ_OK and not is_unit_record(record, unit, queue_id):
                 metrics.READ_RECORDS.labels("mismatch").inc()
                 log.warning(
                     "%s/%d@%d: the commit log holds another record at %d: not served",
@@ -571,7 +517,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                     return got
                 got.removed += 1  # RocketMQ steps over removed messages too
             else:
-                self._raise_if_cut(unit.commit_log_offset)
+                self.sources.log.raise_if_cut(unit.commit_log_offset)
                 metrics.READ_RECORDS.labels("corrupt").inc()
                 log.error(
                     "%s/%d@%d: the commit log refuses the record at %d as corrupt",
@@ -593,114 +539,6 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                     "its checks; it is never served (commit an offset past it to skip it)",
                 )
         return got
-
-    # -- the commit log's Read ---------------------------------------------------------------------
-
-    def tail_wanted(self) -> bool:
-        """Whether the dispatch frames should bring records: while consumers read at the tail
-        (one waits there now, or one waited or was served from it within tail_wanted_ms). A
-        consumer far behind reads the log, and carrying records nobody reads costs the commit
-        log for nothing (about 1 us a 100 B message, 2.5 us a 1 KiB one, at peak produce)."""
-        tail, read_at = self._tail, self._tail_read_at
-        if tail is None or not tail.enabled:
-            return False
-        if self._local is not None and self._local.serving:
-            return False  # pulls read the segment files: the frames' records would go unread
-        if self._tail_waiting:
-            return True
-        return (
-            read_at is not None
-            and time.monotonic() - read_at < self.settings.tail_wanted_ms / 1000.0
-        )
-
-    def _waiting_at_tail(self, change: int) -> None:
-        with self._tail_lock:
-            self._tail_waiting += change
-        self._tail_read_at = time.monotonic()
-
-    def _local_answer(
-        self, offsets: np.ndarray, sizes: np.ndarray, copied: bytes | None
-    ) -> _ReadAnswer | None:
-        """The records copied from the commit log's segment files (local_reads.py), every one
-        of them checked, in the form of a Read's answer; None: read them another way."""
-        local = self._local
-        if local is None:
-            return None
-        got = local.check(offsets, sizes, copied)
-        if got is None:
-            return None
-        blob, heads = got
-        return _ReadAnswer([cl_pb.READ_OK] * len(offsets), blob, sizes.tolist(), heads)
-
-    def _tail_answer(self, offsets: np.ndarray, sizes: np.ndarray) -> _ReadAnswer | None:
-        """The records from the tail the dispatch brought, when every one is there
-        (tail_records.py), in the form of a Read's answer; None: read them."""
-        tail = self._tail
-        if tail is None or not tail.chunks:
-            return None  # off, or nothing held (not a miss: records were not asked for)
-        blob = tail.lookup(offsets, sizes)
-        n = len(offsets)
-        if blob is None:
-            metrics.TAIL_RECORDS.labels("miss").inc(n)
-            return None
-        metrics.TAIL_RECORDS.labels("hit").inc(n)
-        self._tail_read_at = time.monotonic()
-        return _ReadAnswer([cl_pb.READ_OK] * n, blob, sizes.tolist())
-
-    def _raise_if_cut(self, offset: int) -> None:
-        """The commit log refuses the record at `offset`, which a unit points at: damaged, or
-        the log was cut since these queues last agreed with it (a restart whose recovery cut
-        the tail, appends that regrew it with other records, and this replica's handshake with
-        it still to come). Only the second is no damage: Unavailable then, so the consumer
-        retries after the handshake instead of taking a new message for a bad one. A rare path:
-        it asks the log for its history."""
-        try:
-            status = self._log.GetStatus(
-                cl_pb.GetStatusRequest(), timeout=self.settings.read_timeout_ms / 1000.0
-            )
-        except grpc.RpcError as err:
-            raise Unavailable(
-                f"the commit log refuses the record at {offset} and its history cannot be asked "
-                f"({err.code().name}): a cut log and a damaged record cannot be told apart"
-            ) from err
-        store = self.engine.store
-        if status.store_id != store.store_id:
-            raise Unavailable("the commit log was replaced since these queues last agreed with it")
-        ours = self.engine.history if len(self.engine.history) else LogHistory.legacy()
-        agreed = history_from_proto(status.history).agreed_offset(ours, offset + 1)
-        if agreed <= offset:
-            raise Unavailable(
-                f"the commit log was cut at {agreed} since these queues last agreed with it; "
-                "they agree again at the next handshake"
-            )
-
-    def _read(
-        self, offsets: list[int], sizes: list[int], context: grpc.ServicerContext
-    ) -> _ReadAnswer:
-        """The records at (offsets[i], sizes[i]) and their read statuses, in one Read."""
-        timeout_s = self.settings.read_timeout_ms / 1000.0
-        remaining = context.time_remaining()
-        if remaining is not None:
-            timeout_s = max(0.001, min(timeout_s, remaining))
-        request = cl_pb.ReadRequest(offsets=offsets, sizes=sizes)
-        try:
-            response = self._log.Read(request, timeout=timeout_s)
-        except grpc.RpcError as err:
-            code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-            details = err.details() if hasattr(err, "details") else str(err)
-            if code is grpc.StatusCode.DATA_LOSS:
-                raise DataLoss(f"the commit log's Read failed: {details}") from err
-            raise Unavailable(f"the commit log's Read failed: {code.name}: {details}") from err
-        n = len(offsets)
-        statuses = list(response.statuses)
-        served = list(response.record_sizes)
-        blob = response.records_blob
-        check(
-            len(statuses) == n and len(served) == n and sum(served) == len(blob),
-            f"Read answered {len(statuses)} statuses and a blob of {len(blob)} bytes in "
-            f"{len(served)} sizes for {n} ranges",
-        )
-        return _ReadAnswer(statuses, blob, served)
 
     # -- long polling ------------------------------------------------------------------------------
 
@@ -734,7 +572,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             metrics.LONG_POLLS_REFUSED.inc()
             raise
         if at_tail:
-            self._waiting_at_tail(+1)
+            self.sources.count_waiting_at_tail(+1)
         began = time.monotonic()
         end = began + wait_s
         outcome = "timeout"
@@ -765,7 +603,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         finally:
             self.watch.unregister(waiter)
             if at_tail:
-                self._waiting_at_tail(-1)
+                self.sources.count_waiting_at_tail(-1)
             metrics.LONG_POLL_WAIT_SECONDS.labels(outcome).observe(time.monotonic() - began)
 
     # -- time and positions ------------------------------------------------------------------------
@@ -941,10 +779,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         units = [r.unit for r in got]
         offsets, sizes = list(map(_COMMIT_LOG_OFFSET, units)), list(map(_SIZE, units))
         try:
-            phy = np.asarray(offsets, dtype=np.int64)
-            size = np.asarray(sizes, dtype=np.int64)
-            copied = None if self._local is None else self._local.copy(phy, size)
-            answer = self._local_answer(phy, size, copied) or self._read(offsets, sizes, context)
+            ranges = (np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64))
+            answer = next(self.sources.receives.answers([ranges], context))
             records, statuses = answer.as_records(), answer.statuses
         except Exception:
             self._release(group, topic, queue_id, got)
@@ -955,7 +791,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         served: list[bytes] = []
         for r, record, status in zip(got, records, statuses, strict=True):
             d = r.delivery
-            if status == cl_pb.READ_OK and _is_unit_record(record, r.unit, queue_id):
+            if status == cl_pb.READ_OK and is_unit_record(record, r.unit, queue_id):
                 read_ok += 1
                 served.append(record)
                 response.queue_offsets.append(d.queue_offset)
@@ -973,7 +809,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 # Never served, never settled: it comes back after its invisibility until the
                 # group acknowledges it (reported) or commits past it.
                 try:
-                    self._raise_if_cut(r.unit.commit_log_offset)
+                    self.sources.log.raise_if_cut(r.unit.commit_log_offset)
                 except Unavailable:
                     self._release(group, topic, queue_id, got)
                     raise
@@ -1188,36 +1024,3 @@ def _put_records(response: pb.PullResponse | pb.ReceiveResponse, records: list[b
         # Assigned, not appended, when it is the first: `+=` would copy the blob twice more.
         response.records_blob = response.records_blob + blob if response.records_blob else blob
         response.record_sizes.extend(map(len, records))
-
-
-def _all_unit_records(
-    answer: _ReadAnswer, queue_id: int, sizes: list[int], units: UnitColumns
-) -> bool:
-    """_is_unit_record of every record at once (columns); False when any one is not, and then
-    each is looked at on its own."""
-    if answer.sizes != sizes:
-        return False
-    if not sizes:
-        return True
-    head = answer.heads if answer.heads is not None else record_heads(answer.blob, units.size)
-    if head is None:
-        return False
-    return bool(
-        (head["total"] == units.size).all()
-        and (head["queue_id"] == queue_id).all()
-        and (head["queue_offset"] == units.queue_offset).all()
-        and (head["physical_offset"] == units.phy).all()
-    )
-
-
-def _is_unit_record(record: bytes, unit: Unit, queue_id: int) -> bool:
-    """The record is the one the unit names (cheap: the fixed head only)."""
-    if len(record) != unit.size or len(record) < _HEAD.size:
-        return False
-    total, _, _, qid, _, queue_offset, phy = _HEAD.unpack_from(record)
-    return bool(
-        total == unit.size
-        and qid == queue_id
-        and queue_offset == unit.queue_offset
-        and phy == unit.commit_log_offset
-    )

@@ -68,17 +68,69 @@ from mqstore.limits import TOPIC_PATTERN, MessageLimits, is_system_topic
 Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 WritableBuffer: TypeAlias = bytearray | memoryview | mmap.mmap
 
+# ---------------------------------------------------------------------------------------------
+# The record header: the one definition of the layout drawn above. Every Python module takes
+# these names from here; the compiled core (_core.pyx) has its own C copy, pinned to these by
+# tests/formats/test_record_walk.py.
+
 MAGIC_V1: Final = -626843481  # 0xDAA320A7
 MAGIC_V2: Final = -626843477  # 0xDAA320AB
 BLANK_MAGIC: Final = -875286124  # 0xCBD43194
 END_FILE_MIN_BLANK_BYTES: Final = 8
 
+# The 40-byte prefix, TOTALSIZE .. SYSFLAG: the fields that sit at the same place in every
+# record, whatever its host sizes; the names of its fields in order (record_columns.PREFIX_DTYPE's
+# columns).
+RECORD_PREFIX: Final = struct.Struct(">iiiiiqqi")
+RECORD_PREFIX_BYTES: Final = 40
+assert RECORD_PREFIX.size == RECORD_PREFIX_BYTES
+RECORD_PREFIX_NAMES: Final = (
+    "total",
+    "magic",
+    "body_crc",
+    "queue_id",
+    "flag",
+    "queue_offset",
+    "physical_offset",
+    "sys_flag",
+)
+# TOTALSIZE and MAGICCODE: what a record and an end-of-file blank share.
+SIZE_MAGIC: Final = struct.Struct(">ii")
+
+# Positions of the fields that do not move with host sizes (the prefix's, and BORNHOST).
+MAGIC_POS: Final = 4
+QUEUE_ID_POS: Final = 12
+QUEUE_OFFSET_POS: Final = 20
+PHYSICAL_OFFSET_POS: Final = 28
+SYSFLAG_POS: Final = 36
+BORN_HOST_POS: Final = 48
+
+IPV4_HOST_BYTES: Final = 8
+IPV6_HOST_BYTES: Final = 20
+# What an IPv6 born or store host adds to the IPv4/IPv4 header.
+V6_EXTRA_BYTES: Final = IPV6_HOST_BYTES - IPV4_HOST_BYTES
+
+
+def _header(born_host_bytes: int, store_host_bytes: int) -> struct.Struct:
+    # TOTALSIZE .. BODYLENGTH, everything before the body: the prefix, BORNTIMESTAMP, BORNHOST,
+    # STORETIMESTAMP, STOREHOST, RECONSUMETIMES, PREPARED TX OFFSET, BODYLENGTH.
+    return struct.Struct(f"{RECORD_PREFIX.format}q{born_host_bytes}sq{store_host_bytes}siqi")
+
+
+HEADERS: dict[tuple[int, int], struct.Struct] = {
+    (b, s): _header(b, s)
+    for b in (IPV4_HOST_BYTES, IPV6_HOST_BYTES)
+    for s in (IPV4_HOST_BYTES, IPV6_HOST_BYTES)
+}
+HEADER_V4_V4: Final = HEADERS[(IPV4_HOST_BYTES, IPV4_HOST_BYTES)]
+assert HEADER_V4_V4.size == 88  # 91 bytes of overhead minus topic length (1) and props length (2)
+# The smallest whole record: the IPv4/IPv4 header, a topic length byte, a properties length.
+RECORD_BYTES_MIN: Final = HEADER_V4_V4.size + 3
+
 # The whole encoded record may exceed the body limit by this much (headers, topic, properties).
 RECORD_OVERHEAD_BYTES_MAX: Final = 64 * 1024
 
 _I32 = struct.Struct(">i")
-_SIZE_MAGIC = struct.Struct(">ii")
-_BLANK = struct.Struct(">ii")
 _TOPIC_LEN_V1 = struct.Struct(">B")
 _TOPIC_LEN_V2 = struct.Struct(">h")
 _PROPS_LEN = struct.Struct(">h")
@@ -101,28 +153,6 @@ RECORD_CRC_FIXED_BYTES_KEPT_MIN: Final = 9
 NO_RECORD_CRC: Final = -1
 DAMAGED_RECORD_CRC: Final = -2
 _CRC_MASK: Final = 0x7FFFFFFF
-
-IPV4_HOST_BYTES: Final = 8
-IPV6_HOST_BYTES: Final = 20
-
-# Position of fields that do not move with host sizes.
-QUEUE_ID_POS: Final = 12
-QUEUE_OFFSET_POS: Final = 20
-PHYSICAL_OFFSET_POS: Final = 28
-SYSFLAG_POS: Final = 36
-BORN_HOST_POS: Final = 48
-
-
-def _header(born_host_bytes: int, store_host_bytes: int) -> struct.Struct:
-    # TOTALSIZE .. BODYLENGTH, everything before the body.
-    return struct.Struct(f">iiiiiqqiq{born_host_bytes}sq{store_host_bytes}siqi")
-
-
-HEADERS: dict[tuple[int, int], struct.Struct] = {
-    (b, s): _header(b, s) for b in (IPV4_HOST_BYTES, IPV6_HOST_BYTES) for s in (8, 20)
-}
-HEADER_V4_V4: Final = HEADERS[(8, 8)]
-assert HEADER_V4_V4.size == 88  # 91 bytes of overhead minus topic length (1) and props length (2)
 
 
 def host_bytes_for_flag(sys_flag: int) -> tuple[int, int]:
@@ -451,7 +481,7 @@ def encode_record(
 
 def encode_blank(remaining_bytes: int) -> bytes:
     """The 8-byte end-of-file blank; TOTALSIZE is the whole rest of the file."""
-    return _BLANK.pack(remaining_bytes, BLANK_MAGIC)
+    return SIZE_MAGIC.pack(remaining_bytes, BLANK_MAGIC)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,12 +568,12 @@ def read_record(
     remaining = end - pos
     if remaining < 8:
         return Bad("fewer than 8 bytes left", no_record=True)
-    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    total, magic = SIZE_MAGIC.unpack_from(buf, pos)
     if magic == BLANK_MAGIC:
         return Blank(total)
     if magic not in (MAGIC_V1, MAGIC_V2):
         return Bad(f"illegal magic code {magic & 0xFFFFFFFF:#010x}", no_record=True)
-    if total < HEADER_V4_V4.size + 3 or total > remaining:
+    if total < RECORD_BYTES_MIN or total > remaining:
         return Bad(f"total size {total} does not fit the {remaining} bytes left")
     (sys_flag,) = _I32.unpack_from(buf, pos + SYSFLAG_POS)
     header = HEADERS[host_bytes_for_flag(sys_flag)]
@@ -758,7 +788,7 @@ def field_spans(raw: Buffer) -> list[tuple[str, int, int]]:
         spans.append((name, at, at + width))
         at += width
     (body_len,) = _I32.unpack_from(raw, at - 4)
-    v2 = _I32.unpack_from(raw, 4)[0] == MAGIC_V2
+    v2 = _I32.unpack_from(raw, MAGIC_POS)[0] == MAGIC_V2
     topic_len_bytes = 2 if v2 else 1
     body_end = at + max(body_len, 0)
     spans.append(("BODY", at, body_end))
@@ -825,10 +855,6 @@ def find_next_record(buf: Searchable, start: int, end: int, base_offset: int) ->
 # ---------------------------------------------------------------------------------------------
 # Fast validation of a run of records (recovery)
 
-_PREFIX = struct.Struct(">iiiiiqqi")  # TOTALSIZE .. SYSFLAG, 40 bytes
-assert _PREFIX.size == 40
-_FIXED_MIN = HEADER_V4_V4.size + 3  # smallest possible record: 91 bytes
-
 
 def scan_run(
     buf: Buffer,
@@ -850,12 +876,12 @@ def scan_run(
     """
     count = 0
     topics: dict[bytes, str] = {}
-    unpack_prefix = _PREFIX.unpack_from
+    unpack_prefix = RECORD_PREFIX.unpack_from
     unpack_i32 = _I32.unpack_from
     with memoryview(buf) as view:
         while pos < end:
             remaining = end - pos
-            if remaining < _PREFIX.size:
+            if remaining < RECORD_PREFIX_BYTES:
                 return (
                     pos,
                     count,
@@ -868,12 +894,12 @@ def scan_run(
                 return pos, count, Blank(total)
             header_size = (
                 HEADER_V4_V4.size
-                + (12 if flags & sysflag.BORNHOST_V6 else 0)
-                + (12 if flags & sysflag.STOREHOST_V6 else 0)
+                + (V6_EXTRA_BYTES if flags & sysflag.BORNHOST_V6 else 0)
+                + (V6_EXTRA_BYTES if flags & sysflag.STOREHOST_V6 else 0)
             )
             ok = (
                 magic in (MAGIC_V1, MAGIC_V2)
-                and _FIXED_MIN <= total <= remaining
+                and RECORD_BYTES_MIN <= total <= remaining
                 and physical == base_offset + pos
                 and total >= header_size + 3
             )

@@ -38,8 +38,15 @@ import numpy as np
 import numpy.typing as npt
 
 from mqstore.errors import check
-from mqstore.formats.record import MAGIC_V1, MAGIC_V2, PHYSICAL_OFFSET_POS, Buffer
-from mqstore.formats.record_columns import RECORD_BYTES_MIN
+from mqstore.formats.record import (
+    MAGIC_V1,
+    MAGIC_V2,
+    PHYSICAL_OFFSET_POS,
+    RECORD_BYTES_MIN,
+    SIZE_MAGIC,
+    Buffer,
+)
+from mqstore.formats.record_columns import PREFIX_DTYPE
 
 IntArray = npt.NDArray[np.int64]
 
@@ -57,8 +64,7 @@ CHAIN_BREAKS_MAX: Final = 64
 
 _MAGIC_FIRST_BYTE: Final = 0xDA
 assert (MAGIC_V1 >> 24) & 0xFF == (MAGIC_V2 >> 24) & 0xFF == _MAGIC_FIRST_BYTE
-_FRAME = np.dtype([("total", ">i4"), ("magic", ">i4")])
-_SIZE_MAGIC = struct.Struct(">ii")
+_FRAME = np.dtype(PREFIX_DTYPE.descr[:2])  # TOTALSIZE, MAGICCODE
 _I64 = struct.Struct(">q")
 _FRAME_BYTES: Final = PHYSICAL_OFFSET_POS + 8  # a candidate's framing fields end here
 
@@ -73,7 +79,7 @@ def record_starts(buf: Buffer, pos: int, end: int, base_offset: int) -> tuple[In
     try:
         while _frames_record(view, pos, end, base_offset):
             # A window at a time (bounded arrays), the record at `pos` always whole in it.
-            first = _SIZE_MAGIC.unpack_from(view, pos)[0]
+            first = SIZE_MAGIC.unpack_from(view, pos)[0]
             window_end = min(end, pos + max(WINDOW_BYTES, first))
             if window_end - pos < SMALL_RUN_BYTES:
                 starts, stop = _walk(view, pos, window_end, base_offset)
@@ -95,7 +101,7 @@ def _frames_record(view: memoryview, pos: int, end: int, base_offset: int) -> bo
     """A record's framing at `pos`, the record whole by `end`."""
     if end - pos < RECORD_BYTES_MIN:
         return False
-    total, magic = _SIZE_MAGIC.unpack_from(view, pos)
+    total, magic = SIZE_MAGIC.unpack_from(view, pos)
     return (
         magic in (MAGIC_V1, MAGIC_V2)
         and RECORD_BYTES_MIN <= total <= end - pos
@@ -108,13 +114,13 @@ def _walk(view: memoryview, pos: int, end: int, base_offset: int) -> tuple[IntAr
     starts = []
     while _frames_record(view, pos, end, base_offset):
         starts.append(pos)
-        pos += _SIZE_MAGIC.unpack_from(view, pos)[0]
+        pos += SIZE_MAGIC.unpack_from(view, pos)[0]
     return np.asarray(starts, dtype=np.int64), pos
 
 
 def _stride(view: memoryview, pos: int, end: int, base_offset: int) -> tuple[IntArray, int]:
     """Records of the first one's size at a fixed stride from `pos`, tested at once."""
-    size = _SIZE_MAGIC.unpack_from(view, pos)[0]
+    size = SIZE_MAGIC.unpack_from(view, pos)[0]
     n = (end - pos) // size
     frames = np.ndarray((n,), dtype=_FRAME, buffer=view, offset=pos, strides=(size,))
     own = np.ndarray(

@@ -1,10 +1,7 @@
 """Checks of many whole records at once, over numpy columns (pure: no I/O).
 
 Records laid end to end in one blob, `sizes[i]` bytes each (a Pull's answer, a Read's run of
-ranges):
-
-    TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG ...   (record.py)
-    0         4     8       12      16   20          28             36      40
+ranges), in record.py's layout.
 
 `check_records` applies every check `read_record` makes to a record of the V1 magic, as array
 comparisons over the fields gathered at every record's start: TOTALSIZE equal to its slot, the
@@ -37,37 +34,29 @@ from mqstore.formats.record import (
     MAGIC_V1,
     NO_RECORD_CRC,
     PROPERTIES_END_BYTE,
+    RECORD_BYTES_MIN,
     RECORD_CRC_BYTES,
     RECORD_CRC_DIGITS,
     RECORD_CRC_FIXED_BYTES_KEPT_MIN,
     RECORD_CRC_HEAD,
+    RECORD_PREFIX,
+    RECORD_PREFIX_BYTES,
+    RECORD_PREFIX_NAMES,
+    V6_EXTRA_BYTES,
     stored_record_crc,
 )
 
-# The smallest whole record: the IPv4/IPv4 header, a topic length byte, a properties length.
-RECORD_BYTES_MIN: Final = HEADER_V4_V4.size + 3
-# Bytes that an IPv6 born or store host adds to the 88-byte IPv4/IPv4 header.
-_V6_EXTRA_BYTES: Final = 12
-_PREFIX_BYTES: Final = 40  # TOTALSIZE .. SYSFLAG: where every record's fixed fields sit
+# record.py's 40-byte prefix (TOTALSIZE .. SYSFLAG) as a numpy record: every record's fixed
+# fields, one row a record.
 PREFIX_DTYPE: Final = np.dtype(
-    [
-        ("total", ">i4"),
-        ("magic", ">i4"),
-        ("body_crc", ">i4"),
-        ("queue_id", ">i4"),
-        ("flag", ">i4"),
-        ("queue_offset", ">i8"),
-        ("physical_offset", ">i8"),
-        ("sys_flag", ">i4"),
-    ]
+    [(n, ">" + c) for n, c in zip(RECORD_PREFIX_NAMES, RECORD_PREFIX.format[1:], strict=True)]
 )
+assert PREFIX_DTYPE.itemsize == RECORD_PREFIX_BYTES
 
 # Up to this many records are checked one at a time (_check_few): the column checks cost ~70 us
 # a call at any count up to ~40, one record in Python ~1.5 us on top of ~3.5 (measured on the
 # VM: 32 records 49-53 us against 74-75 either way, at 100 B and at 1 KiB).
 SMALL_BATCH_RECORDS_MAX: Final = 32
-_PREFIX: Final = struct.Struct(">iiiiiqqi")  # PREFIX_DTYPE, for one record
-assert _PREFIX.size == _PREFIX_BYTES
 _I32: Final = struct.Struct(">i")
 _I16: Final = struct.Struct(">h")
 
@@ -152,8 +141,8 @@ def _check_columns(
     flags = head["sys_flag"].astype(np.int64)
     header = (
         HEADER_V4_V4.size
-        + _V6_EXTRA_BYTES * ((flags & sysflag.BORNHOST_V6) != 0)
-        + _V6_EXTRA_BYTES * ((flags & sysflag.STOREHOST_V6) != 0)
+        + V6_EXTRA_BYTES * ((flags & sysflag.BORNHOST_V6) != 0)
+        + V6_EXTRA_BYTES * ((flags & sysflag.STOREHOST_V6) != 0)
     )
     # V2 records (topics over 127 characters) are left to read_record.
     ok = (total == size) & (head["magic"] == MAGIC_V1) & (total >= header + 3)
@@ -242,11 +231,11 @@ def _check_few(
     body_list: list[bytes] = []
     view = memoryview(blob) if len(blob) >= n * VIEW_CRC_RECORD_BYTES_MIN else None
     for i, start in enumerate(starts):
-        total, magic, crc, _, _, _, physical, flags = _PREFIX.unpack_from(blob, start)
+        total, magic, crc, _, _, _, physical, flags = RECORD_PREFIX.unpack_from(blob, start)
         header = (
             HEADER_V4_V4.size
-            + (_V6_EXTRA_BYTES if flags & sysflag.BORNHOST_V6 else 0)
-            + (_V6_EXTRA_BYTES if flags & sysflag.STOREHOST_V6 else 0)
+            + (V6_EXTRA_BYTES if flags & sysflag.BORNHOST_V6 else 0)
+            + (V6_EXTRA_BYTES if flags & sysflag.STOREHOST_V6 else 0)
         )
         body = b""
         ok = total == sizes[i] and magic == MAGIC_V1 and total >= header + 3
@@ -283,7 +272,7 @@ def _check_few(
                 ok = (got & _CRC_MASK) == crc
         ok_list.append(ok)
         body_list.append(body)
-    heads = bytearray().join(blob[a : a + _PREFIX_BYTES] for a in starts)
+    heads = bytearray().join(blob[a : a + RECORD_PREFIX_BYTES] for a in starts)
     return CheckedRecords(
         np.array(ok_list, dtype=bool),
         np.frombuffer(heads, dtype=PREFIX_DTYPE),
@@ -307,14 +296,14 @@ def record_heads(blob: bytes, sizes: IntArray) -> Any:
     if not n:
         return np.zeros(0, dtype=PREFIX_DTYPE)
     ends = np.cumsum(sizes, dtype=np.int64)
-    if int(ends[-1]) != len(blob) or int(sizes.min()) < _PREFIX_BYTES:
+    if int(ends[-1]) != len(blob) or int(sizes.min()) < RECORD_PREFIX_BYTES:
         return None
     return _heads(np.frombuffer(blob, dtype=np.uint8), None, ends - sizes)
 
 
 def _heads(buf: npt.NDArray[np.uint8], rows: npt.NDArray[np.uint8] | None, starts: IntArray) -> Any:
     """Each record's fixed fields (PREFIX_DTYPE), through _fields."""
-    return _fields(buf, rows, starts, starts, _PREFIX_BYTES).view(PREFIX_DTYPE)[:, 0]
+    return _fields(buf, rows, starts, starts, RECORD_PREFIX_BYTES).view(PREFIX_DTYPE)[:, 0]
 
 
 def _fields(

@@ -31,7 +31,9 @@ from mqstore.formats.crc import crc32
 from mqstore.formats.record import (
     DAMAGED_RECORD_CRC,
     HEADERS,
+    MAGIC_POS,
     MAGIC_V2,
+    RECORD_BYTES_MIN,
     RECORD_CRC_BYTES,
     RECORD_CRC_DIGITS,
     RECORD_CRC_HEAD,
@@ -51,7 +53,7 @@ SEARCH_BYTES_MAX: Final = 1 << 20
 _I32: Final = struct.Struct(">i")
 _MASK: Final = 0x7FFFFFFF
 _TOP_BIT: Final = 0x80000000
-_SMALLEST_WITH_CRC: Final = 91 + RECORD_CRC_BYTES
+_SMALLEST_WITH_CRC: Final = RECORD_BYTES_MIN + RECORD_CRC_BYTES
 
 
 def _crc_table() -> list[int]:
@@ -124,7 +126,7 @@ def _changed_total(buf: Buffer, pos: int, end: int) -> DamageSite | None:
     born, store = host_bytes_for_flag(sys_flag)
     body_at = HEADERS[(born, store)].size
     (body_len,) = _I32.unpack_from(buf, pos + body_at - 4)
-    v2 = _I32.unpack_from(head, 4)[0] == MAGIC_V2
+    v2 = _I32.unpack_from(head, MAGIC_POS)[0] == MAGIC_V2
     topic_at = pos + body_at + body_len
     if body_len < 0 or topic_at + 4 > end:
         return None

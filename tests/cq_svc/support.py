@@ -20,6 +20,7 @@ import grpc
 from cq_svc.config import StoreKind
 from cq_svc.engine import CqEngine
 from cq_svc.main import SERVICE_NAME, CqService
+from cq_svc.record_sources import RecordSources
 from cq_svc.servicer import CqServicer
 from cq_svc.settings import CqSettings
 from cq_svc.sink import EngineSink
@@ -74,7 +75,7 @@ class ApiHarness:
             self.engine,
             self.settings,
             watch=self.watch,
-            commitlog=self.log_channel,
+            sources=RecordSources.build(self.engine, self.settings, self.log_channel),
             caught_up=lambda: self.ready,
         )
 

@@ -198,7 +198,7 @@ def has_store(cq: Cq, store_id: bytes) -> bool:
 
 def at_tail(cq: Cq) -> bool:
     """A consumer waits at a queue's end of `cq` (a pull or Follow long-polling there)."""
-    return cq.service.servicer._tail_waiting >= 1
+    return cq.service.sources.waiting_at_tail >= 1
 
 
 Started = TypeVar("Started", Cq, ServiceProcess)
@@ -806,9 +806,9 @@ def test_with_local_reads_the_frames_never_bring_records(
     try:
         for cq in (local, control):
             assert wait_for(partial(at_tail, cq), 10)
-        assert control.service.servicer.tail_wanted()
+        assert control.service.sources.tail_wanted()
         assert wait_for(lambda: control.service.subscriber.records_included, 10)
-        assert not local.service.servicer.tail_wanted()
+        assert not local.service.sources.tail_wanted()
         assert not local.service.subscriber.records_included
         stored = append(log_stub, topic, [b"w-%d" % i for i in range(4)])
     finally:
@@ -817,7 +817,7 @@ def test_with_local_reads_the_frames_never_bring_records(
     applied([local, control], stored)
     assert control.service.tail.nbytes > 0, "the control's frames brought the records"
     assert local.service.tail.nbytes == 0
-    assert not local.service.servicer.tail_wanted()
+    assert not local.service.sources.tail_wanted()
     assert not local.service.subscriber.records_included
     counts = Counted(log)
     assert records_of(local.pull(topic, 0)) == log_read(log_stub, stored)

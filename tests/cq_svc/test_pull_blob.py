@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cq_svc.servicer import _all_unit_records, _is_unit_record, _ReadAnswer
+from cq_svc.record_sources import RecordsAnswer, is_unit_record
 from cq_svc.store import UnitColumns
 from mqstore.formats.cq_unit import Unit
 from mqstore.formats.record import encode_record
@@ -178,16 +178,11 @@ def test_the_column_check_of_unit_records_agrees_with_the_check_of_each() -> Non
 
     def both(records: list[bytes], units: list[Unit], queue_id: int = 2) -> tuple[bool, bool]:
         """The column check of a Read's answer, and the check of each record on its own."""
-        sizes = [u.size for u in units]
         columns = UnitColumns.of_units(units)
         statuses = [cl_pb.READ_OK] * len(records)
-        as_blob = _all_unit_records(
-            _ReadAnswer(statuses, b"".join(records), list(map(len, records))),
-            queue_id,
-            sizes,
-            columns,
-        )
-        each = all(_is_unit_record(r, u, queue_id) for r, u in zip(records, units, strict=True))
+        answer = RecordsAnswer(statuses, b"".join(records), list(map(len, records)))
+        as_blob = answer.names_units(queue_id, columns)
+        each = all(is_unit_record(r, u, queue_id) for r, u in zip(records, units, strict=True))
         return as_blob, each
 
     assert both(raws, units) == (True, True)

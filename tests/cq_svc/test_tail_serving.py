@@ -359,7 +359,7 @@ def test_frames_bring_records_only_while_consumers_read_at_the_tail(
         receive.start()
         try:
             assert wait_for(lambda: cq.service.servicer.watch.waiting == 1, 10)
-            assert cq.service.servicer._tail_waiting == 0
+            assert cq.service.sources.waiting_at_tail == 0
         finally:
             receive.join()
     finally:

@@ -9,12 +9,14 @@ it (enabledAppendPropCRC, §1.4) the hand-built record ends in the 20-byte __CRC
 from __future__ import annotations
 
 import ipaddress
+import re
 import struct
 import zlib
+from pathlib import Path
 
 import pytest
 
-from mqstore.formats import sysflag
+from mqstore.formats import record, sysflag
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import (
     BLANK_MAGIC,
@@ -198,6 +200,37 @@ def test_fields_sit_at_the_offsets_the_reference_names() -> None:
     assert struct.unpack_from(">h", g, 127)[0] == 29 and g[129:158] == PROPS
 
 
+def test_record_pys_header_definition_reads_the_hand_built_golden_record() -> None:
+    """The one header definition (record.py's top) names the fields where the reference puts
+    them: the prefix struct, its column names, the positions, the header sizes."""
+    g = GOLDEN_V4_V1
+    head = dict(zip(record.RECORD_PREFIX_NAMES, record.RECORD_PREFIX.unpack_from(g), strict=True))
+    assert head == {
+        "total": 158,
+        "magic": MAGIC_V1,
+        "body_crc": zlib.crc32(BODY) & 0x7FFFFFFF,
+        "queue_id": QUEUE_ID,
+        "flag": FLAG,
+        "queue_offset": QUEUE_OFFSET,
+        "physical_offset": PHYSICAL_OFFSET,
+        "sys_flag": 0,
+    }
+    assert record.RECORD_PREFIX_BYTES == 40 == record.SYSFLAG_POS + 4
+    assert record.SIZE_MAGIC.unpack_from(g) == (158, MAGIC_V1)
+    for pos, fmt, want in [
+        (record.MAGIC_POS, ">i", MAGIC_V1),
+        (record.QUEUE_ID_POS, ">i", QUEUE_ID),
+        (record.QUEUE_OFFSET_POS, ">q", QUEUE_OFFSET),
+        (record.PHYSICAL_OFFSET_POS, ">q", PHYSICAL_OFFSET),
+        (record.SYSFLAG_POS, ">i", 0),
+    ]:
+        assert struct.unpack_from(fmt, g, pos)[0] == want
+    assert g[record.BORN_HOST_POS : record.BORN_HOST_POS + 8] == host_bytes(*BORN_V4)
+    assert record.RECORD_BYTES_MIN == 91 == 158 - len(BODY) - len(TOPIC) - len(PROPS)
+    born, store = record.IPV6_HOST_BYTES, record.IPV6_HOST_BYTES
+    assert record.HEADERS[(born, store)].size == 88 + 2 * record.V6_EXTRA_BYTES
+
+
 def test_read_record_decodes_every_field_of_the_golden_record() -> None:
     got = read_record(GOLDEN_V4_V1, 0, len(GOLDEN_V4_V1), expected_offset=PHYSICAL_OFFSET)
     assert isinstance(got, Record)
@@ -348,3 +381,17 @@ def test_body_crc_is_crc32_ieee_with_the_top_bit_cleared() -> None:
     assert body_crc(b"") == 0
     assert body_crc(BODY) == zlib.crc32(BODY) & 0x7FFFFFFF
     assert all(body_crc(bytes([b]) * 7) >= 0 for b in range(256))
+
+
+def test_no_module_but_record_py_defines_the_record_header() -> None:
+    """The duplicate header definitions stay deleted: the prefix struct and the magic codes
+    are spelled in record.py alone (the compiled core's C copy is pinned in test_record_walk)."""
+    root = Path(__file__).resolve().parents[2]
+    spelled = re.compile(r"iiiii|DAA320A|CBD43194|-626843|-875286")
+    found = [
+        str(path.relative_to(root))
+        for pkg in ("mqstore", "commitlog_svc", "cq_svc", "index_svc")
+        for path in sorted((root / pkg).rglob("*.py"))
+        if spelled.search(path.read_text(encoding="utf-8"))
+    ]
+    assert found == ["mqstore/formats/record.py"]
