@@ -132,14 +132,7 @@ def produce(
     """`messages` messages (whole batches) with `method` ("unary" | "stream")."""
     requests = build_requests(topic, body_bytes, max(1, messages // BATCH))
     send = _send_unary if method == "unary" else _send_stream
-    tally = _Tally()
-    with make_channel(target) as channel:
-        stub = cl_grpc.CommitLogStub(channel)
-        grpc.channel_ready_future(channel).result(timeout=CALL_TIMEOUT_S)
-        gate.arrive()
-        with Stopwatch() as clock:
-            send(stub, iter(requests), tally)
-    return tally.result(clock)
+    return _timed_sends(target, gate, send, lambda: iter(requests))
 
 
 def produce_for(
@@ -148,21 +141,30 @@ def produce_for(
     """AppendStream at full speed for `seconds`, cycling through prebuilt requests."""
     pool = build_requests(topic, body_bytes, PEAK_POOL_BATCHES)
 
+    def until_time() -> Iterator[cl.AppendRequest]:
+        stop_at = time.perf_counter() + seconds  # from the first request, on the clock
+        i = 0
+        while time.perf_counter() < stop_at:
+            yield pool[i % len(pool)]
+            i += 1
+
+    return _timed_sends(target, gate, _send_stream, until_time)
+
+
+def _timed_sends(
+    target: str,
+    gate: Gate,
+    send: Callable[[cl_grpc.CommitLogStub, Iterator[cl.AppendRequest], _Tally], None],
+    requests: Callable[[], Iterator[cl.AppendRequest]],
+) -> dict[str, Any]:
+    """Connect, wait at the gate, then time `send` over `requests()`."""
     tally = _Tally()
     with make_channel(target) as channel:
         stub = cl_grpc.CommitLogStub(channel)
         grpc.channel_ready_future(channel).result(timeout=CALL_TIMEOUT_S)
         gate.arrive()
         with Stopwatch() as clock:
-            stop_at = time.perf_counter() + seconds
-
-            def until_time() -> Iterator[cl.AppendRequest]:
-                i = 0
-                while time.perf_counter() < stop_at:
-                    yield pool[i % len(pool)]
-                    i += 1
-
-            _send_stream(stub, until_time(), tally)
+            send(stub, requests(), tally)
     return tally.result(clock)
 
 
