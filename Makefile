@@ -25,7 +25,8 @@ help:
 # The venv is rebuilt whenever pyproject.toml changes, and the compiled record core (built by
 # the editable install, in place) whenever its sources do.
 # pip shows what it collects and a bar per download: the first set-up takes about a minute.
-CORE_SOURCES := setup.py mqstore/formats/_core.pyx mqstore/formats/_core_support.h
+CORE_SOURCES := setup.py mqstore/formats/_core.pyx $(wildcard mqstore/formats/_core_*.pxi) \
+	mqstore/formats/_core_support.h
 $(STAMP): pyproject.toml $(CORE_SOURCES)
 	@echo "==> setting up $(VENV): mqstore and its dependencies (about a minute the first time)"
 	@# The record core is C: a compiler and zlib's header (Debian packages, when missing)

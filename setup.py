@@ -51,7 +51,10 @@ setup(
             Extension(
                 "mqstore.formats._core",
                 ["mqstore/formats/_core.pyx"],
-                depends=["mqstore/formats/_core_support.h"],
+                depends=[
+                    "mqstore/formats/_core_support.h",
+                    *sorted(str(f) for f in Path("mqstore/formats").glob("_core_*.pxi")),
+                ],
                 libraries=["z"],
                 extra_compile_args=["-O3"],
             )

@@ -20,6 +20,9 @@ DAMAGED_RECORD_CRC: Final[int]
 CRC_FOLDED: Final[bool]
 
 def crc32(data: Buffer, value: int = 0) -> int: ...
+
+# _core_walk.pxi
+
 def walk(
     buf: Buffer,
     pos: int,
@@ -29,3 +32,11 @@ def walk(
     queue_table: dict[str, dict[int, int]] | None,
     apply_from: int,
 ) -> tuple[int, int]: ...
+
+# _core_check.pxi
+
+# _core_encode.pxi
+
+# _core_frames.pxi
+
+# _core_arrow.pxi

@@ -1,0 +1,1 @@
+# Check whole records, every check read_record makes, returning their fields: included by _core.pyx (none yet).

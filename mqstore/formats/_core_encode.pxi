@@ -1,0 +1,1 @@
+# Encode a batch of records: included by _core.pyx (none yet).

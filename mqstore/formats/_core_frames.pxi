@@ -1,0 +1,1 @@
+# Build and decode dispatch frames; apply a frame to the consume queues: included by _core.pyx (none yet).

@@ -1,0 +1,196 @@
+# The recovery walk (record_walk.scan_run_fast): included by _core.pyx, whose header
+# definitions it reads records with.
+
+cdef object _topic_of(dict topics, bytes raw):
+    """The topic `raw` names, None when read_record refuses it (not UTF-8, empty, a NUL)."""
+    cdef object name
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        name = None
+    if not name or "\x00" in name:
+        name = None
+    topics[raw] = name
+    return name
+
+
+cdef void _raise_queue(dict queue_table, object topic, int32_t queue_id, int64_t top) except *:
+    """scan_run's update for the records of one queue whose highest queue offset is `top`: each
+    raised the queue's next offset to its queue offset + 1 when that was higher, so together
+    they leave it at max(next offset, top + 1), in whatever order they came."""
+    cdef dict queues = queue_table.setdefault(topic, {})
+    if queues.get(queue_id, 0) <= top:
+        queues[queue_id] = <object>top + 1  # a Python int: no overflow at the int64 maximum
+
+
+# The walk gathers each queue's highest queue offset in a small open-addressed table of C
+# slots, and writes the Python table once per queue at the end (or when a probe finds no
+# room): a dict update per record would cost more than all the record's checks.
+cdef enum:
+    QUEUE_SLOTS = 1024  # a power of two
+    QUEUE_PROBES = 8
+
+
+cdef struct QueueSlot:
+    PyObject *topic  # borrowed from the walk's topic cache, which outlives the slots; NULL: free
+    int32_t queue_id
+    int64_t top
+
+
+cdef inline Py_ssize_t _home(PyObject *topic, int32_t queue_id) noexcept:
+    """The first slot probed for (topic, queue_id): a multiplicative hash of both."""
+    cdef uint64_t key = <uint64_t><uintptr_t>topic ^ <uint64_t><uint32_t>queue_id
+    return <Py_ssize_t>((key * 0x9E3779B97F4A7C15ULL) >> 40)
+
+
+cdef inline QueueSlot *_slot_of(QueueSlot *slots, PyObject *topic, int32_t queue_id) noexcept:
+    """The slot of (topic, queue_id), a free one, or NULL when every probed slot holds another
+    queue."""
+    cdef Py_ssize_t i, at, home = _home(topic, queue_id)
+    for i in range(QUEUE_PROBES):
+        at = (home + i) & (QUEUE_SLOTS - 1)
+        if slots[at].topic == NULL or (slots[at].topic == topic and slots[at].queue_id == queue_id):
+            return &slots[at]
+    return NULL
+
+
+cdef void _flush(dict queue_table, QueueSlot *slot) except *:
+    if slot.topic != NULL:
+        _raise_queue(queue_table, <object>slot.topic, slot.queue_id, slot.top)
+        slot.topic = NULL
+
+
+def walk(
+    object buf,
+    Py_ssize_t pos,
+    Py_ssize_t end,
+    int64_t base_offset,
+    bint check_crc,
+    object queue_table,
+    int64_t apply_from,
+):
+    """Accept the valid records of buf[pos:end] one after the other, each by every check
+    read_record makes with expected_offset = base_offset + its position, and return (position
+    after the last accepted record, how many). With `queue_table` (a dict), the records at or
+    after `apply_from` that take a queue offset update it as record.scan_run does. The record
+    at the returned position, if any, is one read_record does not return as a Record."""
+    cdef _Buffer held = _Buffer(buf)
+    cdef Py_ssize_t size = held.view.len
+    if pos < 0 or end > size:
+        held.release()
+        raise ValueError(f"walk of [{pos}, {end}) over a buffer of {size} bytes")
+    cdef const unsigned char *data = <const unsigned char *>held.view.buf
+    cdef const unsigned char *p
+    cdef Py_ssize_t remaining, count = 0
+    cdef int64_t total, header, body_len, at, topic_len, props_len, stored, queue_offset
+    cdef int32_t magic, flags, queue_id
+    cdef uint32_t crc
+    cdef bint v2
+    cdef dict topics = {}
+    cdef dict table = queue_table
+    cdef bytes last_raw = None
+    cdef bytes raw
+    cdef object topic = None
+    cdef object name
+    cdef QueueSlot slots[QUEUE_SLOTS]
+    cdef QueueSlot *slot
+    cdef Py_ssize_t i
+    memset(slots, 0, sizeof(slots))
+    try:
+        while pos < end:
+            remaining = end - pos
+            if remaining < 8:
+                break
+            p = data + pos
+            magic = mq_be_i32(p + MAGIC_POS)
+            if magic != MAGIC_V1_ and magic != MAGIC_V2_:
+                break  # a blank, or no record
+            total = mq_be_i32(p + TOTALSIZE_POS)
+            if total < RECORD_BYTES_MIN_ or total > remaining:
+                break
+            flags = mq_be_i32(p + SYSFLAG_POS_)
+            header = HEADER_V4_V4_BYTES
+            if flags & BORNHOST_V6:
+                header += V6_EXTRA_BYTES
+            if flags & STOREHOST_V6:
+                header += V6_EXTRA_BYTES
+            if total < header + 3:
+                break
+            body_len = mq_be_i32(p + header - 4)
+            if body_len < 0 or header + body_len > total:
+                break
+            at = header + body_len
+            v2 = magic == MAGIC_V2_
+            if v2:
+                if at + 2 > total:
+                    break
+                topic_len = mq_be_i16(p + at)
+                at += 2
+            else:
+                if at + 1 > total:
+                    break
+                topic_len = p[at]
+                at += 1
+            if topic_len < 0 or at + topic_len + 2 > total:
+                break
+            props_len = mq_be_i16(p + at + topic_len)
+            if props_len < 0 or at + topic_len + 2 + props_len != total:
+                break
+            if props_len and p[total - 1] != PROPERTIES_END_BYTE_:
+                break
+            # The topic: most records name the one before's, compared in place.
+            if (
+                last_raw is None
+                or PyBytes_GET_SIZE(last_raw) != topic_len
+                or memcmp(PyBytes_AS_STRING(last_raw), p + at, <size_t>topic_len) != 0
+            ):
+                raw = PyBytes_FromStringAndSize(<const char *>(p + at), topic_len)
+                name = topics.get(raw, topics)
+                if name is topics:
+                    name = _topic_of(topics, raw)
+                if name is None:
+                    break
+                last_raw = raw
+                topic = name
+            if check_crc:
+                stored = stored_record_crc(p + total, <int>props_len)
+                if stored == DAMAGED_RECORD_CRC_:
+                    break
+                if stored >= 0:
+                    crc = mq_crc32(0, p, <size_t>(total - RECORD_CRC_BYTES_)) & CRC_MASK
+                    if crc != stored:
+                        break
+                elif body_len > 0:
+                    crc = mq_crc32(0, p + header, <size_t>body_len) & CRC_MASK
+                    if <int64_t>crc != mq_be_i32(p + BODYCRC_POS):
+                        break
+            if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
+                break
+            if (
+                table is not None
+                and base_offset + pos >= apply_from
+                and (
+                    flags & TRANSACTION_MASK == TRANSACTION_NOT_TYPE
+                    or flags & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
+                )
+            ):
+                queue_id = mq_be_i32(p + QUEUE_ID_POS_)
+                queue_offset = mq_be_i64(p + QUEUE_OFFSET_POS_)
+                slot = _slot_of(slots, <PyObject *>topic, queue_id)
+                if slot == NULL:  # a crowded probe: write its first slot out and take it
+                    slot = &slots[_home(<PyObject *>topic, queue_id) & (QUEUE_SLOTS - 1)]
+                    _flush(table, slot)
+                if slot.topic == NULL:
+                    slot.topic = <PyObject *>topic
+                    slot.queue_id = queue_id
+                    slot.top = queue_offset
+                elif queue_offset > slot.top:
+                    slot.top = queue_offset
+            pos += total
+            count += 1
+        if table is not None:
+            for i in range(QUEUE_SLOTS):
+                _flush(table, &slots[i])
+    finally:
+        held.release()
+    return pos, count
