@@ -62,7 +62,7 @@ from mqstore.formats.record_walk import scan_run_fast
 from mqstore.history import Epoch, LogHistory
 
 # What a chunk holds at most by default: 1 MiB is ~4,000 records of a 100-byte body, enough to
-# spread a call's fixed cost (~0.3 ms through gRPC) and small enough for gRPC's default 4 MiB
+# spread a gRPC call's fixed cost and small enough for gRPC's default 4 MiB
 # message limit with room for one whole record of the largest size.
 CHUNK_BYTES_MAX: Final = 1 << 20
 

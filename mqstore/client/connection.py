@@ -85,8 +85,7 @@ class Connection:
         self.metadata = self._security.metadata()
         self._credentials = self._security.credentials()
         self._channels: dict[str, grpc.Channel] = {}
-        # Stubs per (kind, target): building one makes a callable per method (~50 us for the
-        # consume-queue service, a sixth of a time lookup's round trip), so it is done once.
+        # Stubs per (kind, target): building one makes a callable per method, so it is done once.
         self._stubs: dict[tuple[object, str], Any] = {}
         # The address of each stub method (by id; stubs live as long as the connection), so
         # that a failed call names where it went.

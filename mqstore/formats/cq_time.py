@@ -208,7 +208,7 @@ RawBisect = Callable[[int, int, int, bool], int]
 
 
 def bisect_series(raw_at: Callable[[int], int]) -> RawBisect:
-    """The RawBisect of a reader of one stored time an offset (~2 us a probe through it)."""
+    """The RawBisect of a reader of one stored time an offset."""
     series = _Series(raw_at)
 
     def raw_bisect(lo: int, hi: int, target_ms: int, right: bool) -> int:

@@ -702,7 +702,7 @@ class CheckedFields(NamedTuple):
 def checked_fields(raw: Buffer) -> CheckedFields:
     """The fields of ONE whole record that read_record (or record_columns.check_records) has
     already accepted: the same values as read_record's, with none of its checks and no Record
-    built (a lazily decoded message's first field read: ~4 us through read_record)."""
+    built (a lazily decoded message's first field read)."""
     (sys_flag,) = _I32.unpack_from(raw, SYSFLAG_POS)
     header = HEADERS[host_bytes_for_flag(sys_flag)]
     (
