@@ -60,6 +60,12 @@ WORKLOADS = (
     Workload("produce_sync", "produce (mqstore: flush sync)", "msg/s", True),
     Workload("consume", "consume by offset: pull API", "msg/s", True),
     Workload("consume_fast", "consume by offset: fastest read path", "msg/s", True),
+    Workload(
+        "plain_produce", "a plain SDK user: produce, timed from the first call", "msg/s", True
+    ),
+    Workload(
+        "plain_consume", "a plain SDK user: consume, timed from the first call", "msg/s", True
+    ),
     Workload("lookup_p50", "time lookup p50", "ms", False),
     Workload("lookup_p99", "time lookup p99", "ms", False),
     Workload("visible_p50", "append-to-visible p50 (½ mqstore's peak)", "ms", False),

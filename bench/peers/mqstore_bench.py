@@ -13,6 +13,9 @@ ports 0, their own temp dir), once with `--flush async` (every workload) and onc
   a Message made only when asked for, pulls ahead over PullStreams) until every message is
   in; the raw Consumer.pull(queue, offset, max_messages=1000) of each queue in turn (one
   unary Pull in flight, same decoding) is measured too and given in the notes.
+- a plain SDK user: Producer() and then Consumer(start="earliest") with their defaults, each
+  timed from its first call (the client's set-up included): what the tuned rows above lose
+  for someone who writes the obvious code.
 - time lookup: Admin.offset_for_time (GetOffsetByTime on cq_svc) at a random store time within
   the run's topic, on a random queue; each followed by one Ping of the gRPC ceiling's server,
   started for the lookups: the round trip of the same moments (a note gives the ratio).
@@ -65,6 +68,12 @@ DURABILITY = {
     "async": "flush async: acked once in the commit log's mapped file (page cache); flushed "
     "every 500 ms when 4+ pages are dirty, everything every 10 s",
     "sync": "flush sync: acked once fsynced (group commit)",
+}
+
+
+PLAIN_DETAILS = {
+    "produce": f"Producer(), its defaults; send_batch() of {BATCH} bodies, then close",
+    "consume": "Consumer(start='earliest'), its defaults; poll_batch() until every message is in",
 }
 
 
@@ -146,6 +155,32 @@ def consume_raw(settings: ClientSettings, topic: str, n: int) -> dict[str, Any]:
     if count != n:
         raise RuntimeError(f"{topic}: pulled {count} of {n}")
     return {"rate": n / took, "seconds": took, "body_bytes": body_bytes}
+
+
+def plain_user(settings: ClientSettings, topic: str, size: int, n: int) -> dict[str, Any]:
+    """What a plain SDK user writes: a Producer with its defaults, send_batch() of a thousand
+    bodies at a time, then a Consumer with its defaults polling batches from the earliest; each
+    timed from its first call (the client made and connected included)."""
+    bodies = [os.urandom(size)] * BATCH
+    began = time.perf_counter()
+    with Producer(settings) as producer:
+        futures = [
+            producer.send_batch(topic, bodies[: min(BATCH, n - i)]) for i in range(0, n, BATCH)
+        ]
+    produced = time.perf_counter()
+    if sum(len(f.result()) for f in futures) != n:
+        raise RuntimeError(f"{topic}: not every message stored")
+    wait_caught_up(settings)
+    count = 0
+    began_reading = time.perf_counter()
+    deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+    with Consumer(settings, topic, start="earliest") as c:
+        while count < n and time.monotonic() < deadline:
+            count += len(c.poll_batch().bodies)
+    read = time.perf_counter()
+    if count != n:
+        raise RuntimeError(f"{topic}: polled {count} of {n}")
+    return {"produce_rate": n / (produced - began), "consume_rate": n / (read - began_reading)}
 
 
 def lookups(
@@ -386,6 +421,20 @@ def _run_store(
                 cores=m.process_cores,
                 **got,
             )
+            plain, m = ctx.measure(
+                servers, plain_user, settings, f"{topic}-plain", size, scale.messages
+            )
+            for workload in ("produce", "consume"):
+                results.add(
+                    f"plain_{workload}",
+                    size,
+                    "mqstore",
+                    plain[f"{workload}_rate"],
+                    m.foreign_cores,
+                    PLAIN_DETAILS[workload],
+                    cores=m.process_cores,
+                    **plain,
+                )
             got, _ = ctx.measure(servers, consume_raw, settings, topic, scale.messages)
             raw_pulls.setdefault(size, []).append(got["rate"])
             with ceiling_server(ctx.root) as ceiling:

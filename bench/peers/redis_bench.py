@@ -37,6 +37,12 @@ DURABILITY = (
 )
 
 
+PLAIN_DETAILS = {
+    "produce": f"redis.Redis(); pipelines of {BATCH} XADDs",
+    "consume": f"redis.Redis(); XRANGE pages of {BATCH}",
+}
+
+
 def _client(port: int) -> Any:
     import redis  # noqa: PLC0415 (client processes only)
 
@@ -93,6 +99,36 @@ def consume(port: int, key: str, n: int) -> dict[str, Any]:
     if count != n:
         raise RuntimeError(f"{key}: read {count} of {n}")
     return {"rate": n / took, "seconds": took, "body_bytes": body_bytes}
+
+
+def plain_user(port: int, key: str, size: int, n: int) -> dict[str, Any]:
+    """What a plain redis-py user writes: a client, XADDs pipelined by the thousand, then XRANGE
+    pages of a thousand; each timed from its first call (the client made included)."""
+    body = os.urandom(size)
+    began = time.perf_counter()
+    r = _client(port)
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        pipe.xadd(key, {FIELD: body})
+        if (i + 1) % BATCH == 0 or i + 1 == n:
+            pipe.execute()
+    produced = time.perf_counter()
+    r.close()
+    count = 0
+    began_reading = time.perf_counter()
+    r = _client(port)
+    low: bytes | str = "-"
+    while page := r.xrange(key, min=low, max="+", count=BATCH):
+        count += len(page)
+        low = b"(" + page[-1][0]
+    read = time.perf_counter()
+    r.close()
+    if count != n:
+        raise RuntimeError(f"{key}: read {count} of {n}")
+    return {
+        "produce_rate": n / (produced - began),
+        "consume_rate": n / (read - began_reading),
+    }
 
 
 def lookups(port: int, key: str, first_ms: int, last_ms: int, count: int) -> dict[str, Any]:
@@ -182,6 +218,19 @@ def run(ctx: Context) -> None:
                 results.add("consume", size, "redis", got["rate"], m.foreign_cores, detail, **got)
                 detail = f"XRANGE pages of {BATCH} (same runs: one read path)"
                 results.add("consume_fast", size, "redis", got["rate"], m.foreign_cores, detail)
+                plain, m = ctx.measure(
+                    servers, plain_user, port, f"plain:{size}:{run_no}", size, scale.messages
+                )
+                for workload in ("produce", "consume"):
+                    results.add(
+                        f"plain_{workload}",
+                        size,
+                        "redis",
+                        plain[f"{workload}_rate"],
+                        m.foreign_cores,
+                        PLAIN_DETAILS[workload],
+                        **plain,
+                    )
                 got, m = ctx.measure(
                     servers,
                     lookups,

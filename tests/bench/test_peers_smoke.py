@@ -18,6 +18,7 @@ import pytest
 from bench.peers import servers
 from bench.peers.common import SIZES, WORKLOADS, Scale, sizes_of
 from bench.peers.run import Report, RunInfo, build_report, run_bench
+from bench.peers.table import NOT_APPLICABLE
 
 TINY = Scale(messages=2_000, runs=1, lookups=20, visible_s=0.5)
 # Without mqstore in the run, append-to-visible needs a load: a small fixed one.
@@ -42,10 +43,11 @@ def _number(text: str) -> float:
 
 
 def _check_system(report: Report, system: str) -> None:
-    """Every row has a sane figure for `system` (the ceiling has no append-to-visible)."""
+    """Every row has a sane figure for `system` (the ceiling has no append-to-visible, the plain
+    user's rows are mqstore's and Redis's)."""
     for row in report.rows:
         key, cell = row.workload.key, row.cells[system]
-        if system == "ceiling" and key.startswith("visible"):
+        if (key, system) in NOT_APPLICABLE:
             assert cell == "-"
             continue
         value = _number(cell)
@@ -82,7 +84,15 @@ def test_mqstore_and_ceiling_quick(tmp_path: Path) -> None:
     for row in report.rows:
         if row.workload.key in RATE_WORKLOADS or row.workload.key.startswith("lookup"):
             assert row.ratios["ceiling"].endswith("x"), row.texts()
-        assert row.cells["nats"] == "not run" and row.cells["redis"] == "not run"
+        assert row.cells["redis"] == "not run"
+        assert row.cells["nats"] == (
+            "-" if (row.workload.key, "nats") in NOT_APPLICABLE else "not run"
+        )
+    # the plain user's rows: mqstore's figures with the SDK's defaults, timed from the first call
+    for size in SIZES:
+        for key in ("plain_produce", "plain_consume"):
+            plain = report.results.get(key, size, "mqstore")
+            assert plain is not None and plain.values[0] > 0, key
     # append-to-visible ran at half of mqstore's own produce rate
     for size in SIZES:
         produced = report.results.get("produce", size, "mqstore")
