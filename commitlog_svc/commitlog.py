@@ -86,7 +86,6 @@ from mqstore.formats.record import (
     encode_blank,
     find_next_record,
     read_record,
-    scan_run,
 )
 from mqstore.formats.record_batch import (
     BatchEncoder,
@@ -113,9 +112,6 @@ log = logging.getLogger(__name__)
 # After a failed file creation (disk full), appends are refused outright for this long before
 # one is let through to try again: a full disk should not cost a failed fallocate per call.
 DISK_FULL_RETRY_MS = 1_000
-# A Read of at least this many records checks them over numpy columns (fewer: one by one,
-# cheaper than numpy's fixed cost per call).
-READ_COLUMNS_MIN_RECORDS = 8
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -1021,9 +1017,9 @@ class CommitLog:
 
         The ranges are checked as columns. A segment is held once; ranges that follow each other
         in it (offset[i] + size[i] == offset[i+1]) are copied out as one slice, and the copies
-        are checked together over numpy columns (record_columns.py). The few records any check
-        doubts go one by one through read_record's verdict (scan_run), and those it finds
-        damaged are cut out of the blob: nothing damaged is ever served."""
+        are checked together (record_columns.check_records: read_record's checks and verdicts,
+        compiled); the records that fail are cut out of the blob: nothing damaged is ever
+        served."""
         off = np.asarray(offsets, dtype=np.int64)
         size = np.asarray(sizes, dtype=np.int64)
         check(off.shape == size.shape and off.ndim == 1, "one size for every offset")
@@ -1094,42 +1090,19 @@ class CommitLog:
         self, blob: bytes, off: IntArray, served: IntArray, errors: dict[int, MqstoreError]
     ) -> bytes:
         """`blob` (the ranges with a size in `served`, end to end) without the records that fail
-        read_record's checks: each gets its CorruptRecord in `errors` and size 0 in `served`."""
+        read_record's checks (record_columns.check_records): each gets its CorruptRecord in
+        `errors` and size 0 in `served`."""
         read = np.flatnonzero(served)
-        if len(read) >= READ_COLUMNS_MIN_RECORDS:
-            checked = check_records(blob, served[read].tolist(), off[read].tolist(), bodies=False)
-            doubted = np.flatnonzero(~checked.ok)
-        else:
-            doubted = np.arange(len(read))
-        if not len(doubted):
+        checked = check_records(blob, served[read], off[read], bodies=False)
+        if checked.ok:
             return blob
-        ends = np.cumsum(served[read])
-        starts = ends - served[read]
-        keep = np.ones(len(read), dtype=bool)
-        for k in doubted.tolist():  # checked one by one: the verdict of read_record stands
-            i, start, end = int(read[k]), int(starts[k]), int(ends[k])
-            fault = self._fault_of(blob[start:end], int(off[i]))
-            if fault is not None:
-                errors[i] = fault
-                served[i] = 0
-                keep[k] = False
-        if keep.all():
-            return blob
-        return b"".join(
-            map(blob.__getitem__, map(slice, starts[keep].tolist(), ends[keep].tolist()))
-        )
-
-    @staticmethod
-    def _fault_of(raw: bytes, offset: int) -> CorruptRecord | None:
-        """None if `raw` is one whole record that passes read_record's checks as read from
-        `offset`; its CorruptRecord otherwise."""
-        end, count, _ = scan_run(raw, 0, len(raw), offset, check_crc=True)
-        if count == 1 and end == len(raw):
-            return None
-        found = read_record(raw, 0, len(raw), check_crc=True, expected_offset=offset)
-        return CorruptRecord(
-            offset, found.reason if isinstance(found, Bad) else "not one whole record"
-        )
+        failed = dict(checked.failed)
+        for k, reason in failed.items():
+            i = int(read[k])
+            errors[i] = CorruptRecord(int(off[i]), reason)
+            served[i] = 0
+        starts, ends = checked.starts.tolist(), checked.ends.tolist()
+        return b"".join(blob[starts[k] : ends[k]] for k in range(len(read)) if k not in failed)
 
     def scan(
         self,

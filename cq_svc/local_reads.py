@@ -7,9 +7,9 @@ the Read is a call on both services; reading the mapped segments here removes th
 (mqstore.storage.segment_reads.LiveLog does the file work).
 
 What is served is checked as a Read checks it (formats/record_columns.check_records: every
-record whole, its CRC, its PHYSICALOFFSET where the unit points; a record the columns leave
-over, such as a long topic's V2 record, goes to read_record), and the servicer checks that
-each is the record its unit names; a group of ranges is answered all or nothing, and anything
+record whole, read_record's checks, its CRC, its PHYSICALOFFSET where the unit points), and
+the servicer checks that each is the record its unit names (from the fields the check read);
+a group of ranges is answered all or nothing, and anything
 not answered here (a file missing or of the wrong size, a record failing a check, ranges below
 the log's minimum) goes to the commit log's Read as before, whose verdict stands.
 
@@ -21,13 +21,11 @@ turns these reads off until the next handshake, with a warning).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from cq_svc import metrics
-from mqstore.formats.record import Record, read_record
 from mqstore.formats.record_columns import CheckedRecords, check_records
 from mqstore.storage.segment_reads import LiveLog
 
@@ -68,10 +66,9 @@ class LocalReads:
         that cannot be read (a volume half shared) misses, and the tail records take over."""
         return self.active and not self._missed
 
-    def read(self, offsets: IntArray, sizes: IntArray) -> tuple[bytes, Any] | None:
-        """The records at (offsets[i], sizes[i]) back to back, each checked, and their fixed
-        fields as the checks read them (record_columns.PREFIX_DTYPE; None when a record was too
-        short to hold them); None: read them through the commit log."""
+    def read(self, offsets: IntArray, sizes: IntArray) -> tuple[bytes, CheckedRecords] | None:
+        """The records at (offsets[i], sizes[i]) back to back, each checked, and their fields as
+        the check read them; None: read them through the commit log."""
         return self.check(offsets, sizes, self.copy(offsets, sizes))
 
     def copy(self, offsets: IntArray, sizes: IntArray) -> bytes | None:
@@ -85,7 +82,7 @@ class LocalReads:
 
     def check(
         self, offsets: IntArray, sizes: IntArray, blob: bytes | None
-    ) -> tuple[bytes, Any] | None:
+    ) -> tuple[bytes, CheckedRecords] | None:
         """read's second half: `copy`'s bytes checked record by record (a copy that failed
         is a miss)."""
         if not self.active:
@@ -95,20 +92,9 @@ class LocalReads:
             self._missed = True
             return None
         checked = check_records(blob, sizes, offsets, bodies=False)
-        if not checked.ok.all() and not _each_passes(blob, checked, offsets):
+        if not checked.ok:
             metrics.LOCAL_READS.labels("failed_check").inc(len(offsets))
             return None
         metrics.LOCAL_READS.labels("hit").inc(len(offsets))
         self._missed = False
-        return blob, checked.head
-
-
-def _each_passes(blob: bytes, checked: CheckedRecords, offsets: IntArray) -> bool:
-    """Whether every record the column checks left over (a V2 record of a long topic, or one
-    that failed) passes read_record's checks on its own: its verdict stands, as in a Read."""
-    for i in np.flatnonzero(~checked.ok).tolist():
-        start, end = int(checked.starts[i]), int(checked.ends[i])
-        found = read_record(blob, start, end, check_crc=True, expected_offset=int(offsets[i]))
-        if not isinstance(found, Record) or found.total_size != end - start:
-            return False
-    return True
+        return blob, checked

@@ -39,7 +39,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
@@ -54,7 +54,13 @@ from mqstore.cpu_section import CPU_SECTION
 from mqstore.errors import DataLoss, Unavailable, check
 from mqstore.formats.cq_unit import Unit
 from mqstore.formats.record import RECORD_PREFIX
-from mqstore.formats.record_columns import record_heads, split_records
+from mqstore.formats.record_columns import (
+    PHYSICAL_OFFSET,
+    QUEUE_ID,
+    QUEUE_OFFSET,
+    check_records,
+    split_records,
+)
 from mqstore.history import LogHistory
 from mqstore.rpc.dispatch_codec import history_from_proto
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
@@ -75,9 +81,9 @@ class RecordsAnswer:
     statuses: Sequence[int]
     blob: bytes
     sizes: list[int]
-    # Each record's fixed fields (record_columns.PREFIX_DTYPE) when the source's own checks
-    # read them (the segment files): looked at again by names_units, not gathered twice.
-    heads: Any = None
+    # The columns of the source's own check of the records (the segment files'; formats/
+    # record_columns.CheckedRecords): names_units reads them rather than check them again.
+    columns: IntArray | None = None
 
     def as_records(self) -> list[bytes]:
         return split_records(self.blob, self.sizes)
@@ -90,9 +96,11 @@ class RecordsAnswer:
         for count in counts:
             sizes = self.sizes[at : at + count]
             end = byte_at + sum(sizes)
-            heads = None if self.heads is None else self.heads[at : at + count]
+            columns = None if self.columns is None else self.columns[:, at : at + count]
             out.append(
-                RecordsAnswer(self.statuses[at : at + count], self.blob[byte_at:end], sizes, heads)
+                RecordsAnswer(
+                    self.statuses[at : at + count], self.blob[byte_at:end], sizes, columns
+                )
             )
             at, byte_at = at + count, end
         return out
@@ -105,14 +113,16 @@ class RecordsAnswer:
             return False
         if not sizes:
             return True
-        head = self.heads if self.heads is not None else record_heads(self.blob, units.size)
-        if head is None:
-            return False
+        columns = self.columns
+        if columns is None:  # the records' framing and fields, their CRCs not again
+            checked = check_records(self.blob, units.size, units.phy, bodies=False, check_crc=False)
+            if not checked.ok:
+                return False
+            columns = checked.columns
         return bool(
-            (head["total"] == units.size).all()
-            and (head["queue_id"] == queue_id).all()
-            and (head["queue_offset"] == units.queue_offset).all()
-            and (head["physical_offset"] == units.phy).all()
+            (columns[PHYSICAL_OFFSET] == units.phy).all()
+            and (columns[QUEUE_ID] == queue_id).all()
+            and (columns[QUEUE_OFFSET] == units.queue_offset).all()
         )
 
 
@@ -157,8 +167,8 @@ class SegmentFiles(RecordSource):
         got = self.local.check(offsets, sizes, copied)
         if got is None:
             return None
-        blob, heads = got
-        return RecordsAnswer([cl_pb.READ_OK] * len(offsets), blob, sizes.tolist(), heads)
+        blob, checked = got
+        return RecordsAnswer([cl_pb.READ_OK] * len(offsets), blob, sizes.tolist(), checked.columns)
 
 
 class TailSource(RecordSource):

@@ -4,18 +4,17 @@ Bulk paths (Pull, Receive) carry raw commit-log records (format in protos/common
 one `bytes` each or laid end to end in one blob with a sizes column. `decode_records` turns a
 whole answer into Messages at once:
 
-    1. the record checks of `read_record` (magic, TOTALSIZE, header, body, topic and properties
-       lengths adding up, topic and properties shape), over numpy columns of every record
-    2. the body CRC of every record: crc32 (formats/crc.py) mapped over the bodies, against
-       the CRC column
-       (1 and 2 are mqstore.formats.record_columns, shared with the commit log's Read)
-    3. bodies decompressed where SYSFLAG says so
-    4. one small Message per record: its body and its raw record; every other field is decoded
+    1. every check of `read_record` on every record (magic, TOTALSIZE, header, body, topic and
+       properties lengths adding up, topic and properties shape, the whole-record or the body
+       CRC), one compiled loop that also copies out the bodies and reads the queue offsets and
+       sysflags (mqstore.formats.record_columns.check_records, shared with the commit log's
+       Read; pinned to read_record, verdict for verdict)
+    2. bodies decompressed where SYSFLAG says so
+    3. one small Message per record: its body and its raw record; every other field is decoded
        from the raw record the first time one is read (most consumers read the body alone)
 
-A record any vectorised check doubts goes through `read_record` itself, whose verdict stands:
-a record it accepts becomes a Message, anything else is DataLoss. Corrupt bytes are never
-handed to the caller.
+A record that fails is DataLoss with read_record's reason. Corrupt bytes are never handed to
+the caller.
 
 What a record that fails does to its answer: `decode_records` / `decode_batch` / `decode_run`
 raise DataLoss for the whole answer (one record asked for, a lookup); `decode_answer` (the
@@ -23,8 +22,9 @@ consumer's) keeps every other record and lists the ones that failed with why (`U
 so that the messages before a bad record are handed out and the bad one is surfaced at its
 place (client/errors.BadRecord).
 
-numpy is imported on the first decode, not with the package: it costs 0.3 s to import, and the
-`mqstore` command mostly never decodes a record.
+The record checks (and numpy, which record_columns imports) are imported on the first decode,
+not with the package: numpy costs 0.3 s to import, and the `mqstore` command mostly never
+decodes a record.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from mqstore.formats.record import (
     CheckedFields,
     Record,
     checked_fields,
-    read_record,
 )
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.messages import host_text
@@ -316,8 +315,8 @@ def decode_answer(
     others' run, their queue offsets, the failed ones in answer order). A record at index i of
     the answer is at index i - (failed ones before it) of the run. DataLoss only when the
     answer itself does not hold together (sizes that do not add up to the blob)."""
-    bodies, raws, made, queue_offsets, failed = _decoded(blob, sizes)
-    return MessageRun(bodies, raws, made), queue_offsets, failed
+    bodies, raws, queue_offsets, failed = _decoded(blob, sizes)
+    return MessageRun(bodies, raws, {}), queue_offsets, failed
 
 
 class _Raws:
@@ -364,8 +363,8 @@ class MessageRun(Sequence[Message]):
     messages out one at a time (Consumer.messages) makes each as it goes, and the caller's
     loop drops it again: a thousand Messages made at once and kept until handed out outlive
     the collector's youngest generation, and its scans of them were ~15 % of a consumer's CPU
-    at 1 KiB. Asking for one index twice gives two equal Messages. Records that only
-    read_record passed are made up front (`made`)."""
+    at 1 KiB. Asking for one index twice gives two equal Messages. Messages made already (a
+    batch's answer in the `records` form, PolledBatch.of) are held by index (`made`)."""
 
     __slots__ = ("_bodies", "_made", "_raws")
 
@@ -516,61 +515,39 @@ class PolledBatch(Sequence[Message]):
 
 def _decoded(
     blob: bytes, sizes: Iterable[int]
-) -> tuple[list[bytes], _Raws, dict[int, Message], list[int], list[Undecodable]]:
-    """The records of `blob` checked: (bodies, raw records, the Messages of records only
-    read_record passed by index, queue offsets, the records that failed), the failed ones
-    left out of the others. DataLoss when the sizes do not fit the blob."""
-    import numpy as np  # noqa: PLC0415 - see the module docstring
-
+) -> tuple[list[bytes], _Raws, list[int], list[Undecodable]]:
+    """The records of `blob` checked: (bodies, raw records, queue offsets, the records that
+    failed), the failed ones left out of the others. DataLoss when the sizes do not fit the
+    blob."""
     from mqstore.formats.record_columns import check_records  # noqa: PLC0415 - numpy
 
-    size_list = list(sizes)
+    size_list = sizes if isinstance(sizes, list) else list(sizes)
     try:
         checked = check_records(blob, size_list)
     except ValueError as err:
         raise DataLoss(f"an answer's records do not match their sizes: {err}") from None
     n = len(size_list)
-    if not n:
-        return [], _Raws([], [], []), {}, [], []
-    raws = _Raws([blob] * n, checked.starts.tolist(), checked.ends.tolist())
-    why: dict[int, str] = {}
-    made: dict[int, Message] = {}
-    if checked.head is None:
-        # Too short to gather from: read_record decides, record by record.
+    starts, ends = checked.starts.tolist(), checked.ends.tolist()
+    bodies = checked.bodies
+    why = {i: f"a record from the store fails its checks: {r}" for i, r in checked.failed}
+    if checked.flags_any & sysflag.COMPRESSED:
+        flags = checked.sys_flags.tolist()
         for i in range(n):
-            try:
-                made[i] = _checked(raws[i])
-            except DataLoss as err:
-                why[i] = str(err)
-        bodies = [m.body if m is not None else b"" for m in map(made.get, range(n))]
-        queue_offsets = [m.queue_offset if m is not None else -1 for m in map(made.get, range(n))]
-    else:
-        ok = checked.ok
-        bodies = checked.bodies
-        flags = checked.head["sys_flag"]
-        for i in np.flatnonzero(ok & ((flags & sysflag.COMPRESSED) != 0)).tolist():
-            try:
-                bodies[i] = decompress(bodies[i], int(flags[i]))
-            except DataLoss as err:
-                why[i] = str(err)
-        queue_offsets = checked.head["queue_offset"].tolist()
-        for i in np.flatnonzero(~ok).tolist():
-            try:
-                made[i] = _checked(raws[i])
-            except DataLoss as err:
-                why[i] = str(err)
-                continue
-            queue_offsets[i] = made[i].queue_offset
-            bodies[i] = made[i].body  # the bodies column holds every record's (PolledBatch)
+            if flags[i] & sysflag.COMPRESSED and i not in why:
+                try:
+                    bodies[i] = decompress(bodies[i], flags[i])
+                except DataLoss as err:
+                    why[i] = str(err)
+    queue_offsets = checked.queue_offsets.tolist()
     if not why:
-        return bodies, raws, made, queue_offsets, []
-    failed = [Undecodable(i, _physical_offset(raws[i]), why[i]) for i in sorted(why)]
+        return bodies, _Raws([blob] * n, starts, ends), queue_offsets, []
+    failed = [
+        Undecodable(i, _physical_offset(blob[starts[i] : ends[i]]), why[i]) for i in sorted(why)
+    ]
     keep = [i for i in range(n) if i not in why]
-    kept = {i: k for k, i in enumerate(keep)}
     return (
         [bodies[i] for i in keep],
-        _Raws([blob] * len(keep), [raws.starts[i] for i in keep], [raws.ends[i] for i in keep]),
-        {kept[i]: m for i, m in made.items() if i in kept},
+        _Raws([blob] * len(keep), [starts[i] for i in keep], [ends[i] for i in keep]),
         [queue_offsets[i] for i in keep],
         failed,
     )
@@ -615,12 +592,3 @@ def _lazy_messages(bodies: list[bytes], raws: list[bytes]) -> list[Message]:
         m._raw = raw
         append(m)
     return out
-
-
-def _checked(raw: bytes) -> Message:
-    """One record through read_record: its verdict stands."""
-    decoded = read_record(raw, 0, len(raw))
-    if not isinstance(decoded, Record):
-        reason = getattr(decoded, "reason", "not a record")
-        raise DataLoss(f"a record from the store fails its checks: {reason}")
-    return Message._of(decoded)

@@ -35,6 +35,17 @@ def walk(
 
 # _core_check.pxi
 
+CHECK_COLUMNS: Final[int]
+
+def check(
+    blob: Buffer,
+    sizes: object,
+    expected_offsets: object,
+    bodies: bool,
+    check_crc: bool = True,
+) -> tuple[bytearray, list[bytes] | None, list[tuple[int, int, int, int]], int]: ...
+def chain(buf: Buffer, pos: int, end: int, base_offset: int) -> tuple[bytearray, int]: ...
+
 # _core_encode.pxi
 
 # _core_frames.pxi

@@ -17,6 +17,7 @@ from mqstore.client.errors import DataLoss
 from mqstore.client.message import (
     FIELDS,
     Message,
+    MessageRun,
     PolledBatch,
     decode_batch,
     decode_record_list,
@@ -76,7 +77,15 @@ def eager(raw: bytes) -> Message:
 
 
 def accepted(raw: bytes) -> bool:
-    return isinstance(read_record(raw, 0, len(raw)), Record)
+    """read_record takes it, and it is one whole record (nothing after it in its slot)."""
+    got = read_record(raw, 0, len(raw))
+    return isinstance(got, Record) and got.total_size == len(raw)
+
+
+def made_at(run: MessageRun, i: int) -> MessageRun:
+    """The run with its i-th Message made already (as PolledBatch.of holds an answer's
+    Messages in the `records` form)."""
+    return MessageRun(run._bodies, run._raws, {i: run[i]})
 
 
 def assorted() -> list[bytes]:
@@ -129,7 +138,6 @@ def test_decode_batch_gives_each_records_queue_offset_and_the_list_form_agrees()
 
 
 def test_a_run_makes_the_messages_decode_batch_makes_as_they_are_asked_for() -> None:
-    # assorted() holds a V2 record (a long topic) that only read_record passes: made up front.
     raws = assorted()
     blob, sizes = b"".join(raws), [len(r) for r in raws]
     messages, offsets = decode_batch(blob, sizes)
@@ -137,8 +145,10 @@ def test_a_run_makes_the_messages_decode_batch_makes_as_they_are_asked_for() -> 
     assert run_offsets == offsets and len(run) == len(messages) and bool(run)
     assert list(run) == messages == [eager(r) for r in raws]
     assert run[-1] == messages[-1] and run[1:3] == messages[1:3] and run[::-2] == messages[::-2]
-    assert run[6] is run[6]  # the V2 record's Message was made up front
-    assert run[0] == run[0] and run[0] is not run[0]  # the others: made each time, equal
+    assert run[0] == run[0] and run[0] is not run[0]  # made each time, equal
+    assert run[6] == run[6] and run[6] is not run[6]  # a V2 record's as well
+    made = made_at(run, 6)
+    assert made[6] is made[6] and list(made) == messages
     with pytest.raises(IndexError):
         run[len(raws)]
     with pytest.raises(IndexError):
@@ -157,12 +167,12 @@ def test_a_run_makes_the_messages_decode_batch_makes_as_they_are_asked_for() -> 
 @pytest.mark.parametrize("start", [0, 3, 6, 7, 12])
 def test_a_runs_rest_joined_to_the_next_run_is_both_in_order(start: int) -> None:
     """MessageRun.after (a consumer's buffer meeting the next answer of its queue): the
-    messages from `start` on, then the next run's, the ones made up front (V2 records) kept
-    at their new places."""
-    first = assorted()  # index 6: a V2 record, made up front
+    messages from `start` on, then the next run's, the ones made already kept at their new
+    places."""
+    first = assorted()
     second = [record(i) for i in range(40, 44)] + [record(44, topic="T" * 200)]
-    a, _ = decode_run(b"".join(first), [len(r) for r in first])
-    b, _ = decode_run(b"".join(second), [len(r) for r in second])
+    a = made_at(decode_run(b"".join(first), [len(r) for r in first])[0], 6)
+    b = made_at(decode_run(b"".join(second), [len(r) for r in second])[0], 4)
     joined = a.after(start, b)
     want = [eager(r) for r in first[start:] + second]
     assert len(joined) == len(want) and list(joined) == want and joined[:] == want
@@ -173,11 +183,11 @@ def test_a_runs_rest_joined_to_the_next_run_is_both_in_order(start: int) -> None
 
 def test_a_run_extended_in_place_holds_both_runs_in_order_with_made_messages_moved() -> None:
     """MessageRun.extend (a second answer for a queue met in the same look as the first):
-    the same run grows; the next run's made-up-front Message (a V2 record) keeps its object."""
+    the same run grows; the next run's Message made already keeps its object."""
     first = [record(i) for i in range(10, 13)]
-    second = assorted()  # index 6: a V2 record, made up front
+    second = assorted()
     a, _ = decode_run(b"".join(first), [len(r) for r in first])
-    b, _ = decode_run(b"".join(second), [len(r) for r in second])
+    b = made_at(decode_run(b"".join(second), [len(r) for r in second])[0], 6)
     a.extend(b)
     want = [eager(r) for r in first + second]
     assert len(a) == len(want) and list(a) == want and a[:] == want
@@ -228,13 +238,14 @@ def test_a_message_pickles_as_its_decoded_value() -> None:
     assert copy.msg_id == eager(raw).msg_id and copy.store_host.startswith("[2001:db8::7]")
 
 
-def test_from_record_accepts_what_read_record_accepts_trailing_bytes_included() -> None:
+def test_from_record_accepts_one_whole_record_and_nothing_else() -> None:
     raw = record(3)
     assert Message.from_record(raw) == eager(raw)
-    # read_record(raw, 0, len(raw)) reads TOTALSIZE bytes and ignores what follows.
-    assert Message.from_record(raw + b"\x00" * 7) == eager(raw)
-    with pytest.raises(DataLoss):
-        Message.from_record(raw[:-1])
+    # read_record(raw, 0, len(raw)) would read TOTALSIZE bytes and ignore what follows: bytes
+    # after the record are not one whole record.
+    for wrong in (raw + b"\x00" * 7, raw[:-1]):
+        with pytest.raises(DataLoss, match=r"not one whole record|does not fit"):
+            Message.from_record(wrong)
 
 
 # -- the verdict ----------------------------------------------------------------------------------
@@ -310,9 +321,10 @@ def test_records_split_at_the_wrong_places_are_data_loss() -> None:
     a, b, _ = (len(r) for r in raws)
     with pytest.raises(DataLoss):
         decode_records(blob, [a + 4, b - 4, len(blob) - a - b])
-    # Two records given as one: read_record reads the first TOTALSIZE bytes and ignores the
-    # rest, and its verdict stands (cq_svc never frames records so: it checks each size).
-    assert decode_records(blob, [a, len(blob) - a]) == [eager(raws[0]), eager(raws[1])]
+    # Two records given as one: not one whole record (read_record alone would read the first
+    # and drop the second unseen).
+    with pytest.raises(DataLoss, match="not one whole record"):
+        decode_records(blob, [a, len(blob) - a])
 
 
 @pytest.mark.parametrize("record_crc", [True, False], ids=["record-crc", "body-crc-only"])
@@ -339,9 +351,9 @@ def test_a_body_crc_mismatch_is_data_loss_and_an_empty_bodys_crc_is_not_checked(
 
 
 def test_a_byte_changed_in_any_field_is_data_loss_in_the_sdk() -> None:
-    """The SDK's checks (record_columns, then read_record) refuse a record whose born time,
+    """The SDK's checks (record_columns.check_records) refuse a record whose born time,
     queue id, flag, hosts, topic or properties changed: the whole-record CRC covers them. Each
-    byte of a record, as one of a batch of like records (the column checks) and alone."""
+    byte of a record, as one of a batch of like records and alone."""
     batch = [record(i, body=b"x" * 40) for i in range(40)]
     sizes = [len(r) for r in batch]
     for at in range(len(batch[0])):
@@ -354,9 +366,8 @@ def test_a_byte_changed_in_any_field_is_data_loss_in_the_sdk() -> None:
 
 
 def test_a_polled_batchs_bodies_hold_the_records_only_read_record_passed() -> None:
-    """A long (V2) topic's records are left over by the column checks and decoded by
-    read_record: their bodies are in the bodies column as in the Messages (found by a review:
-    the column held b"" for them)."""
+    """A long (V2) topic's records: their bodies are in the bodies column as in the Messages
+    (found by a review: the column held b"" for them when a second check decoded them)."""
     topic = "%RETRY%" + "g" * 130
     raws = [
         encode_record(topic=topic, queue_id=0, body=b"body-%d" % i, queue_offset=i)

@@ -34,7 +34,7 @@ from commitlog_testlib import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog_svc.commitlog import READ_COLUMNS_MIN_RECORDS, CommitLog
+from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import FlushMode
 from commitlog_svc.messages import MessageIn
 from mqstore.errors import CorruptRecord, DataLoss, InvalidArgument, MqstoreError, OutOfRange
@@ -170,12 +170,9 @@ def test_every_record_at_once_serves_all_but_the_damaged(store: Store) -> None:
     assert_matches_lone_reads(store.log, ranges)
 
 
-@pytest.mark.parametrize("count", [1, READ_COLUMNS_MIN_RECORDS - 1, READ_COLUMNS_MIN_RECORDS])
-def test_a_damaged_record_is_cut_out_whether_or_not_the_columns_check_it(
-    store: Store, count: int
-) -> None:
-    """Below READ_COLUMNS_MIN_RECORDS every record goes through read_record; from it on, the
-    column checks first. Either way the damaged one is not in the blob."""
+@pytest.mark.parametrize("count", [1, 2, 8])
+def test_a_damaged_record_is_cut_out_alone_or_among_others(store: Store, count: int) -> None:
+    """The damaged record first of one range, or of several: it is not in the blob."""
     first = next(i for i, s in enumerate(store.kept) if s.offset in store.damaged)
     ranges = [(s.offset, s.size) for s in store.kept[first : first + count]]
     _, served, errors = store.log.read_blob([o for o, _ in ranges], [z for _, z in ranges])

@@ -1,21 +1,26 @@
-"""record_chain.record_starts follows exactly the chain a record-by-record walk of TOTALSIZE
-follows (framing: TOTALSIZE, magic, own offset), over the logs the recovery-walk tests build:
-every record shape, records planted inside bodies at their own position (false candidates),
-damage of every kind, blanks, and an `end` that falls anywhere, inside a record included."""
+"""record_chain.record_starts (compiled: _core_check.pxi's chain) follows exactly the chain a
+record-by-record walk of TOTALSIZE in Python follows (framing: TOTALSIZE, magic, own offset),
+over the logs the recovery-walk tests build: every record shape, records planted inside bodies
+at their own position, damage of every kind, blanks, and an `end` that falls anywhere, inside a
+record included."""
 
 from __future__ import annotations
 
 import random
 import struct
-from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.formats import record_chain
-from mqstore.formats.record import PHYSICAL_OFFSET_POS, encode_blank, encode_record
+from mqstore.errors import InvariantViolation
+from mqstore.formats.record import (
+    PHYSICAL_OFFSET_POS,
+    RECORD_BYTES_MIN,
+    encode_blank,
+    encode_record,
+)
 from mqstore.formats.record_chain import record_starts
-from mqstore.formats.record_columns import RECORD_BYTES_MIN
 from tests.formats.test_record_walk import DAMAGE, build_log, damage
 
 _SIZE_MAGIC = struct.Struct(">ii")
@@ -45,8 +50,6 @@ def reference(buf: bytes | bytearray, pos: int, end: int, base: int) -> tuple[li
     base=st.sampled_from([0, 4096, (1 << 40) + 12]),
     blank=st.booleans(),
     cut=st.floats(0, 1),
-    small=st.sampled_from([0, 0, 300, 2048]),
-    stride_min=st.sampled_from([1, 2, 16]),
 )
 def test_record_starts_follow_the_chain_a_walk_follows(
     seed: int,
@@ -56,8 +59,6 @@ def test_record_starts_follow_the_chain_a_walk_follows(
     base: int,
     blank: bool,
     cut: float,
-    small: int,
-    stride_min: int,
 ) -> None:
     rng = random.Random(seed)
     data = build_log(rng, base, count, layout=layout)
@@ -65,13 +66,7 @@ def test_record_starts_follow_the_chain_a_walk_follows(
         data += encode_blank(64) + bytes(56)
     data = damage(rng, data, kinds)
     end = int(len(data) * cut) if rng.random() < 0.5 else len(data)
-    with (
-        mock.patch.object(record_chain, "SMALL_RUN_BYTES", small),
-        mock.patch.object(record_chain, "STRIDE_RUN_MIN", stride_min),
-        mock.patch.object(record_chain, "CHAIN_BREAKS_MAX", rng.choice([0, 1, 64])),
-        mock.patch.object(record_chain, "WINDOW_BYTES", rng.choice([1, 500, 3000, 16 << 20])),
-    ):
-        starts, stop = record_starts(bytes(data), 0, end, base)
+    starts, stop = record_starts(bytes(data), 0, end, base)
     want, want_stop = reference(data, 0, end, base)
     assert starts.tolist() == want
     assert stop == want_stop
@@ -87,10 +82,20 @@ def test_a_record_planted_in_a_body_at_its_own_place_is_not_taken_for_a_boundary
         inner = encode_record(topic="A", queue_id=0, body=b"x", physical_offset=at + 88 + 10)
         body[10 : 10 + len(inner)] = inner
         out += encode_record(topic="T", queue_id=0, body=bytes(body), physical_offset=at)
-    with (
-        mock.patch.object(record_chain, "SMALL_RUN_BYTES", 0),
-        mock.patch.object(record_chain, "STRIDE_RUN_MIN", 10**6),
-    ):
-        starts, stop = record_starts(bytes(out), 0, len(out), 0)
+    starts, stop = record_starts(bytes(out), 0, len(out), 0)
     assert starts.tolist() == reference(out, 0, len(out), 0)[0]
     assert len(starts) == 40 and stop == len(out)
+
+
+def test_a_chain_of_thousands_of_records_and_ranges_outside_the_buffer() -> None:
+    """The starts grow past any first guess; a range outside the buffer is refused."""
+    one = encode_record(topic="T", queue_id=0, body=b"b")
+    out = bytearray()
+    for _ in range(5000):
+        out += encode_record(topic="T", queue_id=0, body=b"b", physical_offset=len(out))
+    starts, stop = record_starts(out, 0, len(out), 0)
+    assert starts.tolist() == list(range(0, len(out), len(one))) and stop == len(out)
+    assert record_starts(out, 10, 10, 0)[0].tolist() == []
+    for pos, end in ((-1, 10), (5, 4), (0, len(out) + 1)):
+        with pytest.raises(InvariantViolation):
+            record_starts(out, pos, end, 0)

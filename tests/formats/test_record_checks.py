@@ -32,7 +32,7 @@ from mqstore.formats.record import (
     record_crc_property,
     stored_record_crc,
 )
-from mqstore.formats.record_columns import VIEW_CRC_RECORD_BYTES_MIN, check_records
+from mqstore.formats.record_columns import check_records
 from mqstore.limits import MessageLimits
 
 BODY = b"check-table-body"  # 16 bytes
@@ -498,10 +498,9 @@ def test_limits_are_configurable_and_enforced_as_configured() -> None:
 
 
 @pytest.mark.parametrize("body_bytes", [16, 1024])
-def test_column_checks_without_bodies_give_the_verdicts_of_read_record(body_bytes: int) -> None:
-    """check_records(bodies=False), as the Read and cq_svc's local reads call it (bodies of
-    1 KiB are checked through views, not copied): each record's verdict is read_record's, and
-    the same as with bodies."""
+def test_checks_of_many_records_give_the_verdicts_of_read_record(body_bytes: int) -> None:
+    """check_records, as the Read and cq_svc's local reads call it (no bodies) and as the SDK
+    does (bodies): each record's verdict is read_record's, its reason included."""
     raws = [
         rec(physical_offset=1000 + i, body=bytes([i]) * body_bytes + b"%d" % i) for i in range(40)
     ]
@@ -512,13 +511,13 @@ def test_column_checks_without_bodies_give_the_verdicts_of_read_record(body_byte
     sizes = [len(r) for r in raws]
     offsets = [1000 + i for i in range(40)]
     offsets[20] += 1  # PHYSICALOFFSET: not where it was read
-    assert (len(blob) >= len(raws) * VIEW_CRC_RECORD_BYTES_MIN) == (body_bytes > 16)
     lean = check_records(blob, sizes, offsets, bodies=False)
     full = check_records(blob, sizes, offsets)
     alone = [
-        isinstance(read_record(r, 0, len(r), check_crc=True, expected_offset=o), Record)
+        read_record(r, 0, len(r), check_crc=True, expected_offset=o)
         for r, o in zip(raws, offsets, strict=True)
     ]
-    assert lean.ok.tolist() == full.ok.tolist() == alone
-    assert [i for i, ok in enumerate(alone) if not ok] == [3, 7, 11, 20]
+    want = [(i, got.reason) for i, got in enumerate(alone) if isinstance(got, Bad)]
+    assert lean.failed == full.failed == want
+    assert [i for i, _ in want] == [3, 7, 11, 20]
     assert lean.bodies == [] and len(full.bodies) == 40

@@ -1,6 +1,6 @@
-"""check_records has two ways to its verdicts: numpy columns for many records, and one record at
-a time in Python for a few (`_check_few`, up to SMALL_BATCH_RECORDS_MAX). Whichever runs, the
-result is the same, and every record either path passes is one read_record accepts."""
+"""check_records, the compiled check of many whole records (formats/_core_check.pxi), against
+read_record, the reference: for every record, damaged ones included, the same verdict (passed,
+or failed with read_record's reason) and the same fields."""
 
 from __future__ import annotations
 
@@ -13,20 +13,14 @@ from hypothesis import strategies as st
 
 from mqstore.formats import sysflag
 from mqstore.formats.record import (
+    Bad,
     Record,
+    encode_blank,
     encode_record,
+    field_spans,
     read_record,
-    record_crc_property,
-    stored_record_crc,
 )
-from mqstore.formats.record_columns import (
-    SMALL_BATCH_RECORDS_MAX,
-    CheckedRecords,
-    _check_columns,
-    _check_few,
-    check_records,
-    stored_crcs,
-)
+from mqstore.formats.record_columns import NOT_WHOLE, check_records
 
 V6_HOST = bytes(range(16)) + b"\x00\x00\x10\x00"
 
@@ -55,14 +49,19 @@ def records(draw: st.DrawFn) -> tuple[bytes, int]:
         props += draw(st.sampled_from(LOOKALIKES))
     offset = draw(st.integers(0, 1 << 40))
     v6 = draw(st.booleans())
+    store_v6 = draw(st.booleans())
     raw = encode_record(
         topic=topic,
         queue_id=draw(st.integers(0, 7)),
         body=body,
         properties=props,
         physical_offset=offset,
-        sys_flag=sysflag.BORNHOST_V6 if v6 else 0,
+        queue_offset=draw(st.integers(0, 1 << 40)),
+        sys_flag=(sysflag.BORNHOST_V6 if v6 else 0)
+        | (sysflag.STOREHOST_V6 if store_v6 else 0)
+        | draw(st.sampled_from([0, sysflag.COMPRESSED, sysflag.TRANSACTION_PREPARED_TYPE])),
         born_host=V6_HOST if v6 else b"\x7f\x00\x00\x01\x00\x00\x00\x00",
+        store_host=V6_HOST if store_v6 else b"\x0a\x00\x00\x02\x00\x00\x27\x10",
         record_crc=record_crc,
     )
     return raw, offset
@@ -71,20 +70,28 @@ def records(draw: st.DrawFn) -> tuple[bytes, int]:
 @st.composite
 def damaged(draw: st.DrawFn) -> tuple[bytes, int]:
     """A record as records() makes it, then maybe one byte changed (anywhere, or in the last
-    20 bytes, where the CRC property sits), a field rewritten or the offset asked for moved."""
+    20 bytes, where the CRC property sits), a field rewritten, the offset asked for moved, its
+    slot cut or lengthened, or something else in its place (a blank, a few bytes)."""
     raw, offset = draw(records())
-    kind = draw(st.sampled_from(["none", "flip", "flip_tail", "field", "offset"]))
+    kinds = ["none", "flip", "flip_tail", "field", "field", "offset", "cut", "longer", "other"]
+    kind = draw(st.sampled_from(kinds))
     if kind in ("flip", "flip_tail"):
         lowest = len(raw) - 20 if kind == "flip_tail" else 0
         at = draw(st.integers(lowest, len(raw) - 1))
         raw = raw[:at] + bytes([raw[at] ^ draw(st.integers(1, 255))]) + raw[at + 1 :]
-    elif kind == "field":
-        at = draw(st.sampled_from([0, 4, 8, 36, 84]))  # size, magic, CRC, SYSFLAG, body length
+    elif kind == "field":  # any field's bytes rewritten (record.field_spans names them)
+        _, start, end = draw(st.sampled_from([f for f in field_spans(raw) if f[2] > f[1]]))
         out = bytearray(raw)
-        struct.pack_into(">i", out, at, draw(st.integers(-(1 << 31), (1 << 31) - 1)))
+        out[start:end] = draw(st.binary(min_size=end - start, max_size=end - start))
         raw = bytes(out)
     elif kind == "offset":
         offset += draw(st.integers(1, 5))
+    elif kind == "cut":
+        raw = raw[: draw(st.integers(0, len(raw) - 1))]
+    elif kind == "longer":
+        raw += bytes(draw(st.integers(1, 9)))
+    elif kind == "other":
+        raw = draw(st.sampled_from([encode_blank(len(raw)), bytes(len(raw)), raw[:7]]))
     return raw, offset
 
 
@@ -93,7 +100,7 @@ def like_batch(draw: st.DrawFn) -> list[tuple[bytes, int]]:
     """A producer's batch: records of one size and layout at their own offsets (the columns
     read their fields as columns of a matrix), one of them maybe damaged."""
     raw, offset = draw(records())
-    n = draw(st.integers(2, 3 * SMALL_BATCH_RECORDS_MAX))
+    n = draw(st.integers(2, 100))
     out = []
     for i in range(n):
         one = bytearray(raw)
@@ -108,125 +115,127 @@ def like_batch(draw: st.DrawFn) -> list[tuple[bytes, int]]:
     return out
 
 
-def same(a: CheckedRecords, b: CheckedRecords) -> None:
-    assert a.ok.tolist() == b.ok.tolist()
-    assert a.starts.tolist() == b.starts.tolist() and a.ends.tolist() == b.ends.tolist()
-    assert a.bodies == b.bodies
-    assert (a.head is None) == (b.head is None)
-    if a.head is not None:
-        assert a.head.tobytes() == b.head.tobytes()
-        assert a.head.dtype == b.head.dtype
+def reference(raw: bytes, offset: int, check_crc: bool) -> Record | str:
+    """read_record's verdict of one record in a slot of its own: the Record, or why not."""
+    got = read_record(raw, 0, len(raw), check_crc=check_crc, expected_offset=offset)
+    if isinstance(got, Bad):
+        return got.reason
+    if isinstance(got, Record) and got.total_size == len(raw):
+        return got
+    return NOT_WHOLE  # a blank, or a record shorter than its slot
 
 
-def all_agree(raws: list[bytes], offsets: list[int] | None, bodies: bool) -> CheckedRecords:
-    """One record at a time, the columns, check_records, and check_records given int arrays
-    (as cq_svc's local reads pass them): the same verdicts, whichever decides."""
+def agree(drawn: list[tuple[bytes, int]], with_offsets: bool, check_crc: bool) -> None:
+    """check_records of the records end to end against read_record of each, with bodies and
+    without, sizes and offsets as lists and as int64 arrays."""
+    raws = [raw for raw, _ in drawn]
+    offsets = [o for _, o in drawn] if with_offsets else None
     blob = b"".join(raws)
     sizes = [len(r) for r in raws]
-    few = _check_few(blob, sizes, offsets, bodies)
-    same(few, _check_columns(blob, sizes, offsets, bodies))
-    same(few, check_records(blob, sizes, offsets, bodies=bodies))
-    arrays = None if offsets is None else np.array(offsets, dtype=np.int64)
-    same(few, check_records(blob, np.array(sizes), arrays, bodies=bodies))
-    return few
+    want = [reference(r, o if with_offsets else -1, check_crc) for r, o in drawn]
+    lean = check_records(
+        blob, np.array(sizes), offsets and np.array(offsets), bodies=False, check_crc=check_crc
+    )
+    got = check_records(blob, sizes, offsets, check_crc=check_crc)
+    failed = {f.record_index: f.reason for f in got.failed}
+    assert [(f.record_index, f.reason) for f in lean.failed] == sorted(failed.items())
+    assert got.ok == (not failed) and lean.bodies == []
+    at = 0
+    flags_any = 0
+    for i, (raw, w) in enumerate(zip(raws, want, strict=True)):
+        assert (got.starts[i], got.ends[i]) == (at, at + len(raw))
+        at += len(raw)
+        if isinstance(w, str):
+            assert failed.get(i) == w
+            assert got.bodies[i] == b"" and got.queue_offsets[i] == 0
+            continue
+        assert i not in failed
+        assert got.bodies[i] == w.body
+        fields = (w.queue_id, w.queue_offset, w.physical_offset, w.sys_flag)
+        assert (
+            got.queue_ids[i],
+            got.queue_offsets[i],
+            got.physical_offsets[i],
+            got.sys_flags[i],
+        ) == fields
+        assert (
+            lean.queue_ids[i],
+            lean.queue_offsets[i],
+            lean.physical_offsets[i],
+            lean.sys_flags[i],
+        ) == fields
+        flags_any |= w.sys_flag
+    assert got.flags_any == lean.flags_any == flags_any
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    st.lists(damaged(), min_size=1, max_size=SMALL_BATCH_RECORDS_MAX),
-    st.booleans(),
-    st.booleans(),
-    st.integers(0, 3),
-)
-def test_a_few_records_get_the_verdicts_of_the_columns_and_of_read_record(
-    drawn: list[tuple[bytes, int]], bodies: bool, with_offsets: bool, short: int
+@settings(max_examples=300, deadline=None)
+@given(st.lists(damaged(), min_size=1, max_size=12), st.booleans(), st.booleans())
+def test_each_record_gets_the_verdict_and_fields_of_read_record(
+    drawn: list[tuple[bytes, int]], with_offsets: bool, check_crc: bool
 ) -> None:
-    raws = [raw for raw, _ in drawn]
-    if short and len(raws) > 1:
-        raws[-1] = raws[-1][: 40 + short]  # one too short to gather from: all left over
-    offsets = [o for _, o in drawn] if with_offsets else None
-    few = all_agree(raws, offsets, bodies)
-    for i, raw in enumerate(raws):
-        if few.ok[i]:
-            got = read_record(
-                raw, 0, len(raw), expected_offset=-1 if offsets is None else offsets[i]
-            )
-            assert isinstance(got, Record) and got.total_size == len(raw)
-            if bodies:
-                assert few.bodies[i] == got.body
+    agree(drawn, with_offsets, check_crc)
 
 
-def test_sizes_that_do_not_add_up_are_refused_alike() -> None:
-    raw, _ = encode_record(topic="T", queue_id=0, body=b"b"), 0
-    for sizes in ([len(raw) + 1], [len(raw), -1], [1, len(raw) - 1 + 5]):
-        for check in (_check_few, _check_columns):
-            try:
-                check(raw, sizes, None, True)
-            except ValueError:
-                continue
-            raise AssertionError(f"{check.__name__} took sizes {sizes}")
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(like_batch(), st.lists(damaged(), min_size=1, max_size=100)), st.booleans())
+def test_many_records_get_the_verdicts_of_read_record(
+    drawn: list[tuple[bytes, int]], with_offsets: bool
+) -> None:
+    agree(drawn, with_offsets, True)
+
+
+def test_sizes_that_do_not_add_up_are_refused() -> None:
+    raw = encode_record(topic="T", queue_id=0, body=b"b")
+    for sizes in ([len(raw) + 1], [len(raw), -1], [1, len(raw) - 1 + 5], [len(raw), 0, 1]):
+        with pytest.raises(ValueError):
+            check_records(raw, sizes)
+        with pytest.raises(ValueError):
+            check_records(raw, np.array(sizes, dtype=np.int64))
 
 
 def test_offsets_that_are_not_one_a_record_are_refused() -> None:
     """An array of one offset would broadcast over every record (found by a review)."""
     raw = encode_record(topic="T", queue_id=0, body=b"b")
-    for n in (2, SMALL_BATCH_RECORDS_MAX + 1):  # one at a time, and as columns
+    for n in (1, 2, 40):
         blob, sizes = raw * n, [len(raw)] * n
-        for wrong in (1, 0, n + 1):
+        for wrong in (0, n + 1):
             for offsets in (np.zeros(wrong, dtype=np.int64), [0] * wrong):
                 with pytest.raises(ValueError):
                     check_records(blob, sizes, offsets)
 
 
-def test_no_records_is_an_empty_verdict_both_ways() -> None:
-    for check in (_check_few, _check_columns):
-        got = check(b"", [], None, True)
-        assert got.ok.tolist() == [] and got.head is None and got.bodies == []
-    assert np.array_equal(_check_few(b"", [], None, True).starts, np.zeros(0, dtype=np.int64))
+def test_no_records_is_an_empty_verdict() -> None:
+    got = check_records(b"", [])
+    assert got.ok and got.bodies == [] and got.starts.tolist() == [] and got.flags_any == 0
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    st.one_of(like_batch(), st.lists(damaged(), min_size=1, max_size=3 * SMALL_BATCH_RECORDS_MAX)),
-    st.booleans(),
-    st.booleans(),
-)
-def test_the_columns_of_many_records_give_the_verdicts_of_one_at_a_time(
-    drawn: list[tuple[bytes, int]], bodies: bool, with_offsets: bool
-) -> None:
-    """Past SMALL_BATCH_RECORDS_MAX the columns decide, reading a batch of like records as a
-    matrix; one record at a time decides alike."""
-    all_agree([raw for raw, _ in drawn], [o for _, o in drawn] if with_offsets else None, bodies)
+def test_sizes_and_offsets_of_any_int_type_read_alike() -> None:
+    """int32 arrays or numpy ints are read one by one, not as int64 bytes."""
+    one = encode_record(topic="T", queue_id=0, body=b"b", physical_offset=0)
+    raws = [one, encode_record(topic="T", queue_id=0, body=b"b", physical_offset=len(one))]
+    sizes = [len(r) for r in raws]
+    offsets = [0, sizes[0]]
+    for kind in (np.int32, np.int64, np.uint64):
+        got = check_records(
+            b"".join(raws), np.array(sizes, dtype=kind), np.array(offsets, dtype=kind)
+        )
+        assert got.ok and got.ends.tolist() == [sizes[0], sum(sizes)]
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.integers(0, 2**31 - 1),
-            st.lists(st.tuples(st.integers(0, 19), st.integers(0, 255)), max_size=3),
-        ),
-        min_size=1,
-        max_size=80,
-    ),
-    st.booleans(),
-)
-def test_the_crc_property_columns_read_what_stored_record_crc_reads(
-    drawn: list[tuple[int, list[tuple[int, int]]]], strided: bool
-) -> None:
-    """stored_crcs (numpy, many records) against record.stored_record_crc (one), over
-    properties as written, with bytes changed, and unlike any (as a strided view of records
-    too, as the recovery walk passes them)."""
-    tails = []
-    for crc, changes in drawn:
-        tail = bytearray(record_crc_property(crc))
-        for at, value in changes:
-            tail[at] = value
-        tails.append(bytes(tail))
-    want = [stored_record_crc(t, 20, 20) for t in tails]
-    if strided:
-        rows = np.frombuffer(b"".join(b"pad" + t for t in tails), dtype=np.uint8)
-        matrix = rows.reshape(len(tails), 23)[:, 3:]
-    else:
-        matrix = np.frombuffer(b"".join(tails), dtype=np.uint8).reshape(len(tails), 20)
-    assert stored_crcs(matrix).tolist() == want
+def test_the_rarest_verdicts_are_read_records_too() -> None:
+    """Damage the strategies seldom draw: IPv6 flags on a record too short for the hosts, and
+    a body length that leaves no room for the topic's length (V1 and V2)."""
+    small = encode_record(topic="T", queue_id=0, body=b"", record_crc=False)
+    v6 = bytearray(small)
+    v6[39] |= sysflag.BORNHOST_V6 | sysflag.STOREHOST_V6
+    drawn = [(bytes(v6), 0)]
+    for topic in ("T", "%RETRY%" + "t" * 200):
+        raw = bytearray(encode_record(topic=topic, queue_id=0, body=b"xy", record_crc=False))
+        for spare in (0, 1):
+            struct.pack_into(">i", raw, 84, len(raw) - 88 - spare)
+            drawn.append((bytes(raw), 0))
+    reasons = {reference(r, 0, True) for r, _ in drawn}
+    assert {"total size 92 shorter than the header", "topic length runs past the record"} <= {
+        r for r in reasons if isinstance(r, str)
+    }
+    agree(drawn, True, True)
