@@ -40,10 +40,11 @@ def test_a_matching_store_with_readable_segments_serves(tmp_path: Path) -> None:
     assert local.active and local.serving
     got = local.read(_arr([0]), _arr([len(record)]))
     assert got is not None
-    blob, heads = got
+    blob, checked = got
     assert blob == record
-    # The record's fixed fields as its checks read them (the servicer's unit checks reuse them).
-    assert heads["total"].tolist() == [len(record)] and heads["physical_offset"].tolist() == [0]
+    # The record's fields as its check read them (the servicer's unit checks reuse them).
+    assert checked.ok and checked.ends.tolist() == [len(record)]
+    assert checked.physical_offsets.tolist() == [0]
     assert local.serving
     local.on_handshake(b"X" * 16, 0)  # another log now: nothing from these files
     assert not local.active and not local.serving
