@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, overload
 
@@ -48,6 +48,9 @@ from mqstore.formats.record import (
 )
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.messages import host_text
+
+if TYPE_CHECKING:
+    from mqstore.formats.record_columns import CheckedRecords
 
 # Every field, in the order of the constructor and of repr (the dataclass this class was).
 FIELDS: Final = (
@@ -513,17 +516,23 @@ class PolledBatch(Sequence[Message]):
         return f"PolledBatch({len(self.bodies)} messages)"
 
 
+_check_records: Callable[..., CheckedRecords] | None = None
+
+
 def _decoded(
     blob: bytes, sizes: Iterable[int]
 ) -> tuple[list[bytes], _Raws, list[int], list[Undecodable]]:
     """The records of `blob` checked: (bodies, raw records, queue offsets, the records that
     failed), the failed ones left out of the others. DataLoss when the sizes do not fit the
     blob."""
-    from mqstore.formats.record_columns import check_records  # noqa: PLC0415 - numpy
+    global _check_records  # noqa: PLW0603 - imported on the first decode (module docstring)
+    if _check_records is None:
+        from mqstore.formats.record_columns import check_records  # noqa: PLC0415 - numpy
 
+        _check_records = check_records
     size_list = sizes if isinstance(sizes, list) else list(sizes)
     try:
-        checked = check_records(blob, size_list)
+        checked = _check_records(blob, size_list)
     except ValueError as err:
         raise DataLoss(f"an answer's records do not match their sizes: {err}") from None
     n = len(size_list)

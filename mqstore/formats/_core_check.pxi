@@ -7,7 +7,7 @@ from cpython.bytearray cimport (
     PyByteArray_FromStringAndSize,
     PyByteArray_Resize,
 )
-from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyObject_CheckBuffer
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.string cimport memcpy
 
@@ -56,12 +56,14 @@ cdef int64_t *_int64s(object values, Py_ssize_t n) except NULL:
     cdef Py_ssize_t i
     if out == NULL:
         raise MemoryError()
-    cdef bint copied = False
-    try:
-        PyObject_GetBuffer(values, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
-    except (TypeError, BufferError, ValueError):
-        pass  # a list, or no contiguous buffer: read as a sequence
-    else:
+    cdef bint copied = False, held = False
+    if PyObject_CheckBuffer(values):
+        try:
+            PyObject_GetBuffer(values, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
+            held = True
+        except (BufferError, ValueError, TypeError):
+            pass  # not contiguous: read as a sequence
+    if held:
         try:
             # int64s (numpy's int64 is "l" here): copied whole; any other items read one by one
             if (

@@ -79,8 +79,7 @@ BLANK_MAGIC: Final = -875286124  # 0xCBD43194
 END_FILE_MIN_BLANK_BYTES: Final = 8
 
 # The 40-byte prefix, TOTALSIZE .. SYSFLAG: the fields that sit at the same place in every
-# record, whatever its host sizes; the names of its fields in order (record_columns.PREFIX_DTYPE's
-# columns).
+# record, whatever its host sizes; the names of its fields in order.
 RECORD_PREFIX: Final = struct.Struct(">iiiiiqqi")
 RECORD_PREFIX_BYTES: Final = 40
 assert RECORD_PREFIX.size == RECORD_PREFIX_BYTES

@@ -82,30 +82,43 @@ START, END, QUEUE_ID, QUEUE_OFFSET, PHYSICAL_OFFSET, SYS_FLAG = range(6)
 class CheckedRecords:
     """What check_records found: the records that fail (`failed`, in order; `ok`: none did),
     each record's body (`bodies`: b"" where it failed; empty when not asked for), the OR of
-    the passed records' sysflags (`flags_any`), and `columns`, int64 rows of one entry a
-    record: START, END (where it lies in the blob: every record) and, zero where it failed,
-    QUEUE_ID, QUEUE_OFFSET, PHYSICAL_OFFSET, SYS_FLAG (each also a property by its name)."""
+    the passed records' sysflags (`flags_any`), and per record its START, END (where it lies
+    in the blob: every record) and, zero where it failed, QUEUE_ID, QUEUE_OFFSET,
+    PHYSICAL_OFFSET, SYS_FLAG: as int64 memoryviews by those names in lower case and plural
+    (`starts`, ...: `.tolist()`, indexing), or as the rows of one numpy array (`columns`)."""
 
-    __slots__ = ("bodies", "columns", "failed", "flags_any")
+    __slots__ = ("_columns", "_n", "_view", "bodies", "failed", "flags_any")
 
     def __init__(
-        self, columns: IntArray, bodies: list[bytes], failed: list[Failure], flags: int
+        self, n: int, columns: bytearray, bodies: list[bytes], failed: list[Failure], flags: int
     ) -> None:
-        self.columns = columns
+        self._n = n
+        self._columns = columns
         self.bodies = bodies
         self.failed = failed
         self.flags_any = flags
+        self._view: memoryview | None = None
 
     @property
     def ok(self) -> bool:
         return not self.failed
 
-    starts = property(lambda self: self.columns[START])
-    ends = property(lambda self: self.columns[END])
-    queue_ids = property(lambda self: self.columns[QUEUE_ID])
-    queue_offsets = property(lambda self: self.columns[QUEUE_OFFSET])
-    physical_offsets = property(lambda self: self.columns[PHYSICAL_OFFSET])
-    sys_flags = property(lambda self: self.columns[SYS_FLAG])
+    @property
+    def columns(self) -> IntArray:
+        return np.frombuffer(self._columns, dtype=np.int64).reshape(_core.CHECK_COLUMNS, self._n)
+
+    def _row(self, k: int) -> memoryview:
+        view = self._view
+        if view is None:
+            view = self._view = memoryview(self._columns).cast("q")
+        return view[k * self._n : (k + 1) * self._n]
+
+    starts = property(lambda self: self._row(START))
+    ends = property(lambda self: self._row(END))
+    queue_ids = property(lambda self: self._row(QUEUE_ID))
+    queue_offsets = property(lambda self: self._row(QUEUE_OFFSET))
+    physical_offsets = property(lambda self: self._row(PHYSICAL_OFFSET))
+    sys_flags = property(lambda self: self._row(SYS_FLAG))
 
 
 def check_records(
@@ -125,7 +138,8 @@ def check_records(
         blob, sizes, expected_offsets, bodies, check_crc
     )
     return CheckedRecords(
-        np.frombuffer(columns, dtype=np.int64).reshape(_core.CHECK_COLUMNS, len(sizes)),
+        len(sizes),
+        columns,
         body_list if body_list is not None else [],
         [_failure(*f) for f in failed] if failed else [],
         flags,
