@@ -750,7 +750,7 @@ class CommitLog:
                 ProducerRequest(
                     sequence,
                     count,
-                    encoded.base_offset + encoded.positions[0],
+                    encoded.offsets[0],
                     end,
                     tuple((i, _refusal_status(err).value) for i, err in encoded.refused),
                 ),
@@ -859,8 +859,7 @@ class CommitLog:
         return PendingAppend(result, prior.end_offset)
 
     def _result(self, encoded: EncodedBatch, store_ts: int) -> AppendResult:
-        base = encoded.base_offset
-        offsets = [base + p for p in encoded.positions]
+        offsets = encoded.offsets
         if not encoded.refused:
             return AppendResult(
                 statuses=[PutStatus.PUT_OK] * encoded.count,

@@ -1,6 +1,6 @@
 """Types of the compiled record core (mqstore/formats/_core.pyx)."""
 
-from typing import Final
+from typing import Any, Final
 
 from mqstore.formats.record import Buffer
 
@@ -36,6 +36,27 @@ def walk(
 # _core_check.pxi
 
 # _core_encode.pxi
+
+REFUSED_BODY: Final[int]
+REFUSED_TOPIC: Final[int]
+REFUSED_QUEUE_ID: Final[int]
+REFUSED_PROPERTIES_SIZE: Final[int]
+REFUSED_PROPERTIES_SHAPE: Final[int]
+REFUSED_BORN_HOST: Final[int]
+REFUSED_RECORD_SIZE: Final[int]
+
+def encode(
+    batches: list[tuple[Any, ...]],
+    store_host: bytes,
+    store_timestamp_ms: int,
+    base_offset: int,
+    queue_table: dict[str, dict[int, int]],
+    record_crc: bool,
+    body_bytes_max: int,
+    properties_bytes_max: int,
+    queue_id_max: int,
+    record_bytes_max: int,
+) -> tuple[bytes, list[int], list[int], list[int], list[int], list[tuple[int, int, int]]]: ...
 
 # _core_frames.pxi
 

@@ -1,1 +1,326 @@
-# Encode a batch of records: included by _core.pyx (none yet).
+# Encode batches of records (record_batch.BatchEncoder.encode): included by _core.pyx, whose
+# header definitions it writes records with.
+
+from cpython.bytes cimport PyBytes_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.stdint cimport uint16_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+cdef extern from *:
+    """
+    static inline void mq_put_be16(unsigned char *p, uint16_t v) {
+        v = __builtin_bswap16(v);
+        memcpy(p, &v, 2);
+    }
+    static inline void mq_put_be32(unsigned char *p, uint32_t v) {
+        v = __builtin_bswap32(v);
+        memcpy(p, &v, 4);
+    }
+    static inline void mq_put_be64(unsigned char *p, uint64_t v) {
+        v = __builtin_bswap64(v);
+        memcpy(p, &v, 8);
+    }
+    """
+    void mq_put_be16(unsigned char *p, uint16_t v) nogil
+    void mq_put_be32(unsigned char *p, uint32_t v) nogil
+    void mq_put_be64(unsigned char *p, uint64_t v) nogil
+
+
+# Why a message is refused, in prepare_message's order of checks (the first that fails).
+cdef enum:
+    REFUSED_BODY_ = 1  # body over the body limit
+    REFUSED_TOPIC_ = 2  # the batch's topic is not allowed
+    REFUSED_QUEUE_ID_ = 3  # queue id outside [0, the limit]
+    REFUSED_PROPERTIES_SIZE_ = 4  # properties (and the CRC property) over the limit
+    REFUSED_PROPERTIES_SHAPE_ = 5  # properties neither empty nor ending with 0x02
+    REFUSED_BORN_HOST_ = 6  # the batch's born host is neither 8 nor 20 bytes
+    REFUSED_RECORD_SIZE_ = 7  # the whole record over the largest (a long topic's)
+
+REFUSED_BODY = REFUSED_BODY_
+REFUSED_TOPIC = REFUSED_TOPIC_
+REFUSED_QUEUE_ID = REFUSED_QUEUE_ID_
+REFUSED_PROPERTIES_SIZE = REFUSED_PROPERTIES_SIZE_
+REFUSED_PROPERTIES_SHAPE = REFUSED_PROPERTIES_SHAPE_
+REFUSED_BORN_HOST = REFUSED_BORN_HOST_
+REFUSED_RECORD_SIZE = REFUSED_RECORD_SIZE_
+
+cdef enum:
+    HEADER_BYTES_MAX = HEADER_V4_V4_BYTES + 2 * V6_EXTRA_BYTES
+    BORN_TIMESTAMP_POS = 40
+    QUEUE_SLOTS_ENCODE = 16  # the queues of one batch counted in C before the dict is written
+
+
+cdef struct Item:
+    const unsigned char *body
+    const unsigned char *props
+    Py_ssize_t body_len
+    Py_ssize_t props_len
+    int64_t size  # 0: refused
+    int32_t queue_id
+    int32_t sys_flag
+
+
+cdef struct QueueNext:
+    int32_t queue_id
+    int64_t next
+
+
+cdef const unsigned char *_bytes_of(object item, list keep, Py_ssize_t *length) except NULL:
+    """The bytes of a body or properties blob (a copy kept alive in `keep` when not bytes)."""
+    if not PyBytes_CheckExact(item):
+        item = bytes(item)
+        keep.append(item)
+    length[0] = PyBytes_GET_SIZE(item)
+    return <const unsigned char *>PyBytes_AS_STRING(item)
+
+
+cdef int _flush_queues(dict queues, QueueNext *slots, int used) except -1:
+    cdef int i
+    for i in range(used):
+        queues[<object>slots[i].queue_id] = <object>slots[i].next
+    return 0
+
+
+cdef class _Queues:
+    """The next queue offsets of one topic while a batch takes them: counted in C slots, and
+    written to the topic's dict when the slots are full and at the end of the batch."""
+
+    cdef dict table
+    cdef object topic
+    cdef dict queues
+    cdef QueueNext slots[QUEUE_SLOTS_ENCODE]
+    cdef int used
+
+    def __cinit__(self, dict table, object topic):
+        self.table = table
+        self.topic = topic
+        self.queues = table.get(topic)
+        self.used = 0
+
+    cdef int64_t take(self, int32_t queue_id) except -1:
+        cdef int i
+        cdef int64_t offset
+        for i in range(self.used):
+            if self.slots[i].queue_id == queue_id:
+                offset = self.slots[i].next
+                self.slots[i].next = offset + 1
+                return offset
+        if self.queues is None:
+            self.queues = self.table.setdefault(self.topic, {})
+        if self.used == QUEUE_SLOTS_ENCODE:
+            self.flush()
+        offset = self.queues.get(queue_id, 0)
+        self.slots[self.used].queue_id = queue_id
+        self.slots[self.used].next = offset + 1
+        self.used += 1
+        return offset
+
+    cdef int flush(self) except -1:
+        if self.used:
+            _flush_queues(self.queues, self.slots, self.used)
+            self.used = 0
+        return 0
+
+
+cdef inline void _write_crc_property(unsigned char *record_end, uint32_t crc) noexcept:
+    """The property holding `crc`: its head, ten digits least significant first, 0x02."""
+    cdef unsigned char *p = record_end - RECORD_CRC_BYTES_
+    cdef int i
+    memcpy(p, RECORD_CRC_HEAD_, RECORD_CRC_HEAD_BYTES)
+    for i in range(RECORD_CRC_DIGITS_):
+        p[RECORD_CRC_HEAD_BYTES + i] = 48 + crc % 10
+        crc //= 10
+    p[RECORD_CRC_BYTES_ - 1] = PROPERTIES_END_BYTE_
+
+
+def encode(
+    list batches,
+    bytes store_host,
+    int64_t store_timestamp_ms,
+    int64_t base_offset,
+    dict queue_table,
+    bint record_crc,
+    int64_t body_bytes_max,
+    int64_t properties_bytes_max,
+    int64_t queue_id_max,
+    int64_t record_bytes_max,
+):
+    """Encode the messages of `batches` as consecutive records starting at commit-log offset
+    `base_offset`, each exactly as record.encode_record writes it, and take their queue offsets
+    from `queue_table` (topic -> {queue id -> next offset}) as the store assigns them.
+
+    Each batch is a tuple (topic, first message number, bodies, queue ids, properties or None,
+    sys flags or None, sys flag, flag, born timestamp, born host, reconsume times, prepared tx
+    offset, topic prefix (its length field and bytes) or None when the topic is refused, V2
+    magic). `properties_bytes_max` is the limit less the CRC property's bytes when
+    `record_crc`; `record_bytes_max` the largest whole record.
+
+    Returns (records, offsets, sizes, queue offsets, sys flags) of the encoded messages and the
+    refused ones as (message number, REFUSED_* reason, record size) tuples; a refused message
+    takes no queue offset."""
+    cdef Py_ssize_t count = 0, n, k, b, pos = 0, total = 0
+    cdef int64_t reserved = RECORD_CRC_BYTES_ if record_crc else 0
+    cdef Py_ssize_t store_len = PyBytes_GET_SIZE(store_host)
+    if store_len != 8 and store_len != 20:
+        raise ValueError("store host must be 8 or 20 bytes")
+    for batch in batches:
+        count += len(<list>batch[2])
+    cdef Item *items = <Item *>malloc(max(count, 1) * sizeof(Item))
+    if items == NULL:
+        raise MemoryError()
+    cdef list keep = []
+    cdef list refused = []
+    cdef list offsets = [], sizes = [], queue_offsets = [], sys_flags = []
+    cdef list bodies, queue_ids
+    cdef object props, flags, prefix
+    cdef Item *it
+    cdef int64_t queue_id, size, offset
+    cdef int32_t v6_bits, sys_flag, code
+    cdef int overflow
+    cdef Py_ssize_t header_len, born_len, prefix_len, index
+    cdef bint topic_ok, born_ok
+    cdef bytes blob
+    cdef unsigned char *out
+    cdef unsigned char *p
+    cdef unsigned char header[HEADER_BYTES_MAX]
+    cdef const unsigned char *prefix_bytes
+    cdef _Queues queues
+    cdef uint32_t crc
+    try:
+        # Pass 1: check every message, size the accepted ones.
+        it = items
+        for batch in batches:
+            index = batch[1]
+            bodies = batch[2]
+            queue_ids = batch[3]
+            props = batch[4]
+            flags = batch[5]
+            prefix = batch[12]
+            n = len(bodies)
+            if len(queue_ids) != n or (props is not None and len(props) != n) or (
+                flags is not None and len(flags) != n
+            ):
+                raise ValueError("the columns of a batch differ in length")
+            born_len = len(batch[9])
+            born_ok = born_len == 8 or born_len == 20
+            topic_ok = prefix is not None
+            prefix_len = PyBytes_GET_SIZE(prefix) if topic_ok else 0
+            header_len = HEADER_V4_V4_BYTES + (born_len - 8 if born_ok else 0) + store_len - 8
+            v6_bits = (BORNHOST_V6 if born_len == 20 else 0) | (
+                STOREHOST_V6 if store_len == 20 else 0
+            )
+            sys_flag = ((<int32_t>batch[6]) & ~(BORNHOST_V6 | STOREHOST_V6)) | v6_bits
+            for k in range(n):
+                it.body = _bytes_of(bodies[k], keep, &it.body_len)
+                if props is None:
+                    it.props = NULL
+                    it.props_len = 0
+                else:
+                    it.props = _bytes_of(props[k], keep, &it.props_len)
+                if flags is not None:
+                    sys_flag = ((<int32_t>flags[k]) & ~(BORNHOST_V6 | STOREHOST_V6)) | v6_bits
+                it.sys_flag = sys_flag
+                queue_id = PyLong_AsLongLongAndOverflow(queue_ids[k], &overflow)
+                if overflow:
+                    queue_id = -1
+                size = (
+                    header_len + it.body_len + prefix_len + 2 + it.props_len + reserved
+                )
+                code = 0
+                if it.body_len > body_bytes_max:
+                    code = REFUSED_BODY_
+                elif not topic_ok:
+                    code = REFUSED_TOPIC_
+                elif queue_id < 0 or queue_id > queue_id_max:
+                    code = REFUSED_QUEUE_ID_
+                elif it.props_len > properties_bytes_max:
+                    code = REFUSED_PROPERTIES_SIZE_
+                elif it.props_len and it.props[it.props_len - 1] != PROPERTIES_END_BYTE_:
+                    code = REFUSED_PROPERTIES_SHAPE_
+                elif not born_ok:
+                    code = REFUSED_BORN_HOST_
+                elif size > record_bytes_max:
+                    code = REFUSED_RECORD_SIZE_
+                if code:
+                    refused.append((index + k, code, size))
+                    it.size = 0
+                else:
+                    it.queue_id = <int32_t>queue_id
+                    it.size = size
+                    total += size
+                it += 1
+
+        # Pass 2: write the accepted ones, each record's CRC once its fields are final.
+        blob = PyBytes_FromStringAndSize(NULL, total)
+        out = <unsigned char *>PyBytes_AS_STRING(blob)
+        it = items
+        for batch in batches:
+            n = len(<list>batch[2])
+            prefix = batch[12]
+            if prefix is None:
+                it += n
+                continue
+            prefix_bytes = <const unsigned char *>PyBytes_AS_STRING(prefix)
+            prefix_len = PyBytes_GET_SIZE(prefix)
+            born_len = len(batch[9])
+            if born_len != 8 and born_len != 20:
+                it += n
+                continue
+            header_len = HEADER_V4_V4_BYTES + born_len - 8 + store_len - 8
+            # The fields a batch shares, after the 40-byte prefix.
+            mq_put_be32(header + MAGIC_POS, <uint32_t>(MAGIC_V2_ if batch[13] else MAGIC_V1_))
+            mq_put_be32(header + FLAG_POS, <uint32_t><int32_t>batch[7])
+            p = header + BORN_TIMESTAMP_POS
+            mq_put_be64(p, <uint64_t><int64_t>batch[8])
+            memcpy(p + 8, PyBytes_AS_STRING(batch[9]), born_len)
+            p += 8 + born_len
+            mq_put_be64(p, <uint64_t>store_timestamp_ms)
+            memcpy(p + 8, PyBytes_AS_STRING(store_host), store_len)
+            p += 8 + store_len
+            mq_put_be32(p, <uint32_t><int32_t>batch[10])
+            mq_put_be64(p + 4, <uint64_t><int64_t>batch[11])
+            queues = _Queues(queue_table, batch[0])
+            for k in range(n):
+                if it.size == 0:
+                    it += 1
+                    continue
+                p = out + pos
+                if (
+                    it.sys_flag & TRANSACTION_MASK == TRANSACTION_NOT_TYPE
+                    or it.sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
+                ):
+                    offset = queues.take(it.queue_id)
+                else:
+                    offset = 0
+                memcpy(p, header, header_len - 4)
+                mq_put_be32(p + TOTALSIZE_POS, <uint32_t>it.size)
+                crc = mq_crc32(0, it.body, <size_t>it.body_len) & CRC_MASK
+                mq_put_be32(p + BODYCRC_POS, crc)
+                mq_put_be32(p + QUEUE_ID_POS_, <uint32_t>it.queue_id)
+                mq_put_be64(p + QUEUE_OFFSET_POS_, <uint64_t>offset)
+                mq_put_be64(p + PHYSICAL_OFFSET_POS_, <uint64_t>(base_offset + pos))
+                mq_put_be32(p + SYSFLAG_POS_, <uint32_t>it.sys_flag)
+                mq_put_be32(p + header_len - 4, <uint32_t>it.body_len)
+                p += header_len
+                memcpy(p, it.body, it.body_len)
+                p += it.body_len
+                memcpy(p, prefix_bytes, prefix_len)
+                p += prefix_len
+                mq_put_be16(p, <uint16_t>(it.props_len + reserved))
+                p += 2
+                if it.props_len:
+                    memcpy(p, it.props, it.props_len)
+                if record_crc:
+                    crc = mq_crc32(0, out + pos, <size_t>(it.size - RECORD_CRC_BYTES_)) & CRC_MASK
+                    _write_crc_property(out + pos + it.size, crc)
+                offsets.append(base_offset + pos)
+                sizes.append(it.size)
+                queue_offsets.append(offset)
+                sys_flags.append(it.sys_flag)
+                pos += it.size
+                it += 1
+            queues.flush()
+    finally:
+        free(items)
+    return blob, offsets, sizes, queue_offsets, sys_flags, refused
