@@ -37,14 +37,6 @@ def walk(
 
 # _core_encode.pxi
 
-REFUSED_BODY: Final[int]
-REFUSED_TOPIC: Final[int]
-REFUSED_QUEUE_ID: Final[int]
-REFUSED_PROPERTIES_SIZE: Final[int]
-REFUSED_PROPERTIES_SHAPE: Final[int]
-REFUSED_BORN_HOST: Final[int]
-REFUSED_RECORD_SIZE: Final[int]
-
 def encode(
     batches: list[tuple[Any, ...]],
     store_host: bytes,
@@ -56,7 +48,7 @@ def encode(
     properties_bytes_max: int,
     queue_id_max: int,
     record_bytes_max: int,
-) -> tuple[bytes, list[int], list[int], list[int], list[int], list[tuple[int, int, int]]]: ...
+) -> tuple[bytes, list[int], list[int], list[int], list[int], list[tuple[int, str, int]]]: ...
 
 # _core_frames.pxi
 

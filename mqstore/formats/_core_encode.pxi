@@ -9,41 +9,13 @@ from libc.string cimport memcpy
 
 cdef extern from *:
     """
-    static inline void mq_put_be16(unsigned char *p, uint16_t v) {
-        v = __builtin_bswap16(v);
-        memcpy(p, &v, 2);
-    }
-    static inline void mq_put_be32(unsigned char *p, uint32_t v) {
-        v = __builtin_bswap32(v);
-        memcpy(p, &v, 4);
-    }
-    static inline void mq_put_be64(unsigned char *p, uint64_t v) {
-        v = __builtin_bswap64(v);
-        memcpy(p, &v, 8);
-    }
+    #define MQ_PUT_BE(bits) static inline void mq_put_be##bits(unsigned char *p, \\
+        uint##bits##_t v) { v = __builtin_bswap##bits(v); memcpy(p, &v, bits / 8); }
+    MQ_PUT_BE(16) MQ_PUT_BE(32) MQ_PUT_BE(64)
     """
     void mq_put_be16(unsigned char *p, uint16_t v) nogil
     void mq_put_be32(unsigned char *p, uint32_t v) nogil
     void mq_put_be64(unsigned char *p, uint64_t v) nogil
-
-
-# Why a message is refused, in prepare_message's order of checks (the first that fails).
-cdef enum:
-    REFUSED_BODY_ = 1  # body over the body limit
-    REFUSED_TOPIC_ = 2  # the batch's topic is not allowed
-    REFUSED_QUEUE_ID_ = 3  # queue id outside [0, the limit]
-    REFUSED_PROPERTIES_SIZE_ = 4  # properties (and the CRC property) over the limit
-    REFUSED_PROPERTIES_SHAPE_ = 5  # properties neither empty nor ending with 0x02
-    REFUSED_BORN_HOST_ = 6  # the batch's born host is neither 8 nor 20 bytes
-    REFUSED_RECORD_SIZE_ = 7  # the whole record over the largest (a long topic's)
-
-REFUSED_BODY = REFUSED_BODY_
-REFUSED_TOPIC = REFUSED_TOPIC_
-REFUSED_QUEUE_ID = REFUSED_QUEUE_ID_
-REFUSED_PROPERTIES_SIZE = REFUSED_PROPERTIES_SIZE_
-REFUSED_PROPERTIES_SHAPE = REFUSED_PROPERTIES_SHAPE_
-REFUSED_BORN_HOST = REFUSED_BORN_HOST_
-REFUSED_RECORD_SIZE = REFUSED_RECORD_SIZE_
 
 cdef enum:
     HEADER_BYTES_MAX = HEADER_V4_V4_BYTES + 2 * V6_EXTRA_BYTES
@@ -75,52 +47,42 @@ cdef const unsigned char *_bytes_of(object item, list keep, Py_ssize_t *length) 
     return <const unsigned char *>PyBytes_AS_STRING(item)
 
 
-cdef int _flush_queues(dict queues, QueueNext *slots, int used) except -1:
+cdef struct Queues:
+    # The next queue offsets of one topic while a batch takes them: counted in C slots, and
+    # written to the topic's dict (`queues`, borrowed; NULL until a message takes one) when the
+    # slots are full and at the end of the batch.
+    PyObject *queues
+    int used
+    QueueNext slots[QUEUE_SLOTS_ENCODE]
+
+
+cdef int64_t _take(Queues *q, dict table, object topic, int32_t queue_id) except -1:
     cdef int i
-    for i in range(used):
-        queues[<object>slots[i].queue_id] = <object>slots[i].next
+    cdef int64_t offset
+    cdef object queues
+    for i in range(q.used):
+        if q.slots[i].queue_id == queue_id:
+            offset = q.slots[i].next
+            q.slots[i].next = offset + 1
+            return offset
+    if q.queues == NULL:
+        queues = table.setdefault(topic, {})
+        q.queues = <PyObject *>queues  # held by the table
+    if q.used == QUEUE_SLOTS_ENCODE:
+        _give_back(q)
+    offset = (<dict>q.queues).get(queue_id, 0)
+    q.slots[q.used].queue_id = queue_id
+    q.slots[q.used].next = offset + 1
+    q.used += 1
+    return offset
+
+
+cdef int _give_back(Queues *q) except -1:
+    cdef int i
+    for i in range(q.used):
+        (<dict>q.queues)[<object>q.slots[i].queue_id] = <object>q.slots[i].next
+    q.used = 0
     return 0
-
-
-cdef class _Queues:
-    """The next queue offsets of one topic while a batch takes them: counted in C slots, and
-    written to the topic's dict when the slots are full and at the end of the batch."""
-
-    cdef dict table
-    cdef object topic
-    cdef dict queues
-    cdef QueueNext slots[QUEUE_SLOTS_ENCODE]
-    cdef int used
-
-    def __cinit__(self, dict table, object topic):
-        self.table = table
-        self.topic = topic
-        self.queues = table.get(topic)
-        self.used = 0
-
-    cdef int64_t take(self, int32_t queue_id) except -1:
-        cdef int i
-        cdef int64_t offset
-        for i in range(self.used):
-            if self.slots[i].queue_id == queue_id:
-                offset = self.slots[i].next
-                self.slots[i].next = offset + 1
-                return offset
-        if self.queues is None:
-            self.queues = self.table.setdefault(self.topic, {})
-        if self.used == QUEUE_SLOTS_ENCODE:
-            self.flush()
-        offset = self.queues.get(queue_id, 0)
-        self.slots[self.used].queue_id = queue_id
-        self.slots[self.used].next = offset + 1
-        self.used += 1
-        return offset
-
-    cdef int flush(self) except -1:
-        if self.used:
-            _flush_queues(self.queues, self.slots, self.used)
-            self.used = 0
-        return 0
 
 
 cdef inline void _write_crc_property(unsigned char *record_end, uint32_t crc) noexcept:
@@ -153,13 +115,15 @@ def encode(
     Each batch is a tuple (topic, first message number, bodies, queue ids, properties or None,
     sys flags or None, sys flag, flag, born timestamp, born host, reconsume times, prepared tx
     offset, topic prefix (its length field and bytes) or None when the topic is refused, V2
-    magic). `properties_bytes_max` is the limit less the CRC property's bytes when
+    magic, anything). `properties_bytes_max` is the limit less the CRC property's bytes when
     `record_crc`; `record_bytes_max` the largest whole record.
 
     Returns (records, offsets, sizes, queue offsets, sys flags) of the encoded messages and the
-    refused ones as (message number, REFUSED_* reason, record size) tuples; a refused message
-    takes no queue offset."""
-    cdef Py_ssize_t count = 0, n, k, b, pos = 0, total = 0
+    refused ones as (message number, why, record size): why is "columns" (the batch's differ in
+    length) or names prepare_message's first check that fails ("body", "topic", "queue_id",
+    "properties_size", "properties_shape", "born_host", "record_size"). A refused message takes
+    no queue offset."""
+    cdef Py_ssize_t count = 0, n, k, pos = 0, total = 0
     cdef int64_t reserved = RECORD_CRC_BYTES_ if record_crc else 0
     cdef Py_ssize_t store_len = PyBytes_GET_SIZE(store_host)
     if store_len != 8 and store_len != 20:
@@ -173,10 +137,10 @@ def encode(
     cdef list refused = []
     cdef list offsets = [], sizes = [], queue_offsets = [], sys_flags = []
     cdef list bodies, queue_ids
-    cdef object props, flags, prefix
+    cdef object props, flags, prefix, topic, why, scalars
     cdef Item *it
     cdef int64_t queue_id, size, offset
-    cdef int32_t v6_bits, sys_flag, code
+    cdef int32_t v6_bits, sys_flag
     cdef int overflow
     cdef Py_ssize_t header_len, born_len, prefix_len, index
     cdef bint topic_ok, born_ok
@@ -185,7 +149,7 @@ def encode(
     cdef unsigned char *p
     cdef unsigned char header[HEADER_BYTES_MAX]
     cdef const unsigned char *prefix_bytes
-    cdef _Queues queues
+    cdef Queues queues
     cdef uint32_t crc
     try:
         # Pass 1: check every message, size the accepted ones.
@@ -201,7 +165,11 @@ def encode(
             if len(queue_ids) != n or (props is not None and len(props) != n) or (
                 flags is not None and len(flags) != n
             ):
-                raise ValueError("the columns of a batch differ in length")
+                for k in range(n):
+                    refused.append((index + k, "columns", 0))
+                    it.size = 0
+                    it += 1
+                continue
             born_len = len(batch[9])
             born_ok = born_len == 8 or born_len == 20
             topic_ok = prefix is not None
@@ -211,6 +179,8 @@ def encode(
                 STOREHOST_V6 if store_len == 20 else 0
             )
             sys_flag = ((<int32_t>batch[6]) & ~(BORNHOST_V6 | STOREHOST_V6)) | v6_bits
+            # The shared fields' types, here: pass 2 must not fail once it takes queue offsets.
+            scalars = (<int32_t>batch[7], <int64_t>batch[8], <int32_t>batch[10], <int64_t>batch[11])
             for k in range(n):
                 it.body = _bytes_of(bodies[k], keep, &it.body_len)
                 if props is None:
@@ -227,23 +197,24 @@ def encode(
                 size = (
                     header_len + it.body_len + prefix_len + 2 + it.props_len + reserved
                 )
-                code = 0
+                # prepare_message's checks in its order: the first that fails names the refusal.
+                why = None
                 if it.body_len > body_bytes_max:
-                    code = REFUSED_BODY_
+                    why = "body"
                 elif not topic_ok:
-                    code = REFUSED_TOPIC_
+                    why = "topic"
                 elif queue_id < 0 or queue_id > queue_id_max:
-                    code = REFUSED_QUEUE_ID_
+                    why = "queue_id"
                 elif it.props_len > properties_bytes_max:
-                    code = REFUSED_PROPERTIES_SIZE_
+                    why = "properties_size"
                 elif it.props_len and it.props[it.props_len - 1] != PROPERTIES_END_BYTE_:
-                    code = REFUSED_PROPERTIES_SHAPE_
+                    why = "properties_shape"
                 elif not born_ok:
-                    code = REFUSED_BORN_HOST_
+                    why = "born_host"
                 elif size > record_bytes_max:
-                    code = REFUSED_RECORD_SIZE_
-                if code:
-                    refused.append((index + k, code, size))
+                    why = "record_size"
+                if why is not None:
+                    refused.append((index + k, why, size))
                     it.size = 0
                 else:
                     it.queue_id = <int32_t>queue_id
@@ -280,7 +251,9 @@ def encode(
             p += 8 + store_len
             mq_put_be32(p, <uint32_t><int32_t>batch[10])
             mq_put_be64(p + 4, <uint64_t><int64_t>batch[11])
-            queues = _Queues(queue_table, batch[0])
+            queues.queues = NULL
+            queues.used = 0
+            topic = batch[0]
             for k in range(n):
                 if it.size == 0:
                     it += 1
@@ -290,7 +263,7 @@ def encode(
                     it.sys_flag & TRANSACTION_MASK == TRANSACTION_NOT_TYPE
                     or it.sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
                 ):
-                    offset = queues.take(it.queue_id)
+                    offset = _take(&queues, queue_table, topic, it.queue_id)
                 else:
                     offset = 0
                 memcpy(p, header, header_len - 4)
@@ -320,7 +293,7 @@ def encode(
                 sys_flags.append(it.sys_flag)
                 pos += it.size
                 it += 1
-            queues.flush()
+            _give_back(&queues)
     finally:
         free(items)
     return blob, offsets, sizes, queue_offsets, sys_flags, refused

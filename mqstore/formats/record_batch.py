@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -247,18 +246,11 @@ class BatchEncoder:
     ) -> EncodedBatch:
         """Encode every acceptable message; refused ones (limits) are listed, consume nothing,
         and leave `queue_table` untouched."""
-        out = EncodedBatch(b"", base_offset, self.record_crc)
         args: list[tuple[Any, ...]] = []
         index = 0
+        topics = self._topics
         for batch in batches:
-            n = len(batch.bodies)
-            try:
-                batch.check_columns()
-            except InvalidArgument as exc:
-                out.refused.extend((index + k, exc) for k in range(n))
-                index += n
-                continue
-            info = self._topic(batch.topic)
+            info = topics.get(batch.topic) or self._topic(batch.topic)
             args.append(
                 (
                     batch.topic,
@@ -275,12 +267,12 @@ class BatchEncoder:
                     batch.prepared_tx_offset,
                     info.prefix,
                     info.v2,
+                    batch,
                 )
             )
-            index += n
-        out.count = index
+            index += len(batch.bodies)
         limits = self.limits
-        out.blob, out.offsets, out.sizes, out.queue_offsets, out.sys_flags, refused = _core.encode(
+        blob, offsets, sizes, queue_offsets, sys_flags, refused = _core.encode(
             args,
             self.store_host,
             store_timestamp_ms,
@@ -292,41 +284,57 @@ class BatchEncoder:
             limits.queue_id_max,
             limits.body_bytes_max + RECORD_OVERHEAD_BYTES_MAX,
         )
+        errors = []
         if refused:
             firsts = [a[1] for a in args]
             for i, reason, size in refused:
-                out.refused.append((i, self._why(args, firsts, i, reason, size)))
-            out.refused.sort(key=operator.itemgetter(0))
-        return out
+                j = bisect.bisect_right(firsts, i) - 1
+                errors.append((i, self._why(args[j][-1], i - firsts[j], reason, size)))
+        return EncodedBatch(
+            blob,
+            base_offset,
+            self.record_crc,
+            index,
+            offsets,
+            sizes,
+            queue_offsets,
+            sys_flags,
+            errors,
+        )
 
-    def _why(
-        self, args: list[tuple[Any, ...]], firsts: list[int], i: int, reason: int, size: int
-    ) -> InvalidArgument:
-        """The error of a message the core refused: prepare_message's, word for word."""
-        (topic, first, bodies, queue_ids, props, *_) = args[bisect.bisect_right(firsts, i) - 1]
-        k = i - first
+    def _why(self, batch: MessageBatch, k: int, reason: str, size: int) -> InvalidArgument:
+        """The error of message `k` of `batch`, refused by the core: prepare_message's, word
+        for word (a batch whose columns differ in length: check_columns')."""
         limits = self.limits
-        if reason == _core.REFUSED_BODY:
+        if reason == "columns":
+            try:
+                batch.check_columns()
+            except InvalidArgument as exc:
+                return exc
+        if reason == "body":
             return MessageIllegal(
-                f"body is {len(bodies[k])} bytes, over the {limits.body_bytes_max}-byte limit",
+                f"body is {len(batch.bodies[k])} bytes, over the {limits.body_bytes_max}-byte "
+                "limit",
                 field="body",
             )
-        if reason == _core.REFUSED_TOPIC:
-            error = self._topic(topic).error
+        if reason == "topic":
+            error = self._topic(batch.topic).error
             assert error is not None
             return error
-        if reason == _core.REFUSED_QUEUE_ID:
+        if reason == "queue_id":
             return MessageIllegal(
-                f"queue id {queue_ids[k]} outside [0, {limits.queue_id_max}]", field="queue_id"
+                f"queue id {batch.queue_ids[k]} outside [0, {limits.queue_id_max}]",
+                field="queue_id",
             )
-        if reason == _core.REFUSED_PROPERTIES_SIZE:
-            return properties_too_large(len(props[k]), limits, self._reserved)
-        if reason == _core.REFUSED_PROPERTIES_SHAPE:
+        if reason == "properties_size":
+            assert batch.properties is not None
+            return properties_too_large(len(batch.properties[k]), limits, self._reserved)
+        if reason == "properties_shape":
             return MessageIllegal(
                 "properties must be empty or end with 0x02 (encode them with encode_properties)",
                 field="properties",
             )
-        if reason == _core.REFUSED_BORN_HOST:
+        if reason == "born_host":
             return MessageIllegal(
                 "born host must be 8 (IPv4) or 20 (IPv6) bytes", field="born_host"
             )
