@@ -29,8 +29,19 @@ cdef struct Item:
     Py_ssize_t body_len
     Py_ssize_t props_len
     int64_t size  # 0: refused
+    int64_t queue_offset
     int32_t queue_id
     int32_t sys_flag
+    Py_ssize_t batch  # its batch's Shared
+
+
+cdef struct Shared:
+    # What the records of one batch share: the header but its first 40 bytes and BODYLENGTH
+    # (MAGICCODE and FLAG in place), and the topic's length field and bytes.
+    unsigned char header[HEADER_BYTES_MAX]
+    Py_ssize_t header_len
+    const unsigned char *prefix
+    Py_ssize_t prefix_len
 
 
 cdef struct QueueNext:
@@ -85,7 +96,7 @@ cdef int _give_back(Queues *q) except -1:
     return 0
 
 
-cdef inline void _write_crc_property(unsigned char *record_end, uint32_t crc) noexcept:
+cdef inline void _write_crc_property(unsigned char *record_end, uint32_t crc) noexcept nogil:
     """The property holding `crc`: its head, ten digits least significant first, 0x02."""
     cdef unsigned char *p = record_end - RECORD_CRC_BYTES_
     cdef int i
@@ -94,6 +105,50 @@ cdef inline void _write_crc_property(unsigned char *record_end, uint32_t crc) no
         p[RECORD_CRC_HEAD_BYTES + i] = 48 + crc % 10
         crc //= 10
     p[RECORD_CRC_BYTES_ - 1] = PROPERTIES_END_BYTE_
+
+
+cdef void _write_records(
+    const Item *items,
+    Py_ssize_t count,
+    const Shared *shared,
+    unsigned char *out,
+    int64_t base_offset,
+    int64_t reserved,
+    bint record_crc,
+) noexcept nogil:
+    """Write the accepted items back to back from out[0] (commit-log offset base_offset)."""
+    cdef Py_ssize_t i, pos = 0
+    cdef const Item *it
+    cdef const Shared *sh
+    cdef unsigned char *p
+    cdef uint32_t crc
+    for i in range(count):
+        it = &items[i]
+        if it.size == 0:
+            continue
+        sh = &shared[it.batch]
+        p = out + pos
+        memcpy(p, sh.header, sh.header_len - 4)
+        mq_put_be32(p + TOTALSIZE_POS, <uint32_t>it.size)
+        crc = mq_crc32(0, it.body, <size_t>it.body_len) & CRC_MASK
+        mq_put_be32(p + BODYCRC_POS, crc)
+        mq_put_be32(p + QUEUE_ID_POS_, <uint32_t>it.queue_id)
+        mq_put_be64(p + QUEUE_OFFSET_POS_, <uint64_t>it.queue_offset)
+        mq_put_be64(p + PHYSICAL_OFFSET_POS_, <uint64_t>(base_offset + pos))
+        mq_put_be32(p + SYSFLAG_POS_, <uint32_t>it.sys_flag)
+        mq_put_be32(p + sh.header_len - 4, <uint32_t>it.body_len)
+        p += sh.header_len
+        memcpy(p, it.body, it.body_len)
+        p += it.body_len
+        memcpy(p, sh.prefix, sh.prefix_len)
+        p += sh.prefix_len
+        mq_put_be16(p, <uint16_t>(it.props_len + reserved))
+        if it.props_len:
+            memcpy(p + 2, it.props, it.props_len)
+        if record_crc:
+            crc = mq_crc32(0, out + pos, <size_t>(it.size - RECORD_CRC_BYTES_)) & CRC_MASK
+            _write_crc_property(out + pos + it.size, crc)
+        pos += it.size
 
 
 def encode(
@@ -123,7 +178,8 @@ def encode(
     length) or names prepare_message's first check that fails ("body", "topic", "queue_id",
     "properties_size", "properties_shape", "born_host", "record_size"). A refused message takes
     no queue offset."""
-    cdef Py_ssize_t count = 0, n, k, pos = 0, total = 0
+    cdef Py_ssize_t count = 0, n, k, b, pos = 0, total = 0
+    cdef Shared *sh
     cdef int64_t reserved = RECORD_CRC_BYTES_ if record_crc else 0
     cdef Py_ssize_t store_len = PyBytes_GET_SIZE(store_host)
     if store_len != 8 and store_len != 20:
@@ -131,7 +187,10 @@ def encode(
     for batch in batches:
         count += len(<list>batch[2])
     cdef Item *items = <Item *>malloc(max(count, 1) * sizeof(Item))
-    if items == NULL:
+    cdef Shared *shared = <Shared *>malloc(max(len(batches), 1) * sizeof(Shared))
+    if items == NULL or shared == NULL:
+        free(items)
+        free(shared)
         raise MemoryError()
     cdef list keep = []
     cdef list refused = []
@@ -147,10 +206,7 @@ def encode(
     cdef bytes blob
     cdef unsigned char *out
     cdef unsigned char *p
-    cdef unsigned char header[HEADER_BYTES_MAX]
-    cdef const unsigned char *prefix_bytes
     cdef Queues queues
-    cdef uint32_t crc
     try:
         # Pass 1: check every message, size the accepted ones.
         it = items
@@ -222,27 +278,24 @@ def encode(
                     total += size
                 it += 1
 
-        # Pass 2: write the accepted ones, each record's CRC once its fields are final.
+        # Pass 2, holding the GIL: the queue offsets, and the shared fields of each batch.
         blob = PyBytes_FromStringAndSize(NULL, total)
-        out = <unsigned char *>PyBytes_AS_STRING(blob)
         it = items
-        for batch in batches:
+        for b in range(len(batches)):
+            batch = batches[b]
             n = len(<list>batch[2])
             prefix = batch[12]
-            if prefix is None:
-                it += n
-                continue
-            prefix_bytes = <const unsigned char *>PyBytes_AS_STRING(prefix)
-            prefix_len = PyBytes_GET_SIZE(prefix)
             born_len = len(batch[9])
-            if born_len != 8 and born_len != 20:
+            if prefix is None or (born_len != 8 and born_len != 20):
                 it += n
                 continue
-            header_len = HEADER_V4_V4_BYTES + born_len - 8 + store_len - 8
-            # The fields a batch shares, after the 40-byte prefix.
-            mq_put_be32(header + MAGIC_POS, <uint32_t>(MAGIC_V2_ if batch[13] else MAGIC_V1_))
-            mq_put_be32(header + FLAG_POS, <uint32_t><int32_t>batch[7])
-            p = header + BORN_TIMESTAMP_POS
+            sh = &shared[b]
+            sh.prefix = <const unsigned char *>PyBytes_AS_STRING(prefix)
+            sh.prefix_len = PyBytes_GET_SIZE(prefix)
+            sh.header_len = HEADER_V4_V4_BYTES + born_len - 8 + store_len - 8
+            mq_put_be32(sh.header + MAGIC_POS, <uint32_t>(MAGIC_V2_ if batch[13] else MAGIC_V1_))
+            mq_put_be32(sh.header + FLAG_POS, <uint32_t><int32_t>batch[7])
+            p = sh.header + BORN_TIMESTAMP_POS
             mq_put_be64(p, <uint64_t><int64_t>batch[8])
             memcpy(p + 8, PyBytes_AS_STRING(batch[9]), born_len)
             p += 8 + born_len
@@ -255,45 +308,28 @@ def encode(
             queues.used = 0
             topic = batch[0]
             for k in range(n):
-                if it.size == 0:
-                    it += 1
-                    continue
-                p = out + pos
-                if (
-                    it.sys_flag & TRANSACTION_MASK == TRANSACTION_NOT_TYPE
-                    or it.sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
-                ):
-                    offset = _take(&queues, queue_table, topic, it.queue_id)
-                else:
-                    offset = 0
-                memcpy(p, header, header_len - 4)
-                mq_put_be32(p + TOTALSIZE_POS, <uint32_t>it.size)
-                crc = mq_crc32(0, it.body, <size_t>it.body_len) & CRC_MASK
-                mq_put_be32(p + BODYCRC_POS, crc)
-                mq_put_be32(p + QUEUE_ID_POS_, <uint32_t>it.queue_id)
-                mq_put_be64(p + QUEUE_OFFSET_POS_, <uint64_t>offset)
-                mq_put_be64(p + PHYSICAL_OFFSET_POS_, <uint64_t>(base_offset + pos))
-                mq_put_be32(p + SYSFLAG_POS_, <uint32_t>it.sys_flag)
-                mq_put_be32(p + header_len - 4, <uint32_t>it.body_len)
-                p += header_len
-                memcpy(p, it.body, it.body_len)
-                p += it.body_len
-                memcpy(p, prefix_bytes, prefix_len)
-                p += prefix_len
-                mq_put_be16(p, <uint16_t>(it.props_len + reserved))
-                p += 2
-                if it.props_len:
-                    memcpy(p, it.props, it.props_len)
-                if record_crc:
-                    crc = mq_crc32(0, out + pos, <size_t>(it.size - RECORD_CRC_BYTES_)) & CRC_MASK
-                    _write_crc_property(out + pos + it.size, crc)
-                offsets.append(base_offset + pos)
-                sizes.append(it.size)
-                queue_offsets.append(offset)
-                sys_flags.append(it.sys_flag)
-                pos += it.size
+                if it.size:
+                    it.batch = b
+                    if (
+                        it.sys_flag & TRANSACTION_MASK == TRANSACTION_NOT_TYPE
+                        or it.sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
+                    ):
+                        it.queue_offset = _take(&queues, queue_table, topic, it.queue_id)
+                    else:
+                        it.queue_offset = 0
+                    offsets.append(base_offset + pos)
+                    sizes.append(it.size)
+                    queue_offsets.append(it.queue_offset)
+                    sys_flags.append(it.sys_flag)
+                    pos += it.size
                 it += 1
             _give_back(&queues)
+        # Pass 3, without the GIL (the service's other threads run): write the records, each
+        # one's CRC once its fields are final.
+        out = <unsigned char *>PyBytes_AS_STRING(blob)
+        with nogil:
+            _write_records(items, count, shared, out, base_offset, reserved, record_crc)
     finally:
         free(items)
+        free(shared)
     return blob, offsets, sizes, queue_offsets, sys_flags, refused
