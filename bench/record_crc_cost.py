@@ -76,7 +76,10 @@ def paths(
     enc = batch_mod.BatchEncoder(STORE_HOST, MessageLimits(), **encoder)
     encode = functools.partial(enc.encode, [batch], store_timestamp_ms=1, queue_table={})
     written = encode(base_offset=0)
-    blob, sizes, offsets = bytes(written.blob), list(written.sizes), list(written.positions)
+    # Record starts in the blob: a base before the compiled encoder names them `positions`.
+    starts = getattr(written, "positions", None)
+    offsets = list(written.offsets if starts is None else starts)  # base offset 0: the same
+    blob, sizes = bytes(written.blob), list(written.sizes)
     log = bytearray()
     for _ in range(WALK_BATCHES):
         log += encode(base_offset=len(log)).blob

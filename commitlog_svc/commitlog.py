@@ -17,7 +17,7 @@ the store timestamp and physical offsets, encodes the batch (record_batch.BatchE
 limits, the body CRC and, once those fields are final, each record's whole-record CRC), writes
 it in place and publishes it with one position update, so a reader sees a batch whole or not at
 all. The whole-record CRC covers fields only the lock assigns, so it is computed there, in the
-encoder's pass over the batch (C calls through map, no Python step a record).
+encoder's one compiled pass over the batch (formats/_core_encode.pxi).
 """
 
 from __future__ import annotations
@@ -746,7 +746,7 @@ class CommitLog:
                 ProducerRequest(
                     sequence,
                     count,
-                    encoded.base_offset + encoded.positions[0],
+                    encoded.offsets[0],
                     end,
                     tuple((i, _refusal_status(err).value) for i, err in encoded.refused),
                 ),
@@ -855,8 +855,7 @@ class CommitLog:
         return PendingAppend(result, prior.end_offset)
 
     def _result(self, encoded: EncodedBatch, store_ts: int) -> AppendResult:
-        base = encoded.base_offset
-        offsets = [base + p for p in encoded.positions]
+        offsets = encoded.offsets
         if not encoded.refused:
             return AppendResult(
                 statuses=[PutStatus.PUT_OK] * encoded.count,

@@ -1,6 +1,6 @@
 """Types of the compiled record core (mqstore/formats/_core.pyx)."""
 
-from typing import Final
+from typing import Any, Final
 
 from mqstore.formats.record import Buffer
 
@@ -47,6 +47,19 @@ def check(
 def chain(buf: Buffer, pos: int, end: int, base_offset: int) -> tuple[bytearray, int]: ...
 
 # _core_encode.pxi
+
+def encode(
+    batches: list[tuple[Any, ...]],
+    store_host: bytes,
+    store_timestamp_ms: int,
+    base_offset: int,
+    queue_table: dict[str, dict[int, int]],
+    record_crc: bool,
+    body_bytes_max: int,
+    properties_bytes_max: int,
+    queue_id_max: int,
+    record_bytes_max: int,
+) -> tuple[bytes, list[int], list[int], list[int], list[int], list[tuple[int, str, int]]]: ...
 
 # _core_frames.pxi
 
