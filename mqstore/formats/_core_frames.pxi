@@ -1,1 +1,295 @@
-# Build and decode dispatch frames; apply a frame to the consume queues: included by _core.pyx (none yet).
+# Apply a dispatch frame to the consume queues: included by _core.pyx.
+#
+#   queue_runs(topic_indexes, queue_ids, sys_flags)     the rows that take a queue offset,
+#                                                       grouped by (topic, queue)
+#   plain_start(rows, queue_offsets, offsets, sizes,    where a queue's run starts to be
+#               expect, last_end)                       written (-1: not plain)
+#   pack_units(rows, start, offsets, sizes, tags,       the run's 20-byte units and 8-byte time
+#              stamps, last_time)                       entries (cq_unit.py, cq_time.py)
+#
+# The columns are int64 buffers of one length (a decoded DispatchColumns' numpy arrays); `rows`
+# an int64 buffer of row numbers. The Python reference (tests/cq/frames_reference.py) is what
+# the tests pin these to.
+
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+
+cdef enum:
+    TIME_ENTRY_BYTES = 8
+    TIME_STORED = 6
+    UNIT_SIZE = 20
+    RUN_SLOTS_MIN = 16
+
+cdef int64_t TIME_MAX = (<int64_t>1 << 48) - 1
+cdef uint32_t _crc32c_table[256]
+
+
+cdef void _crc32c_init() noexcept:
+    cdef uint32_t c, n, k
+    for n in range(256):
+        c = n
+        for k in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        _crc32c_table[n] = c
+
+
+_crc32c_init()
+
+
+cdef inline uint32_t _crc32c(const unsigned char *p, size_t n) noexcept nogil:
+    cdef uint32_t c = <uint32_t>0xFFFFFFFF
+    cdef size_t i
+    for i in range(n):
+        c = _crc32c_table[(c ^ p[i]) & 0xFF] ^ (c >> 8)
+    return c ^ <uint32_t>0xFFFFFFFF
+
+
+cdef inline void _put_be(unsigned char *p, uint64_t v, int width) noexcept nogil:
+    cdef int i
+    for i in range(width):
+        p[width - 1 - i] = <unsigned char>(v >> (8 * i))
+
+
+cdef class _Columns:
+    """Held int64 buffers, each of `n` rows at least."""
+
+    cdef list held
+    cdef Py_ssize_t n
+
+    def __cinit__(self):
+        self.held = []
+        self.n = -1
+
+    cdef const int64_t *take(self, object column, Py_ssize_t n) except NULL:
+        cdef _Buffer b = _Buffer(column)
+        self.held.append(b)
+        if b.view.len < n * 8 or b.view.len % 8:
+            raise ValueError(f"a column of {b.view.len} bytes for {n} int64 rows")
+        return <const int64_t *>b.view.buf
+
+    cdef void release(self) noexcept:
+        cdef _Buffer b
+        for b in self.held:
+            b.release()
+        self.held = []
+
+
+cdef Py_ssize_t _rows_of(object rows, _Columns cols, const int64_t **out) except -1:
+    cdef _Buffer b = _Buffer(rows)
+    cols.held.append(b)
+    if b.view.len % 8:
+        raise ValueError(f"rows of {b.view.len} bytes")
+    out[0] = <const int64_t *>b.view.buf
+    return b.view.len // 8
+
+
+cdef int _check_rows(const int64_t *rows, Py_ssize_t m, Py_ssize_t n) except -1:
+    cdef Py_ssize_t i
+    for i in range(m):
+        if rows[i] < 0 or rows[i] >= n:
+            raise IndexError(f"row {rows[i]} of {n}")
+    return 0
+
+
+def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
+    """The rows that go to a consume queue (transaction type NOT or COMMIT), grouped by (topic
+    index, queue id) in the order each queue first appears, each group in frame order:
+    [(topic index, queue id, rows as native int64 bytes)]."""
+    cdef _Columns cols = _Columns()
+    cdef Py_ssize_t n = len(topic_indexes)
+    cdef const int64_t *ti
+    cdef const int64_t *qi
+    cdef const int64_t *sf
+    cdef Py_ssize_t i, r, runs = 0, slots = RUN_SLOTS_MIN, at
+    cdef int64_t kind
+    cdef uint64_t h
+    cdef int64_t *slot_ti = NULL
+    cdef int64_t *slot_qi = NULL
+    cdef Py_ssize_t *slot_run = NULL
+    cdef Py_ssize_t *row_run = NULL
+    cdef Py_ssize_t *run_count = NULL
+    cdef Py_ssize_t *run_fill = NULL
+    cdef int64_t *run_ti = NULL
+    cdef int64_t *run_qi = NULL
+    cdef list out = []
+    cdef list bufs
+    cdef bytearray rows
+    cdef int64_t *dst
+    try:
+        ti = cols.take(topic_indexes, n)
+        qi = cols.take(queue_ids, n)
+        sf = cols.take(sys_flags, n)
+        while slots < 2 * n:
+            slots <<= 1
+        slot_ti = <int64_t *>malloc(slots * sizeof(int64_t))
+        slot_qi = <int64_t *>malloc(slots * sizeof(int64_t))
+        slot_run = <Py_ssize_t *>malloc(slots * sizeof(Py_ssize_t))
+        row_run = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
+        run_count = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
+        run_ti = <int64_t *>malloc((n + 1) * sizeof(int64_t))
+        run_qi = <int64_t *>malloc((n + 1) * sizeof(int64_t))
+        run_fill = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
+        if not (slot_ti and slot_qi and slot_run and row_run and run_count and run_ti
+                and run_qi and run_fill):
+            raise MemoryError()
+        for i in range(slots):
+            slot_run[i] = -1
+        for i in range(n):
+            kind = sf[i] & TRANSACTION_MASK
+            if kind != TRANSACTION_NOT_TYPE and kind != TRANSACTION_COMMIT_TYPE:
+                row_run[i] = -1
+                continue
+            if runs and run_ti[runs - 1] == ti[i] and run_qi[runs - 1] == qi[i]:
+                r = runs - 1  # most rows follow one of their queue
+            else:
+                h = (<uint64_t>ti[i] * 0x9E3779B97F4A7C15ULL) ^ (<uint64_t>qi[i] * 0xC2B2AE3D27D4EB4FULL)
+                at = <Py_ssize_t>((h >> 17) & <uint64_t>(slots - 1))
+                while slot_run[at] >= 0 and not (slot_ti[at] == ti[i] and slot_qi[at] == qi[i]):
+                    at = (at + 1) & (slots - 1)
+                if slot_run[at] < 0:
+                    slot_run[at] = runs
+                    slot_ti[at] = ti[i]
+                    slot_qi[at] = qi[i]
+                    run_ti[runs] = ti[i]
+                    run_qi[runs] = qi[i]
+                    run_count[runs] = 0
+                    runs += 1
+                r = slot_run[at]
+            row_run[i] = r
+            run_count[r] += 1
+        bufs = []
+        for r in range(runs):
+            rows = bytearray(run_count[r] * 8)
+            bufs.append(rows)
+            run_fill[r] = 0
+            out.append((run_ti[r], run_qi[r], rows))
+        for i in range(n):
+            r = row_run[i]
+            if r >= 0:
+                dst = <int64_t *>(<char *>(<bytearray>bufs[r]))
+                dst[run_fill[r]] = i
+                run_fill[r] += 1
+    finally:
+        cols.release()
+        free(slot_ti)
+        free(slot_qi)
+        free(slot_run)
+        free(row_run)
+        free(run_count)
+        free(run_ti)
+        free(run_qi)
+        free(run_fill)
+    return out
+
+
+def plain_start(
+    object rows,
+    object queue_offsets,
+    object offsets,
+    object sizes,
+    int64_t expect,
+    int64_t last_end,
+):
+    """Where a queue's run starts to be written when it is plain, -1 when it is not (then it
+    is applied entry by entry, gaps and replays as put_batch does them). An entry is skipped
+    when it ends at or below `last_end` or its queue offset is below `expect`; the run is
+    plain when, after a prefix of skipped entries, the queue offsets count up by one from
+    `expect` and the ends strictly increase. len(rows): nothing is written."""
+    cdef _Columns cols = _Columns()
+    cdef const int64_t *rw
+    cdef const int64_t *qo
+    cdef const int64_t *ph
+    cdef const int64_t *sz
+    cdef Py_ssize_t m, n = len(queue_offsets), k = 0, j
+    cdef int64_t row, prev_end
+    try:
+        m = _rows_of(rows, cols, &rw)
+        qo = cols.take(queue_offsets, n)
+        ph = cols.take(offsets, n)
+        sz = cols.take(sizes, n)
+        _check_rows(rw, m, n)
+        while k < m:
+            row = rw[k]
+            if ph[row] + sz[row] > last_end and qo[row] >= expect:
+                break
+            k += 1
+        if k == m:
+            return m
+        row = rw[k]
+        if qo[row] != expect:
+            return -1
+        prev_end = ph[row] + sz[row]
+        for j in range(k + 1, m):
+            row = rw[j]
+            if qo[row] != expect + (j - k) or ph[row] + sz[row] <= prev_end:
+                return -1
+            prev_end = ph[row] + sz[row]
+        return k
+    finally:
+        cols.release()
+
+
+def pack_units(
+    object rows,
+    Py_ssize_t start,
+    object offsets,
+    object sizes,
+    object tags_codes,
+    object store_timestamps_ms,
+    int64_t last_time,
+):
+    """The consume-queue units (offset, size, tags code: 20 bytes big-endian) of rows[start:]
+    and their time entries (the running maximum of the clamped store times, from `last_time`,
+    as u48 and the low 16 bits of CRC32C(unit + those 6 bytes)): (units, times, the last
+    indexed time)."""
+    cdef _Columns cols = _Columns()
+    cdef const int64_t *rw
+    cdef const int64_t *ph
+    cdef const int64_t *sz
+    cdef const int64_t *tg
+    cdef const int64_t *ts
+    cdef Py_ssize_t m, n = len(offsets), j, count
+    cdef int64_t row, t
+    cdef bytes units, times
+    cdef unsigned char *u
+    cdef unsigned char *tm
+    cdef unsigned char check[UNIT_SIZE + TIME_STORED]
+    cdef uint32_t c
+    try:
+        m = _rows_of(rows, cols, &rw)
+        ph = cols.take(offsets, n)
+        sz = cols.take(sizes, n)
+        tg = cols.take(tags_codes, n)
+        ts = cols.take(store_timestamps_ms, n)
+        _check_rows(rw, m, n)
+        if start < 0 or start > m:
+            raise ValueError(f"start {start} of {m} rows")
+        count = m - start
+        units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
+        times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
+        u = <unsigned char *>PyBytes_AS_STRING(units)
+        tm = <unsigned char *>PyBytes_AS_STRING(times)
+        with nogil:
+            for j in range(count):
+                row = rw[start + j]
+                _put_be(u, <uint64_t>ph[row], 8)
+                _put_be(u + 8, <uint64_t>sz[row], 4)
+                _put_be(u + 12, <uint64_t>tg[row], 8)
+                t = ts[row]
+                if t < 0:
+                    t = 0
+                if t > TIME_MAX:
+                    t = TIME_MAX
+                if t > last_time:
+                    last_time = t
+                memcpy(check, u, UNIT_SIZE)
+                _put_be(check + UNIT_SIZE, <uint64_t>last_time, TIME_STORED)
+                c = _crc32c(check, UNIT_SIZE + TIME_STORED)
+                memcpy(tm, check + UNIT_SIZE, TIME_STORED)
+                _put_be(tm + TIME_STORED, c & 0xFFFF, 2)
+                u += UNIT_SIZE
+                tm += TIME_ENTRY_BYTES
+    finally:
+        cols.release()
+    return units, times, last_time

@@ -6,8 +6,6 @@
                          (agreement before anything: drop what is at or past truncate_offset,
                          take the log's history as the sink's own)
       batches         -> sink.on_batch(columns, next_offset)      (replays are expected)
-                         (a small frame without records, when the sink asks for it
-                         with entries_max: sink.on_batch(entry list, next_offset))
       every CONFIRM_INTERVAL_S, if sink.confirmed_offset moved (or wants_records() changed)
                       -> Confirm(confirmed offset, the epoch of its last byte in sink.history)
       stream ends or fails -> reconnect after a backoff (gRPC never retries a stream for us)
@@ -39,7 +37,6 @@ from mqstore.history import LogHistory
 from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity
 from mqstore.rpc.dispatch_codec import (
     decode_columns,
-    decode_dispatch,
     history_from_proto,
     history_to_proto,
 )
@@ -106,7 +103,6 @@ class Subscriber:
         include_keys: bool = False,
         wants_records: Callable[[], bool] | None = None,
         max_batch_entries: int = 0,
-        entries_max: int = 0,
         linger_ms: int = 0,
         on_ready_change: Callable[[bool], None] | None = None,
         security: ChannelSecurity = PLAINTEXT,
@@ -130,10 +126,6 @@ class Subscriber:
         self._records_asked: bool | None = None
         self._records_told_at = 0.0
         self.max_batch_entries = max_batch_entries
-        # Frames of at most this many entries, carrying no records, reach the sink as a
-        # DispatchEntry list: numpy's cost per call (a few us, some 15 calls a queue a frame)
-        # outweighs a Python step per entry in small frames, the usual ones at moderate rates.
-        self.entries_max = entries_max
         # At most one frame per linger while appends keep coming (SubscribeRequest.linger_ms).
         self.linger_ms = linger_ms
         self._on_ready_change = on_ready_change
@@ -297,10 +289,7 @@ class Subscriber:
             elif which == "batch":
                 batch = frame.batch
                 with self._section:
-                    if len(batch.commit_log_offsets) <= self.entries_max and not batch.records:
-                        self.sink.on_batch(decode_dispatch(batch), batch.next_offset)
-                    else:
-                        self.sink.on_batch(decode_columns(batch), batch.next_offset)
+                    self.sink.on_batch(decode_columns(batch), batch.next_offset)
                 self.batches += 1
                 if not self._caught_up.is_set() and batch.next_offset >= self._catch_up_to:
                     self._set_caught_up(True)
