@@ -65,4 +65,10 @@ def pack_units(
     last_time: int,
 ) -> tuple[bytes, bytes, int]: ...
 
+class WireError(ValueError): ...
+
+def decode_response(
+    data: Buffer,
+) -> tuple[int, int, list[str], list[bytearray], list[str], list[str], bytes] | None: ...
+
 # _core_arrow.pxi

@@ -11,7 +11,8 @@
 # an int64 buffer of row numbers. The Python reference (tests/cq/frames_reference.py) is what
 # the tests pin these to.
 
-from libc.stdlib cimport free, malloc
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 
@@ -293,3 +294,221 @@ def pack_units(
     finally:
         cols.release()
     return units, times, last_time
+
+
+# -- decode: a SubscribeResponse's wire bytes to a dispatch frame's columns ---------------------
+#
+# The protobuf wire format (protobuf.dev/programming-guides/encoding) of commitlog.proto's
+# SubscribeResponse {oneof frame {Handshake handshake = 1; DispatchBatch batch = 2;}}, read as
+# upb reads it: repeated numbers packed or not, a scalar's last value wins, a submessage given
+# twice merges (its repeated fields concatenate), a field of a known number with another wire
+# type and unknown fields are skipped (groups included), int32 fields keep a varint's low 32
+# bits, strings must be UTF-8.
+
+cdef enum:
+    FRAME_COLUMNS = 10  # topic_indexes .. sys_flags (fields 4-11), corrupt starts and ends
+    VARINT_BYTES_MAX = 10
+    GROUP_DEPTH_MAX = 100
+
+# DispatchBatch's field number -> its column (-1: not a number column), and whether int32.
+cdef int _COLUMN_OF[16]
+cdef bint _INT32_FIELD[16]
+_COLUMN_OF[:] = [-1, -1, -1, -1, 0, 1, 2, 3, 4, 5, 6, 7, -1, -1, 8, 9]
+_INT32_FIELD[:] = [0, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0]
+
+
+class WireError(ValueError):
+    """Bytes that are no SubscribeResponse (the Python side makes it a MalformedFrame)."""
+
+
+cdef struct Column64:
+    int64_t *data
+    Py_ssize_t n
+    Py_ssize_t cap
+
+
+cdef int _push(Column64 *c, int64_t v) except -1:
+    cdef int64_t *grown
+    if c.n == c.cap:
+        c.cap = c.cap * 2 if c.cap else 64
+        grown = <int64_t *>realloc(c.data, c.cap * sizeof(int64_t))
+        if grown == NULL:
+            raise MemoryError()
+        c.data = grown
+    c.data[c.n] = v
+    c.n += 1
+    return 0
+
+
+cdef inline const unsigned char *_varint(
+    const unsigned char *p, const unsigned char *end, uint64_t *out
+) except NULL:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(VARINT_BYTES_MAX):
+        if p >= end:
+            raise WireError("a varint runs past its end")
+        v |= <uint64_t>(p[0] & 0x7F) << (7 * i)
+        p += 1
+        if not (p[-1] & 0x80):
+            out[0] = v
+            return p
+    raise WireError("a varint of more than 10 bytes")
+
+
+cdef const unsigned char *_skip(
+    const unsigned char *p, const unsigned char *end, int wire, uint32_t number, int depth
+) except NULL:
+    """Past the value of an unknown field (a group: past its end tag)."""
+    cdef uint64_t v, tag
+    if wire == 0:
+        return _varint(p, end, &v)
+    if wire == 1 or wire == 5:
+        if end - p < (8 if wire == 1 else 4):
+            raise WireError("a fixed-width value runs past its end")
+        return p + (8 if wire == 1 else 4)
+    if wire == 2:
+        p = _varint(p, end, &v)
+        if v > <uint64_t>(end - p):
+            raise WireError("a length runs past its end")
+        return p + v
+    if wire == 3:
+        if depth >= GROUP_DEPTH_MAX:
+            raise WireError("groups nested too deep")
+        while True:
+            p = _varint(p, end, &tag)
+            if tag > 0xFFFFFFFF or tag >> 3 == 0:
+                raise WireError("a bad tag")
+            if (tag & 7) == 4:
+                if (tag >> 3) != number:
+                    raise WireError("a group ends with another number")
+                return p
+            p = _skip(p, end, <int>(tag & 7), <uint32_t>(tag >> 3), depth + 1)
+    raise WireError(f"wire type {wire}")
+
+
+cdef str _utf8(const unsigned char *p, Py_ssize_t n):
+    try:
+        return (<const char *>p)[:n].decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError("a string that is no UTF-8") from None
+
+
+cdef class _Batch:
+    cdef Column64 cols[FRAME_COLUMNS]
+    cdef int64_t start_offset, next_offset
+    cdef list topics, keys, uniq_keys
+    cdef object records
+
+    def __cinit__(self):
+        memset(self.cols, 0, sizeof(self.cols))
+        self.clear()
+
+    cdef void clear(self) noexcept:
+        cdef int i
+        for i in range(FRAME_COLUMNS):
+            self.cols[i].n = 0
+        self.start_offset = self.next_offset = 0
+        self.topics = []
+        self.keys = []
+        self.uniq_keys = []
+        self.records = b""
+
+    def __dealloc__(self):
+        cdef int i
+        for i in range(FRAME_COLUMNS):
+            free(self.cols[i].data)
+
+    cdef int merge(self, const unsigned char *p, const unsigned char *end) except -1:
+        """Read one DispatchBatch's bytes into what was read (a merge)."""
+        cdef uint64_t tag, v, length
+        cdef uint32_t number
+        cdef int wire, col
+        cdef const unsigned char *stop
+        while p < end:
+            p = _varint(p, end, &tag)
+            if tag > 0xFFFFFFFF or tag >> 3 == 0:
+                raise WireError("a bad tag")
+            number = <uint32_t>(tag >> 3)
+            wire = <int>(tag & 7)
+            col = _COLUMN_OF[number] if number < 16 else -1
+            if col >= 0 and wire == 0:
+                p = _varint(p, end, &v)
+                _push(&self.cols[col], <int32_t>v if _INT32_FIELD[number] else <int64_t>v)
+            elif col >= 0 and wire == 2:
+                p = _varint(p, end, &length)
+                if length > <uint64_t>(end - p):
+                    raise WireError("a length runs past its end")
+                stop = p + length
+                while p < stop:
+                    p = _varint(p, stop, &v)
+                    _push(&self.cols[col], <int32_t>v if _INT32_FIELD[number] else <int64_t>v)
+            elif (number == 1 or number == 2) and wire == 0:
+                p = _varint(p, end, &v)
+                if number == 1:
+                    self.start_offset = <int64_t>v
+                else:
+                    self.next_offset = <int64_t>v
+            elif (number == 3 or number == 12 or number == 13 or number == 16) and wire == 2:
+                p = _varint(p, end, &length)
+                if length > <uint64_t>(end - p):
+                    raise WireError("a length runs past its end")
+                if number == 16:
+                    self.records = PyBytes_FromStringAndSize(<const char *>p, <Py_ssize_t>length)
+                else:
+                    (self.topics if number == 3 else self.keys if number == 12 else
+                     self.uniq_keys).append(_utf8(p, <Py_ssize_t>length))
+                p += length
+            elif wire == 4:
+                raise WireError("a group ends that never began")
+            else:
+                p = _skip(p, end, wire, number, 0)
+        return 0
+
+    cdef tuple result(self):
+        cdef list columns = []
+        cdef int i
+        for i in range(FRAME_COLUMNS):
+            columns.append(PyByteArray_FromStringAndSize(
+                <const char *>self.cols[i].data, self.cols[i].n * 8))
+        return (self.start_offset, self.next_offset, self.topics, columns, self.keys,
+                self.uniq_keys, self.records)
+
+
+def decode_response(object data):
+    """A SubscribeResponse's wire bytes: None when it holds no batch (a handshake, or
+    nothing), else the batch as (start_offset, next_offset, topics, columns, keys, uniq_keys,
+    records), the columns native int64 bytearrays: topic_indexes, queue_ids, queue_offsets,
+    commit_log_offsets, sizes, tags_codes, store_timestamps_ms, sys_flags, corrupt_starts,
+    corrupt_ends. WireError when the bytes are no SubscribeResponse."""
+    cdef _Buffer held = _Buffer(data)
+    cdef const unsigned char *p = <const unsigned char *>held.view.buf
+    cdef const unsigned char *end = p + held.view.len
+    cdef uint64_t tag, length
+    cdef uint32_t number
+    cdef int wire, case = 0
+    cdef _Batch batch = _Batch()
+    try:
+        while p < end:
+            p = _varint(p, end, &tag)
+            if tag > 0xFFFFFFFF or tag >> 3 == 0:
+                raise WireError("a bad tag")
+            number = <uint32_t>(tag >> 3)
+            wire = <int>(tag & 7)
+            if (number == 1 or number == 2) and wire == 2:
+                p = _varint(p, end, &length)
+                if length > <uint64_t>(end - p):
+                    raise WireError("a length runs past its end")
+                if number == 2:
+                    if case != 2:
+                        batch.clear()
+                    batch.merge(p, p + length)
+                case = <int>number  # a handshake: Python reads it (FromString)
+                p += length
+            elif wire == 4:
+                raise WireError("a group ends that never began")
+            else:
+                p = _skip(p, end, wire, number, 0)
+    finally:
+        held.release()
+    return batch.result() if case == 2 else None
