@@ -338,3 +338,20 @@ def test_the_compiled_decode_of_wire_bytes_is_protobufs_damaged_bytes_included(
                     handshake=pb.Handshake(min_offset=3)
                 ).SerializeToString()
         assert _compiled(bytes(raw)) == _reference(bytes(raw)), bytes(raw)
+
+
+def test_an_int32_field_keeps_the_low_32_bits_of_a_wider_varint_as_protobuf_does() -> None:
+    batch = _frame(queue_ids=[0]).SerializeToString()  # the second queue id added wide:
+    wide = batch + bytes([5 << 3, 0x87, 0x80, 0x80, 0x80, 0x10])  # 2**32 + 7
+    raw = bytes([2 << 3 | 2]) + _varint_bytes(len(wide)) + wide
+    assert _compiled(raw) == _reference(raw)
+    assert decode_response(raw).queue_ids.tolist() == [0, 7]  # type: ignore[union-attr]
+
+
+def _varint_bytes(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
