@@ -28,8 +28,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
 from cq_svc import checkpoint
 from cq_svc.config import CqConfig
 from cq_svc.queue_files import FileQueue, QueueState
@@ -42,8 +40,9 @@ from cq_svc.store import (
 )
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument, check
+from mqstore.formats import _core
 from mqstore.formats.cq_checkpoint import CqCheckpoint
-from mqstore.formats.cq_time import Boundary, clamp_time, clamp_times, search_offset_by_time
+from mqstore.formats.cq_time import Boundary, clamp_time, search_offset_by_time
 from mqstore.formats.cq_unit import UNIT_BYTES, Unit
 from mqstore.limits import TOPIC_PATTERN
 from mqstore.storage import failpoints
@@ -251,20 +250,25 @@ class FileCqStore:
 
     def _apply_run(self, fq: FileQueue, columns: DispatchColumns, rows: Column) -> int:
         st = fq.state
-        phys = columns.commit_log_offsets[rows]
-        sizes = columns.sizes[rows]
-        start = plain_run_start(
-            columns.queue_offsets[rows], phys + sizes, st.max_offset, st.last_phy_end
-        )
+        start = plain_run_start(rows, columns, st.max_offset, st.last_phy_end)
         if start is None:
             return self._apply(fq, [columns[i] for i in rows.tolist()])
         if start == len(rows):
             return 0
-        taken = rows[start:]
-        stamps = clamp_times(columns.store_timestamps_ms[taken])
-        times = np.maximum.accumulate(np.maximum(stamps, st.last_time_ms))
-        fq.append_columns(phys[start:], sizes[start:], columns.tags_codes[taken], times)
-        return len(taken)
+        units, times, last_time = _core.pack_units(
+            rows,
+            start,
+            columns.commit_log_offsets,
+            columns.sizes,
+            columns.tags_codes,
+            columns.store_timestamps_ms,
+            st.last_time_ms,
+        )
+        last = int(rows[-1])
+        fq.append_packed(
+            units, times, int(columns.commit_log_offsets[last]), int(columns.sizes[last]), last_time
+        )
+        return len(rows) - start
 
     def _apply(self, fq: FileQueue, group: list[DispatchEntry]) -> int:
         st = fq.state

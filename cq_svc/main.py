@@ -30,7 +30,7 @@ from cq_svc.local_reads import LocalReads
 from cq_svc.record_sources import RecordSources
 from cq_svc.servicer import CqServicer
 from cq_svc.settings import CqSettings
-from cq_svc.sink import SMALL_FRAME_ENTRIES, EngineSink, HeadProbe
+from cq_svc.sink import EngineSink, HeadProbe
 from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
 from mqstore.cpu_section import CPU_SECTION
@@ -71,7 +71,6 @@ class CqService:
             settings.subscriber_id,
             self.sink,
             wants_records=self.sources.tail_wanted,
-            entries_max=SMALL_FRAME_ENTRIES,
             on_ready_change=self._ready_changed,
             security=security,
             section=CPU_SECTION,  # a frame's apply takes turns with the pulls (cpu_section.py)

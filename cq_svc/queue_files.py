@@ -43,7 +43,6 @@ import numpy as np
 import numpy.typing as npt
 
 from cq_svc.store import UnitColumns
-from mqstore.dispatch import Column
 from mqstore.errors import check
 from mqstore.formats.cq_time import (
     TIME_BYTES,
@@ -51,7 +50,6 @@ from mqstore.formats.cq_time import (
     bisect_stored_files,
     decode_time,
     encode_time,
-    encode_times,
 )
 from mqstore.formats.cq_unit import (
     BLANK_SIZE,
@@ -60,7 +58,6 @@ from mqstore.formats.cq_unit import (
     UNIT_DTYPE,
     Unit,
     count_valid,
-    encode_unit_columns,
 )
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import MappedFile
@@ -452,16 +449,14 @@ class FileQueue:
             st.last_time_ms = last[3]
         self.dirty = True
 
-    def append_columns(
-        self, phys: Column, sizes: Column, tags_codes: Column, indexed_times_ms: Column
+    def append_packed(
+        self, units: bytes, times: bytes, last_phy: int, last_size: int, last_time_ms: int
     ) -> None:
-        """append() of columns: the run's units and time entries are packed at once, then
-        written a file at a time. The same bytes and state as append() of the same rows."""
-        n = len(phys)
-        if n == 0:
-            return
-        units = encode_unit_columns(phys, sizes, tags_codes)
-        stamps = memoryview(encode_times(units, indexed_times_ms))
+        """append() of a run packed by _core.pack_units (units and their time entries back to
+        back; the last unit's phy and size and indexed time), written a file at a time. The
+        same bytes and state as append() of the same rows."""
+        n = len(units) // UNIT_BYTES
+        stamps = memoryview(times)
         unit_view = memoryview(units)
         st = self.state
         i = 0
@@ -473,11 +468,11 @@ class FileQueue:
             umf.append_bytes(unit_view[i * UNIT_BYTES : (i + count) * UNIT_BYTES])
             i += count
             st.max_offset += count
-            last_phy, last_size = int(phys[i - 1]), int(sizes[i - 1])
+        if n:
             if not _is_blank(last_phy, last_size):
                 st.last_phy_end = last_phy + last_size
-            st.last_time_ms = int(indexed_times_ms[i - 1])
-        self.dirty = True
+            st.last_time_ms = last_time_ms
+            self.dirty = True
 
     def fill_blanks_to(self, offset: int) -> None:
         """Blank units from max_offset up to `offset` (fillPreBlank, or a gap in dispatch)."""

@@ -377,8 +377,7 @@ class RocksCqStore:
         wb: rocksdict.WriteBatch,
     ) -> tuple[int, tuple[int, int, int, int]]:
         phys = columns.commit_log_offsets[rows]
-        ends = phys + columns.sizes[rows]
-        start = plain_run_start(columns.queue_offsets[rows], ends, st.max_offset, st.last_phy_end)
+        start = plain_run_start(rows, columns, st.max_offset, st.last_phy_end)
         if start is None:
             return self._apply(key, st, [columns[i] for i in rows.tolist()], wb)
         unchanged = (st.min_offset, st.max_offset, st.last_phy_end, st.last_time_ms)
@@ -419,7 +418,8 @@ class RocksCqStore:
             handle,  # type: ignore[arg-type]
         )
         last_time = int(values["time"][-1])
-        return m, (st.min_offset, first + m, int(ends[-1]), last_time)
+        last_end = last_phy + int(columns.sizes[int(rows[-1])])
+        return m, (st.min_offset, first + m, last_end, last_time)
 
     def _apply(
         self, key: Key, st: _QState, group: list[DispatchEntry], wb: rocksdict.WriteBatch

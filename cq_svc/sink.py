@@ -5,10 +5,8 @@ commit log's end as cq_svc last saw it (for the dispatch-lag gauge).
                                                drop the held tail records, check the commit
                                                log's files again (local_reads.py)
                ──on_batch─────▶            ──▶ hold the frame's records (TailRecords), then
-                                               CqEngine.apply_columns (a frame as columns;
-                                               CqEngine.apply for an entry list: frames of
-                                               up to SMALL_FRAME_ENTRIES), wake the long
-                                               polls of the queues the batch touched
+                                               CqEngine.apply_columns, wake the long polls
+                                               of the queues the batch touched
 
 The sink runs on the subscriber's thread; pulls run on server threads against the same store
 (its lock orders them). A long poll registered before its last look is woken by the batch
@@ -42,11 +40,6 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 
 log = logging.getLogger(__name__)
-
-# Frames of at most this many entries (and no records) come as an entry list and are applied
-# entry by entry: numpy's per-call cost makes columns the slower way below ~100 entries (an
-# 11-entry frame over 4 queues: ~50 us as entries, ~240 us as columns, decode included).
-SMALL_FRAME_ENTRIES = 64
 
 HEAD_PROBE_TIMEOUT_S = 2.0
 
@@ -122,22 +115,17 @@ class EngineSink:
         self.watch.notify_all()
 
     def on_batch(self, entries: Sequence[DispatchEntry], next_offset: int) -> None:
-        if isinstance(entries, DispatchColumns):
-            if entries.records and self.tail is not None:
-                # Held before the units are applied: a pull that finds the units finds these.
-                self.tail.add(entries.commit_log_offsets, entries.sizes, entries.records)
-            written = self.engine.apply_columns(entries, next_offset)
-        else:
-            written = self.engine.apply(entries, next_offset)
+        """A frame: the Subscriber hands DispatchColumns (the DispatchSink signature)."""
+        assert isinstance(entries, DispatchColumns)
+        if entries.records and self.tail is not None:
+            # Held before the units are applied: a pull that finds the units finds these.
+            self.tail.add(entries.commit_log_offsets, entries.sizes, entries.records)
+        written = self.engine.apply_columns(entries, next_offset)
         if written:
             metrics.APPLIED_ENTRIES.inc(written)
         self._log_end = max(self._log_end, next_offset)
-        if not self.watch.waiting:
-            return  # nobody to wake: nothing to compute
-        if isinstance(entries, DispatchColumns):
+        if self.watch.waiting:
             self.watch.notify(entries.queue_keys())
-        else:
-            self.watch.notify_entries(entries)
 
     # -- lag ---------------------------------------------------------------------------------------
 

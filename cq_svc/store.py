@@ -18,7 +18,6 @@ it covers is flushed.
 from __future__ import annotations
 
 import enum
-import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -27,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
+from mqstore.formats import _core
 from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import BLANK_SIZE, UNIT_BYTES, Unit
 
@@ -222,66 +222,22 @@ class CqStore(Protocol):
     def list_topics(self) -> list[str]: ...
 
 
-# Runs up to this long are checked with Python lists: numpy's cost per call made the check of
-# a 25-row run ~10 us (a frame of a hundred messages over four queues has four such runs).
-PLAIN_CHECK_IN_PYTHON_ROWS_MAX = 64
-
-
-def _plain_run_start_small(
-    queue_offsets: list[int], end_offsets: list[int], expect: int, last_end: int
-) -> int | None:
-    """plain_run_start of a short run, on lists."""
-    n = len(queue_offsets)
-    k = 0
-    while k < n and not (end_offsets[k] > last_end and queue_offsets[k] >= expect):
-        k += 1
-    if k == n:
-        return n
-    if queue_offsets[k] != expect:
-        return None
-    if queue_offsets[k:] != list(range(expect, expect + n - k)):
-        return None
-    if not all(map(operator.lt, end_offsets[k:], end_offsets[k + 1 :])):
-        return None
-    return k
-
-
 def plain_run_start(
-    queue_offsets: Column, end_offsets: Column, expect: int, last_end: int
+    rows: Column, columns: DispatchColumns, expect: int, last_end: int
 ) -> int | None:
-    """Where a queue's run of a frame starts to be written, when the run is plain; None when
-    it is not (then the stores apply it entry by entry, as put_batch does).
+    """Where a queue's run (`rows` of `columns`) starts to be written, when the run is plain;
+    None when it is not (then the stores apply it entry by entry, as put_batch does).
 
     put_batch skips an entry that ends at or below the queue's newest end or whose queue
     offset is below the queue's next one (applied before), fills a gap before an offset above
     it, and writes the others. A run is plain when, after a prefix of skipped entries, every
     entry is written with neither a gap nor a skip: queue offsets counting up by one from
-    `expect` and ends strictly increasing. Returns the first written row (len: none is)."""
-    if len(queue_offsets) <= PLAIN_CHECK_IN_PYTHON_ROWS_MAX:
-        return _plain_run_start_small(
-            queue_offsets.tolist(), end_offsets.tolist(), expect, last_end
-        )
-    return _plain_run_start_columns(queue_offsets, end_offsets, expect, last_end)
-
-
-def _plain_run_start_columns(
-    queue_offsets: Column, end_offsets: Column, expect: int, last_end: int
-) -> int | None:
-    """plain_run_start of a long run, on the columns."""
-    n = len(queue_offsets)
-    written = (end_offsets > last_end) & (queue_offsets >= expect)
-    if not written.any():
-        return n
-    k = int(np.argmax(written))  # the state does not move while entries are skipped
-    if int(queue_offsets[k]) != expect:
-        return None  # a gap (blanks, or a queue that starts at its first offset)
-    tail_offsets = queue_offsets[k:]
-    tail_ends = end_offsets[k:]
-    if n - k > 1 and not (
-        bool((np.diff(tail_offsets) == 1).all()) and bool((np.diff(tail_ends) > 0).all())
-    ):
-        return None
-    return k
+    `expect` and ends strictly increasing. Returns the first written row (len: none is).
+    Compiled: formats/_core_frames.pxi."""
+    start = _core.plain_start(
+        rows, columns.queue_offsets, columns.commit_log_offsets, columns.sizes, expect, last_end
+    )
+    return None if start < 0 else start
 
 
 class PullSource(Protocol):

@@ -7,21 +7,20 @@ columns packed; engines take them as `DispatchEntry` objects or as `DispatchColu
 `DispatchColumns` is a whole frame as numpy columns (what mqstore.rpc.dispatch_codec's
 `decode_columns` makes of a validated frame, with no Python object per message). The followers
 apply it run by run: `queue_runs()` groups the rows that take a queue offset by (topic, queue)
-with a few numpy operations. It is also a `Sequence[DispatchEntry]` (entries built on access),
-so that code written for entry lists keeps working with it.
+in compiled code (formats/_core_frames.pxi). It is also a `Sequence[DispatchEntry]` (entries
+built on access), so that code written for entry lists keeps working with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import overload
 
 import numpy as np
 import numpy.typing as npt
 
-from mqstore.formats import sysflag
+from mqstore.formats import _core, sysflag
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
 from mqstore.formats.record import Record
@@ -78,10 +77,6 @@ Column = npt.NDArray[np.int64]
 
 # Longest linger a subscriber may ask of the dispatch stream (SubscribeRequest.linger_ms).
 DISPATCH_LINGER_MS_MAX = 1_000
-
-# (topic index, queue id) as one int64 sort key: queue ids are int32, shifted to be non-negative.
-_QUEUE_ID_BIAS = 1 << 31
-_QUEUE_ID_BITS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,27 +268,8 @@ class DispatchColumns(Sequence[DispatchEntry]):
     def queue_runs(self) -> list[QueueRun]:
         """The rows that go to a consume queue, grouped by (topic, queue) in the order each
         queue first appears, each group in frame order (what a dict of lists filled entry by
-        entry gives, without a Python step per entry)."""
-        rows = np.flatnonzero(self.goes_to_consume_queue)
-        if not len(rows):
-            return []
-        key = (self.topic_indexes[rows] << _QUEUE_ID_BITS) + (self.queue_ids[rows] + _QUEUE_ID_BIAS)
-        # Each queue's rows usually lie in one block (a producer's batch puts a queue's
-        # messages together): found from where the key changes. np.unique's sort was the
-        # cost here on a frame of a hundred rows.
-        changes = (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist()
-        run_keys = [int(key[0]), *key[changes].tolist()]
-        if len(set(run_keys)) == len(run_keys):
-            bounds = [0, *changes, len(rows)]
-            spans = zip(run_keys, pairwise(bounds), strict=True)
-            return [self._run(k, rows[a:b]) for k, (a, b) in spans]
-        distinct, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        order = np.argsort(inverse, kind="stable")
-        group_ends = np.cumsum(np.bincount(inverse))[:-1]
-        groups = np.split(rows[order], group_ends)
-        return [self._run(int(distinct[g]), groups[g]) for g in np.argsort(first).tolist()]
-
-    def _run(self, key: int, rows: Column) -> QueueRun:
-        topic_index = key >> _QUEUE_ID_BITS
-        queue_id = (key & ((1 << _QUEUE_ID_BITS) - 1)) - _QUEUE_ID_BIAS
-        return QueueRun(self.topics[topic_index], queue_id, rows.astype(np.int64, copy=False))
+        entry gives; compiled: formats/_core_frames.pxi)."""
+        runs = _core.queue_runs(self.topic_indexes, self.queue_ids, self.sys_flags)
+        return [
+            QueueRun(self.topics[t], q, np.frombuffer(rows, dtype=np.int64)) for t, q, rows in runs
+        ]

@@ -2,6 +2,9 @@
 
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
+
 from mqstore.formats.record import Buffer
 
 QUEUE_ID_POS: Final[int]
@@ -62,5 +65,34 @@ def encode(
 ) -> tuple[bytes, list[int], list[int], list[int], list[int], list[tuple[int, str, int]]]: ...
 
 # _core_frames.pxi
+
+Int64s = npt.NDArray[np.int64] | Buffer  # int64 columns, native order
+
+def queue_runs(
+    topic_indexes: Int64s, queue_ids: Int64s, sys_flags: Int64s
+) -> list[tuple[int, int, bytearray]]: ...
+def plain_start(
+    rows: Int64s,
+    queue_offsets: Int64s,
+    offsets: Int64s,
+    sizes: Int64s,
+    expect: int,
+    last_end: int,
+) -> int: ...
+def pack_units(
+    rows: Int64s,
+    start: int,
+    offsets: Int64s,
+    sizes: Int64s,
+    tags_codes: Int64s,
+    store_timestamps_ms: Int64s,
+    last_time: int,
+) -> tuple[bytes, bytes, int]: ...
+
+class WireError(ValueError): ...
+
+def decode_response(
+    data: Buffer,
+) -> tuple[int, int, list[str], list[bytearray], list[str], list[str], bytes] | None: ...
 
 # _core_arrow.pxi

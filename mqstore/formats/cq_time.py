@@ -38,15 +38,11 @@ import struct
 from collections.abc import Callable
 
 import crc32c
-import numpy as np
-import numpy.typing as npt
 
 TIME_BYTES = 8
 TIME_STORED_BYTES = 6  # the indexed time's part of an entry (u48); the check follows
 TIME_MAX_MS = (1 << 48) - 1  # year 10889
 _CHECK = struct.Struct(">H")
-_UNIT_BYTES = 20  # mqstore.formats.cq_unit.UNIT_BYTES (what a check covers: unit + 6 bytes)
-_CHECKED_BYTES = _UNIT_BYTES + TIME_STORED_BYTES
 
 
 class Boundary(enum.StrEnum):
@@ -60,67 +56,10 @@ def clamp_time(ts_ms: int) -> int:
     return min(max(ts_ms, 0), TIME_MAX_MS)
 
 
-def clamp_times(ts_ms: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """clamp_time of every time (np.minimum/np.maximum: np.clip costs twice as much a call
-    on the short runs of a dispatch frame)."""
-    clamped: npt.NDArray[np.int64] = np.minimum(np.maximum(ts_ms, 0), TIME_MAX_MS)
-    return clamped
-
-
 def encode_time(unit_bytes: bytes | memoryview, indexed_time_ms: int) -> bytes:
     t = clamp_time(indexed_time_ms).to_bytes(6, "big")
     check = crc32c.crc32c(bytes(unit_bytes) + t) & 0xFFFF
     return t + _CHECK.pack(check)
-
-
-def encode_times(units: bytes, indexed_times_ms: npt.NDArray[np.int64]) -> bytes:
-    """encode_time for a run of units at once: `units` holds n units of 20 bytes back to back,
-    `indexed_times_ms` their n times; returns the n entries back to back (the same bytes).
-
-    The check of every entry is computed for the whole run with table look-ups: CRC32C is
-    affine over messages of one length (crc(a ^ b) = crc(a) ^ crc(b) ^ crc(zeros)), so the CRC
-    of a 26-byte message is crc(zeros) xor, for every 2-byte pair of the message, a table entry
-    of that pair's value at that position."""
-    n = len(indexed_times_ms)
-    message = np.empty((n, _CHECKED_BYTES), dtype=np.uint8)
-    message[:, :_UNIT_BYTES] = np.frombuffer(units, dtype=np.uint8).reshape(n, _UNIT_BYTES)
-    times = clamp_times(indexed_times_ms).astype(">u8")
-    message[:, _UNIT_BYTES:] = times.view(np.uint8).reshape(n, 8)[:, 2:]
-    base, tables = _check_tables()
-    pairs = message.view("<u2").astype(np.intp) + _PAIR_TABLE_OFFSETS
-    checks = np.bitwise_xor.reduce(np.take(tables, pairs.T), axis=0) ^ np.uint16(base)
-    out = np.empty((n, TIME_BYTES), dtype=np.uint8)
-    out[:, :6] = message[:, _UNIT_BYTES:]
-    out[:, 6:] = checks.astype(">u2").view(np.uint8).reshape(n, 2)
-    return out.tobytes()
-
-
-_PAIRS = _CHECKED_BYTES // 2
-_PAIR_VALUES = 1 << 16
-_PAIR_TABLE_OFFSETS = np.arange(_PAIRS, dtype=np.intp) * _PAIR_VALUES
-_tables: tuple[int, npt.NDArray[np.uint16]] | None = None
-
-
-def _check_tables() -> tuple[int, npt.NDArray[np.uint16]]:
-    """(low 16 bits of crc32c(26 zero bytes), flat table of 13 x 65,536 uint16): entry
-    p * 65,536 + v is what the pair of bytes (v & 0xFF, v >> 8) at bytes 2p, 2p+1 adds
-    (xor) to the check. Built once from 26 x 256 CRCs of single-byte messages (~3 ms)."""
-    global _tables  # noqa: PLW0603 - a build-once cache of constants
-    if _tables is None:
-        zeros = bytes(_CHECKED_BYTES)
-        base = crc32c.crc32c(zeros) & 0xFFFF
-        single = np.empty((_CHECKED_BYTES, 256), dtype=np.uint16)
-        message = bytearray(_CHECKED_BYTES)
-        for position in range(_CHECKED_BYTES):
-            for value in range(256):
-                message[position] = value
-                single[position, value] = (crc32c.crc32c(bytes(message)) & 0xFFFF) ^ base
-            message[position] = 0
-        low, high = single[0::2], single[1::2]
-        # pair value v = low byte | high byte << 8 (read little-endian)
-        pairs = high[:, :, None] ^ low[:, None, :]
-        _tables = (base, np.ascontiguousarray(pairs.reshape(-1)))
-    return _tables
 
 
 def decode_time(

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 # A mapped file (mmap) or the simulated disk's bytearray; anything struct can unpack from.
 Buffer = Any
@@ -75,18 +74,6 @@ def encode_units(units: Iterable[tuple[int, int, int]]) -> bytes:
     """(phy, size, tags_code) triples packed back to back: one slice write per batch."""
     pack = UNIT.pack
     return b"".join(pack(p, s, t) for p, s, t in units)
-
-
-def encode_unit_columns(
-    phys: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], tags_codes: npt.NDArray[np.int64]
-) -> bytes:
-    """encode_units of columns: n units packed back to back, the same bytes, no Python step
-    per unit. The values must fit their fields (sizes an int32)."""
-    units = np.empty(len(phys), dtype=UNIT_DTYPE)
-    units["phy"] = phys
-    units["size"] = sizes
-    units["tags"] = tags_codes
-    return units.tobytes()
 
 
 def decode_unit(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int, int]:

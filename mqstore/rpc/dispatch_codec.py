@@ -19,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument, MalformedFrame
+from mqstore.formats import _core
 from mqstore.history import EPOCHS_MAX, LogHistory
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
@@ -123,36 +125,56 @@ def _check_topic_indexes(lowest: int, highest: int, topics: int) -> None:
         )
 
 
-def decode_columns(batch: pb.DispatchBatch) -> DispatchColumns:
-    """The frame as numpy columns, checked as decode_dispatch checks it."""
-    n = _check_lengths(batch)
-
-    def col(values: Sequence[int]) -> np.ndarray:
-        # A packed repeated field converts at C speed (a few ns an element).
-        return np.array(values, dtype=np.int64)
-
-    sizes = col(batch.sizes)
-    records = batch.records  # read once: each read of a bytes field is a copy
+def decode_response(raw: bytes) -> pb.SubscribeResponse | DispatchColumns:
+    """A Subscribe stream message's wire bytes: its batch as columns (decoded in compiled code,
+    formats/_core_frames.pxi, and checked as decode_dispatch checks a frame), or the message
+    when it holds no batch (a handshake). Bytes that are no SubscribeResponse: MalformedFrame."""
+    try:
+        got = _core.decode_response(raw)
+        if got is None:
+            return pb.SubscribeResponse.FromString(raw)
+    except (_core.WireError, DecodeError) as err:
+        raise MalformedFrame(f"malformed dispatch frame: {err}") from err
+    start, next_offset, topics, columns, keys, uniq_keys, records = got
+    (topic_indexes, queue_ids, queue_offsets, offsets, sizes, tags, stamps, flags) = (
+        np.frombuffer(c, dtype=np.int64) for c in columns[:8]
+    )
+    n = len(offsets)
+    lengths = zip(
+        _COLUMNS, (topic_indexes, queue_ids, queue_offsets, sizes, tags, stamps, flags), strict=True
+    )
+    for name, column in lengths:
+        if len(column) != n:
+            raise MalformedFrame(f"malformed dispatch frame: {len(column)} {name} for {n} entries")
+    for name, strings in (("keys", keys), ("uniq_keys", uniq_keys)):
+        if len(strings) not in (0, n):
+            raise MalformedFrame(f"malformed dispatch frame: {len(strings)} {name} for {n} entries")
     _check_records(records, sizes)
-    topic_indexes = col(batch.topic_indexes)
     if n:
-        _check_topic_indexes(int(topic_indexes.min()), int(topic_indexes.max()), len(batch.topics))
+        _check_topic_indexes(int(topic_indexes.min()), int(topic_indexes.max()), len(topics))
     return DispatchColumns(
-        topics=list(batch.topics),
+        topics=topics,
         topic_indexes=topic_indexes,
-        queue_ids=col(batch.queue_ids),
-        queue_offsets=col(batch.queue_offsets),
-        commit_log_offsets=col(batch.commit_log_offsets),
+        queue_ids=queue_ids,
+        queue_offsets=queue_offsets,
+        commit_log_offsets=offsets,
         sizes=sizes,
-        tags_codes=col(batch.tags_codes),
-        store_timestamps_ms=col(batch.store_timestamps_ms),
-        sys_flags=col(batch.sys_flags),
-        keys=list(batch.keys),
-        uniq_keys=list(batch.uniq_keys),
-        start_offset=batch.start_offset,
-        next_offset=batch.next_offset,
+        tags_codes=tags,
+        store_timestamps_ms=stamps,
+        sys_flags=flags,
+        keys=keys,
+        uniq_keys=uniq_keys,
+        start_offset=start,
+        next_offset=next_offset,
         records=records,
     )
+
+
+def decode_columns(batch: pb.DispatchBatch) -> DispatchColumns:
+    """A frame as columns, by decode_response (what the subscribers run) of its wire bytes."""
+    got = decode_response(pb.SubscribeResponse(batch=batch).SerializeToString())
+    assert isinstance(got, DispatchColumns)
+    return got
 
 
 def decode_dispatch(batch: pb.DispatchBatch) -> list[DispatchEntry]:

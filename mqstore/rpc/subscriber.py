@@ -6,8 +6,6 @@
                          (agreement before anything: drop what is at or past truncate_offset,
                          take the log's history as the sink's own)
       batches         -> sink.on_batch(columns, next_offset)      (replays are expected)
-                         (a small frame without records, when the sink asks for it
-                         with entries_max: sink.on_batch(entry list, next_offset))
       every CONFIRM_INTERVAL_S, if sink.confirmed_offset moved (or wants_records() changed)
                       -> Confirm(confirmed offset, the epoch of its last byte in sink.history)
       stream ends or fails -> reconnect after a backoff (gRPC never retries a stream for us)
@@ -28,18 +26,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
 from mqstore.backoff import Backoff
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument, MalformedFrame
 from mqstore.history import LogHistory
 from mqstore.rpc.channel import PLAINTEXT, ChannelSecurity
 from mqstore.rpc.dispatch_codec import (
-    decode_columns,
-    decode_dispatch,
+    decode_response,
     history_from_proto,
     history_to_proto,
 )
@@ -48,6 +45,8 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.leader_channel import LeaderChannel, commitlog_channel
 
 log = logging.getLogger(__name__)
+
+SUBSCRIBE_METHOD = "/mqstore.commitlog.v1.CommitLog/Subscribe"
 
 # Reconnect backoff (mqstore/backoff.py): doubling from the first pause to the ceiling (a
 # commit log restarting takes seconds).
@@ -106,7 +105,6 @@ class Subscriber:
         include_keys: bool = False,
         wants_records: Callable[[], bool] | None = None,
         max_batch_entries: int = 0,
-        entries_max: int = 0,
         linger_ms: int = 0,
         on_ready_change: Callable[[bool], None] | None = None,
         security: ChannelSecurity = PLAINTEXT,
@@ -130,10 +128,6 @@ class Subscriber:
         self._records_asked: bool | None = None
         self._records_told_at = 0.0
         self.max_batch_entries = max_batch_entries
-        # Frames of at most this many entries, carrying no records, reach the sink as a
-        # DispatchEntry list: numpy's cost per call (a few us, some 15 calls a queue a frame)
-        # outweighs a Python step per entry in small frames, the usual ones at moderate rates.
-        self.entries_max = entries_max
         # At most one frame per linger while appends keep coming (SubscribeRequest.linger_ms).
         self.linger_ms = linger_ms
         self._on_ready_change = on_ready_change
@@ -260,16 +254,26 @@ class Subscriber:
                 linger_ms=self.linger_ms,
                 history=history_to_proto(self.sink.history),
             )
-        call = stub.Subscribe(request)
+        # The stream's messages as bytes: a batch is decoded straight into columns (compiled).
+        assert self._channel is not None
+        call: Any = self._channel.unary_stream(
+            SUBSCRIBE_METHOD, request_serializer=pb.SubscribeRequest.SerializeToString
+        )(request)
         with self._lock:
-            self._call = call  # type: ignore[assignment]
+            self._call = call
         if self._stop.is_set():
             call.cancel()
         got = False
-        for frame in call:
+        for raw in call:
             got = True
-            which = frame.WhichOneof("frame")
-            if which == "handshake":
+            frame = decode_response(raw)
+            if isinstance(frame, DispatchColumns):
+                with self._section:
+                    self.sink.on_batch(frame, frame.next_offset)
+                self.batches += 1
+                if not self._caught_up.is_set() and frame.next_offset >= self._catch_up_to:
+                    self._set_caught_up(True)
+            elif frame.WhichOneof("frame") == "handshake":
                 hs = frame.handshake
                 try:
                     history = history_from_proto(hs.history)
@@ -293,16 +297,6 @@ class Subscriber:
                     hs.start_offset,
                 )
                 if self.sink.applied_offset >= self._catch_up_to:
-                    self._set_caught_up(True)
-            elif which == "batch":
-                batch = frame.batch
-                with self._section:
-                    if len(batch.commit_log_offsets) <= self.entries_max and not batch.records:
-                        self.sink.on_batch(decode_dispatch(batch), batch.next_offset)
-                    else:
-                        self.sink.on_batch(decode_columns(batch), batch.next_offset)
-                self.batches += 1
-                if not self._caught_up.is_set() and batch.next_offset >= self._catch_up_to:
                     self._set_caught_up(True)
         return got
 

@@ -349,14 +349,11 @@ def test_the_shared_subscriber_client_follows_and_confirms(svc: Running) -> None
 
 
 @pytest.mark.parametrize("records", [False, True])
-def test_the_shared_subscriber_hands_small_frames_as_entry_lists(
-    svc: Running, records: bool
-) -> None:
-    """entries_max: a frame of at most that many entries comes as a DispatchEntry list, a larger
-    one (or one carrying records, which only columns hold) as DispatchColumns; the sink sees
-    the same entries either way."""
+def test_the_shared_subscriber_hands_every_frame_as_columns(svc: Running, records: bool) -> None:
+    """Small frames and large, with records or without: one form, DispatchColumns, holding
+    the entries appended."""
     sink = RecordingSink()
-    follower = Subscriber(svc.target, "small", sink, entries_max=8, wants_records=lambda: records)
+    follower = Subscriber(svc.target, "small", sink, wants_records=lambda: records)
     follower.start()
     try:
         assert follower.wait_caught_up(20)
@@ -368,7 +365,7 @@ def test_the_shared_subscriber_hands_small_frames_as_entry_lists(
         wait_until(lambda: sink.applied_offset == end, "the large frame")
     finally:
         follower.stop()
-    assert sink.frames == [(DispatchColumns if records else list, 5), (DispatchColumns, 30)]
+    assert sink.frames == [(DispatchColumns, 5), (DispatchColumns, 30)]
     assert [e.commit_log_offset for e in sink.entries] == [
         *small.commit_log_offsets,
         *large.commit_log_offsets,

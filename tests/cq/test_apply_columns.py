@@ -21,16 +21,12 @@ from hypothesis import strategies as st
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import make_store
 from cq_svc.rocks_store import OFFSET_CF
-from cq_svc.store import (
-    CqStore,
-    _plain_run_start_columns,
-    _plain_run_start_small,
-    plain_run_start,
-)
+from cq_svc.store import CqStore, plain_run_start
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument
-from mqstore.formats.cq_time import TIME_MAX_MS, encode_time, encode_times
-from mqstore.formats.cq_unit import encode_unit_columns, encode_units
+from mqstore.formats import _core
+from mqstore.formats.cq_time import TIME_MAX_MS, clamp_time, encode_time
+from mqstore.formats.cq_unit import encode_units
 from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch
 from mqstore.storage.clock import ManualClock
 from tests.rpc.test_dispatch_columns import Stream, dispatch_streams, make_stream
@@ -183,37 +179,93 @@ def test_prepared_and_rolled_back_messages_take_no_unit_but_move_the_applied_off
 # -- the pure pieces ---------------------------------------------------------------------------
 
 
-@settings(max_examples=60, deadline=None)
+def _int64(values: list[int]) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+def reference_pack(
+    rows: list[tuple[int, int, int, int]], last_time: int
+) -> tuple[bytes, bytes, int]:
+    """What FileQueue.append writes for rows (phy, size, tags, store time) applied one at a
+    time (put_batch's way): the running maximum of the clamped times, each unit's time entry
+    by encode_time."""
+    units = []
+    times = []
+    for phy, size, tags, ts in rows:
+        last_time = max(last_time, clamp_time(ts))
+        unit = encode_units([(phy, size, tags)])
+        units.append(unit)
+        times.append(encode_time(unit, last_time))
+    return b"".join(units), b"".join(times), last_time
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     rows=st.lists(
         st.tuples(
+            st.integers(0, 2**63 - 1),
+            st.integers(1, 2**31 - 1),
             st.integers(-(2**63), 2**63 - 1),
-            st.integers(-(2**31), 2**31 - 1),
             st.integers(-(2**63), 2**63 - 1),
-            st.integers(-(2**40), 2**50),
         ),
-        min_size=1,
+        min_size=0,
         max_size=40,
-    )
+    ),
+    last_time=st.integers(0, TIME_MAX_MS),
+    data=st.data(),
 )
-def test_units_and_times_packed_as_columns_are_the_bytes_of_one_at_a_time(
-    rows: list[tuple[int, int, int, int]],
+def test_packed_units_and_times_are_the_bytes_of_one_at_a_time(
+    rows: list[tuple[int, int, int, int]], last_time: int, data: st.DataObject
 ) -> None:
-    def column(j: int) -> np.ndarray:
-        return np.array([r[j] for r in rows], dtype=np.int64)
+    """_core.pack_units of any rows of a frame (in any order, from any start) writes the bytes
+    put_batch writes unit by unit, times clamped to 48 bits and kept from going down."""
+    order = data.draw(st.permutations(range(len(rows))))
+    start = data.draw(st.integers(0, len(rows)))
+    columns = [_int64([r[j] for r in rows]) for j in range(4)]
+    got = _core.pack_units(_int64(list(order)), start, *columns, last_time)
+    assert got == reference_pack([rows[i] for i in order[start:]], last_time)
 
-    units = encode_unit_columns(column(0), column(1), column(2))
-    assert units == encode_units(r[:3] for r in rows)
-    expected = b"".join(encode_time(units[i * 20 : i * 20 + 20], r[3]) for i, r in enumerate(rows))
-    assert encode_times(units, column(3)) == expected
+
+def test_pack_units_refuses_rows_outside_the_frame_and_short_columns() -> None:
+    cols = [_int64([1, 2]) for _ in range(4)]
+    with pytest.raises(IndexError):
+        _core.pack_units(_int64([0, 2]), 0, *cols, 0)
+    with pytest.raises(IndexError):
+        _core.plain_start(_int64([-1]), cols[0], cols[1], cols[2], 0, 0)
+    with pytest.raises(ValueError, match="int64 rows"):
+        _core.pack_units(_int64([0, 1]), 0, cols[0], _int64([1]), cols[2], cols[3], 0)
+    with pytest.raises(ValueError, match="start 3 of 2"):
+        _core.pack_units(_int64([0, 1]), 3, *cols, 0)
+    with pytest.raises(ValueError, match="int64 rows"):
+        _core.queue_runs(cols[0], _int64([]), cols[2])
 
 
-def test_times_past_the_48_bit_range_are_clamped_as_encode_time_clamps() -> None:
-    units = encode_unit_columns(*(np.array([1, 2], dtype=np.int64) for _ in range(3)))
-    times = np.array([TIME_MAX_MS + 1, -1], dtype=np.int64)
-    assert encode_times(units, times) == encode_time(units[:20], TIME_MAX_MS) + encode_time(
-        units[20:], 0
+def reference_plain_start(
+    queue_offsets: list[int], end_offsets: list[int], expect: int, last_end: int
+) -> int | None:
+    """plain_run_start as it was written on lists (the specification)."""
+    n = len(queue_offsets)
+    k = 0
+    while k < n and not (end_offsets[k] > last_end and queue_offsets[k] >= expect):
+        k += 1
+    if k == n:
+        return n
+    if queue_offsets[k] != expect:
+        return None
+    if queue_offsets[k:] != list(range(expect, expect + n - k)):
+        return None
+    if not all(a < b for a, b in itertools.pairwise(end_offsets[k:])):
+        return None
+    return k
+
+
+def _plain(offsets: list[int], ends: list[int], expect: int, last_end: int) -> int | None:
+    """plain_run_start of a run laid out as a frame's rows, sizes 1 (phy = end - 1)."""
+    n = len(offsets)
+    columns = DispatchColumns.from_entries(
+        [DispatchEntry("T", 0, q, e - 1, 1, 0, 0) for q, e in zip(offsets, ends, strict=True)]
     )
+    return plain_run_start(np.arange(n, dtype=np.int64), columns, expect, last_end)
 
 
 @pytest.mark.parametrize(
@@ -231,10 +283,8 @@ def test_times_past_the_48_bit_range_are_clamped_as_encode_time_clamps() -> None
 def test_a_run_is_plain_only_without_gaps_or_skips_after_its_start(
     offsets: list[int], ends: list[int], expect: int, last_end: int, start: int | None
 ) -> None:
-    got = plain_run_start(
-        np.array(offsets, dtype=np.int64), np.array(ends, dtype=np.int64), expect, last_end
-    )
-    assert got == start
+    assert _plain(offsets, ends, expect, last_end) == start
+    assert reference_plain_start(offsets, ends, expect, last_end) == start
 
 
 def test_a_unit_is_a_hashable_value_read_alike_from_both_stores(tmp_path: Path) -> None:
@@ -259,16 +309,11 @@ def test_a_unit_is_a_hashable_value_read_alike_from_both_stores(tmp_path: Path) 
     expect=st.integers(0, 6),
     last_end=st.sampled_from([0, 480, 1_000, 10**9]),
 )
-def test_a_short_runs_check_on_lists_is_the_columns_check(
+def test_the_compiled_plain_check_is_the_reference_on_any_run(
     steps: list[int], grows: list[int], expect: int, last_end: int
 ) -> None:
-    """plain_run_start checks runs of up to PLAIN_CHECK_IN_PYTHON_ROWS_MAX rows on lists, longer
-    ones on the columns: both give the same answer for any run (gaps, repeats, ends going
-    back, replayed prefixes)."""
+    """Gaps, repeats, ends going back, replayed prefixes: the same answer as the list code."""
     offsets = list(itertools.accumulate(steps, initial=2))[1:]
     ends = list(itertools.accumulate(grows[: len(steps)], initial=200))[1:]
-    small = _plain_run_start_small(offsets, ends, expect, last_end)
-    columns = _plain_run_start_columns(
-        np.array(offsets, dtype=np.int64), np.array(ends, dtype=np.int64), expect, last_end
-    )
-    assert small == columns
+    want = reference_plain_start(offsets, ends, expect, last_end)
+    assert _plain(offsets, ends, expect, last_end) == want

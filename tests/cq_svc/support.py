@@ -25,7 +25,7 @@ from cq_svc.servicer import CqServicer
 from cq_svc.settings import CqSettings
 from cq_svc.sink import EngineSink
 from cq_svc.watch import QueueWatch
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.formats.javahash import tags_code
 from mqstore.history import LogHistory
 from mqstore.rpc.channel import make_channel
@@ -130,7 +130,8 @@ class ApiHarness:
         )
 
     def dispatch(self, entries: Sequence[DispatchEntry]) -> None:
-        self.sink.on_batch(list(entries), max(e.end_offset for e in entries))
+        frame = DispatchColumns.from_entries(entries)
+        self.sink.on_batch(frame, max(e.end_offset for e in entries))
 
 
 def entries(

@@ -15,13 +15,19 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import MalformedFrame
-from mqstore.formats import sysflag
-from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch, encode_dispatch
+from mqstore.formats import _core, sysflag
+from mqstore.rpc.dispatch_codec import (
+    decode_columns,
+    decode_dispatch,
+    decode_response,
+    encode_dispatch,
+)
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
 TOPICS = ["A", "B", "%RETRY%g"]
@@ -275,3 +281,77 @@ def test_queue_runs_of_blocks_and_of_mixed_frames_are_a_dict_of_lists(queues: li
                 want.setdefault((e.topic, e.queue_id), []).append(i)
         runs = DispatchColumns.from_entries(frame).queue_runs()
         assert [((r.topic, r.queue_id), r.rows.tolist()) for r in runs] == list(want.items())
+
+
+def _reference(raw: bytes) -> object:
+    """What protobuf's own parser and decode_dispatch make of a stream message's bytes: the
+    entries, the frame's other fields, or the typed refusal."""
+    try:
+        message = pb.SubscribeResponse.FromString(raw)
+    except DecodeError:
+        return MalformedFrame
+    if message.WhichOneof("frame") != "batch":
+        return message
+    b = message.batch
+    try:
+        entries = decode_dispatch(b)
+    except MalformedFrame as err:
+        return str(err)
+    return (entries, b.start_offset, b.next_offset, list(b.topics), b.records)
+
+
+def _compiled(raw: bytes) -> object:
+    try:
+        got = decode_response(raw)
+    except MalformedFrame as err:
+        return MalformedFrame if _core_error(err) else str(err)
+    if not isinstance(got, DispatchColumns):
+        return got
+    return (got.entries(), got.start_offset, got.next_offset, got.topics, got.records)
+
+
+def _core_error(err: MalformedFrame) -> bool:
+    return isinstance(err.__cause__, (_core.WireError, DecodeError))
+
+
+@settings(max_examples=60, deadline=None)
+@given(stream=dispatch_streams(include_keys=True), data=st.data())
+def test_the_compiled_decode_of_wire_bytes_is_protobufs_damaged_bytes_included(
+    stream: Stream, data: st.DataObject
+) -> None:
+    """decode_response (the compiled decode the subscribers run) gives what protobuf's parser
+    and decode_dispatch give, for every frame and for the frame's bytes damaged: flipped
+    bytes, cut short, garbage appended, a handshake; a refusal is MalformedFrame either way."""
+    for frame in stream.frames:
+        raw = bytearray(pb.SubscribeResponse(batch=frame).SerializeToString())
+        assert _compiled(bytes(raw)) == _reference(bytes(raw))
+        for _ in range(data.draw(st.integers(0, 3))):
+            kind = data.draw(st.sampled_from(["flip", "cut", "append", "handshake"]))
+            if kind == "flip" and raw:
+                raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+            elif kind == "cut":
+                raw = raw[: data.draw(st.integers(0, len(raw)))]
+            elif kind == "append":
+                raw += data.draw(st.binary(max_size=12))
+            else:
+                raw += pb.SubscribeResponse(
+                    handshake=pb.Handshake(min_offset=3)
+                ).SerializeToString()
+        assert _compiled(bytes(raw)) == _reference(bytes(raw)), bytes(raw)
+
+
+def test_an_int32_field_keeps_the_low_32_bits_of_a_wider_varint_as_protobuf_does() -> None:
+    batch = _frame(queue_ids=[0]).SerializeToString()  # the second queue id added wide:
+    wide = batch + bytes([5 << 3, 0x87, 0x80, 0x80, 0x80, 0x10])  # 2**32 + 7
+    raw = bytes([2 << 3 | 2]) + _varint_bytes(len(wide)) + wide
+    assert _compiled(raw) == _reference(raw)
+    assert decode_response(raw).queue_ids.tolist() == [0, 7]  # type: ignore[union-attr]
+
+
+def _varint_bytes(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
