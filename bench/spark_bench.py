@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import struct
 import shutil
+import struct
 import sys
 import tempfile
 import time
