@@ -8,7 +8,11 @@
 The directory is the data dir `mqstore up` made, commitlog_svc's data dir, or the directory of
 the segment files (mqstore.storage.layout finds them; the segment size comes from the files).
 Every record is checked as the store checks it (magic, lengths, body CRC, and the PHYSICALOFFSET
-field against its position), by the same walk as `mqstore log verify`.
+field against its position), by the same walk as `mqstore log verify`. Runs of valid records are
+read by the compiled reader (`_core.read_log_columns`, every check of read_record) straight into
+Arrow column buffers, handed to Spark as RecordBatches; what it stops at (a bad entry, a blank,
+a record whose properties are not ASCII or repeat a key) is read by read_record and built into
+rows in Python, as before.
 
 Parallel by file and by byte range. `partitions()` cuts every segment into ranges of at most
 `splitBytes` (ranges holding nothing but file holes are dropped). A range [a, b) owns the
