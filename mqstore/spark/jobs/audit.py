@@ -192,8 +192,12 @@ class QueueColumns:
 def live_queue_columns(
     cq_dir: str, topic: str, queue_id: int, units_per_file: int
 ) -> tuple[QueueColumns, npt.NDArray[np.int64]]:
-    """derived.read_queue_units as columns: the valid units, and the queue offsets of the
-    invalid ones below a valid unit of their file (damage, not unwritten space)."""
+    """Every unit a cq_svc data dir holds for a queue, as columns: the valid units (blanks
+    included), and the queue offsets of the invalid ones (zeroed, say) that lie below a valid
+    unit of their file: damage in the middle, where a pull finds no message and cq_svc's
+    recovery would end the queue. Invalid units after a file's last valid one are its unwritten
+    space. Each file is read whole, past an invalid unit too, so that one damaged unit is one
+    finding, not the rest of its file."""
     udir = os.path.join(cq_dir, derived.CQ_UNITS_TREE, topic, str(queue_id))
     tdir = os.path.join(cq_dir, derived.CQ_TIMES_TREE, topic, str(queue_id))
     parts: list[tuple[npt.NDArray[Any], ...]] = []
