@@ -96,3 +96,24 @@ def decode_response(
 ) -> tuple[int, int, list[str], list[bytearray], list[str], list[str], bytes] | None: ...
 
 # _core_arrow.pxi
+
+class ColumnBuffer:
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+LOG_FIXED_COLUMNS: Final[tuple[tuple[str, int], ...]]
+LOG_STOP_END: Final[int]
+LOG_STOP_FULL: Final[int]
+LOG_STOP_RECORD: Final[int]
+
+def read_log_columns(
+    buf: Buffer,
+    pos: int,
+    end: int,
+    stop: int,
+    base_offset: int,
+    check_crc: bool,
+    include_body: bool,
+    topics_kept: frozenset[str] | None,
+    rows_max: int,
+) -> tuple[int, int, int, int, list[ColumnBuffer], list[str], list[bytes]]: ...

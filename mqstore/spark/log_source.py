@@ -8,7 +8,11 @@
 The directory is the data dir `mqstore up` made, commitlog_svc's data dir, or the directory of
 the segment files (mqstore.storage.layout finds them; the segment size comes from the files).
 Every record is checked as the store checks it (magic, lengths, body CRC, and the PHYSICALOFFSET
-field against its position), by the same walk as `mqstore log verify`.
+field against its position), by the same walk as `mqstore log verify`. Runs of valid records are
+read by the compiled reader (`_core.read_log_columns`, every check of read_record) straight into
+Arrow column buffers, handed to Spark as RecordBatches; what it stops at (a bad entry, a blank,
+a record whose properties are not ASCII or repeat a key) is read by read_record and built into
+rows in Python, as before.
 
 Parallel by file and by byte range. `partitions()` cuts every segment into ranges of at most
 `splitBytes` (ranges holding nothing but file holes are dropped). A range [a, b) owns the
@@ -49,14 +53,25 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from mqstore.errors import CorruptRecord, InvalidArgument
+from mqstore.formats import _core
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
 from mqstore.formats.record import Record, find_next_record, read_record, unpack_host
 from mqstore.storage.layout import store_parts
-from mqstore.storage.logreader import BadEntry, BlankEntry, Entry, LogDir, RecordEntry, Segment
+from mqstore.storage.logreader import (
+    BadEntry,
+    BlankEntry,
+    Entry,
+    LogDir,
+    RecordEntry,
+    RecordRun,
+    RunReader,
+    Segment,
+)
 
 # pyarrow ships no type information; imported this way it is Any whatever mypy's settings.
 pa: Any = importlib.import_module("pyarrow")
+pc: Any = importlib.import_module("pyarrow.compute")
 
 SOURCE_NAME: Final = "mqstore-log"
 # 64 MiB: a RocketMQ segment (1 GiB) becomes 16 tasks, a test segment of a few KiB one; a task
@@ -263,8 +278,11 @@ def first_record_at_or_after(log: LogDir, offset: int) -> int | None:
     return None
 
 
-def iter_range(r: LogRange, *, check_crc: bool = True) -> Iterator[Entry]:
-    """The entries range `r` owns (see the module docstring), in log order."""
+def iter_range(
+    r: LogRange, *, check_crc: bool = True, runs: RunReader | None = None
+) -> Iterator[Entry | RecordRun]:
+    """The entries range `r` owns (see the module docstring), in log order; with `runs`, its
+    valid records in RecordRuns (LogDir.scan)."""
     log = LogDir(r.directory)
     if r.exact_start:
         begin: int | None = r.start
@@ -272,10 +290,10 @@ def iter_range(r: LogRange, *, check_crc: bool = True) -> Iterator[Entry]:
         begin = first_record_at_or_after(log, r.start)
         if begin is None or begin >= r.end:
             return
-    entries = log.scan(begin, check_crc=check_crc)
+    entries = log.scan_runs(begin, check_crc=check_crc, runs=runs)
     try:
         for entry in entries:
-            if entry.offset >= r.end and not isinstance(entry, BadEntry):
+            if entry.offset >= r.end and not isinstance(entry, BadEntry | RecordRun):
                 return
             yield entry
     finally:
@@ -369,8 +387,75 @@ def arrow_schema() -> Any:
     )
 
 
+def column_reader(r: LogRange, opts: LogReadOptions) -> RunReader:
+    """The RunReader of range `r`: the compiled reader (_core.read_log_columns) of the valid
+    records that start before the range's end (and the read's endOffset), as RecordBatches."""
+    stop = r.end if opts.end_offset is None else min(r.end, opts.end_offset)
+    kept = opts.topics or None
+    schema = arrow_schema()
+
+    def read(buf: Any, pos: int, size: int, base: int) -> tuple[int, RecordRun | None]:
+        found = _core.read_log_columns(
+            buf, pos, size, stop - base, base, opts.check_crc, opts.include_body, kept,
+            BATCH_ROWS_MAX,
+        )  # fmt: skip
+        _, after, rows, pairs, cols, topics, hosts = found
+        if not rows:
+            return after, None
+        return after, RecordRun(
+            base + pos, _record_batch(schema, opts, rows, pairs, cols, topics, hosts)
+        )
+
+    return read
+
+
+def _record_batch(
+    schema: Any,
+    opts: LogReadOptions,
+    rows: int,
+    pairs: int,
+    cols: list[Any],
+    topics: list[str],
+    hosts: list[bytes],
+) -> Any:
+    """The RecordBatch over read_log_columns' buffers (no copy but the dictionary columns)."""
+    out: dict[str, Any] = {}
+    fixed = _core.LOG_FIXED_COLUMNS
+    for (name, width), buf in zip(fixed, cols, strict=False):
+        kind = pa.int64() if width == 8 else pa.int32()
+        out[name] = pa.Array.from_buffers(kind, rows, [None, pa.py_buffer(buf)])
+    body_offsets, body, props_offsets, key_offsets, keys, value_offsets, values = [
+        pa.py_buffer(b) for b in cols[len(fixed) : len(fixed) + 7]
+    ]
+    id_offsets, ids = (pa.py_buffer(b) for b in cols[len(fixed) + 7 :])
+    out["topic"] = pa.array(topics, pa.string()).take(out["topic"])
+    names = pa.array([_host(h) for h in hosts], pa.string())
+    out["bornHost"] = names.take(out["bornHost"])
+    out["storeHost"] = names.take(out["storeHost"])
+    value_array = pa.Array.from_buffers(pa.string(), pairs, [None, value_offsets, values])
+    null = pa.scalar(None, pa.int32())
+    for name in ("tags", "keys", "uniqKey"):
+        index = out[name]
+        out[name] = value_array.take(pc.if_else(pc.greater_equal(index, 0), index, null))
+    out["properties"] = pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), rows + 1, [None, props_offsets]),
+        pa.Array.from_buffers(pa.string(), pairs, [None, key_offsets, keys]),
+        value_array,
+    )
+    out["body"] = (
+        pa.Array.from_buffers(pa.binary(), rows, [None, body_offsets, body])
+        if opts.include_body
+        else pa.nulls(rows, pa.binary())
+    )
+    out["msgId"] = pa.Array.from_buffers(pa.string(), rows, [None, id_offsets, ids])
+    out["badReason"] = pa.nulls(rows, pa.string())
+    return pa.RecordBatch.from_arrays([out[name] for name in COLUMNS], schema=schema)
+
+
 def read_batches(r: LogRange, opts: LogReadOptions) -> Iterator[Any]:
-    """The rows of range `r` as pyarrow RecordBatches of at most BATCH_ROWS_MAX rows."""
+    """The rows of range `r` as pyarrow RecordBatches of at most BATCH_ROWS_MAX rows: the
+    valid records as the compiled reader's batches, the entries it leaves to Python (bad
+    entries, records whose properties decode_properties must read) in batches between them."""
     schema = arrow_schema()
     topics = opts.topics
     cols = _Columns()
@@ -380,9 +465,15 @@ def read_batches(r: LogRange, opts: LogReadOptions) -> Iterator[Any]:
         arrays = [pa.array(cols.cols[f.name], type=f.type) for f in schema]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    for entry in iter_range(r, check_crc=opts.check_crc):
+    for entry in iter_range(r, check_crc=opts.check_crc, runs=column_reader(r, opts)):
         if end is not None and entry.offset >= end:
             break
+        if isinstance(entry, RecordRun):
+            if len(cols):
+                yield flush()
+                cols = _Columns()
+            yield entry.records
+            continue
         if isinstance(entry, RecordEntry):
             if topics and entry.record.topic not in topics:
                 continue

@@ -43,9 +43,9 @@ import errno
 import itertools
 import mmap
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from mqstore.errors import InvalidArgument
 from mqstore.formats.record import Bad, Blank, Record, find_next_record, read_record
@@ -104,7 +104,23 @@ class BadEntry:
     record: Record | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RecordRun:
+    """Valid records from `offset` on, read in one call by a scan's RunReader: `records` is
+    whatever that reader made of them (log_source: an Arrow batch)."""
+
+    offset: int
+    records: Any
+
+
 Entry: TypeAlias = RecordEntry | BlankEntry | BadEntry
+
+# Reads the valid records of a segment from a position in one go, for `LogDir.scan`:
+# (mapped file, position, file size, the file's start offset) -> (the position after the records
+# it read, a RecordRun of them or None when it kept none). It stops at any record it does not
+# take (not valid, or one it leaves to read_record): the scan reads that one as it does without
+# a RunReader, so the entries are the same either way, the valid records in runs.
+RunReader: TypeAlias = Callable[[mmap.mmap, int, int, int], tuple[int, RecordRun | None]]
 
 
 def is_segment_name(name: str) -> bool:
@@ -306,13 +322,24 @@ class LogDir:
     ) -> Generator[Entry, None, None]:
         """Every entry from `from_offset` (default: the first file), in offset order. A
         `from_offset` inside a record reads as bad bytes up to the next record."""
+        for entry in self.scan_runs(from_offset, check_crc=check_crc, runs=None):
+            assert not isinstance(entry, RecordRun)
+            yield entry
+
+    def scan_runs(
+        self, from_offset: int | None = None, *, check_crc: bool = True, runs: RunReader | None
+    ) -> Generator[Entry | RecordRun, None, None]:
+        """scan(), the valid records that `runs` takes coming as RecordRuns instead of
+        RecordEntries."""
         maps = _OneMap()
         try:
-            yield from self._scan(maps, *self._locate(from_offset), check_crc=check_crc)
+            yield from self._scan(maps, *self._locate(from_offset), check_crc=check_crc, runs=runs)
         finally:
             maps.close()
 
-    def _scan(self, maps: _OneMap, index: int, pos: int, *, check_crc: bool) -> Iterator[Entry]:
+    def _scan(
+        self, maps: _OneMap, index: int, pos: int, *, check_crc: bool, runs: RunReader | None
+    ) -> Iterator[Entry | RecordRun]:
         segments = self.segments
         check_gap = False  # only between files read one after the other, not at the start
         while index < len(segments):
@@ -328,7 +355,7 @@ class LogDir:
             check_gap = True
             jump: tuple[int, int] | None = None
             try:
-                jump = yield from self._scan_file(maps, index, pos, check_crc=check_crc)
+                jump = yield from self._scan_file(maps, index, pos, check_crc=check_crc, runs=runs)
             except _SegmentUnreadable as exc:
                 nxt = seg.end_offset if index + 1 < len(segments) else None
                 yield BadEntry(seg.start_offset + pos, f"segment unreadable: {exc}", nxt)
@@ -341,8 +368,8 @@ class LogDir:
                 index, pos = index + 1, 0
 
     def _scan_file(
-        self, maps: _OneMap, index: int, pos: int, *, check_crc: bool
-    ) -> Generator[Entry, None, tuple[int, int] | None]:
+        self, maps: _OneMap, index: int, pos: int, *, check_crc: bool, runs: RunReader | None
+    ) -> Generator[Entry | RecordRun, None, tuple[int, int] | None]:
         """Entries of segments[index] from `pos`. Returns (index, pos) of a later file when a
         bad record resynchronises there, None to go on with the next file; raises _EndOfData
         when nothing valid follows."""
@@ -352,6 +379,13 @@ class LogDir:
         has_next = index + 1 < len(segments)
         buf = maps.get(seg).buf
         while pos < size:
+            if runs is not None:
+                after, run = runs(buf, pos, size, seg.start_offset)
+                if run is not None:
+                    yield run
+                if after != pos:
+                    pos = after
+                    continue
             offset = seg.start_offset + pos
             found = read_record(buf, pos, size, check_crc=check_crc, expected_offset=offset)
             if isinstance(found, Record):

@@ -51,11 +51,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 from pyspark.sql import functions as sf
 
 from mqstore.errors import InvalidArgument
 from mqstore.formats import index_file as ifmt
-from mqstore.formats.cq_unit import BLANK_SIZE
+from mqstore.formats.cq_time import TIME_BYTES, encode_times
+from mqstore.formats.cq_unit import BLANK_SIZE, UNIT_BYTES, UNIT_DTYPE
 from mqstore.spark.jobs import derived
 from mqstore.spark.jobs.common import (
     JobError,
@@ -77,6 +79,7 @@ from mqstore.spark.jobs.rebuild import (
 )
 from mqstore.storage.layout import store_parts
 from mqstore.storage.logreader import list_segments
+from mqstore.storage.mapped_file import file_name_to_offset, offset_to_file_name
 
 FINDINGS_SCHEMA: Final = (
     "structure STRING, kind STRING, location STRING, detail STRING, findings LONG"
@@ -165,6 +168,93 @@ class _Capped:
 # Consume queues
 
 
+@dataclass(slots=True)
+class QueueColumns:
+    """A queue's units as columns, by queue offset (`offsets` ascending): unit fields, and the
+    indexed time with `time_ok` False where the time entry fails its check or is missing."""
+
+    offsets: npt.NDArray[np.int64]
+    phy: npt.NDArray[np.int64]
+    size: npt.NDArray[np.int64]
+    tags: npt.NDArray[np.int64]
+    time: npt.NDArray[np.int64]
+    time_ok: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(cls, parts: Sequence[tuple[npt.NDArray[Any], ...]]) -> QueueColumns:
+        if not parts:
+            empty = np.empty(0, dtype=np.int64)
+            return cls(empty, empty, empty, empty, empty, np.empty(0, dtype=np.bool_))
+        cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
+        return cls(*cols)
+
+
+def live_queue_columns(
+    cq_dir: str, topic: str, queue_id: int, units_per_file: int
+) -> tuple[QueueColumns, npt.NDArray[np.int64]]:
+    """Every unit a cq_svc data dir holds for a queue, as columns: the valid units (blanks
+    included), and the queue offsets of the invalid ones (zeroed, say) that lie below a valid
+    unit of their file: damage in the middle, where a pull finds no message and cq_svc's
+    recovery would end the queue. Invalid units after a file's last valid one are its unwritten
+    space. Each file is read whole, past an invalid unit too, so that one damaged unit is one
+    finding, not the rest of its file."""
+    udir = os.path.join(cq_dir, derived.CQ_UNITS_TREE, topic, str(queue_id))
+    tdir = os.path.join(cq_dir, derived.CQ_TIMES_TREE, topic, str(queue_id))
+    parts: list[tuple[npt.NDArray[Any], ...]] = []
+    invalid: list[npt.NDArray[np.int64]] = []
+    names = sorted(os.listdir(udir)) if os.path.isdir(udir) else []
+    for name in names:
+        byte_offset = file_name_to_offset(name)
+        if byte_offset is None:
+            continue
+        first = byte_offset // UNIT_BYTES
+        with open(os.path.join(udir, name), "rb") as f:
+            raw = f.read()
+        n = min(len(raw) // UNIT_BYTES, units_per_file)
+        units = np.frombuffer(raw, dtype=UNIT_DTYPE, count=n)
+        valid = (units["phy"] >= 0) & (units["size"] > 0)
+        where = np.flatnonzero(valid)
+        if not len(where):
+            continue
+        below = np.flatnonzero(~valid[: where[-1]])
+        invalid.append(first + below.astype(np.int64))
+        tpath = os.path.join(tdir, offset_to_file_name(first * TIME_BYTES))
+        entries = b""
+        if os.path.exists(tpath):
+            with open(tpath, "rb") as f:
+                entries = f.read(n * TIME_BYTES)
+        has = len(entries) // TIME_BYTES
+        stored = np.zeros(n, dtype=np.int64)
+        ok = np.zeros(n, dtype=np.bool_)
+        if has:
+            words = np.frombuffer(entries, dtype=">u8", count=has)
+            stored[:has] = (words >> np.uint64(16)).astype(np.int64)
+            again = encode_times(raw[: has * UNIT_BYTES], stored[:has])
+            ok[:has] = np.frombuffer(again, dtype=">u8") == words
+        picked = units[where]
+        parts.append(
+            (
+                first + where.astype(np.int64),
+                picked["phy"].astype(np.int64),
+                picked["size"].astype(np.int64),
+                picked["tags"].astype(np.int64),
+                stored[where],
+                ok[where],
+            )
+        )
+    gone = np.concatenate(invalid) if invalid else np.empty(0, dtype=np.int64)
+    return QueueColumns.of(parts), gone
+
+
+def expected_queue_columns(expected: derived.QueueImage | None) -> QueueColumns:
+    if expected is None or not expected.rows:
+        return QueueColumns.of([])
+    rows = np.asarray(expected.rows, dtype=np.int64).reshape(-1, 4)
+    offsets = expected.first_file_offset + np.arange(len(rows), dtype=np.int64)
+    ok = np.ones(len(rows), dtype=np.bool_)
+    return QueueColumns(offsets, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], ok)
+
+
 def audit_queue(
     cq_dir: str,
     topic: str,
@@ -174,34 +264,45 @@ def audit_queue(
     end_offset: int,
     out: _Capped,
 ) -> None:
-    found = derived.read_queue_units(cq_dir, topic, queue_id, units_per_file)
-    live = found.units
-    want: dict[int, tuple[int, int, int, int]] = {}
-    if expected is not None:
-        for i, row in enumerate(expected.rows):
-            want[expected.first_file_offset + i] = row
-    for off in sorted(want):
-        phy, size, tags, t = want[off]
-        got = live.get(off)
-        if got is None:
-            where = (
-                "invalid in the files (zeroed?): a pull finds no message there"
-                if off in found.invalid
-                else "not in the files"
-            )
-            out.add("missing", f"@{off}", f"unit ({phy}, {size}, {tags}) {where}")
-            continue
-        if got[:3] != (phy, size, tags):
-            out.add("mismatched", f"@{off}", f"unit {got[:3]}, the log says {(phy, size, tags)}")
-        elif got[3] != t:
-            what = "fails its check" if got[3] is None else f"holds {got[3]}"
-            out.add("mismatched", f"@{off}", f"time entry {what}, the log says {t}")
-    for off in sorted(set(live) - set(want)):
-        phy, size, tags, _ = live[off]
-        blank = phy == 0 and size == BLANK_SIZE
-        if phy < end_offset or blank:
-            out.add("extra", f"@{off}", f"unit ({phy}, {size}, {tags}) the log does not imply")
-    for off in sorted(found.invalid - set(want)):
+    """The queue's files against the units the log implies, compared column by column; each
+    difference is a finding (listed in queue-offset order, per kind)."""
+    live, invalid = live_queue_columns(cq_dir, topic, queue_id, units_per_file)
+    want = expected_queue_columns(expected)
+    at = np.searchsorted(live.offsets, want.offsets)
+    found = at < len(live.offsets)
+    found[found] = live.offsets[at[found]] == want.offsets[found]
+    for i in np.flatnonzero(~found).tolist():
+        off = int(want.offsets[i])
+        where = (
+            "invalid in the files (zeroed?): a pull finds no message there"
+            if off in invalid
+            else "not in the files"
+        )
+        unit = (int(want.phy[i]), int(want.size[i]), int(want.tags[i]))
+        out.add("missing", f"@{off}", f"unit {unit} {where}")
+    mine, theirs = np.flatnonzero(found), at[found]
+    unit_differs = (
+        (live.phy[theirs] != want.phy[mine])
+        | (live.size[theirs] != want.size[mine])
+        | (live.tags[theirs] != want.tags[mine])
+    )
+    time_differs = ~live.time_ok[theirs] | (live.time[theirs] != want.time[mine])
+    for k in np.flatnonzero(unit_differs | time_differs).tolist():
+        i, j = int(mine[k]), int(theirs[k])
+        off = int(want.offsets[i])
+        wanted = (int(want.phy[i]), int(want.size[i]), int(want.tags[i]))
+        got = (int(live.phy[j]), int(live.size[j]), int(live.tags[j]))
+        if unit_differs[k]:
+            out.add("mismatched", f"@{off}", f"unit {got}, the log says {wanted}")
+        else:
+            what = "fails its check" if not live.time_ok[j] else f"holds {int(live.time[j])}"
+            out.add("mismatched", f"@{off}", f"time entry {what}, the log says {int(want.time[i])}")
+    extra = ~np.isin(live.offsets, want.offsets)
+    blank = (live.phy == 0) & (live.size == BLANK_SIZE)
+    for j in np.flatnonzero(extra & ((live.phy < end_offset) | blank)).tolist():
+        unit = (int(live.phy[j]), int(live.size[j]), int(live.tags[j]))
+        out.add("extra", f"@{int(live.offsets[j])}", f"unit {unit} the log does not imply")
+    for off in np.unique(invalid[~np.isin(invalid, want.offsets)]).tolist():
         out.add("extra", f"@{off}", "an invalid unit (zeroed?) where the log implies none")
 
 

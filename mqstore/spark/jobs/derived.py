@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mqstore.errors import InvalidArgument
-from mqstore.formats import cq_checkpoint, cq_unit, index_checkpoint, index_hash64, keyhash
+from mqstore.formats import cq_checkpoint, index_checkpoint, index_hash64, keyhash
 from mqstore.formats import index_file as ifmt
 from mqstore.formats.commitlog_checkpoint import decode_meta
-from mqstore.formats.cq_time import TIME_BYTES, clamp_time, decode_time, encode_time
+from mqstore.formats.cq_time import TIME_BYTES, clamp_time, encode_time
 from mqstore.formats.cq_unit import BLANK_SIZE, UNIT, UNIT_BYTES
 from mqstore.storage.disk import OsDisk, write_atomic
 from mqstore.storage.logreader import STORE_META_FILE
-from mqstore.storage.mapped_file import file_name_to_offset, offset_to_file_name
+from mqstore.storage.mapped_file import offset_to_file_name
 
 CQ_UNITS_TREE = "consumequeue"
 CQ_TIMES_TREE = "consumequeue_time"
@@ -159,54 +159,6 @@ def write_queue(cq_dir: str, topic: str, queue_id: int, image: QueueImage) -> in
         write_file(os.path.join(tdir, offset_to_file_name(first * TIME_BYTES)), times)
         n += 1
     return n
-
-
-@dataclass(slots=True)
-class LiveUnits:
-    """What a cq_svc data dir holds for a queue. `units`: queue offset -> (phy, size, tags,
-    indexed time or None when the time entry fails its check or is missing), every valid unit,
-    blanks included. `invalid`: the queue offsets of units that are not valid (zeroed, say)
-    yet lie below a valid unit of the same file: damage in the middle, where a pull finds no
-    message and cq_svc's recovery would end the queue. Invalid units after a file's last valid
-    one are its unwritten space, not listed."""
-
-    units: dict[int, tuple[int, int, int, int | None]] = field(default_factory=dict)
-    invalid: set[int] = field(default_factory=set)
-
-
-def read_queue_units(cq_dir: str, topic: str, queue_id: int, units_per_file: int) -> LiveUnits:
-    """Every unit a cq_svc data dir holds for a queue (LiveUnits): each file is read whole, past
-    an invalid unit too, so that one damaged unit is one finding, not the rest of its file."""
-    out = LiveUnits()
-    udir = os.path.join(cq_dir, CQ_UNITS_TREE, topic, str(queue_id))
-    tdir = os.path.join(cq_dir, CQ_TIMES_TREE, topic, str(queue_id))
-    if not os.path.isdir(udir):
-        return out
-    for name in sorted(os.listdir(udir)):
-        byte_offset = file_name_to_offset(name)
-        if byte_offset is None:
-            continue
-        first = byte_offset // UNIT_BYTES
-        with open(os.path.join(udir, name), "rb") as f:
-            units = f.read()
-        tpath = os.path.join(tdir, offset_to_file_name(first * TIME_BYTES))
-        times = b""
-        if os.path.exists(tpath):
-            with open(tpath, "rb") as f:
-                times = f.read()
-        invalid: list[int] = []
-        for i in range(min(len(units) // UNIT_BYTES, units_per_file)):
-            phy, size, tags = UNIT.unpack_from(units, i * UNIT_BYTES)
-            if not cq_unit.is_valid(phy, size):
-                invalid.append(first + i)
-                continue
-            unit = units[i * UNIT_BYTES : (i + 1) * UNIT_BYTES]
-            entry = times[i * TIME_BYTES : (i + 1) * TIME_BYTES]
-            t = decode_time(unit, entry) if len(entry) == TIME_BYTES else None
-            out.units[first + i] = (phy, size, tags, t)
-            out.invalid.update(invalid)  # below this valid unit: damage, not unwritten space
-            invalid.clear()
-    return out
 
 
 def check_cq_data_dir(cq_dir: str) -> None:

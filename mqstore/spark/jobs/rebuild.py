@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pyspark.sql import Window
 from pyspark.sql import functions as sf
 
 from mqstore.formats import index_checkpoint as ck
@@ -159,25 +160,18 @@ def index_keys_df(log_df: Any, geometry: derived.IndexGeometry) -> Any:
 
 
 def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) -> Any:
-    """Keys with their file number and entry number (1 .. entry_num - 1) in that file."""
+    """Keys with their file number and entry number (1 .. entry_num - 1) in that file: each
+    key's rank in commit-log order, counted by Spark (one sorted window, no Python rows)."""
     per_file = geometry.keys_per_file
-    ordered = keys_df.orderBy("commitLogOffset", "pos")
-
-    def number(pair: tuple[Any, int]) -> tuple[int, int, int, str, int]:
-        row, seq = pair
-        return (
-            seq // per_file,
-            seq % per_file + 1,
-            int(row["commitLogOffset"]),
-            row["key"],
-            int(row["storeTimestampMs"]),
-        )
-
-    rdd = ordered.rdd.zipWithIndex().map(number)
-    schema = (
-        "fileNo BIGINT, number INT, commitLogOffset BIGINT, key STRING, storeTimestampMs BIGINT"
+    seq = sf.row_number().over(Window.orderBy("commitLogOffset", "pos")) - 1
+    numbered = keys_df.withColumn("seq", seq)
+    return numbered.select(
+        (sf.col("seq") / per_file).cast("bigint").alias("fileNo"),
+        (sf.col("seq") % per_file + 1).cast("int").alias("number"),
+        "commitLogOffset",
+        "key",
+        "storeTimestampMs",
     )
-    return spark.createDataFrame(rdd, schema)
 
 
 def build_file_of(pdf: Any, geometry: derived.IndexGeometry) -> derived.IndexImage:
