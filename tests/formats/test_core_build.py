@@ -10,7 +10,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = ("setup.py", "mqstore/formats/_core.pyx", "mqstore/formats/_core_support.h")
+SOURCES = (
+    "setup.py",
+    "mqstore/formats/_core.pyx",
+    "mqstore/formats/_core_support.h",
+    # the files _core.pyx includes, one per operation
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "mqstore/formats").glob("_core_*.pxi")),
+)
 
 
 def test_a_missing_compiler_names_the_packages_to_install(tmp_path: Path) -> None:
