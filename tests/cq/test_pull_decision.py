@@ -4,6 +4,7 @@ near the byte cap, tag filters, files that end mid-window and units no file hold
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -112,6 +113,11 @@ def reference_pull(
     return found()
 
 
+# Each example draws a queue of up to 300 units (~60 ms an example): 150 in `make test`;
+# MQSTORE_PULL_EXAMPLES=N runs more (400 was the suite's number until 2026-11-28).
+PULL_EXAMPLES = int(os.environ.get("MQSTORE_PULL_EXAMPLES", "150"))
+
+
 @st.composite
 def queues(draw: st.DrawFn, blanks: bool = True) -> tuple[ListSource, int]:
     lo = draw(st.integers(0, 40))
@@ -150,7 +156,7 @@ def pulls(*, plain: bool) -> st.SearchStrategy[tuple[object, ...]]:
     )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=PULL_EXAMPLES, deadline=None)
 @given(pulls(plain=True))
 def test_a_walk_without_blanks_or_filter_decides_as_rocketmq_unit_by_unit(
     pull: tuple[object, ...],
@@ -159,7 +165,7 @@ def test_a_walk_without_blanks_or_filter_decides_as_rocketmq_unit_by_unit(
     _decides_as_rocketmq(*pull)  # type: ignore[arg-type]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=PULL_EXAMPLES, deadline=None)
 @given(pulls(plain=False))
 def test_the_column_walk_decides_as_rocketmq_unit_by_unit(pull: tuple[object, ...]) -> None:
     _decides_as_rocketmq(*pull)  # type: ignore[arg-type]
