@@ -344,13 +344,15 @@ cdef inline const unsigned char *_varint(
     const unsigned char *p, const unsigned char *end, uint64_t *out
 ) except NULL:
     cdef uint64_t v = 0
+    cdef unsigned char byte
     cdef int i
     for i in range(VARINT_BYTES_MAX):
         if p >= end:
             raise WireError("a varint runs past its end")
-        v |= <uint64_t>(p[0] & 0x7F) << (7 * i)
+        byte = p[0]
+        v |= <uint64_t>(byte & 0x7F) << (7 * i)
         p += 1
-        if not (p[-1] & 0x80):
+        if not (byte & 0x80):
             out[0] = v
             return p
     raise WireError("a varint of more than 10 bytes")
