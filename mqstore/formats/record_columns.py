@@ -14,8 +14,6 @@ it to read_record, verdict for verdict, damaged records included.
 
 from __future__ import annotations
 
-import operator
-import struct
 from collections.abc import Sequence
 from itertools import accumulate, pairwise
 from typing import Final, NamedTuple
@@ -24,12 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 from mqstore.formats import _core
-from mqstore.formats.crc import crc32
 from mqstore.formats.record import (
     BODY_CRC_MISMATCH,
-    RECORD_CRC_BYTES,
     RECORD_CRC_DAMAGED,
-    RECORD_CRC_DIGITS,
     RECORD_CRC_MISMATCH,
 )
 
@@ -151,58 +146,3 @@ def split_records(blob: bytes, sizes: Sequence[int] | IntArray) -> list[bytes]:
     comprehension of slices: faster than mapping slice objects)."""
     bounds = [0, *accumulate(sizes)]
     return [blob[a:b] for a, b in pairwise(bounds)]
-
-
-# ---------------------------------------------------------------------------------------------
-# The whole-record CRC property (record.py), for many records at once
-
-_CRC_MASK: Final = 0x7FFFFFFF
-_POWERS_OF_TEN: Final = 10 ** np.arange(RECORD_CRC_DIGITS // 2, dtype=np.int64)
-# The digits of every number below 10**5, least significant first: a CRC (below 2**31) is two
-# rows of it, its low five digits and its high five (two gathers, no division per digit).
-_HALF_DIGITS: Final = RECORD_CRC_DIGITS // 2
-_HALF: Final = 10**_HALF_DIGITS
-_DIGIT_ROWS: Final = (
-    (np.arange(_HALF, dtype=np.int64)[:, None] // _POWERS_OF_TEN) % 10 + ord("0")
-).astype(np.uint8)
-_FIRST: Final = operator.itemgetter(0)
-
-
-def write_record_crcs(blob: bytearray, sizes: Sequence[int]) -> None:
-    """Fill in the whole-record CRC of the records laid end to end in `blob`, `sizes[i]` bytes
-    each, every one ending with the CRC property's placeholder (record.RECORD_CRC_PLACEHOLDER):
-    the CRC of each record's bytes but its last 20, its ten digits written over the zeros.
-
-    One crc32 call a record, mapped in C over the records: for records of one size (a
-    producer's batch of like messages) copies cut by struct.iter_unpack, else memoryview
-    slices; the digits of all are written at once over numpy columns (a strided view of the
-    blob when the records are of one size)."""
-    n = len(sizes)
-    if not n:
-        return
-    size = sizes[0]
-    if min(sizes) == max(sizes):
-        cut = struct.Struct(f"{size - RECORD_CRC_BYTES}s{RECORD_CRC_BYTES}x")
-        crcs = map(crc32, map(_FIRST, cut.iter_unpack(blob)))
-        crc = np.fromiter(crcs, dtype=np.int64, count=n) & _CRC_MASK
-        rows = np.frombuffer(blob, dtype=np.uint8).reshape(n, size)
-        digits_at = size - 1 - RECORD_CRC_DIGITS
-        high, low = np.divmod(crc, _HALF)
-        # np.take: faster than indexing the table
-        rows[:, digits_at : digits_at + _HALF_DIGITS] = np.take(_DIGIT_ROWS, low, axis=0)
-        rows[:, digits_at + _HALF_DIGITS : size - 1] = np.take(_DIGIT_ROWS, high, axis=0)
-        return
-    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
-    starts = (ends - np.asarray(sizes, dtype=np.int64)).tolist()
-    view = memoryview(blob)
-    crc_ends = (ends - RECORD_CRC_BYTES).tolist()
-    ranges = [view[a:b] for a, b in zip(starts, crc_ends, strict=True)]
-    crc = np.fromiter(map(crc32, ranges), dtype=np.int64, count=n) & _CRC_MASK
-    del ranges  # no view of the blob outlives the call (a bytearray with one cannot resize)
-    view.release()
-    high, low = np.divmod(crc, _HALF)
-    digits = np.concatenate(
-        (np.take(_DIGIT_ROWS, low, axis=0), np.take(_DIGIT_ROWS, high, axis=0)), axis=1
-    )
-    at = (ends - 1 - RECORD_CRC_DIGITS)[:, None] + np.arange(RECORD_CRC_DIGITS)
-    np.frombuffer(blob, dtype=np.uint8)[at] = digits
