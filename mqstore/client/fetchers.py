@@ -360,11 +360,14 @@ class LongPolls(Fetcher):
             buffer.apply(q, asked, response)
         if failed is not None:
             raise failed
-        if not buffer.buffered():
-            return
-        # The first answer cancelled the other polls: a quick pull of those queues takes what
-        # they got meanwhile, so one poll hands out a batch of every queue that has one.
-        others = [q for q in queue_ids if not buffer.state(q).buffered]
+        if buffer.buffered():
+            # The first answer cancelled the other polls: a quick pull of those queues takes
+            # what they got meanwhile, so one poll hands out a batch of every queue that has one.
+            others = [q for q in queue_ids if not buffer.state(q).buffered]
+        else:
+            # Nothing came: the queues no long poll watched are looked at now (the round
+            # turns the rotation, so the next long polls watch others).
+            others = [q for q in queue_ids if q not in calls]
         if others:
             self._ahead.fetch(others)
 
