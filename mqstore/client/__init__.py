@@ -1,6 +1,7 @@
 """The Python SDK of mqstore: produce, consume and administer without the protos.
 
     from mqstore.client import ClientSettings, Connection, Producer, Consumer, Admin
+    from mqstore.client import SimpleConsumer  # receive / ack only
 
 See docs/client.md for a tour. Everything raises the typed exceptions of
 `mqstore.client.errors`.
@@ -40,6 +41,7 @@ from mqstore.client.producer import (
     SendResult,
 )
 from mqstore.client.settings import ClientSettings, TlsSettings
+from mqstore.client.simple_consumer import SimpleConsumer
 
 __all__ = [
     "Admin",
@@ -59,6 +61,7 @@ __all__ = [
     "Offset",
     "PolledBatch",
     "PullResult",
+    "SimpleConsumer",
     "Start",
     "Timestamp",
     "AsyncProducer",

@@ -4,23 +4,29 @@ Pull mode keeps the positions on the client: `position(q)` is the next offset to
 queue q. Nothing on the server moves when a message is read, so a pull can be repeated at
 will, and a restart of cq_svc or commitlog_svc costs a pause, never a message or a duplicate.
 
-    start       where each queue's position comes from, the first time it is needed:
-                  "earliest" / "latest"   the queue's min / max offset (GetQueueInfo)
-                  "committed"             the group's offset (FetchOffset); where the group
-                                          never committed (-1), `fallback`
-                  Offset(n) / {q: n}      as given
-                  Timestamp(ms, b)        GetOffsetByTime, "lower" or "upper" boundary
+    start       where each queue's position comes from, the first time it is needed
+                ("earliest", "latest", "committed" with a `fallback`, Offset(n), {q: n},
+                Timestamp(ms, boundary): positions.py)
     pull        one queue, one batch, from a given offset (raw: positions do not move)
     poll        the next messages of every assigned queue: one batch per queue per round,
-                queues taken in turn; when all are caught up, long polls (one per queue, at
-                most LONG_POLLS_MAX at once) until one answers, then the others are cancelled
+                queues taken in turn; when all are caught up, waits on one Follow stream
+                until one answers (a wider assignment: long polls, at most LONG_POLLS_MAX)
     messages    an iterator over poll's batches; a queue's position moves past a message
                 when the message is handed out, so `commit()` after handling it covers it
 
-poll and messages pull ahead: when an answer leaves more in its queue, the next Pull of that
-queue is sent at once (at most PULLS_AHEAD_MAX in flight), so that cq_svc and commitlog_svc
-fetch the next batch while this one is decoded and handed out. Answers carry their records in
-one blob (PullResponse.records_blob), decoded a batch at a time (message.decode_answer).
+This class is the policy; its parts are modules of their own, read in this order to follow a
+pull from the SDK to the server and back:
+
+    fetchers.py     how batches come: quick pulls sent ahead on PullStreams, a Follow stream,
+                    long polls, a pause (one interface; which one is used is decided here)
+    buffer.py       each queue's position, next pull and batch not handed out yet; answers
+                    in (retention gaps, bad records), messages out, queues in turn
+    answers.py      an answer's records decoded (message.py) into messages and BadRecords
+    positions.py    the start, seek targets and the group's offsets (commit, auto commit)
+    retry.py        calls carried through outages (backoff, reconnect_timeout_s)
+    checks.py       argument checks
+    simple_consumer.py  receive / ack (RocketMQ 5's SimpleConsumer), which `receive`, `ack`
+                    and `change_invisible_duration` here call
 
 A record that can never be handed out (the store refuses it as damaged, or its body does not
 decompress) does not stall its queue: every message before it is handed out, then it is
@@ -38,21 +44,10 @@ A raw pull() never raises for one: it lists them in PullResult.bad_records. Pull
 to report a damaged record (PullRequest.report_bad_records) rather than fail the call; the rest
 of an answer after a record that does not decode here is pulled again after it is handed out.
 
-A pull whose offset the store no longer holds (retention moved the queue's start: answers
-OFFSET_TOO_SMALL, MESSAGE_WAS_REMOVING, OFFSET_FOUND_NULL) moves to the store's correction
-and counts the offsets it stepped over in `stats.skipped` (data that cannot come back).
-OFFSET_OVERFLOW_BADLY (past the end) moves back to the end; NO_MATCHED_MESSAGE (a tag filter
-skipped everything scanned) moves on past what was scanned.
-
-Every call goes through `Connection.call_cq` (which tries the next cq replica on UNAVAILABLE).
-When every replica is unavailable, the consumer backs off (mqstore/backoff.py) and asks again
-from its position; after `reconnect_timeout_s` of nothing but UNAVAILABLE it raises
-Unavailable. `poll(timeout_s)` returns [] when its own time runs out
-first (the outage keeps counting towards reconnect_timeout_s across polls).
-
-Receive / ack (RocketMQ 5's simple consumer) keeps the state on the server instead: a received
-message is invisible to the group for a while and comes back unless acknowledged, so that mode
-is at-least-once.
+When every cq replica is unavailable the consumer backs off and asks again from its position
+(retry.py); after `reconnect_timeout_s` of that it raises Unavailable. `poll(timeout_s)`
+returns [] when its own time runs out first (the outage keeps counting towards
+reconnect_timeout_s across polls).
 
 A Consumer is used from one thread at a time (as Kafka's): auto commit happens inside poll /
 messages when its interval has passed, and on close.
@@ -61,243 +56,94 @@ messages when its interval has passed, and on close.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-import grpc
-
-from mqstore import errors as domain
-from mqstore.backoff import Backoff
+from mqstore.client.answers import ConsumerStats, PullResult, read_answer
+from mqstore.client.buffer import PULL, Buffer, QueueState
+from mqstore.client.checks import (
+    PULL_MESSAGES_DEFAULT,
+    PULL_MESSAGES_MAX,
+    OnBadRecord,
+    check_group,
+    check_max_messages,
+    check_not_negative,
+    check_on_bad_record,
+    check_positive,
+    check_queue_id,
+    check_tags,
+    check_topic,
+)
 from mqstore.client.connection import Connection
-from mqstore.client.errors import (
-    BadRecord,
-    Cancelled,
-    ClientError,
-    InvalidArgument,
-    ResourceExhausted,
-    StoreUnreachable,
-    Unavailable,
-    from_rpc_error,
+from mqstore.client.errors import Cancelled, InvalidArgument, ResourceExhausted, Unavailable
+from mqstore.client.fetchers import (
+    FOLLOW_QUEUES_MAX,
+    IDLE_PAUSE_S,
+    LONG_POLLS_MAX,
+    PULLS_AHEAD_MAX,
+    Fetcher,
+    Follower,
+    IdleWait,
+    LongPolls,
+    PullAhead,
+    PullCalls,
 )
-from mqstore.client.follow import FollowStream
-from mqstore.client.message import (
-    Message,
-    MessageRun,
-    PolledBatch,
-    ReceivedMessage,
-    Undecodable,
-    decode_answer,
+from mqstore.client.message import Message, PolledBatch, ReceivedMessage
+from mqstore.client.positions import (
+    AUTO_COMMIT_INTERVAL_S_DEFAULT,
+    Fallback,
+    Offset,
+    Positions,
+    Start,
+    StartName,
+    Timestamp,
+    check_fallback,
+    check_start,
+    require_group,
 )
+from mqstore.client.retry import RECONNECT_TIMEOUT_S_DEFAULT, OutageRetry
 from mqstore.client.settings import LONG_POLL_MS_DEFAULT, ClientSettings
-from mqstore.formats.record import validate_topic
-from mqstore.limits import MessageLimits, validate_group
-from mqstore.rpc.gen.common.v1 import common_pb2
+from mqstore.client.simple_consumer import (
+    INVISIBLE_DURATION_MS_DEFAULT,
+    RECEIVE_MESSAGES_DEFAULT,
+    AckResult,
+    SimpleConsumer,
+)
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
-from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
+
+__all__ = [
+    "AUTO_COMMIT_INTERVAL_S_DEFAULT",
+    "FOLLOW_QUEUES_MAX",
+    "INVISIBLE_DURATION_MS_DEFAULT",
+    "LONG_POLLS_MAX",
+    "PULLS_AHEAD_MAX",
+    "PULL_MESSAGES_DEFAULT",
+    "PULL_MESSAGES_MAX",
+    "QUEUE_REFRESH_INTERVAL_S_DEFAULT",
+    "RECEIVE_MESSAGES_DEFAULT",
+    "RECONNECT_TIMEOUT_S_DEFAULT",
+    "AckResult",
+    "Consumer",
+    "ConsumerStats",
+    "Fallback",
+    "Offset",
+    "OnBadRecord",
+    "PullResult",
+    "SimpleConsumer",
+    "Start",
+    "StartName",
+    "Timestamp",
+]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-# RocketMQ's client pulls 32 messages per request (pullBatchSize), but a Pull costs a Python
-# client and server about 0.3 ms whatever its size: 32 a Pull caps a consumer near 100k msg/s,
-# 256 puts the call under 1.5 us a message. A queue holds at most two batches (the one handed
-# out and one pulled ahead): 512 messages, 512 KiB at 1 KiB each. The server caps at 1,024.
-PULL_MESSAGES_DEFAULT = 256
-PULL_MESSAGES_MAX = 1_024
-# Pulls sent ahead at once (one per queue at most): enough to keep cq_svc and commitlog_svc
-# busy while the client decodes, few enough to leave the server's workers to other consumers.
-PULLS_AHEAD_MAX = 4
-# A PullStream answers at most the server's pull_stream_batches_max (64) batches; past this
-# long the stream is dropped and the next batch pulled on its own.
-PULL_STREAM_TIMEOUT_S = 60.0
-# A caught-up consumer follows at most this many queues on one Follow stream (cq_svc's
-# follow_queues_max); a wider assignment long-polls LONG_POLLS_MAX queues at a time instead.
-FOLLOW_QUEUES_MAX = 1_024
-# A Follow stream ends itself after long_poll_ms with nothing to answer, or after the server's
-# follow_batches_max answers; this deadline only bounds one whose server went silent.
-FOLLOW_TIMEOUT_S = 300.0
-# Receive: RocketMQ 5's simple consumer asks for 16 at a time, invisible for 30 s.
-RECEIVE_MESSAGES_DEFAULT = 16
-INVISIBLE_DURATION_MS_DEFAULT = 30_000
-# The server takes at most this many receipts per Ack (its receive_messages_max).
-ACK_HANDLES_MAX = 1_024
-AUTO_COMMIT_INTERVAL_S_DEFAULT = 5.0
 # Kafka's consumer re-reads the partition list every 5 minutes; a topic's queues appear the
 # first time something is written to them, and 5 s is soon enough for a follower to notice
 # while costing one ListQueues per 5 s.
 QUEUE_REFRESH_INTERVAL_S_DEFAULT = 5.0
-# A restart of cq_svc (replay included) or commitlog_svc takes seconds: 30 s of nothing but
-# UNAVAILABLE is an outage worth telling the caller about.
-RECONNECT_TIMEOUT_S_DEFAULT = 30.0
-# Retry pauses while every replica is unavailable: from 50 ms (a replica failing over answers
-# at once), doubling, to 1 s (a consumer costs one call a second while it waits).
-# Long polls one consumer keeps waiting at once: cq_svc serves 24 at most (long_polls_max),
-# so one consumer of a wide topic must not take them all.
-LONG_POLLS_MAX = 8
-# When more queues are caught up than are watched by long polls, the wait is cut to this, so
-# that the unwatched queues are looked at again within a second.
-UNWATCHED_WAIT_MS = 1_000
-# With long polling off (long_poll_ms=0), a caught-up poll pauses this long between rounds
-# instead of spinning on the server.
-IDLE_PAUSE_S = 0.1
-# After RESOURCE_EXHAUSTED on a long poll or a follow (the server's waiters or follow streams
+# After RESOURCE_EXHAUSTED on a follow or a long poll (the server's follow streams or waiters
 # are all taken), pause before looking again.
 BUSY_PAUSE_S = 0.2
-
-_LIMITS = MessageLimits()
-_PULL = "ConsumeQueue/Pull"
-_PULL_STREAM = "ConsumeQueue/PullStream"
-_FOLLOW = "ConsumeQueue/Follow"
-_RECEIVE = "ConsumeQueue/Receive"
-
-StartName = Literal["earliest", "latest", "committed"]
-Fallback = Literal["earliest", "latest"]
-OnBadRecord = Literal["raise", "skip"]
-
-_BOUNDARIES = {"lower": common_pb2.LOWER, "upper": common_pb2.UPPER}
-# Statuses after which the offsets stepped over are gone for good (retention, removed files).
-_LOST = frozenset({pb.OFFSET_TOO_SMALL, pb.MESSAGE_WAS_REMOVING, pb.OFFSET_FOUND_NULL})
-# Statuses that say "nothing more at the end of this queue right now".
-_AT_END = frozenset({pb.OFFSET_OVERFLOW_ONE, pb.NO_MESSAGE_IN_QUEUE})
-
-
-@dataclass(frozen=True)
-class Offset:
-    """A start position: offset `n` of every queue."""
-
-    n: int
-
-    def __post_init__(self) -> None:
-        if self.n < 0:
-            raise InvalidArgument(f"offset {self.n} is negative", field="offset")
-
-
-@dataclass(frozen=True)
-class Timestamp:
-    """A store time in epoch milliseconds. boundary "lower": the first message stored at or
-    after it; "upper": the last message stored at or before it (RocketMQ's BoundaryType)."""
-
-    ms: int
-    boundary: str = "lower"
-
-    def __post_init__(self) -> None:
-        if self.ms < 0:
-            raise InvalidArgument(f"timestamp {self.ms} ms is negative", field="timestamp_ms")
-        if self.boundary not in _BOUNDARIES:
-            raise InvalidArgument(
-                f"boundary {self.boundary!r} is not 'lower' or 'upper'", field="boundary"
-            )
-
-    @property
-    def boundary_proto(self) -> common_pb2.Boundary.ValueType:
-        return _BOUNDARIES[self.boundary]
-
-
-Start = StartName | Offset | Timestamp | Mapping[int, int]
-
-
-@dataclass(frozen=True)
-class PullResult:
-    """One Pull's answer, decoded. `status` is the GetMessageStatus name ("FOUND",
-    "OFFSET_OVERFLOW_ONE", ...); `next_offset` where the next pull of the queue starts."""
-
-    status: str
-    messages: list[Message]
-    next_offset: int
-    min_offset: int
-    max_offset: int
-    # Records of the answer that can never be handed out, in queue order; `messages` holds the
-    # others, and next_offset is past them all.
-    bad_records: list[BadRecord] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class AckResult:
-    """`stale`: receipts that no longer matched (redelivered since, or acked already): not
-    acked. `committed_offsets`: each queue's group offset after the acks."""
-
-    acked: int
-    stale: list[str]
-    committed_offsets: dict[int, int]
-
-    @property
-    def committed_offset(self) -> int:
-        """The committed offset when the acks were of one queue."""
-        if len(self.committed_offsets) != 1:
-            raise InvalidArgument(
-                f"the acks touched {len(self.committed_offsets)} queues: see committed_offsets"
-            )
-        return next(iter(self.committed_offsets.values()))
-
-
-@dataclass
-class ConsumerStats:
-    """Counters since the consumer was made. `skipped`: per queue, offsets the store no
-    longer held when they were asked for (retention): messages lost to this consumer.
-    `reconnects`: outages (every replica UNAVAILABLE) that ended in an answer; `retries`:
-    calls repeated during them. `pulls` counts pulls' answers; `follows` the Follow streams
-    opened (one watches every caught-up queue). `bad_records`: records stepped over because
-    they can never be handed out (raised as BadRecord, or skipped)."""
-
-    pulls: int = 0
-    follows: int = 0
-    messages: int = 0
-    reconnects: int = 0
-    retries: int = 0
-    skipped: dict[int, int] = field(default_factory=dict)
-    bad_records: int = 0
-
-    @property
-    def skipped_total(self) -> int:
-        return sum(self.skipped.values())
-
-
-@dataclass
-class _Queue:
-    """Client-side state of one assigned queue."""
-
-    fetch_at: int  # where the next pull starts
-    position: int  # the next offset to hand out (== fetch_at when nothing is buffered)
-    # The buffered batch, its messages' queue offsets, and how many of it are handed out.
-    messages: MessageRun = field(default_factory=lambda: decode_answer(b"", ())[0])
-    offsets: list[int] = field(default_factory=list)
-    taken: int = 0
-    # A record that can never be handed out, right after the buffered messages (fetch_at is
-    # past it): surfaced once they are handed out.
-    bad: BadRecord | None = None
-    # The last pull found nothing more at the queue's end (or reached it): a hint for poll,
-    # and what messages(follow=False) stops on.
-    caught_up: bool = False
-    # A PullStream sent ahead: the offset its next answer was pulled from, and the stream.
-    stream: tuple[int, Any] | None = None
-
-    @property
-    def buffered(self) -> bool:
-        return self.taken < len(self.messages) or self.bad is not None
-
-    @property
-    def has_messages(self) -> bool:
-        return self.taken < len(self.messages)
-
-    @property
-    def end(self) -> int:
-        """The position once every buffered message is handed out: the bad record's offset
-        when one comes next, else where the next pull starts."""
-        return self.bad.queue_offset if self.bad is not None else self.fetch_at
-
-    @property
-    def in_flight(self) -> bool:
-        return self.stream is not None
-
-    def cancel_ahead(self) -> None:
-        if self.stream is not None:
-            self.stream[1].cancel()
-            self.stream = None
 
 
 class Consumer:
@@ -322,49 +168,29 @@ class Consumer:
         queue_refresh_interval_s: float = QUEUE_REFRESH_INTERVAL_S_DEFAULT,
         on_bad_record: OnBadRecord = "raise",
     ) -> None:
-        self.topic = _check_topic(topic)
-        if on_bad_record not in ("raise", "skip"):
-            raise InvalidArgument(
-                f"on_bad_record {on_bad_record!r} is not 'raise' or 'skip'", field="on_bad_record"
-            )
-        self.on_bad_record: OnBadRecord = on_bad_record
-        self.group = _check_group(group)
-        self.start: Start = _check_start(
+        self.topic = check_topic(topic)
+        self.on_bad_record = check_on_bad_record(on_bad_record)
+        self.group = check_group(group)
+        self.start: Start = check_start(
             ("committed" if group else "earliest") if start is None else start, self.group
         )
-        if fallback not in ("earliest", "latest"):
-            raise InvalidArgument(
-                f"fallback {fallback!r} is not 'earliest' or 'latest'", field="fallback"
-            )
-        self.fallback: Fallback = fallback
-        self.tags = _check_tags(tags)
-        self.max_messages = _check_max_messages(max_messages)
-        self._follow: FollowStream | None = None
-        if long_poll_ms < 0:
-            raise InvalidArgument("long_poll_ms must not be negative", field="long_poll_ms")
-        self.long_poll_ms = long_poll_ms
+        self.fallback = check_fallback(fallback)
+        self.tags = check_tags(tags)
+        self.max_messages = check_max_messages(max_messages)
+        self.long_poll_ms = check_not_negative(long_poll_ms, "long_poll_ms")
         if auto_commit and self.group is None:
             raise InvalidArgument("auto_commit needs a group", field="group")
-        if auto_commit_interval_s <= 0:
-            raise InvalidArgument(
-                "auto_commit_interval_s must be positive", field="auto_commit_interval_s"
-            )
+        check_positive(auto_commit_interval_s, "auto_commit_interval_s")
         self.auto_commit = auto_commit
         self.auto_commit_interval_s = auto_commit_interval_s
-        if reconnect_timeout_s < 0:
-            raise InvalidArgument(
-                "reconnect_timeout_s must not be negative", field="reconnect_timeout_s"
-            )
-        self.reconnect_timeout_s = reconnect_timeout_s
-        if queue_refresh_interval_s <= 0:
-            raise InvalidArgument(
-                "queue_refresh_interval_s must be positive", field="queue_refresh_interval_s"
-            )
-        self.queue_refresh_interval_s = queue_refresh_interval_s
+        self.reconnect_timeout_s = check_not_negative(reconnect_timeout_s, "reconnect_timeout_s")
+        self.queue_refresh_interval_s = check_positive(
+            queue_refresh_interval_s, "queue_refresh_interval_s"
+        )
 
         self._fixed: list[int] | None = None
         if queues is not None:
-            self._fixed = list(dict.fromkeys(_check_queue_id(q) for q in queues))
+            self._fixed = list(dict.fromkeys(check_queue_id(q) for q in queues))
             if not self._fixed:
                 raise InvalidArgument("queues is empty (None means every queue)", field="queues")
             if isinstance(self.start, Mapping):
@@ -380,21 +206,50 @@ class Consumer:
         else:
             self._conn = Connection(connection)
             self._owns_connection = True
-        self._settings = self._conn.settings
 
         self.stats = ConsumerStats()
-        self._queues: dict[int, _Queue] = {}  # resolved queues only
+        self._retry = OutageRetry(self._conn, self.topic, self.reconnect_timeout_s, self.stats)
+        self._positions = Positions(
+            self._retry,
+            self.topic,
+            group=self.group,
+            start=self.start,
+            fallback=self.fallback,
+            auto_commit=auto_commit,
+            auto_commit_interval_s=auto_commit_interval_s,
+        )
+        self._buffer = Buffer(
+            self.topic,
+            tags=self.tags,
+            on_bad_record=self.on_bad_record,
+            stats=self.stats,
+            start_of=lambda q: self._positions.initial(q, late=False),
+        )
+        # The fetchers (fetchers.py): quick pulls, and the wait of a caught-up consumer,
+        # which _waiter picks from long_poll_ms and the assignment's width.
+        self._pulls = PullCalls(
+            self._retry,
+            self.topic,
+            tags=self.tags,
+            max_messages=self.max_messages,
+            stats=self.stats,
+        )
+        self._ahead = PullAhead(self._pulls, self._buffer)
+        self._follower = Follower(self._pulls, self._buffer, self.long_poll_ms, self._ahead)
+        self._long_polls = LongPolls(self._pulls, self._buffer, self.long_poll_ms, self._ahead)
+        self._idle = IdleWait(self._pulls, self._buffer)
+        self._fetchers: tuple[Fetcher, ...] = (
+            self._ahead,
+            self._follower,
+            self._long_polls,
+            self._idle,
+        )
+        self._receiver: SimpleConsumer | None = None  # receive / ack, made when first used
+
         self._assigned: list[int] = list(self._fixed) if self._fixed is not None else []
         self._listed_at: float | None = None  # monotonic time of the last ListQueues
         self._known: set[int] = set()  # every queue ListQueues has shown
-        self._rotation = 0  # fairness: the queue a round starts with
-        self._last_committed: dict[int, int] = {}
-        self._next_auto_commit = time.monotonic() + auto_commit_interval_s
-        self._outage_since: float | None = None
-        self._backoff = Backoff()  # between attempts while every replica is unavailable
         self._closed = False
-        # Receive: deliveries of damaged records not raised yet, per queue (on_bad_record=raise).
-        self._bad_received: dict[int, deque[BadRecord]] = {}
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -403,12 +258,11 @@ class Consumer:
         consumer's own. Calling it again does nothing."""
         if self._closed:
             return
-        self._drop_follow()
-        for state in self._queues.values():
-            state.cancel_ahead()
+        for fetcher in self._fetchers:
+            fetcher.stop()
         try:
             if self.auto_commit:
-                self._commit_changed()
+                self._positions.commit_changed(self._buffer.positions())
         finally:
             self._closed = True
             if self._owns_connection:
@@ -439,15 +293,15 @@ class Consumer:
         be handed out (damaged in the store, or failing the client's own checks) is never
         returned: it is listed in PullResult.bad_records, and next_offset is past it."""
         self._check_open()
-        request = self._pull_request(
+        request = self._pulls.request(
             queue_id,
             offset,
-            max_messages=self.max_messages if max_messages is None else max_messages,
+            max_messages=max_messages,
             long_poll_ms=long_poll_ms,
-            tags=self.tags if tags is None else _check_tags(tags),
+            tags=None if tags is None else check_tags(tags),
         )
-        response = self._retry(lambda: self._call_pull(request))
-        run, _, bad, _ = self._read_answer(queue_id, response, _PULL)
+        response = self._retry.retry(lambda: self._pulls.pull(request))
+        run, _, bad, _ = read_answer(self.topic, queue_id, response, PULL)
         return PullResult(
             status=pb.GetMessageStatus.Name(response.status),
             messages=run[:],
@@ -457,91 +311,19 @@ class Consumer:
             bad_records=bad,
         )
 
-    def _read_answer(
-        self, queue_id: int, response: pb.PullResponse | pb.ReceiveResponse, method: str
-    ) -> tuple[MessageRun, list[int], list[BadRecord], list[Undecodable]]:
-        """An answer's messages and their queue offsets, and its records that can never be
-        handed out as BadRecords in queue order: those that do not decode here (`failed`, by
-        their index in the answer), then the one the server reported (a Pull's ends it)."""
-        run, offsets, failed = decode_answer(response.records_blob, response.record_sizes)
-        bad = [
-            BadRecord(
-                f.reason,
-                topic=self.topic,
-                queue_id=queue_id,
-                queue_offset=response.queue_offsets[f.index],
-                commit_log_offset=f.commit_log_offset,
-                receipt_handle=_receipt_of(response, f.index),
-                method=method,
-            )
-            for f in failed
-        ]
-        reported: Sequence[pb.BadRecord]
-        if isinstance(response, pb.ReceiveResponse):
-            reported = response.bad_records
-        else:
-            reported = [response.bad_record] if response.HasField("bad_record") else []
-        bad.extend(
-            BadRecord(
-                b.reason,
-                topic=self.topic,
-                queue_id=queue_id,
-                queue_offset=b.queue_offset,
-                commit_log_offset=b.commit_log_offset,
-                receipt_handle=b.receipt_handle,
-                method=method,
-            )
-            for b in reported
-        )
-        bad.sort(key=lambda b: b.queue_offset)
-        return run, offsets, bad, failed
-
-    def _pull_request(
-        self,
-        queue_id: int,
-        offset: int,
-        *,
-        max_messages: int,
-        long_poll_ms: int,
-        tags: tuple[str, ...],
-    ) -> pb.PullRequest:
-        # Queue id and offset are the server's to check (INVALID_ARGUMENT naming the field),
-        # so that a raw pull reports exactly what the service says.
-        return pb.PullRequest(
-            topic=self.topic,
-            queue_id=queue_id,
-            offset=offset,
-            max_messages=max_messages,
-            tags=tags,
-            long_poll_ms=long_poll_ms,
-            report_bad_records=True,
-        )
-
-    def _pull_timeout_s(self, long_poll_ms: int) -> float:
-        return self._settings.timeout_s + long_poll_ms / 1000.0
-
-    def _call_pull(self, request: pb.PullRequest) -> pb.PullResponse:
-        self.stats.pulls += 1
-        return self._conn.call_cq(
-            lambda s: s.Pull,
-            request,
-            name=_PULL,
-            timeout_s=self._pull_timeout_s(request.long_poll_ms),
-        )
-
     # -- positions -------------------------------------------------------------------------------
 
     def assignment(self) -> list[int]:
         """The queues this consumer reads (with queues=None: every queue of the topic that
         exists, as of the last listing)."""
         self._check_open()
-        return list(self._retry(lambda: self._queue_ids(refresh=False)))
+        return list(self._retry.retry(lambda: self._queue_ids(refresh=False)))
 
     def position(self, queue_id: int) -> int:
         """The next offset of `queue_id` this consumer hands out (resolved from `start` the
         first time)."""
         self._check_open()
-        return self._state(self._assigned_id(queue_id)).position
+        return self._buffer.state(self._assigned_id(queue_id)).position
 
     def seek(self, queue_id: int, offset: int) -> None:
         self._check_open()
@@ -554,32 +336,31 @@ class Consumer:
         """Every assigned queue to the offset of store time `ms` (see Timestamp)."""
         self._check_open()
         at = Timestamp(ms, boundary)
-        for q in self._retry(lambda: self._queue_ids(refresh=False)):
-            self._set(q, self._offset_for_time(q, at))
+        for q in self._retry.retry(lambda: self._queue_ids(refresh=False)):
+            self._set(q, self._positions.offset_for_time(q, at))
 
     def seek_to_beginning(self) -> None:
         self._check_open()
-        for q, (lo, _) in self._bounds(self.assignment()).items():
+        for q, (lo, _) in self._positions.bounds(self.assignment()).items():
             self._set(q, lo)
 
     def seek_to_end(self) -> None:
         self._check_open()
-        for q, (_, hi) in self._bounds(self.assignment()).items():
+        for q, (_, hi) in self._positions.bounds(self.assignment()).items():
             self._set(q, hi)
 
     def _set(self, queue_id: int, offset: int) -> None:
-        old = self._queues.get(queue_id)
-        if old is not None:
-            old.cancel_ahead()
-            self._drop_follow()  # it pulls from the old position: its long poll freed now
-        self._queues[queue_id] = _Queue(fetch_at=offset, position=offset)
+        if queue_id in self._buffer.queues:
+            for fetcher in self._fetchers:
+                fetcher.forget(queue_id)  # they pull from the old position
+        self._buffer.set(queue_id, offset)
 
     def _assigned_id(self, queue_id: int) -> int:
-        _check_queue_id(queue_id)
-        if queue_id in self._retry(lambda: self._queue_ids(refresh=False)):
+        check_queue_id(queue_id)
+        if queue_id in self._retry.retry(lambda: self._queue_ids(refresh=False)):
             return queue_id
         # With queues=None it may have appeared since the last listing.
-        if self._fixed is None and queue_id in self._retry(
+        if self._fixed is None and queue_id in self._retry.retry(
             lambda: self._queue_ids(refresh=True, force=True)
         ):
             return queue_id
@@ -588,59 +369,6 @@ class Consumer:
             f"(assigned: {self._assigned})",
             field="queue_id",
         )
-
-    def _state(self, queue_id: int) -> _Queue:
-        state = self._queues.get(queue_id)
-        if state is None:
-            offset = self._initial_offset(queue_id, late=False)
-            state = self._queues[queue_id] = _Queue(fetch_at=offset, position=offset)
-        return state
-
-    def _initial_offset(self, queue_id: int, *, late: bool) -> int:
-        """Where a queue starts. A queue that appeared after the first listing (`late`)
-        holds nothing but what was written since: it starts at its beginning, unless the
-        start names it or the group committed an offset for it."""
-        start = self.start
-        missing: Fallback = "earliest" if late else self.fallback
-        if isinstance(start, Mapping):
-            if queue_id in start:
-                return int(start[queue_id])
-            return self._end(queue_id, missing)
-        if start == "committed":
-            committed = self.committed(queue_id)
-            if committed is None:
-                return self._end(queue_id, missing)
-            self._last_committed[queue_id] = committed  # auto commit: nothing to repeat
-            return committed
-        if late:
-            return self._end(queue_id, "earliest")
-        if isinstance(start, Offset):
-            return start.n
-        if isinstance(start, Timestamp):
-            return self._offset_for_time(queue_id, start)
-        return self._end(queue_id, "latest" if start == "latest" else "earliest")
-
-    def _end(self, queue_id: int, which: str) -> int:
-        lo, hi = self._bounds([queue_id])[queue_id]
-        return lo if which == "earliest" else hi
-
-    def _bounds(self, queue_ids: Iterable[int]) -> dict[int, tuple[int, int]]:
-        out = {}
-        for q in queue_ids:
-            info = self._unary(
-                lambda s: s.GetQueueInfo,
-                pb.GetQueueInfoRequest(topic=self.topic, queue_id=q),
-                "ConsumeQueue/GetQueueInfo",
-            )
-            out[q] = (info.min_offset, info.max_offset)
-        return out
-
-    def _offset_for_time(self, queue_id: int, at: Timestamp) -> int:
-        request = pb.GetOffsetByTimeRequest(
-            topic=self.topic, queue_id=queue_id, timestamp_ms=at.ms, boundary=at.boundary_proto
-        )
-        response = self._unary(lambda s: s.GetOffsetByTime, request, "ConsumeQueue/GetOffsetByTime")
-        return response.offset
 
     # -- the queue list --------------------------------------------------------------------------
 
@@ -667,27 +395,18 @@ class Consumer:
                 q = info.queue_id
                 if q in self._known:
                     continue
-                if q not in self._queues:  # else positioned by a seek already
+                if q not in self._buffer.queues:  # else positioned by a seek already
                     if first:
-                        offset = self._listed_offset(q, info)
+                        offset = self._positions.listed(q, info)
                     else:
-                        offset = self._initial_offset(q, late=True)
+                        offset = self._positions.initial(q, late=True)
                         log.info("%s: queue %d appeared; reading it from %d", self.topic, q, offset)
-                    self._queues[q] = _Queue(fetch_at=offset, position=offset)
+                    self._buffer.set(q, offset)
                 self._known.add(q)
                 self._assigned.append(q)
             self._assigned.sort()
             self._listed_at = time.monotonic()
         return self._assigned
-
-    def _listed_offset(self, queue_id: int, info: pb.QueueInfo) -> int:
-        """The start of a queue of the first listing, without a GetQueueInfo when the listing
-        already holds the answer."""
-        if self.start == "earliest":
-            return info.min_offset
-        if self.start == "latest":
-            return info.max_offset
-        return self._initial_offset(queue_id, late=False)
 
     def _refresh_due_s(self) -> float | None:
         """Seconds until the queue list is due again (None: a fixed assignment)."""
@@ -699,29 +418,30 @@ class Consumer:
 
     def poll(self, timeout_s: float | None = None) -> list[Message]:
         """The next messages of the assigned queues (one batch from each queue that has
-        some, queues in turn). When every queue is caught up, long polls until something
+        some, queues in turn). When every queue is caught up, waits until something
         arrives or `timeout_s` passes (None: one long poll of `long_poll_ms`; 0: no wait).
         Positions move past everything returned."""
         self._check_open()
-        wait_s = self.long_poll_ms / 1000.0 if timeout_s is None else max(0.0, timeout_s)
-        self._maybe_auto_commit()
-        self._fill(time.monotonic() + wait_s)
-        return self._drain()
+        self._poll_fill(timeout_s)
+        return self._buffer.drain()
 
     def poll_batch(self, timeout_s: float | None = None) -> PolledBatch:
         """poll() as columns (PolledBatch: bodies, queue ids, queue offsets), no Message made
         unless one is asked for: the same messages, waits and positions as poll()."""
         self._check_open()
+        self._poll_fill(timeout_s)
+        return PolledBatch.of(self._buffer.drain_parts())
+
+    def _poll_fill(self, timeout_s: float | None) -> None:
         wait_s = self.long_poll_ms / 1000.0 if timeout_s is None else max(0.0, timeout_s)
         self._maybe_auto_commit()
         self._fill(time.monotonic() + wait_s)
-        return PolledBatch.of(self._drain_parts())
 
     def __iter__(self) -> Iterator[Message]:
         return self.messages(follow=True)
 
     def messages(self, *, follow: bool = True, limit: int | None = None) -> Iterator[Message]:
-        """Messages one at a time, each queue in order. follow=True: forever (long polls when
+        """Messages one at a time, each queue in order. follow=True: forever (waits when
         caught up; new queues of the topic join when queues=None). follow=False: stops when
         every queue has reached its end as of the moment it got there. `limit`: at most that
         many messages. A queue's position moves past a message as it is handed out."""
@@ -732,25 +452,26 @@ class Consumer:
 
     def _messages(self, follow: bool, limit: int | None) -> Iterator[Message]:
         handed = 0
+        buffer = self._buffer
         if not follow:
-            self._drop_follow()  # this walk pulls on its own; a follow would hold a long poll
-            for state in self._queues.values():
+            self._follower.stop()  # this walk pulls on its own; a follow would hold a long poll
+            for state in buffer.queues.values():
                 state.caught_up = False  # only what this walk sees counts
         # Queues that reached their end in this walk, with the state they reached it in (a
         # seek replaces the state, and the queue is read again).
-        ended: dict[int, _Queue] = {}
-        queues = self._queues
+        ended: dict[int, QueueState] = {}
+        queues = buffer.queues
         stats = self.stats
         while limit is None or handed < limit:
             self._check_open()
             self._maybe_auto_commit()
-            found = self._next_buffered()
+            found = buffer.next_buffered()
             if found is not None:
                 # A queue's whole batch, then the next queue's: a tight loop that stops when
                 # the batch changes under it (a seek, a poll) or the consumer closes.
                 q, state = found
                 if not state.has_messages:
-                    self._hand_out_bad(state)  # raises (on_bad_record="raise")
+                    buffer.hand_out_bad(state)  # raises (on_bad_record="raise")
                     continue
                 messages, offsets = state.messages, state.offsets
                 last = len(messages) - 1
@@ -774,30 +495,31 @@ class Consumer:
                 # With long polling off, a caught-up round still pauses (IDLE_PAUSE_S).
                 self._fill(time.monotonic() + max(self.long_poll_ms / 1000.0, IDLE_PAUSE_S))
                 continue
-            queue_ids = self._retry(lambda: self._queue_ids(refresh=False))
+            queue_ids = self._retry.retry(lambda: self._queue_ids(refresh=False))
             for q in queue_ids:
-                current = self._queues.get(q)
+                current = queues.get(q)
                 if current is not None and current.caught_up:
                     ended[q] = current
-            active = [q for q in queue_ids if q not in ended or ended[q] is not self._queues.get(q)]
+            active = [q for q in queue_ids if q not in ended or ended[q] is not queues.get(q)]
             if not active:
                 return
-            self._retry(lambda: self._round(active))  # noqa: B023 - called at once
+            self._retry.retry(lambda: self._ahead.fetch(active))  # noqa: B023 - called at once
+
+    # -- filling the buffer: which fetcher, and what its errors mean ------------------------------
 
     def _fill(self, deadline: float) -> None:
-        """Buffer the next batches: a round of quick pulls, then long polls while every queue
-        is caught up, until something is buffered or `deadline` passes. Rides out outages."""
+        """Buffer the next batches: a round of quick pulls, then a wait while every queue is
+        caught up, until something is buffered or `deadline` passes. Rides out outages."""
         while True:
             try:
                 if self._fill_once(deadline):
-                    self._recovered()
+                    self._retry.recovered()
                     return
-                self._recovered()
+                self._retry.recovered()
             except Unavailable as err:
-                if not self._back_off(err, deadline):
+                if not self._retry.back_off(err, deadline):
                     return
-                for state in self._queues.values():
-                    state.caught_up = False  # look again with blocking calls (replica failover)
+                self._buffer.look_again()  # with blocking calls (replica failover)
                 continue
             if time.monotonic() >= deadline:
                 return
@@ -805,18 +527,18 @@ class Consumer:
     def _fill_once(self, deadline: float) -> bool:
         """One step of _fill; True when something is buffered."""
         queue_ids = self._queue_ids(refresh=True)
-        if self._buffered():
+        buffer = self._buffer
+        if buffer.buffered():
             return True
-        if self._follow is not None:
-            if self._follow_valid(queue_ids):
-                # The stream answers every queue as it gets something, caught up or not.
-                self._follow_take(self._wait_ms(deadline))
-                if self._buffered():
-                    return True
-                if self._follow is not None:
-                    return False  # nothing within the time
-            else:
-                self._drop_follow()
+        waiter = self._waiter(queue_ids)
+        if waiter.holds(queue_ids):
+            # A Follow stream answers every queue as it gets something, caught up or not.
+            self._wait(waiter, queue_ids, self._wait_ms(deadline))
+            if buffer.buffered():
+                return True
+            if waiter.holds(queue_ids):
+                return False  # nothing within the time
+        self._follower.stop()  # ended, or its queues or positions are not these
         if not queue_ids:
             pause = deadline - time.monotonic()
             due = self._refresh_due_s()
@@ -827,423 +549,83 @@ class Consumer:
             return False
         wait_ms = self._wait_ms(deadline)
         # A round of quick pulls unless every queue is known to be caught up and there is
-        # time for a long poll (which answers at once when something came meanwhile).
+        # time for a wait (which answers at once when something came meanwhile).
         if (
             wait_ms <= 0
             or self.long_poll_ms == 0
-            or not all(self._state(q).caught_up for q in queue_ids)
+            or not all(buffer.state(q).caught_up for q in queue_ids)
         ):
-            self._round(queue_ids)
-            if self._buffered():
+            self._ahead.fetch(queue_ids)
+            if buffer.buffered():
                 return True
             wait_ms = self._wait_ms(deadline)
             if wait_ms <= 0:
                 return False
+        self._wait(waiter, queue_ids, wait_ms)
+        return buffer.buffered()
+
+    def _waiter(self, queue_ids: list[int]) -> Fetcher:
+        """The fetcher of a caught-up consumer: a pause with long polling off, else one
+        Follow stream over every queue, or long polls past FOLLOW_QUEUES_MAX queues."""
         if self.long_poll_ms == 0:
-            time.sleep(min(IDLE_PAUSE_S, wait_ms / 1000.0))
-            return False
+            return self._idle
         if len(queue_ids) <= FOLLOW_QUEUES_MAX:
-            self._open_follow(queue_ids)
-            self._follow_take(wait_ms)
-            return self._buffered()
-        self._long_poll(queue_ids, min(wait_ms, self.long_poll_ms))
-        if not self._buffered():
-            return False
-        # The first answer cancelled the other polls: a quick pull of those queues takes what
-        # they got meanwhile, so one poll hands out a batch of every queue that has one.
-        others = [q for q in queue_ids if not self._state(q).buffered]
-        if others:
-            self._round(others)
-        return True
+            return self._follower
+        return self._long_polls
+
+    def _wait(self, waiter: Fetcher, queue_ids: list[int], wait_ms: int) -> None:
+        """`waiter`'s fetch, and what its error means: refused (RESOURCE_EXHAUSTED: the
+        server's follow streams or long polls are all taken) is a pause, then quick pulls
+        until one is free; UNAVAILABLE after some answers came is for the next round (what
+        came is handed out first); anything else is the caller's."""
+        try:
+            waiter.fetch(queue_ids, wait_ms)
+        except ResourceExhausted as err:
+            log.warning("%s: %s refused (%s); pulling instead", self.topic, waiter.name, err)
+            time.sleep(BUSY_PAUSE_S)
+            self._buffer.look_again()
+        except Unavailable:
+            if not self._buffer.buffered():
+                raise
 
     def _wait_ms(self, deadline: float) -> int:
-        """How long a long poll may wait: until `deadline`, and back for the queue list."""
+        """How long a wait may last: until `deadline`, and back for the queue list."""
         wait_ms = int((deadline - time.monotonic()) * 1000)
         due = self._refresh_due_s()
         if due is not None:
             wait_ms = min(wait_ms, int(due * 1000))
         return wait_ms
 
-    def _round(self, queue_ids: list[int]) -> None:
-        """One quick pull of every queue with nothing buffered, starting with the next queue
-        in turn: sent at once (up to PULLS_AHEAD_MAX in flight), answers taken in turn, and
-        the next Pull of a queue sent as soon as an answer says there is more."""
-        todo = [q for q in self._rotated(queue_ids) if not self._state(q).buffered]
-        for q in todo:
-            state = self._queues[q]
-            self._send_ahead(q, state, state.fetch_at)
-        for q in todo:
-            state = self._queues[q]
-            asked = state.fetch_at
-            response = self._collect(q, state)
-            if response.status == pb.FOUND and response.next_begin_offset < response.max_offset:
-                self._send_ahead(q, state, response.next_begin_offset)
-            self._apply(q, asked, response)
-        self._rotation += 1
-
-    def _send_ahead(self, queue_id: int, state: _Queue, offset: int) -> None:
-        """Have the Pull of `queue_id` from `offset` under way without waiting for it, when
-        the queue has none and fewer than PULLS_AHEAD_MAX queues have: a PullStream (the
-        server pulls on from each answer's next offset; a batch costs both ends a third of a
-        unary call)."""
-        if state.stream is not None and state.stream[0] == offset:
-            return  # the stream's next answer is this pull
-        state.cancel_ahead()
-        if sum(1 for s in self._queues.values() if s.in_flight) >= PULLS_AHEAD_MAX:
-            return
-        request = self._pull_request(
-            queue_id, offset, max_messages=self.max_messages, long_poll_ms=0, tags=self.tags
-        )
-        stream = self._conn.call_cq(
-            lambda s: s.PullStream,
-            pb.PullStreamRequest(pull=request),
-            name=_PULL_STREAM,
-            timeout_s=PULL_STREAM_TIMEOUT_S,
-        )
-        state.stream = (offset, stream)
-
-    def _collect(self, queue_id: int, state: _Queue) -> pb.PullResponse:
-        """The answer of the Pull of the queue from its fetch_at: the stream's next, else a
-        plain call. A stream that ended or failed leaves it to a plain call (which raises the
-        error itself if there is one)."""
-        stream, state.stream = state.stream, None
-        if stream is not None:
-            asked, call = stream
-            if asked == state.fetch_at:
-                try:
-                    response: pb.PullResponse = next(call)
-                except (StopIteration, grpc.RpcError):
-                    pass
-                else:
-                    self.stats.pulls += 1  # a pull's answer, as a plain Pull's is
-                    state.stream = (response.next_begin_offset, call)
-                    return response
-            else:
-                call.cancel()
-        request = self._pull_request(
-            queue_id, state.fetch_at, max_messages=self.max_messages, long_poll_ms=0, tags=self.tags
-        )
-        return self._call_pull(request)
-
-    # -- following caught-up queues on one stream -------------------------------------------------
-
-    def _open_follow(self, queue_ids: list[int]) -> None:
-        """One Follow call over every queue, each from its next offset (follow.py)."""
-        self._drop_follow()
-        pulls = []
-        offsets = {}
-        for q in queue_ids:
-            state = self._state(q)
-            state.cancel_ahead()  # the stream asks the same
-            offsets[q] = state.fetch_at
-            pulls.append(
-                self._pull_request(
-                    q,
-                    state.fetch_at,
-                    max_messages=self.max_messages,
-                    long_poll_ms=0,
-                    tags=self.tags,
-                )
-            )
-        call = self._conn.call_cq(
-            lambda s: s.Follow,
-            pb.FollowRequest(pulls=pulls, long_poll_ms=self.long_poll_ms),
-            name=_FOLLOW,
-            timeout_s=FOLLOW_TIMEOUT_S,
-        )
-        self._follow = FollowStream(call, queue_ids, offsets)
-        self.stats.follows += 1
-
     @property
     def following(self) -> bool:
         """A Follow stream is open: new messages of every assigned queue come without a new
         call (poll, iteration and messages(follow=True) open it once caught up)."""
-        return self._follow is not None and not self._follow.ended
-
-    def _follow_valid(self, queue_ids: list[int]) -> bool:
-        follow = self._follow
-        if follow is None:
-            return False
-        states = self._queues
-        return follow.matches(queue_ids, {q: states[q].fetch_at for q in queue_ids if q in states})
-
-    def _drop_follow(self) -> None:
-        if self._follow is not None:
-            self._follow.close()
-            self._follow = None
-
-    def _follow_take(self, wait_ms: int) -> None:
-        """Apply the follow's answers: the first waited for up to `wait_ms`, then whatever
-        else is already buffered. An ended stream is dropped; its error, if any, raised as a
-        long poll's would be."""
-        follow = self._follow
-        assert follow is not None
-        got = follow.next(wait_ms / 1000.0)
-        while got:
-            for q, asked, response in got:
-                self.stats.pulls += 1  # a pull's answer, as a plain Pull's is
-                self._apply(q, asked, response)
-            got = follow.next(0)
-        if not follow.ended:
-            return
-        self._follow = None
-        if follow.error is None:
-            return
-        error = self._conn.explain(from_rpc_error(follow.error, _FOLLOW))
-        if error.code is grpc.StatusCode.CANCELLED:
-            pass
-        elif isinstance(error, ResourceExhausted):
-            # Every follow stream of the server is taken (follow_streams_max): pull until one
-            # is free, a round of quick pulls first (the stream answered nothing).
-            log.warning("%s: follow refused (%s); pulling instead", self.topic, error)
-            time.sleep(BUSY_PAUSE_S)
-            for state in self._queues.values():
-                state.caught_up = False
-        elif not (isinstance(error, Unavailable) and self._buffered()):
-            raise error
-
-    def _long_poll(self, queue_ids: list[int], wait_ms: int) -> None:
-        """Long polls on the caught-up queues at once; the first answer cancels the others
-        (a cancelled call frees its server thread at once)."""
-        watched = self._rotated(queue_ids)[:LONG_POLLS_MAX]
-        if len(watched) < len(queue_ids):
-            wait_ms = min(wait_ms, UNWATCHED_WAIT_MS)
-        woke = threading.Event()
-        calls: dict[int, tuple[int, grpc.Future[pb.PullResponse]]] = {}
-        try:
-            for q in watched:
-                self._state(q).cancel_ahead()  # the long poll asks the same
-                request = self._pull_request(
-                    q,
-                    self._state(q).fetch_at,
-                    max_messages=self.max_messages,
-                    long_poll_ms=wait_ms,
-                    tags=self.tags,
-                )
-                self.stats.pulls += 1
-                future: grpc.Future[pb.PullResponse] = self._conn.call_cq(
-                    lambda s: s.Pull.future,
-                    request,
-                    name=_PULL,
-                    timeout_s=self._pull_timeout_s(wait_ms),
-                )
-                future.add_done_callback(lambda _: woke.set())
-                calls[q] = (request.offset, future)
-            woke.wait(self._pull_timeout_s(wait_ms))
-        finally:
-            for _, future in calls.values():
-                future.cancel()  # nothing for calls that are done
-        failed: ClientError | None = None
-        for q, (asked, future) in calls.items():
-            if future.cancelled():
-                continue
-            try:
-                response = future.result()
-            except grpc.RpcError as err:
-                error = self._conn.explain(from_rpc_error(err, _PULL))
-                if error.code is grpc.StatusCode.CANCELLED:
-                    continue
-                failed = failed or error
-                continue
-            self._apply(q, asked, response)
-        if failed is None:
-            return
-        if isinstance(failed, ResourceExhausted):
-            log.warning("%s: long poll refused (%s); looking again shortly", self.topic, failed)
-            time.sleep(BUSY_PAUSE_S)
-            return
-        if isinstance(failed, Unavailable) and self._buffered():
-            return  # what others answered is handed out; the next round retries the rest
-        raise failed
-
-    def _apply(self, queue_id: int, asked: int, response: pb.PullResponse) -> None:
-        """A pull's answer into the queue's state (buffer, next offset, caught up)."""
-        state = self._queues.get(queue_id)
-        if state is None or state.fetch_at != asked:
-            return  # sought elsewhere since the pull was sent
-        status = response.status
-        next_begin = response.next_begin_offset
-        if status == pb.FOUND:
-            if state.bad is not None:
-                return  # after a bad record still to surface: pulled again once it is
-            run, offsets, bads, failed = self._read_answer(queue_id, response, _PULL)
-            messages = run
-            bad = bads[0] if bads else None
-            if failed:  # the answer's messages before it; the rest is pulled again after it
-                messages = run.head(failed[0].index)
-                offsets = offsets[: failed[0].index]
-            if bad is not None:
-                next_begin = bad.queue_offset + 1
-            first = offsets[0] if offsets else (bad.queue_offset if bad is not None else asked)
-            if not self.tags and first > asked:
-                # Without a filter a gap is messages the log no longer held (the server
-                # steps over them): retention got there first.
-                self._skip(queue_id, asked, first, "MESSAGE_WAS_REMOVING")
-            if state.buffered:  # a follow's next answer; pulls go to queues with nothing buffered
-                if state.taken == 0:
-                    # Nothing of it handed out yet (it came earlier in this same look), so
-                    # nobody holds it: grown in place, not copied once an answer.
-                    state.messages.extend(messages)
-                    state.offsets.extend(offsets)
-                    messages, offsets = state.messages, state.offsets
-                else:
-                    # The rest of the buffer, then the answer's: joined without making a
-                    # Message (making the buffer's at each answer cost a consumer behind a
-                    # follow stream time quadratic in its backlog).
-                    messages = state.messages.after(state.taken, messages)
-                    offsets = state.offsets[state.taken :] + offsets
-            state.messages, state.offsets, state.taken = messages, offsets, 0
-            state.bad = bad
-            state.fetch_at = next_begin
-            state.caught_up = next_begin >= response.max_offset
-            return
-        if status in _AT_END:
-            state.caught_up = True
-            return
-        if status in _LOST and next_begin > asked:
-            self._skip(queue_id, asked, next_begin, pb.GetMessageStatus.Name(status))
-        elif status == pb.OFFSET_OVERFLOW_BADLY:
-            log.warning(
-                "%s/%d: offset %d is past the end %d: moving back to it",
-                self.topic,
-                queue_id,
-                asked,
-                next_begin,
-            )
-        if next_begin == asked:
-            state.caught_up = True  # no progress to make: wait instead of spinning
-            return
-        state.fetch_at = next_begin
-        if not state.buffered:
-            state.position = next_begin
-        state.caught_up = status == pb.NO_MATCHED_MESSAGE and next_begin >= response.max_offset
-
-    def _skip(self, queue_id: int, begin: int, end: int, why: str) -> None:
-        self.stats.skipped[queue_id] = self.stats.skipped.get(queue_id, 0) + end - begin
-        log.warning(
-            "%s/%d: offsets %d..%d are no longer in the store (%s): skipped",
-            self.topic,
-            queue_id,
-            begin,
-            end - 1,
-            why,
-        )
-
-    def _buffered(self) -> bool:
-        return any(state.buffered for state in self._queues.values())
-
-    def _next_buffered(self) -> tuple[int, _Queue] | None:
-        """The queue to hand out from next: a queue's whole batch, then the next queue's."""
-        for q in self._rotated(list(self._queues)):
-            state = self._queues[q]
-            if state.buffered:
-                return q, state
-        return None
-
-    def _drain(self) -> list[Message]:
-        """Every buffered message, a queue's batch after another's; positions move past them."""
-        out: list[Message] = []
-        for _, messages, _ in self._drain_parts():
-            out.extend(messages[:])
-        return out
-
-    def _drain_parts(self) -> list[tuple[int, Sequence[Message], list[int]]]:
-        """_drain as (queue id, messages, their queue offsets) a queue, no Message made. A bad
-        record a queue has reached is handed out first (raised before anything is drained,
-        with on_bad_record="raise"); one after a queue's messages waits for the next call
-        (or is skipped now, with "skip")."""
-        order = self._rotated(list(self._queues))
-        for q in order:
-            state = self._queues[q]
-            if state.bad is not None and not state.has_messages:
-                self._hand_out_bad(state)
-        parts: list[tuple[int, Sequence[Message], list[int]]] = []
-        for q in order:
-            state = self._queues[q]
-            if state.has_messages:
-                taken, messages = state.taken, state.messages
-                parts.append((q, messages.tail(taken), state.offsets[taken:]))
-                self.stats.messages += len(messages) - taken
-                state.taken = len(messages)
-                state.position = state.end
-                if state.bad is not None and self.on_bad_record == "skip":
-                    self._hand_out_bad(state)
-        return parts
-
-    def _hand_out_bad(self, state: _Queue) -> None:
-        """The queue's bad record, reached: the position moves past it, then it is raised
-        (on_bad_record="raise") or logged and skipped."""
-        bad = state.bad
-        assert bad is not None
-        state.bad = None
-        state.position = state.fetch_at
-        self.stats.bad_records += 1
-        if self.on_bad_record == "raise":
-            raise bad
-        log.warning("%s; skipped", bad)
-
-    def _rotated(self, queue_ids: list[int]) -> list[int]:
-        if not queue_ids:
-            return []
-        k = self._rotation % len(queue_ids)
-        return queue_ids[k:] + queue_ids[:k]
+        return self._follower.following
 
     # -- group offsets ---------------------------------------------------------------------------
 
     def committed(self, queue_id: int) -> int | None:
         """The group's committed offset of `queue_id`; None when it never committed one."""
         self._check_open()
-        group = self._require_group()
-        request = pb.FetchOffsetRequest(
-            group=group, topic=self.topic, queue_id=_check_queue_id(queue_id)
-        )
-        response = self._unary(lambda s: s.FetchOffset, request, "ConsumeQueue/FetchOffset")
-        return None if response.offset < 0 else response.offset
+        return self._positions.committed(queue_id)
 
     def commit(self, offsets: Mapping[int, int] | None = None) -> None:
         """Set the group's offsets: `offsets`, or every queue's position (the next offset to
         read) when None."""
         self._check_open()
-        self._require_group()
+        require_group(self.group)
         if offsets is None:
-            offsets = {q: s.position for q, s in self._queues.items()}
+            offsets = self._buffer.positions()
         for q, offset in offsets.items():
-            _check_queue_id(q)
+            check_queue_id(q)
             if offset < 0:
                 raise InvalidArgument(f"offset {offset} is negative", field="offset")
-        self._commit(offsets)
-
-    def _commit(self, offsets: Mapping[int, int]) -> None:
-        group = self._require_group()
-        for q, offset in offsets.items():
-            request = pb.CommitOffsetRequest(
-                group=group, topic=self.topic, queue_id=q, offset=offset
-            )
-            self._unary(lambda s: s.CommitOffset, request, "ConsumeQueue/CommitOffset")
-            self._last_committed[q] = offset
-
-    def _commit_changed(self) -> None:
-        changed = {
-            q: s.position
-            for q, s in self._queues.items()
-            if self._last_committed.get(q) != s.position
-        }
-        if changed:
-            self._commit(changed)
-        self._next_auto_commit = time.monotonic() + self.auto_commit_interval_s
+        self._positions.commit(offsets)
 
     def _maybe_auto_commit(self) -> None:
-        if self.auto_commit and time.monotonic() >= self._next_auto_commit:
-            self._commit_changed()
+        self._positions.maybe_auto_commit(self._buffer.positions)
 
-    def _require_group(self) -> str:
-        if self.group is None:
-            raise InvalidArgument(
-                "this needs a consumer group: Consumer(..., group=...)", field="group"
-            )
-        return self.group
-
-    # -- receive / ack ---------------------------------------------------------------------------
+    # -- receive / ack (simple_consumer.py) ------------------------------------------------------
 
     def receive(
         self,
@@ -1253,275 +635,39 @@ class Consumer:
         invisible_duration_ms: int = INVISIBLE_DURATION_MS_DEFAULT,
         long_poll_ms: int = 0,
     ) -> list[ReceivedMessage]:
-        """Messages of `queue_id` for the group, each invisible to the group for
-        `invisible_duration_ms` unless acknowledged (then it is delivered again).
+        """SimpleConsumer.receive for this consumer's group: messages of `queue_id`, each
+        invisible to the group for `invisible_duration_ms` unless acknowledged.
 
         A delivery whose record can never be handed out is acknowledged (settled for the
         group) and, with on_bad_record="raise", raised as BadRecord: at once when the answer
         holds nothing else, else by the next receive() of the queue, before it asks for more
         (the messages received with it are returned first)."""
-        self._check_open()
-        group = self._require_group()
-        queue_id = _check_queue_id(queue_id)
-        pending = self._bad_received.get(queue_id)
-        if pending:
-            self._raise_bad_received(queue_id, pending)
-        if max_messages <= 0:
-            raise InvalidArgument("max_messages must be positive", field="max_messages")
-        if invisible_duration_ms <= 0:
-            raise InvalidArgument(
-                "invisible_duration_ms must be positive", field="invisible_duration_ms"
-            )
-        if long_poll_ms < 0:
-            raise InvalidArgument("long_poll_ms must not be negative", field="long_poll_ms")
-        request = pb.ReceiveRequest(
-            group=group,
-            topic=self.topic,
-            queue_id=queue_id,
+        return self._simple().receive(
+            queue_id,
             max_messages=max_messages,
             invisible_duration_ms=invisible_duration_ms,
             long_poll_ms=long_poll_ms,
-            report_bad_records=True,
         )
-        response = self._unary(
-            lambda s: s.Receive,
-            request,
-            _RECEIVE,
-            timeout_s=self._pull_timeout_s(long_poll_ms),
-        )
-        run, _, bad, failed = self._read_answer(queue_id, response, _RECEIVE)
-        undecodable = {f.index for f in failed}
-        kept = [i for i in range(len(response.queue_offsets)) if i not in undecodable]
-        out = [
-            ReceivedMessage(message, response.receipt_handles[i], response.delivery_counts[i])
-            for message, i in zip(run, kept, strict=True)
-        ]
-        self.stats.messages += len(out)
-        if bad:
-            if self.on_bad_record == "skip":
-                self._settle_bad(queue_id, bad)
-                for b in bad:
-                    log.warning("%s; skipped", b)
-            else:
-                pending = self._bad_received.setdefault(queue_id, deque())
-                pending.extend(bad)
-                if not out:
-                    self._raise_bad_received(queue_id, pending)
-        return out
-
-    def _raise_bad_received(self, queue_id: int, pending: deque[BadRecord]) -> None:
-        """Acknowledge the first pending bad delivery of the queue (it can never be consumed),
-        then raise it."""
-        bad = pending[0]
-        self._settle_bad(queue_id, [bad])
-        pending.popleft()
-        raise bad
-
-    def _settle_bad(self, queue_id: int, bad: list[BadRecord]) -> None:
-        self.ack([b.receipt_handle for b in bad], queue_id)
-        self.stats.bad_records += len(bad)
 
     def ack(self, items: Iterable[ReceivedMessage | str], queue_id: int | None = None) -> AckResult:
-        """Acknowledge deliveries (ReceivedMessage, or receipt handles of `queue_id`). Stale
-        receipts are listed in the result, not raised: the message was delivered again (or
-        acked before), and only the newer delivery can be acknowledged."""
-        self._check_open()
-        group = self._require_group()
-        by_queue: dict[int, list[str]] = {}
-        for item in items:
-            handle, q = self._receipt(item, queue_id)
-            by_queue.setdefault(q, []).append(handle)
-        stale: list[str] = []
-        committed: dict[int, int] = {}
-        acked = 0
-        for q, handles in by_queue.items():
-            for at in range(0, len(handles), ACK_HANDLES_MAX):
-                chunk = handles[at : at + ACK_HANDLES_MAX]
-                request = pb.AckRequest(
-                    group=group, topic=self.topic, queue_id=q, receipt_handles=chunk
-                )
-                response = self._unary(lambda s: s.Ack, request, "ConsumeQueue/Ack")
-                stale.extend(response.stale_receipt_handles)
-                acked += len(chunk) - len(response.stale_receipt_handles)
-                committed[q] = response.committed_offset
-        return AckResult(acked=acked, stale=stale, committed_offsets=committed)
+        """SimpleConsumer.ack: acknowledge deliveries (ReceivedMessage, or receipt handles of
+        `queue_id`); stale receipts are listed in the result, not raised."""
+        return self._simple().ack(items, queue_id)
 
     def change_invisible_duration(
         self, item: ReceivedMessage | str, ms: int, queue_id: int | None = None
     ) -> str:
-        """Hide (or show, with 0) a delivery for `ms` from now. Returns the receipt to use
-        from now on, or "" when the given one was stale (redelivered since, or acked)."""
+        """SimpleConsumer.change_invisible_duration: hide (or show, with 0) a delivery for
+        `ms` from now; the receipt to use from now on, or "" when the given one was stale."""
+        return self._simple().change_invisible_duration(item, ms, queue_id)
+
+    def _simple(self) -> SimpleConsumer:
+        """The SimpleConsumer behind receive / ack, sharing this consumer's connection,
+        stats and outage retry."""
         self._check_open()
-        group = self._require_group()
-        if ms < 0:
-            raise InvalidArgument("ms must not be negative", field="invisible_duration_ms")
-        handle, q = self._receipt(item, queue_id)
-        request = pb.ChangeInvisibleDurationRequest(
-            group=group,
-            topic=self.topic,
-            queue_id=q,
-            receipt_handle=handle,
-            invisible_duration_ms=ms,
-        )
-        response = self._unary(
-            lambda s: s.ChangeInvisibleDuration, request, "ConsumeQueue/ChangeInvisibleDuration"
-        )
-        return response.receipt_handle
-
-    @staticmethod
-    def _receipt(item: ReceivedMessage | str, queue_id: int | None) -> tuple[str, int]:
-        if isinstance(item, ReceivedMessage):
-            return item.receipt_handle, item.message.queue_id
-        if queue_id is None:
-            raise InvalidArgument(
-                "a bare receipt handle needs queue_id (or pass the ReceivedMessage)",
-                field="queue_id",
+        group = require_group(self.group)
+        if self._receiver is None:
+            self._receiver = SimpleConsumer.sharing(
+                self._retry, self.topic, group, self.on_bad_record
             )
-        return item, _check_queue_id(queue_id)
-
-    # -- outages ---------------------------------------------------------------------------------
-
-    def _unary(
-        self,
-        pick: Callable[[pb_grpc.ConsumeQueueStub], Callable[..., T]],
-        request: object,
-        name: str,
-        *,
-        timeout_s: float | None = None,
-    ) -> T:
-        """One consume-queue call, retried through outages."""
-        return self._retry(
-            lambda: self._conn.call_cq(pick, request, name=name, timeout_s=timeout_s)
-        )
-
-    def _retry(self, call: Callable[[], T]) -> T:
-        """`call`, again after a pause while every replica answers UNAVAILABLE, until
-        reconnect_timeout_s of that."""
-        while True:
-            try:
-                out = call()
-            except Unavailable as err:
-                self._back_off(err, None)
-                continue
-            self._recovered()
-            return out
-
-    def _back_off(self, err: Unavailable, deadline: float | None) -> bool:
-        """Pause before the next attempt. False when `deadline` comes first (the caller gives
-        up for now); raises Unavailable once the outage has lasted reconnect_timeout_s."""
-        now = time.monotonic()
-        # Never reached since the connection was made: a store still starting, or a wrong
-        # address or TLS setting, told after connect_timeout_s (not a restart's allowance) and
-        # once (no warning before the error).
-        never_reached = isinstance(err, StoreUnreachable) and not self._conn.reached
-        if self._outage_since is None:
-            self._outage_since = now
-            self._backoff.reset()
-            if not never_reached:
-                log.warning("%s: consume queues unavailable (%s); retrying", self.topic, err)
-        give_up = self._outage_since + self.reconnect_timeout_s
-        if never_reached:
-            give_up = min(give_up, self._outage_since + self._settings.connect_timeout_s)
-            if now >= give_up:
-                self._outage_since = None
-                raise err
-        if now >= give_up:
-            self._outage_since = None
-            raise Unavailable(
-                f"no consume-queue replica answered for {self.reconnect_timeout_s:g} s "
-                f"({', '.join(self._settings.cq)}): {err.details}",
-                method=err.method,
-            ) from err
-        pause = min(self._backoff.pause_s, give_up - now)
-        # Counted whether the next attempt comes after this pause or in the caller's next
-        # call: a failure that always lands near the deadline (a Follow that waits it out, then
-        # fails) was never counted, and nothing watching `retries` saw the outage.
-        self.stats.retries += 1
-        if deadline is not None and now + pause > deadline:
-            return False
-        time.sleep(pause)
-        self._backoff.grow()
-        return True
-
-    def _recovered(self) -> None:
-        if self._outage_since is not None:
-            log.info(
-                "%s: consume queues answer again after %.1f s",
-                self.topic,
-                time.monotonic() - self._outage_since,
-            )
-            self._outage_since = None
-            self.stats.reconnects += 1
-
-
-# -- helpers -------------------------------------------------------------------------------------
-
-
-def _receipt_of(response: pb.PullResponse | pb.ReceiveResponse, index: int) -> str:
-    """The receipt of record `index` of a Receive's answer ("" for a Pull's)."""
-    if isinstance(response, pb.ReceiveResponse):
-        return response.receipt_handles[index]
-    return ""
-
-
-def _check_topic(topic: str) -> str:
-    try:
-        validate_topic(topic, _LIMITS)
-    except domain.InvalidArgument as err:
-        raise InvalidArgument(str(err), field="topic") from None
-    return topic
-
-
-def _check_group(group: str | None) -> str | None:
-    if group is None:
-        return None
-    try:
-        return validate_group(group)
-    except domain.InvalidArgument as err:
-        raise InvalidArgument(str(err), field="group") from None
-
-
-def _check_queue_id(queue_id: int) -> int:
-    if not 0 <= queue_id <= _LIMITS.queue_id_max:
-        raise InvalidArgument(
-            f"queue id {queue_id} is outside [0, {_LIMITS.queue_id_max}]", field="queue_id"
-        )
-    return queue_id
-
-
-def _check_tags(tags: Sequence[str] | str) -> tuple[str, ...]:
-    """A tag list, or RocketMQ's subscription expression "a || b" ("*" or empty: all)."""
-    if isinstance(tags, str):
-        tags = tags.split("||")
-    names = tuple(t.strip() for t in tags if t.strip())
-    return () if "*" in names else names
-
-
-def _check_max_messages(n: int) -> int:
-    if not 0 < n <= PULL_MESSAGES_MAX:
-        raise InvalidArgument(
-            f"max_messages {n} is outside [1, {PULL_MESSAGES_MAX}]", field="max_messages"
-        )
-    return n
-
-
-def _check_start(start: Start, group: str | None) -> Start:
-    if isinstance(start, Offset | Timestamp):
-        return start
-    if isinstance(start, Mapping):
-        checked = {}
-        for q, n in start.items():
-            _check_queue_id(q)
-            if n < 0:
-                raise InvalidArgument(f"start offset {n} of queue {q} is negative", field="start")
-            checked[q] = n
-        return checked
-    if start not in ("earliest", "latest", "committed"):
-        raise InvalidArgument(
-            f"start {start!r} is not 'earliest', 'latest', 'committed', an Offset, a "
-            "Timestamp or a {queue: offset} dict",
-            field="start",
-        )
-    if start == "committed" and group is None:
-        raise InvalidArgument("start='committed' needs a group", field="start")
-    return start
+        return self._receiver

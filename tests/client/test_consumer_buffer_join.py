@@ -39,7 +39,7 @@ def test_a_buffer_joins_the_next_answer(taken: int) -> None:
 def test_a_consumer_behind_its_follow_stream_hands_out_every_message_once_in_order(
     settings: ClientSettings, topic: str
 ) -> None:
-    """The follow path with a buffer left when the next answers of its queue come (_apply:
+    """The follow path with a buffer left when the next answers of its queue come (Buffer.apply:
     MessageRun.after): a consumer slower than its stream, each message once,
     in queue order."""
     n = 600

@@ -1,5 +1,5 @@
 """A caught-up Consumer follows its queues on ONE cq_svc Follow stream (mqstore/client/follow.py,
-Consumer._fill_once / _open_follow / _follow_take), against real service processes.
+Consumer._fill_once and fetchers.Follower), against real service processes.
 
 What is observable from outside the client is cq_svc's metrics port: the gauge
 mqstore_cq_long_polls_waiting (a Follow holds one waiter for as long as it is open, a unary
@@ -231,7 +231,7 @@ def test_a_caught_up_consumer_waits_on_one_follow_and_gets_what_comes_once_in_or
                 merge(sent, produce(cluster, topic, [0, 1, 2, 3, 2, 0], f"new{i}"))
                 time.sleep(0.02)
 
-        follow = c._follow
+        follow = c._follower.stream
         assert follow is not None and follow.queue_ids == [0, 1, 2, 3]
         producer = Later(later, delay_s=0.3)
         got = poll_until(c, 30)
@@ -239,7 +239,7 @@ def test_a_caught_up_consumer_waits_on_one_follow_and_gets_what_comes_once_in_or
         assert seen_waiting == [1.0]
         assert by_queue(got) == sent
         check_in_order(got, {q: len(b) for q, b in seeded.items()})
-        assert c._follow is follow  # nothing invalidated it
+        assert c._follower.stream is follow  # nothing invalidated it
         assert waiting(cluster) == 1
 
 
@@ -250,7 +250,7 @@ def test_many_polls_over_bursts_ride_one_follow(
     seeded = seed(cluster, topic, 3, 1)
     with Consumer(settings, topic, start="earliest") as c:
         caught_up(cluster, c, 3)
-        follow = c._follow
+        follow = c._follower.stream
         assert follow is not None
         ended_before = follows_ended(cluster)
         sent: dict[int, list[bytes]] = {}
@@ -264,7 +264,7 @@ def test_many_polls_over_bursts_ride_one_follow(
         followed: set[int] = set()
 
         def note() -> None:
-            followed.add(id(c._follow))
+            followed.add(id(c._follower.stream))
 
         producer = Later(bursts, delay_s=0.1)
         got = poll_until(c, 100, each_s=0.2, after=note)
@@ -272,7 +272,7 @@ def test_many_polls_over_bursts_ride_one_follow(
         assert by_queue(got) == sent
         check_in_order(got, {q: len(b) for q, b in seeded.items()})
         assert followed == {id(follow)}  # the same stream across every poll
-        assert c._follow is follow
+        assert c._follower.stream is follow
         assert follows_ended(cluster) == ended_before
         assert waiting(cluster) == 1
 
@@ -284,7 +284,7 @@ def test_seek_while_following_reads_from_the_new_position_not_the_old_streams_bu
     seed(cluster, topic, 2, 10)
     with Consumer(settings, topic, queues=[0, 1], start="earliest") as c:
         caught_up(cluster, c, 20)
-        old = c._follow
+        old = c._follower.stream
         assert old is not None
         sent = produce(cluster, topic, [0] * 5, "more")
         wait_dispatched(cluster, topic, {0: 15})
@@ -300,7 +300,7 @@ def test_seek_while_following_reads_from_the_new_position_not_the_old_streams_bu
         old._thread.join(5)
         assert not old._thread.is_alive()
         assert c.poll(timeout_s=0.3) == []
-        new = c._follow
+        new = c._follower.stream
         assert new is not None and new is not old
         assert new.expected == {0: 15, 1: 10}
 
@@ -426,7 +426,7 @@ def test_without_long_polls_no_follow_is_opened_and_messages_still_arrive(
         got = poll_until(c, 3, each_s=0.5)
         producer.join_ok()
         assert never == [0.0]
-        assert c._follow is None
+        assert c._follower.stream is None
         assert by_queue(got) == sent
         check_in_order(got, {q: len(b) for q, b in seeded.items()})
     assert follows_ended(cluster) == ended_before
@@ -443,7 +443,7 @@ def test_close_cancels_the_follow_on_the_server_and_ends_its_reader_thread(
     c = Consumer(settings, topic, start="earliest")
     try:
         caught_up(cluster, c, 3)
-        follow = c._follow
+        follow = c._follower.stream
         assert follow is not None
         reader = follow._thread
         assert reader.is_alive() and reader in follow_threads()
@@ -456,7 +456,7 @@ def test_close_cancels_the_follow_on_the_server_and_ends_its_reader_thread(
     reader.join(5)
     assert not reader.is_alive()
     eventually(lambda: not follow_threads(), timeout_s=5)
-    assert c._follow is None
+    assert c._follower.stream is None
 
 
 def test_a_queue_that_appears_while_following_is_followed_too(
@@ -466,12 +466,12 @@ def test_a_queue_that_appears_while_following_is_followed_too(
     seed(cluster, topic, 2, 1)
     with Consumer(settings, topic, start="earliest", queue_refresh_interval_s=0.2) as c:
         caught_up(cluster, c, 2)
-        old = c._follow
+        old = c._follower.stream
         assert old is not None and old.queue_ids == [0, 1]
         sent: dict[int, list[bytes]] = {}
 
         def following_queue_2() -> bool:
-            current = c._follow
+            current = c._follower.stream
             return current is not None and current is not old and 2 in current.queue_ids
 
         def later() -> None:
@@ -485,7 +485,7 @@ def test_a_queue_that_appears_while_following_is_followed_too(
         assert by_queue(got) == sent
         check_in_order(got, {0: 1, 1: 1, 2: 0})
         assert c.assignment() == [0, 1, 2]
-        new = c._follow
+        new = c._follower.stream
         assert isinstance(new, FollowStream) and new is not old
         assert new.queue_ids == [0, 1, 2]
         assert waiting(cluster) == 1
@@ -499,7 +499,7 @@ def test_a_consumer_with_tags_follows_and_gets_only_matching_messages(
     wait_dispatched(cluster, topic, {0: 1, 1: 1})
     with Consumer(settings, topic, start="earliest", tags="keep || also") as c:
         caught_up(cluster, c, 2)
-        assert c._follow is not None
+        assert c._follower.stream is not None
         sent: dict[int, list[bytes]] = {}
 
         def later() -> None:
@@ -518,5 +518,5 @@ def test_a_consumer_with_tags_follows_and_gets_only_matching_messages(
         for q in (0, 1):
             offsets = [m.queue_offset for m in got if m.queue_id == q]
             assert offsets == sorted(set(offsets))  # in order, none twice
-        assert c._follow is not None
+        assert c._follower.stream is not None
         assert waiting(cluster) == 1
