@@ -66,6 +66,8 @@ def encode(
 
 # _core_frames.pxi
 
+def time_entries_ok(units: Buffer, entries: Buffer) -> bytearray: ...
+
 Int64s = npt.NDArray[np.int64] | Buffer  # int64 columns, native order
 
 def queue_runs(

@@ -6,6 +6,8 @@
 #               expect, last_end)                       written (-1: not plain)
 #   pack_units(rows, start, offsets, sizes, tags,       the run's 20-byte units and 8-byte time
 #              stamps, last_time)                       entries (cq_unit.py, cq_time.py)
+#   time_entries_ok(units, entries)                     which stored time entries pass their
+#                                                       check (the audit)
 #
 # The columns are int64 buffers of one length (a decoded DispatchColumns' numpy arrays); `rows`
 # an int64 buffer of row numbers. The Python reference (tests/cq/frames_reference.py) is what
@@ -294,6 +296,27 @@ def pack_units(
     finally:
         cols.release()
     return units, times, last_time
+
+
+def time_entries_ok(const unsigned char[::1] units, const unsigned char[::1] entries):
+    """Whether each of the 8-byte time entries in `entries` passes its check against the
+    20-byte unit at the same place in `units` (cq_time.decode_time is not None): one byte per
+    entry, 1 or 0. Entries past the last whole unit are not looked at."""
+    cdef Py_ssize_t i, n = min(entries.shape[0] // TIME_ENTRY_BYTES, units.shape[0] // UNIT_SIZE)
+    cdef bytearray out = PyByteArray_FromStringAndSize(NULL, n)
+    cdef unsigned char *ok = <unsigned char *>(<char *>out)
+    cdef unsigned char check[UNIT_SIZE + TIME_STORED]
+    cdef const unsigned char *e
+    with nogil:
+        for i in range(n):
+            e = &entries[i * TIME_ENTRY_BYTES]
+            memcpy(check, &units[i * UNIT_SIZE], UNIT_SIZE)
+            memcpy(check + UNIT_SIZE, e, TIME_STORED)
+            ok[i] = (
+                (_crc32c(check, UNIT_SIZE + TIME_STORED) & 0xFFFF)
+                == ((<uint32_t>e[TIME_STORED] << 8) | e[TIME_STORED + 1])
+            )
+    return out
 
 
 # -- decode: a SubscribeResponse's wire bytes to a dispatch frame's columns ---------------------

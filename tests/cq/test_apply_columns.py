@@ -25,7 +25,7 @@ from cq_svc.store import CqStore, plain_run_start
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument
 from mqstore.formats import _core
-from mqstore.formats.cq_time import TIME_MAX_MS, clamp_time, encode_time
+from mqstore.formats.cq_time import TIME_MAX_MS, clamp_time, decode_time, encode_time
 from mqstore.formats.cq_unit import encode_units
 from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch
 from mqstore.storage.clock import ManualClock
@@ -224,6 +224,31 @@ def test_packed_units_and_times_are_the_bytes_of_one_at_a_time(
     columns = [_int64([r[j] for r in rows]) for j in range(4)]
     got = _core.pack_units(_int64(list(order)), start, *columns, last_time)
     assert got == reference_pack([rows[i] for i in order[start:]], last_time)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    entries=st.lists(
+        st.tuples(st.binary(min_size=20, max_size=20), st.binary(min_size=8, max_size=8))
+    ),
+    packed=st.lists(st.tuples(st.binary(min_size=20, max_size=20), st.integers(0, TIME_MAX_MS))),
+    flip=st.integers(0, 2**16),
+)
+def test_the_compiled_time_check_is_decode_times_verdict(
+    entries: list[tuple[bytes, bytes]], packed: list[tuple[bytes, int]], flip: int
+) -> None:
+    """_core.time_entries_ok passes an entry exactly when cq_time.decode_time does: written
+    entries (one with a flipped bit), and any bytes."""
+    pairs = entries + [(unit, encode_time(unit, t)) for unit, t in packed]
+    if pairs:
+        unit, entry = pairs[flip % len(pairs)]
+        bit = flip % 64
+        pairs[flip % len(pairs)] = (unit, (int.from_bytes(entry) ^ (1 << bit)).to_bytes(8))
+    units = b"".join(u for u, _ in pairs)
+    times = b"".join(e for _, e in pairs)
+    got = list(_core.time_entries_ok(units, times))
+    assert got == [int(decode_time(u, e) is not None) for u, e in pairs]
+    assert list(_core.time_entries_ok(units, times + b"\0" * 8)) == got  # no unit: not looked at
 
 
 def test_pack_units_refuses_rows_outside_the_frame_and_short_columns() -> None:

@@ -55,8 +55,9 @@ import numpy.typing as npt
 from pyspark.sql import functions as sf
 
 from mqstore.errors import InvalidArgument
+from mqstore.formats import _core
 from mqstore.formats import index_file as ifmt
-from mqstore.formats.cq_time import TIME_BYTES, decode_time
+from mqstore.formats.cq_time import TIME_BYTES
 from mqstore.formats.cq_unit import BLANK_SIZE, UNIT_BYTES, UNIT_DTYPE
 from mqstore.spark.jobs import derived
 from mqstore.spark.jobs.common import (
@@ -229,15 +230,7 @@ def live_queue_columns(
         if has:
             words = np.frombuffer(entries, dtype=">u8", count=has)
             stored[:has] = (words >> np.uint64(16)).astype(np.int64)
-            unit_at, entry_at = memoryview(raw), memoryview(entries)
-            ok[:has] = [
-                decode_time(
-                    unit_at[i * UNIT_BYTES : (i + 1) * UNIT_BYTES],
-                    entry_at[i * TIME_BYTES : (i + 1) * TIME_BYTES],
-                )
-                is not None
-                for i in range(has)
-            ]
+            ok[:has] = np.frombuffer(_core.time_entries_ok(raw, entries), dtype=np.bool_)
         picked = units[where]
         parts.append(
             (
