@@ -227,3 +227,20 @@ def test_a_wrong_log_or_index_path_is_a_usage_error(log_store: LogStore, tmp_pat
         result = CliRunner().invoke(cli, ["spark", "audit", *args])
         assert result.exit_code == audit.EXIT_USAGE, result.output
         assert str(tmp_path) in result.output
+
+
+def test_a_time_entry_failing_its_check_is_one_mismatch(
+    spark: Any, log_store: LogStore, tmp_path: Path
+) -> None:
+    """A time entry whose check no longer matches its unit (its last byte flipped): one finding,
+    mismatched, that says the entry fails its check; its neighbours compare clean."""
+    cq = tmp_path / "cq"
+    shutil.copytree(log_store.cq_dir, cq)
+    times = cq / derived.CQ_TIMES_TREE / "orders" / "0" / offset_to_file_name(0)
+    last = 4 * 8 + 7
+    _poke(times, last, bytes([times.read_bytes()[last] ^ 0xFF]))
+    report = audit.audit(
+        spark, str(log_store.log_dir), cq_dir=str(cq), index_dir=None, units_per_file=UNITS_PER_FILE
+    )
+    assert [(f.kind, f.location) for f in report.findings] == [("mismatched", "orders/0@4")]
+    assert "fails its check" in report.findings[0].detail
