@@ -106,6 +106,124 @@ cdef inline int64_t stored_record_crc(const unsigned char *record_end, int props
     return DAMAGED_RECORD_CRC_ if kept >= RECORD_CRC_FIXED_BYTES_KEPT_MIN_ else NO_RECORD_CRC_
 
 
+# Why a record fails read_record's checks, in read_record's order of checks: check()'s answer
+# names them (record_columns turns each, with the numbers beside it, into read_record's reason);
+# the walks only stop at any of them.
+cdef enum:
+    FAIL_FEW_BYTES = 1  # fewer than 8 bytes
+    FAIL_BLANK = 2  # the end-of-file blank
+    FAIL_MAGIC = 3  # a: the magic code
+    FAIL_TOTAL_FIT = 4  # a: TOTALSIZE, b: the bytes of its slot
+    FAIL_SHORT_HEADER = 5  # a: TOTALSIZE
+    FAIL_BODY_LEN = 6  # a: BODYLENGTH
+    FAIL_TOPIC_LEN_PAST = 7
+    FAIL_TOPIC_LEN = 8  # a: the topic length
+    FAIL_PROPS_NEG = 9  # a: the properties length
+    FAIL_ADD_UP = 10  # a: TOTALSIZE, b: what the fields add up to
+    FAIL_TOPIC_UTF8 = 11
+    FAIL_TOPIC_EMPTY = 12
+    FAIL_PROPS_END = 13
+    FAIL_CRC_DAMAGED = 14
+    FAIL_RECORD_CRC = 15
+    FAIL_BODY_CRC = 16
+    FAIL_OFFSET = 17  # a: PHYSICALOFFSET, b: the offset expected
+    FAIL_NOT_WHOLE = 18  # a record shorter than its slot: a: TOTALSIZE, b: the slot
+
+cdef int32_t BLANK_MAGIC_ = <int32_t>0xCBD43194
+
+
+# A record's framing, as record_frame reads it.
+cdef struct Frame:
+    int32_t magic
+    int32_t flags
+    int64_t total
+    int64_t header  # the bytes before the body (TOTALSIZE .. BODYLENGTH)
+    int64_t body_len
+    int64_t topic_at  # the topic's first byte
+    int64_t topic_len
+    int64_t props_len
+    int64_t a  # the figures a failure names
+    int64_t b
+
+
+cdef inline int record_frame(const unsigned char *p, int64_t room, Frame *f) noexcept nogil:
+    """read_record's checks of the record at `p`, `room` bytes before its slot or range ends,
+    up to the properties length adding up to TOTALSIZE: 0, or the first FAIL_ code (with f.a,
+    f.b). The topic's own check, the properties' end, the CRC and the offset come after."""
+    if room < 8:
+        return FAIL_FEW_BYTES
+    f.total = mq_be_i32(p + TOTALSIZE_POS)
+    f.magic = mq_be_i32(p + MAGIC_POS)
+    if f.magic == BLANK_MAGIC_:
+        return FAIL_BLANK
+    if f.magic != MAGIC_V1_ and f.magic != MAGIC_V2_:
+        f.a = f.magic
+        return FAIL_MAGIC
+    if f.total < RECORD_BYTES_MIN_ or f.total > room:
+        f.a, f.b = f.total, room
+        return FAIL_TOTAL_FIT
+    f.flags = mq_be_i32(p + SYSFLAG_POS_)
+    f.header = HEADER_V4_V4_BYTES
+    if f.flags & BORNHOST_V6:
+        f.header += V6_EXTRA_BYTES
+    if f.flags & STOREHOST_V6:
+        f.header += V6_EXTRA_BYTES
+    if f.total < f.header + 3:
+        f.a = f.total
+        return FAIL_SHORT_HEADER
+    f.body_len = mq_be_i32(p + f.header - 4)
+    if f.body_len < 0 or f.header + f.body_len > f.total:
+        f.a = f.body_len
+        return FAIL_BODY_LEN
+    f.topic_at = f.header + f.body_len
+    if f.magic == MAGIC_V2_:
+        if f.topic_at + 2 > f.total:
+            return FAIL_TOPIC_LEN_PAST
+        f.topic_len = mq_be_i16(p + f.topic_at)
+        f.topic_at += 2
+    else:
+        if f.topic_at + 1 > f.total:
+            return FAIL_TOPIC_LEN_PAST
+        f.topic_len = p[f.topic_at]
+        f.topic_at += 1
+    if f.topic_len < 0 or f.topic_at + f.topic_len + 2 > f.total:
+        f.a = f.topic_len
+        return FAIL_TOPIC_LEN
+    f.props_len = mq_be_i16(p + f.topic_at + f.topic_len)
+    if f.props_len < 0:
+        f.a = f.props_len
+        return FAIL_PROPS_NEG
+    if f.topic_at + f.topic_len + 2 + f.props_len != f.total:
+        f.a, f.b = f.total, f.topic_at + f.topic_len + 2 + f.props_len
+        return FAIL_ADD_UP
+    return 0
+
+
+cdef inline int record_tail(
+    const unsigned char *p, const Frame *f, bint check_crc, int64_t *stored
+) noexcept:
+    """read_record's checks after the topic's: the properties' end byte, then (`check_crc`)
+    the whole-record CRC where the record carries the property, else the body's. 0, or the
+    FAIL_ code. `stored`: the whole-record CRC the record holds (stored_record_crc), once the
+    properties end as they must."""
+    if f.props_len and p[f.total - 1] != PROPERTIES_END_BYTE_:
+        return FAIL_PROPS_END
+    stored[0] = stored_record_crc(p + f.total, <int>f.props_len)
+    if not check_crc:
+        return 0
+    if stored[0] == DAMAGED_RECORD_CRC_:
+        return FAIL_CRC_DAMAGED
+    if stored[0] >= 0:
+        if (mq_crc32(0, p, <size_t>(f.total - RECORD_CRC_BYTES_)) & CRC_MASK) != stored[0]:
+            return FAIL_RECORD_CRC
+    elif f.body_len > 0:
+        if <int64_t>(mq_crc32(0, p + f.header, <size_t>f.body_len) & CRC_MASK) != mq_be_i32(
+            p + BODYCRC_POS
+        ):
+            return FAIL_BODY_CRC
+    return 0
+
+
 cdef class _Buffer:
     """A held buffer (Py_buffer), released by `release` or on collection."""
 

@@ -180,11 +180,11 @@ def read_log_columns(
     cdef const unsigned char *p
     cdef const unsigned char *q
     cdef const unsigned char *seg
-    cdef Py_ssize_t remaining, rows = 0, pairs = 0, i, k, seg_len, sep, first_pair
+    cdef Py_ssize_t rows = 0, pairs = 0, i, k, seg_len, sep, first_pair
     cdef int64_t total, header, body_len, at, topic_len, props_len, stored, props_end
     cdef int64_t offset
-    cdef int32_t magic, flags, born_len, store_len, topic_index = -1, tags, keys, uniq
-    cdef uint32_t crc
+    cdef int32_t flags, born_len, store_len, topic_index = -1, tags, keys, uniq
+    cdef Frame f
     cdef int why = STOP_END
     cdef bint keep = True, ascii
     cdef list cols = [ColumnBuffer() for _ in range(ALL_COLUMNS)]
@@ -230,43 +230,13 @@ def read_log_columns(
                 break
             why = STOP_RECORD
             # Every check of read_record, as _core_walk.pxi's walk makes them.
-            remaining = end - pos
-            if remaining < 8:
-                break
             p = data + pos
-            magic = mq_be_i32(p + MAGIC_POS)
-            if magic != MAGIC_V1_ and magic != MAGIC_V2_:
+            if record_frame(p, end - pos, &f):
                 break
-            total = mq_be_i32(p + TOTALSIZE_POS)
-            if total < RECORD_BYTES_MIN_ or total > remaining:
-                break
-            flags = mq_be_i32(p + SYSFLAG_POS_)
+            total, header, body_len, flags = f.total, f.header, f.body_len, f.flags
+            at, topic_len, props_len = f.topic_at, f.topic_len, f.props_len
             born_len = 20 if flags & BORNHOST_V6 else 8
             store_len = 20 if flags & STOREHOST_V6 else 8
-            header = 72 + born_len + store_len
-            if total < header + 3:
-                break
-            body_len = mq_be_i32(p + header - 4)
-            if body_len < 0 or header + body_len > total:
-                break
-            at = header + body_len
-            if magic == MAGIC_V2_:
-                if at + 2 > total:
-                    break
-                topic_len = mq_be_i16(p + at)
-                at += 2
-            else:
-                if at + 1 > total:
-                    break
-                topic_len = p[at]
-                at += 1
-            if topic_len < 0 or at + topic_len + 2 > total:
-                break
-            props_len = mq_be_i16(p + at + topic_len)
-            if props_len < 0 or at + topic_len + 2 + props_len != total:
-                break
-            if props_len and p[total - 1] != PROPERTIES_END_BYTE_:
-                break
             if not _same(last_raw, p + at, topic_len):
                 found = None
                 for j in range(min(len(topic_raws), TOPICS_SCANNED_MAX)):
@@ -292,18 +262,8 @@ def read_log_columns(
                 last_raw = raw
                 topic_index = found
                 keep = topic_keep[topic_index]
-            stored = stored_record_crc(p + total, <int>props_len)
-            if check_crc:
-                if stored == DAMAGED_RECORD_CRC_:
-                    break
-                if stored >= 0:
-                    crc = mq_crc32(0, p, <size_t>(total - RECORD_CRC_BYTES_)) & CRC_MASK
-                    if crc != stored:
-                        break
-                elif body_len > 0:
-                    crc = mq_crc32(0, p + header, <size_t>body_len) & CRC_MASK
-                    if <int64_t>crc != mq_be_i32(p + BODYCRC_POS):
-                        break
+            if record_tail(p, &f, check_crc, &stored):
+                break
             offset = base_offset + pos
             if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != offset:
                 break

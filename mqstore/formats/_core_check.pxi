@@ -11,28 +11,6 @@ from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyObject_CheckBuff
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.string cimport memcpy
 
-# What check() says of a record that fails, in read_record's order of checks: record_columns
-# turns each (with the numbers beside it) into read_record's reason.
-cdef enum:
-    FAIL_FEW_BYTES = 1  # fewer than 8 bytes
-    FAIL_BLANK = 2  # the end-of-file blank
-    FAIL_MAGIC = 3  # a: the magic code
-    FAIL_TOTAL_FIT = 4  # a: TOTALSIZE, b: the bytes of its slot
-    FAIL_SHORT_HEADER = 5  # a: TOTALSIZE
-    FAIL_BODY_LEN = 6  # a: BODYLENGTH
-    FAIL_TOPIC_LEN_PAST = 7
-    FAIL_TOPIC_LEN = 8  # a: the topic length
-    FAIL_PROPS_NEG = 9  # a: the properties length
-    FAIL_ADD_UP = 10  # a: TOTALSIZE, b: what the fields add up to
-    FAIL_TOPIC_UTF8 = 11
-    FAIL_TOPIC_EMPTY = 12
-    FAIL_PROPS_END = 13
-    FAIL_CRC_DAMAGED = 14
-    FAIL_RECORD_CRC = 15
-    FAIL_BODY_CRC = 16
-    FAIL_OFFSET = 17  # a: PHYSICALOFFSET, b: the offset expected
-    FAIL_NOT_WHOLE = 18  # a record shorter than its slot: a: TOTALSIZE, b: the slot
-
 # The columns of check()'s answer, each n int64s, one after the other.
 cdef enum:
     COL_START = 0
@@ -45,7 +23,6 @@ cdef enum:
     COL_BODY_END = 7
     CHECK_COLUMNS_ = 8
 
-cdef int32_t BLANK_MAGIC_ = <int32_t>0xCBD43194
 CHECK_COLUMNS = CHECK_COLUMNS_
 
 
@@ -177,112 +154,53 @@ cdef tuple _check(
     cdef bytes raw
     cdef object verdict_of
     cdef const unsigned char *p
-    cdef int64_t start = 0, slot, total, header, body_len, topic_at, topic_len, props_len
-    cdef int64_t stored, a, b
-    cdef int32_t magic, flags
+    cdef int64_t start = 0, slot, stored
+    cdef Frame f
     cdef int64_t flags_any = 0
     cdef int fail
-    cdef uint32_t crc
     for i in range(n):
         slot = size[i]
         p = data + start
         col[COL_START * n + i] = start
         col[COL_END * n + i] = start + slot
-        fail = 0
-        a = b = 0
-        body_len = 0
-        header = HEADER_V4_V4_BYTES
+        f.a = f.b = 0
         # read_record's checks, in its order.
-        if slot < 8:
-            fail = FAIL_FEW_BYTES
-        else:
-            total = mq_be_i32(p + TOTALSIZE_POS)
-            magic = mq_be_i32(p + MAGIC_POS)
-            if magic == BLANK_MAGIC_:
-                fail = FAIL_BLANK
-            elif magic != MAGIC_V1_ and magic != MAGIC_V2_:
-                fail, a = FAIL_MAGIC, magic
-            elif total < RECORD_BYTES_MIN_ or total > slot:
-                fail, a, b = FAIL_TOTAL_FIT, total, slot
-        if not fail:
-            flags = mq_be_i32(p + SYSFLAG_POS_)
-            if flags & BORNHOST_V6:
-                header += V6_EXTRA_BYTES
-            if flags & STOREHOST_V6:
-                header += V6_EXTRA_BYTES
-            if total < header + 3:
-                fail, a = FAIL_SHORT_HEADER, total
-        if not fail:
-            body_len = mq_be_i32(p + header - 4)
-            if body_len < 0 or header + body_len > total:
-                fail, a = FAIL_BODY_LEN, body_len
-        if not fail:
-            topic_at = header + body_len
-            if magic == MAGIC_V2_:
-                if topic_at + 2 > total:
-                    fail = FAIL_TOPIC_LEN_PAST
-                else:
-                    topic_len = mq_be_i16(p + topic_at)
-                    topic_at += 2
-            else:
-                if topic_at + 1 > total:
-                    fail = FAIL_TOPIC_LEN_PAST
-                else:
-                    topic_len = p[topic_at]
-                    topic_at += 1
-        if not fail and (topic_len < 0 or topic_at + topic_len + 2 > total):
-            fail, a = FAIL_TOPIC_LEN, topic_len
-        if not fail:
-            props_len = mq_be_i16(p + topic_at + topic_len)
-            if props_len < 0:
-                fail, a = FAIL_PROPS_NEG, props_len
-            elif topic_at + topic_len + 2 + props_len != total:
-                fail, a, b = FAIL_ADD_UP, total, topic_at + topic_len + 2 + props_len
+        fail = record_frame(p, slot, &f)
         if not fail:
             # The topic: most records name the one before's, compared in place.
             if (
                 last_raw is None
-                or PyBytes_GET_SIZE(last_raw) != topic_len
-                or memcmp(PyBytes_AS_STRING(last_raw), p + topic_at, <size_t>topic_len) != 0
+                or PyBytes_GET_SIZE(last_raw) != f.topic_len
+                or memcmp(PyBytes_AS_STRING(last_raw), p + f.topic_at, <size_t>f.topic_len) != 0
             ):
-                raw = PyBytes_FromStringAndSize(<const char *>(p + topic_at), topic_len)
+                raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
                 verdict_of = topics.get(raw)
                 fail = _topic_verdict(topics, raw) if verdict_of is None else verdict_of
                 if not fail:
                     last_raw = raw
-        if not fail and props_len and p[total - 1] != PROPERTIES_END_BYTE_:
-            fail = FAIL_PROPS_END
-        if not fail and check_crc:
-            stored = stored_record_crc(p + total, <int>props_len)
-            if stored == DAMAGED_RECORD_CRC_:
-                fail = FAIL_CRC_DAMAGED
-            elif stored >= 0:
-                crc = mq_crc32(0, p, <size_t>(total - RECORD_CRC_BYTES_)) & CRC_MASK
-                if crc != stored:
-                    fail = FAIL_RECORD_CRC
-            elif body_len > 0:
-                crc = mq_crc32(0, p + header, <size_t>body_len) & CRC_MASK
-                if <int64_t>crc != mq_be_i32(p + BODYCRC_POS):
-                    fail = FAIL_BODY_CRC
+        if not fail:
+            fail = record_tail(p, &f, check_crc, &stored)
         if not fail and expected != NULL and expected[i] >= 0:
             if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != expected[i]:
-                fail, a, b = FAIL_OFFSET, mq_be_i64(p + PHYSICAL_OFFSET_POS_), expected[i]
-        if not fail and total != slot:
-            fail, a, b = FAIL_NOT_WHOLE, total, slot
+                fail = FAIL_OFFSET
+                f.a, f.b = mq_be_i64(p + PHYSICAL_OFFSET_POS_), expected[i]
+        if not fail and f.total != slot:
+            fail = FAIL_NOT_WHOLE
+            f.a, f.b = f.total, slot
         if fail:
-            failed.append((i, fail, a, b))
+            failed.append((i, fail, f.a, f.b))
             if want_bodies:
                 bodies.append(b"")
         else:
             col[COL_QUEUE_ID * n + i] = mq_be_i32(p + QUEUE_ID_POS_)
             col[COL_QUEUE_OFFSET * n + i] = mq_be_i64(p + QUEUE_OFFSET_POS_)
             col[COL_PHYSICAL_OFFSET * n + i] = mq_be_i64(p + PHYSICAL_OFFSET_POS_)
-            col[COL_SYS_FLAG * n + i] = flags
-            col[COL_BODY_START * n + i] = start + header
-            col[COL_BODY_END * n + i] = start + header + body_len
-            flags_any |= flags
+            col[COL_SYS_FLAG * n + i] = f.flags
+            col[COL_BODY_START * n + i] = start + f.header
+            col[COL_BODY_END * n + i] = start + f.header + f.body_len
+            flags_any |= f.flags
             if want_bodies:
-                bodies.append(PyBytes_FromStringAndSize(<const char *>(p + header), body_len))
+                bodies.append(PyBytes_FromStringAndSize(<const char *>(p + f.header), f.body_len))
         start += slot
     return columns, bodies, failed, flags_any
 

@@ -81,11 +81,10 @@ def walk(
         raise ValueError(f"walk of [{pos}, {end}) over a buffer of {size} bytes")
     cdef const unsigned char *data = <const unsigned char *>held.view.buf
     cdef const unsigned char *p
-    cdef Py_ssize_t remaining, count = 0
-    cdef int64_t total, header, body_len, at, topic_len, props_len, stored, queue_offset
-    cdef int32_t magic, flags, queue_id
-    cdef uint32_t crc
-    cdef bint v2
+    cdef Py_ssize_t count = 0
+    cdef int64_t stored, queue_offset
+    cdef int32_t flags, queue_id
+    cdef Frame f
     cdef dict topics = {}
     cdef dict table = queue_table
     cdef bytes last_raw = None
@@ -98,53 +97,16 @@ def walk(
     memset(slots, 0, sizeof(slots))
     try:
         while pos < end:
-            remaining = end - pos
-            if remaining < 8:
-                break
             p = data + pos
-            magic = mq_be_i32(p + MAGIC_POS)
-            if magic != MAGIC_V1_ and magic != MAGIC_V2_:
+            if record_frame(p, end - pos, &f):
                 break  # a blank, or no record
-            total = mq_be_i32(p + TOTALSIZE_POS)
-            if total < RECORD_BYTES_MIN_ or total > remaining:
-                break
-            flags = mq_be_i32(p + SYSFLAG_POS_)
-            header = HEADER_V4_V4_BYTES
-            if flags & BORNHOST_V6:
-                header += V6_EXTRA_BYTES
-            if flags & STOREHOST_V6:
-                header += V6_EXTRA_BYTES
-            if total < header + 3:
-                break
-            body_len = mq_be_i32(p + header - 4)
-            if body_len < 0 or header + body_len > total:
-                break
-            at = header + body_len
-            v2 = magic == MAGIC_V2_
-            if v2:
-                if at + 2 > total:
-                    break
-                topic_len = mq_be_i16(p + at)
-                at += 2
-            else:
-                if at + 1 > total:
-                    break
-                topic_len = p[at]
-                at += 1
-            if topic_len < 0 or at + topic_len + 2 > total:
-                break
-            props_len = mq_be_i16(p + at + topic_len)
-            if props_len < 0 or at + topic_len + 2 + props_len != total:
-                break
-            if props_len and p[total - 1] != PROPERTIES_END_BYTE_:
-                break
             # The topic: most records name the one before's, compared in place.
             if (
                 last_raw is None
-                or PyBytes_GET_SIZE(last_raw) != topic_len
-                or memcmp(PyBytes_AS_STRING(last_raw), p + at, <size_t>topic_len) != 0
+                or PyBytes_GET_SIZE(last_raw) != f.topic_len
+                or memcmp(PyBytes_AS_STRING(last_raw), p + f.topic_at, <size_t>f.topic_len) != 0
             ):
-                raw = PyBytes_FromStringAndSize(<const char *>(p + at), topic_len)
+                raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
                 name = topics.get(raw, topics)
                 if name is topics:
                     name = _topic_of(topics, raw)
@@ -152,18 +114,9 @@ def walk(
                     break
                 last_raw = raw
                 topic = name
-            if check_crc:
-                stored = stored_record_crc(p + total, <int>props_len)
-                if stored == DAMAGED_RECORD_CRC_:
-                    break
-                if stored >= 0:
-                    crc = mq_crc32(0, p, <size_t>(total - RECORD_CRC_BYTES_)) & CRC_MASK
-                    if crc != stored:
-                        break
-                elif body_len > 0:
-                    crc = mq_crc32(0, p + header, <size_t>body_len) & CRC_MASK
-                    if <int64_t>crc != mq_be_i32(p + BODYCRC_POS):
-                        break
+            if record_tail(p, &f, check_crc, &stored):
+                break
+            flags = f.flags
             if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
                 break
             if (
@@ -186,7 +139,7 @@ def walk(
                     slot.top = queue_offset
                 elif queue_offset > slot.top:
                     slot.top = queue_offset
-            pos += total
+            pos += f.total
             count += 1
         if table is not None:
             for i in range(QUEUE_SLOTS):
