@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,11 @@ def test_spark_bench_quick_prints_its_figures() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "plain Python sequential read:" in result.stdout
-    assert "x the sequential read" in result.stdout
+    assert "plain Python chunked read:" in result.stdout
+    assert "sequential read (read_ranges, no Spark):" in result.stdout
+    assert re.search(
+        r"spark read \(local, \d+ cores\): [\d,]+ rows/s \([\d.]+x the chunked read\)",
+        result.stdout,
+    ), result.stdout
     assert "export to Parquet:" in result.stdout
+    assert re.search(r"audit of \d+ records: [\d.]+ s", result.stdout), result.stdout
