@@ -90,8 +90,8 @@ INDEX_RESULTS_MAX = 1_024
 ITER_PAGE_SIZE_DEFAULT = 256
 # The index stores an entry's time in whole seconds from its file's begin time: an entry's
 # indexed time lies in (store time - 1 s, store time]. index_svc answers a window exactly to the
-# millisecond (it checks the records' store times), but one that predates that matched at this
-# resolution; iter_key pages safely against both.
+# millisecond (it checks the records' store times); iter_key's pages also hold at this
+# resolution.
 INDEX_TIME_RESOLUTION_MS = 1_000
 # Replica GetStatus calls in flight at once for status() and shard discovery.
 STATUS_FANOUT_MAX = 16

@@ -304,7 +304,7 @@ class RequestAnswer:
     store_timestamp_ms: int = 0
     duplicate: bool = False
     # One-message shares stored (producer.py's messages, `at` set): resolved together by
-    # resolve_stored (a take of the futures' lock per message was a tenth of a send's time).
+    # resolve_stored, one take of the futures' lock for them all.
     stored: list[Any] = field(default_factory=list)
 
     @classmethod

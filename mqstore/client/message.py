@@ -52,7 +52,7 @@ from mqstore.rpc.messages import host_text
 if TYPE_CHECKING:
     from mqstore.formats.record_columns import CheckedRecords
 
-# Every field, in the order of the constructor and of repr (the dataclass this class was).
+# Every field, in the order of the constructor and of repr.
 FIELDS: Final = (
     "topic",
     "queue_id",
