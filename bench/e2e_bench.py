@@ -153,6 +153,7 @@ class Store:
             extra={"commitlog_svc": list(log_args or [])},
             local_reads=False,
             ready_timeout_s=READY_TIMEOUT_S,
+            segment_bytes=None,
         )
         self.log = self.cluster.commitlog
         self.channels: list[grpc.Channel] = []

@@ -138,7 +138,7 @@ def client(
 
 def measure(shards: int, plan: Plan, base: Path, ctx: mp.context.SpawnContext) -> Result:
     root = Path(tempfile.mkdtemp(prefix=f"index-scale-{shards}-", dir=base))
-    cluster = Cluster(root, flush="async", extra={"index_svc": INDEX_ARGS})
+    cluster = Cluster(root, flush="async", extra={"index_svc": INDEX_ARGS}, segment_bytes=None)
     try:
         cluster.start_commitlog()
         names = [f"index-{n}" for n in range(shards)]

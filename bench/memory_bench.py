@@ -85,7 +85,7 @@ def run_store(
                 "free: lower --units-per-file"
             )
     extra = {"cq_svc": cq_args, "index_svc": list(INDEX_DEFAULT_ARGS)}
-    cluster = start_all(Cluster(root, flush="async", extra=extra))
+    cluster = start_all(Cluster(root, flush="async", extra=extra, segment_bytes=None))
     samples = []
     try:
         settings = settings_of(cluster)

@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=args.flush,
         extra={"index_svc": INDEX_DEFAULT_ARGS},
         local_reads=not args.no_local_reads,
+        segment_bytes=None,
     )
     profilers: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:

@@ -195,7 +195,10 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         cluster = start_store(
-            Path(tmp) / "store", flush="async", local_reads=not args.no_local_reads
+            Path(tmp) / "store",
+            flush="async",
+            local_reads=not args.no_local_reads,
+            segment_bytes=None,
         )
         try:
             settings = settings_of(cluster)

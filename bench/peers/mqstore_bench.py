@@ -331,7 +331,7 @@ def run(ctx: Context) -> None:
     for flush in ("async", "sync"):
         store_root = ctx.root / f"mqstore-{flush}"
         ctx.say(f"mqstore: starting the three services (flush {flush})")
-        cluster = start_store(store_root, flush=flush, extra=extra)
+        cluster = start_store(store_root, flush=flush, extra=extra, segment_bytes=None)
         # The whole-record CRC's cost: a twin store without it, produced to right after each
         # produce run of the store with it (flush async only), so both see the same machine.
         # Replication's: a group of three replicas, produced to right after each flush-sync
@@ -341,7 +341,9 @@ def run(ctx: Context) -> None:
         try:
             if flush == "async":
                 twin_extra = {**extra, "commitlog_svc": [*disk_flags, "--record-crc", "false"]}
-                twin = start_store(ctx.root / "mqstore-no-crc", flush=flush, extra=twin_extra)
+                twin = start_store(
+                    ctx.root / "mqstore-no-crc", flush=flush, extra=twin_extra, segment_bytes=None
+                )
             else:
                 ctx.say("mqstore: starting a broker group of three replicas (flush sync)")
                 group = replicated.start_group(ctx.root / "mqstore-group", disk_flags)

@@ -20,6 +20,10 @@ from mqstore.rpc.gen.index.v1 import index_pb2_grpc
 
 EPHEMERAL = ["--port", "0", "--health-port", "0", "--metrics-port", "0"]
 
+# Segment size of a test store, as `mqstore up`'s laptop store: the services' default (1 GiB,
+# preallocated) times the dozens of stores a test run starts would fill a CI machine's disk.
+TEST_SEGMENT_BYTES = 64 << 20
+
 
 class Cluster:
     """commitlog_svc plus any number of cq_svc / index_svc replicas, each its own process."""
@@ -32,7 +36,10 @@ class Cluster:
         extra: dict[str, list[str]] | None = None,
         local_reads: bool = True,
         ready_timeout_s: float = READY_TIMEOUT_S,
+        segment_bytes: int | None = TEST_SEGMENT_BYTES,
     ) -> None:
+        """`segment_bytes`: the commit log's --file-bytes (None: the service's default, as the
+        benchmarks measure it); a --file-bytes in `extra` wins over it."""
         self.root = root
         self.flush = flush
         self.ready_timeout_s = ready_timeout_s
@@ -42,7 +49,8 @@ class Cluster:
         self.extra = extra or {}
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.commitlog = self._process("commitlog_svc", "commitlog", ["--flush", flush])
+        sized = [] if segment_bytes is None else ["--file-bytes", str(segment_bytes)]
+        self.commitlog = self._process("commitlog_svc", "commitlog", ["--flush", flush, *sized])
         self.followers: dict[str, ServiceProcess] = {}
         self._channels: dict[str, grpc.Channel] = {}
 
@@ -166,9 +174,14 @@ def start_store(
     flush: str = "sync",
     extra: dict[str, list[str]] | None = None,
     local_reads: bool = True,
+    segment_bytes: int | None = TEST_SEGMENT_BYTES,
 ) -> Cluster:
     """commitlog_svc, one cq_svc ("cq") and one index_svc ("index", small files), all ready."""
-    return start_all(Cluster(root, flush=flush, extra=extra, local_reads=local_reads))
+    return start_all(
+        Cluster(
+            root, flush=flush, extra=extra, local_reads=local_reads, segment_bytes=segment_bytes
+        )
+    )
 
 
 def start_all(c: Cluster) -> Cluster:

@@ -18,7 +18,7 @@ from commitlog_svc.config import CommitLogConfig
 from commitlog_svc.messages import MessageIn
 from mqstore.formats import sysflag
 from mqstore.formats.properties import encode_properties
-from mqstore.testing.cluster import Cluster, start_all
+from mqstore.testing.cluster import TEST_SEGMENT_BYTES, Cluster, start_all
 
 ZLIB = sysflag.COMPRESSED | sysflag.COMPRESSION_ZLIB
 POISONED_TOPIC = "Poisoned"
@@ -36,7 +36,7 @@ class PoisonedStore:
 
 def write_with_the_engine(data_dir: Path) -> dict[int, int]:
     """POISONED_TOPIC's queues, written by the CommitLog library into `data_dir`."""
-    engine = CommitLog(CommitLogConfig(data_dir=str(data_dir)))
+    engine = CommitLog(CommitLogConfig(data_dir=str(data_dir), file_bytes=TEST_SEGMENT_BYTES))
     engine.open()
     poison = {}
     try:

@@ -16,8 +16,11 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
 from mqstore.storage.disk import Disk
+from mqstore.testing.cluster import TEST_SEGMENT_BYTES
 
 EPHEMERAL = ["--port", "0", "--health-port", "0", "--metrics-port", "0"]
+# A commit log's segment size here (a restart on its data must pass the same).
+SEGMENT_ARGS = ["--file-bytes", str(TEST_SEGMENT_BYTES)]
 # Tiny index files (63 keys each) so that a few hundred messages roll over several files.
 INDEX_GEOMETRY = ["--slot-num", "16", "--entry-num", "64", "--flush-interval-ms", "50"]
 
@@ -60,7 +63,7 @@ def start_commitlog(root: Path, name: str = "commitlog", *args: str) -> ServiceP
     process = ServiceProcess(
         "commitlog_svc",
         str(root / name),
-        args=[*EPHEMERAL, *args],
+        args=[*EPHEMERAL, *SEGMENT_ARGS, *args],
         log_path=str(logs / f"{name}.log"),
     )
     process.start()

@@ -18,7 +18,13 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.gen.index.v1 import index_pb2 as pb
 from mqstore.rpc.gen.index.v1 import index_pb2_grpc
-from tests.index_svc.conftest import EPHEMERAL, INDEX_GEOMETRY, Launch, start_commitlog
+from tests.index_svc.conftest import (
+    EPHEMERAL,
+    INDEX_GEOMETRY,
+    SEGMENT_ARGS,
+    Launch,
+    start_commitlog,
+)
 from tests.index_svc.support import Appended, append, health_status, offsets_of, wait_applied
 
 KEYS = 7  # keys r-0 .. r-6, spread over every batch
@@ -130,7 +136,7 @@ def check_unavailable_then_answers(
     again = ServiceProcess(
         "commitlog_svc",
         commitlog.data_dir,
-        args=[*EPHEMERAL[:1], str(port), *EPHEMERAL[2:]],
+        args=[*EPHEMERAL[:1], str(port), *EPHEMERAL[2:], *SEGMENT_ARGS],
         log_path=commitlog.log_path,
     )
     again.start()

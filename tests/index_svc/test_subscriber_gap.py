@@ -14,7 +14,7 @@ from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.rpc.subscriber import Subscriber, wait_until
-from tests.index_svc.conftest import EPHEMERAL, start_commitlog
+from tests.index_svc.conftest import EPHEMERAL, SEGMENT_ARGS, start_commitlog
 from tests.index_svc.support import append
 
 
@@ -59,7 +59,7 @@ def test_a_replaced_log_makes_the_subscriber_catch_up_again(tmp_path: Path) -> N
         replacement = ServiceProcess(
             "commitlog_svc",
             second.data_dir,
-            args=[EPHEMERAL[0], str(port), *EPHEMERAL[2:]],
+            args=[EPHEMERAL[0], str(port), *EPHEMERAL[2:], *SEGMENT_ARGS],
             log_path=second.log_path,
         )
         replacement.start()
