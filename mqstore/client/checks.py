@@ -15,12 +15,14 @@ from mqstore.client.errors import InvalidArgument
 from mqstore.formats.record import validate_topic
 from mqstore.limits import MessageLimits, validate_group
 
-# RocketMQ's client pulls 32 messages per request (pullBatchSize), but a Pull costs a Python
-# client and server about 0.3 ms whatever its size: 32 a Pull caps a consumer near 100k msg/s,
-# 256 puts the call under 1.5 us a message. A queue holds at most two batches (the one handed
-# out and one pulled ahead): 512 messages, 512 KiB at 1 KiB each. The server caps at 1,024.
-PULL_MESSAGES_DEFAULT = 256
+# A pull's size. A Pull has a fixed cost in a Python client and server whatever its size, so a
+# consumer asks for as many messages as the server gives (1,024), and bounds the bytes instead,
+# as Kafka's max.partition.fetch.bytes (1 MiB): the first message comes whatever its size. A
+# queue holds at most two batches on the client (the one handed out and one pulled ahead), so
+# a consumer buffers at most 2 MiB a queue, and one message more when it is larger.
+PULL_MESSAGES_DEFAULT = 1_024
 PULL_MESSAGES_MAX = 1_024
+PULL_BYTES_DEFAULT = 1 << 20
 
 OnBadRecord = Literal["raise", "skip"]
 

@@ -42,6 +42,7 @@ import grpc
 
 from mqstore.client.answers import ConsumerStats
 from mqstore.client.buffer import PULL, Buffer
+from mqstore.client.checks import PULL_BYTES_DEFAULT
 from mqstore.client.errors import ClientError, from_rpc_error
 from mqstore.client.follow import FollowStream
 from mqstore.client.retry import OutageRetry
@@ -110,6 +111,7 @@ class PullCalls:
             queue_id=queue_id,
             offset=offset,
             max_messages=self.max_messages if max_messages is None else max_messages,
+            max_bytes=PULL_BYTES_DEFAULT,
             tags=self.tags if tags is None else tags,
             long_poll_ms=long_poll_ms,
             report_bad_records=True,
