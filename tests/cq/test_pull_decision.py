@@ -1,6 +1,7 @@
-"""decide_pull walks chunks of units as columns; here it is pinned to RocketMQ's walk unit by
-unit (the form it had before, kept below as the reference) over random queues: blanks, sizes
-near the byte cap, tag filters, files that end mid-window and units no file holds."""
+"""decide_pull walks each run of units with the compiled core (formats/_core_pull.pxi); here
+it, and that walk on its own, are pinned to RocketMQ's walk unit by unit (kept below as the
+reference) over random queues: blanks, sizes near the byte cap, negative sizes, tag filters,
+files that end mid-window and units no file holds."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cq_svc.store import PullResult, PullStatus, UnitColumns, decide_pull
+from cq_svc.store import PullResult, PullStatus, UnitRun, decide_pull
 from mqstore.formats import _core
 from mqstore.formats.cq_unit import BLANK_SIZE, UNIT, Unit
 
@@ -47,9 +48,9 @@ class ListSource:
                 break
         return out
 
-    def scan(self, offset: int, max_units: int) -> UnitColumns | None:
+    def scan(self, offset: int, max_units: int) -> UnitRun | None:
         units = self._scan(offset, max_units)
-        return None if units is None else UnitColumns.of_units(units)
+        return None if units is None else UnitRun.of_units(units)
 
     def roll_next(self, offset: int) -> int:
         return offset + 1
@@ -148,7 +149,7 @@ def queues(draw: st.DrawFn, blanks: bool = True) -> tuple[ListSource, int]:
 
 def pulls(*, plain: bool) -> st.SearchStrategy[tuple[object, ...]]:
     """decide_pull's arguments and limits; `plain`: a queue without blanks and no tag filter
-    (the usual pull, which decide_pull walks by a shortcut)."""
+    (the usual pull)."""
     return st.tuples(
         queues(blanks=not plain),
         st.integers(0, 80),  # 0: not what the service asks (it means "the default"), still exact
@@ -164,13 +165,15 @@ def pulls(*, plain: bool) -> st.SearchStrategy[tuple[object, ...]]:
 def test_a_walk_without_blanks_or_filter_decides_as_rocketmq_unit_by_unit(
     pull: tuple[object, ...],
 ) -> None:
-    """The usual pull (decide_pull's shortcut for a chunk with nothing to step over)."""
+    """The usual pull: nothing to step over, every unit taken until the batch is full."""
     _decides_as_rocketmq(*pull)  # type: ignore[arg-type]
 
 
 @settings(max_examples=PULL_EXAMPLES, deadline=None)
 @given(pulls(plain=False))
-def test_the_column_walk_decides_as_rocketmq_unit_by_unit(pull: tuple[object, ...]) -> None:
+def test_a_walk_with_blanks_and_filters_decides_as_rocketmq_unit_by_unit(
+    pull: tuple[object, ...],
+) -> None:
     _decides_as_rocketmq(*pull)  # type: ignore[arg-type]
 
 
