@@ -34,7 +34,7 @@ from cq_svc.queue_files import FileQueue, QueueState
 from cq_svc.store import (
     PullResult,
     RecoveryReport,
-    UnitColumns,
+    UnitRun,
     decide_pull,
     plain_run_start,
 )
@@ -463,9 +463,9 @@ class _FilePullSource:
             return 0, 0
         return self._fq.state.min_offset, self._fq.state.max_offset
 
-    def scan(self, offset: int, max_units: int) -> UnitColumns | None:
+    def scan(self, offset: int, max_units: int) -> UnitRun | None:
         assert self._fq is not None
-        return self._fq.read_unit_columns(offset, max_units, one_file=True)
+        return self._fq.read_unit_run(offset, max_units)
 
     def roll_next(self, offset: int) -> int:
         assert self._fq is not None

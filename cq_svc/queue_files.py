@@ -40,9 +40,8 @@ import os
 from collections.abc import Callable
 
 import numpy as np
-import numpy.typing as npt
 
-from cq_svc.store import UnitColumns
+from cq_svc.store import UnitRun
 from mqstore.errors import check
 from mqstore.formats.cq_time import (
     TIME_BYTES,
@@ -346,7 +345,8 @@ class FileQueue:
         if runs is None:
             return None
         out: list[Unit] = []
-        for start, units in runs:
+        for start, raw in runs:
+            units = np.frombuffer(raw, dtype=UNIT_DTYPE)
             n = len(units)
             tmf, tpos = self._locate(self.times, start, TIME_BYTES)
             # A time is the top 48 bits of its 8-byte entry.
@@ -363,44 +363,33 @@ class FileQueue:
             )
         return out
 
-    def read_unit_columns(
-        self, offset: int, max_units: int, *, one_file: bool
-    ) -> UnitColumns | None:
-        """read_units as columns, without times (what a pull decides over)."""
-        runs = self._unit_runs(offset, max_units, one_file=one_file)
+    def read_unit_run(self, offset: int, max_units: int) -> UnitRun | None:
+        """Up to `max_units` units from `offset` (below max) as stored, in the file holding it:
+        what a pull walks. None when no file holds `offset`."""
+        runs = self._unit_runs(offset, max_units, one_file=True)
         if runs is None:
             return None
-        parts = [
-            UnitColumns(
-                np.arange(start, start + len(units), dtype=np.int64),
-                units["phy"].astype(np.int64),
-                units["size"].astype(np.int64),
-                units["tags"].astype(np.int64),
-            )
-            for start, units in runs
-        ]
-        return UnitColumns.concat(parts)
+        return UnitRun(*runs[0]) if runs else UnitRun(offset, b"")
 
     def _unit_runs(
         self, offset: int, max_units: int, *, one_file: bool
-    ) -> list[tuple[int, npt.NDArray[np.void]]] | None:
-        """(first queue offset, units as UNIT_DTYPE records) for each file read from; None
-        when no file holds `offset`."""
+    ) -> list[tuple[int, bytes | bytearray]] | None:
+        """(first queue offset, its units' bytes) for each file read from; None when no file
+        holds `offset`."""
         end = self.state.max_offset
         if offset >= end or max_units <= 0:
             return []
         mf = self.units.find_mapped_file_by_offset(offset * UNIT_BYTES)
         if mf is None:
             return None
-        runs: list[tuple[int, npt.NDArray[np.void]]] = []
+        runs: list[tuple[int, bytes | bytearray]] = []
         left = max_units
         while mf is not None and left > 0 and offset < end:
             pos = offset * UNIT_BYTES - mf.file_from_offset
             stop_units = min(end - offset, left, (mf.file_size - pos) // UNIT_BYTES)
             if stop_units > 0:
-                # A view: both callers copy the columns out before they return.
-                raw = mf.read_buf[pos : pos + stop_units * UNIT_BYTES]
-                runs.append((offset, np.frombuffer(raw, dtype=UNIT_DTYPE)))
+                # A slice of the mapped file is a copy: the file may be unmapped once we return.
+                runs.append((offset, mf.read_buf[pos : pos + stop_units * UNIT_BYTES]))
                 left -= stop_units
             offset += stop_units
             if one_file or offset >= end:

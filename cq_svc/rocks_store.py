@@ -37,7 +37,7 @@ from cq_svc.config import CqConfig
 from cq_svc.store import (
     PullResult,
     RecoveryReport,
-    UnitColumns,
+    UnitRun,
     decide_pull,
     plain_run_start,
 )
@@ -258,18 +258,24 @@ class RocksCqStore:
 
     def _units(self, st: _QState, offset: int, count: int) -> list[Unit]:
         """Consecutive units from `offset`, stopping at the first missing row (multiGet)."""
-        out: list[Unit] = []
-        db = self._db_()
         unpack = L.UNIT_VALUE.unpack
+        return [
+            Unit(offset + i, *unpack(raw)) for i, raw in enumerate(self._values(st, offset, count))
+        ]
+
+    def _values(self, st: _QState, offset: int, count: int) -> list[bytes]:
+        """The unit rows' values (L.UNIT_VALUE) from `offset`, up to the first missing row."""
+        out: list[bytes] = []
+        db = self._db_()
         prefix = st.prefix
         while count > 0:
             n = min(count, _RANGE_CHUNK)
             keys: Any = [L.unit_key(prefix, offset + i) for i in range(n)]
             values: Any = db.get(keys)
-            for i, raw in enumerate(values):
+            for raw in values:
                 if raw is None:
                     return out
-                out.append(Unit(offset + i, *unpack(raw)))
+                out.append(raw)
             offset += n
             count -= n
         return out
@@ -676,10 +682,10 @@ class _RocksPullSource:
         st = self._st
         return (st.min_offset, st.max_offset) if st is not None else (0, 0)
 
-    def scan(self, offset: int, max_units: int) -> UnitColumns | None:
+    def scan(self, offset: int, max_units: int) -> UnitRun | None:
         assert self._st is not None
-        units = self._store._units(self._st, offset, max_units)
-        return UnitColumns.of_units(units) if units else None
+        values = self._store._values(self._st, offset, max_units)
+        return UnitRun(offset, b"".join(values), L.UNIT_VALUE.size) if values else None
 
     def roll_next(self, offset: int) -> int:
         # No files to roll over: a missing row is skipped one offset at a time.

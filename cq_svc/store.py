@@ -28,7 +28,7 @@ import numpy.typing as npt
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 from mqstore.formats import _core
 from mqstore.formats.cq_time import Boundary
-from mqstore.formats.cq_unit import BLANK_SIZE, UNIT_BYTES, Unit
+from mqstore.formats.cq_unit import UNIT_BYTES, Unit, encode_units
 
 
 class PullStatus(enum.StrEnum):
@@ -95,11 +95,6 @@ class UnitColumns:
             self.queue_offset[rows], self.phy[rows], self.size[rows], self.tags[rows]
         )
 
-    def blank(self) -> npt.NDArray[np.bool_]:
-        """Per unit: a fill-blank unit (points at no message)."""
-        blank: npt.NDArray[np.bool_] = (self.size == BLANK_SIZE) & (self.phy == 0)
-        return blank
-
     def units(self) -> list[Unit]:
         """As Unit objects (no store time: a pull does not read it)."""
         return list(
@@ -111,6 +106,28 @@ class UnitColumns:
                 self.tags.tolist(),
             )
         )
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRun:
+    """Consecutive units from queue offset `first` as a store holds them: `data` has them
+    `stride` bytes apart, each starting with the 20-byte unit of cq_unit.py (the file store's
+    unit bytes, stride 20; the rocks store's values, stride 28 with the store time after the
+    unit). What a pull walks (formats/_core_pull.pxi) without decoding a unit it does not
+    take."""
+
+    first: int
+    data: bytes | bytearray
+    stride: int = UNIT_BYTES
+
+    def __len__(self) -> int:
+        return len(self.data) // self.stride
+
+    @classmethod
+    def of_units(cls, units: Sequence[Unit]) -> UnitRun:
+        """Units of consecutive queue offsets (none: an empty run at 0)."""
+        first = units[0].queue_offset if units else 0
+        return cls(first, encode_units((u.commit_log_offset, u.size, u.tags_code) for u in units))
 
 
 @dataclass(slots=True)
@@ -246,8 +263,9 @@ class PullSource(Protocol):
     def bounds(self) -> tuple[int, int]:
         """(min, max) offsets of the queue; (0, 0) for an unknown queue."""
 
-    def scan(self, offset: int, max_units: int) -> UnitColumns | None:
-        """Units from `offset` within the store's travel bound; None when nothing holds it."""
+    def scan(self, offset: int, max_units: int) -> UnitRun | None:
+        """Units from `offset` within the store's travel bound, at most `max_units`; None when
+        nothing holds `offset`."""
 
     def roll_next(self, offset: int) -> int:
         """Where to go on after OFFSET_FOUND_NULL at `offset`."""
@@ -277,9 +295,9 @@ def decide_pull(
     RocketMQ walks unit by unit: a blank unit is stepped over; before any other unit the batch
     is full when it holds max_messages, or the unit would take it past the byte cap, or it is
     at the cap already; a unit the tag filter refuses is counted and skipped; the rest are
-    taken. Here each chunk of units is walked at once over columns: the running count and
-    bytes taken before each unit are cumulative sums, and the first unit where the batch is
-    full ends the pull (tests/cq/test_pull_decision.py pins this to the unit-by-unit walk)."""
+    taken. Each run of units the source scans is walked so by the compiled core
+    (formats/_core_pull.pxi), over the units as stored; tests/cq/test_pull_decision.py pins
+    it to the unit-by-unit walk."""
     lo, hi = source.bounds()
     if hi == 0:
         return PullResult(PullStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
@@ -289,10 +307,10 @@ def decide_pull(
         return PullResult(PullStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
     if offset > hi:
         return PullResult(PullStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
-    wanted = np.fromiter(frozenset(tags_codes), dtype=np.int64)
+    wanted = np.array(sorted(frozenset(tags_codes)), dtype=np.int64)
     max_pull_bytes = min(max(max_bytes, 100), pull_bytes_cap)
     # Units scanned: max(maxFilterMessageSize, maxMsgNums * 20) bytes of consume queue, read in
-    # chunks so that a pull of 32 does not decode the whole window.
+    # chunks so that a pull of 32 does not read the whole window.
     window = min(max(max_filter_bytes, max_messages * UNIT_BYTES) // UNIT_BYTES, hi - offset)
     # Without a filter the batch fills from the first units (one extra shows the batch full).
     chunk = max(2 * max_messages, _SCAN_CHUNK_MIN) if len(wanted) else max_messages + 1
@@ -302,52 +320,29 @@ def decide_pull(
     total = 0  # their bytes
     at = offset
     while at < offset + window:
-        cols = source.scan(at, min(chunk, offset + window - at))
-        if cols is None:
+        run = source.scan(at, min(chunk, offset + window - at))
+        if run is None:
             if at == offset:
                 return PullResult(PullStatus.OFFSET_FOUND_NULL, source.roll_next(offset), lo, hi)
             break
-        n = len(cols)
+        n = len(run)
         if not n:
             break
-        blank = cols.blank()
-        if not len(wanted) and not blank.any() and int(cols.size.min()) >= 0:
-            # Every unit is taken until the batch is full: where it fills follows from the
-            # running bytes alone (a dozen numpy calls fewer than the walk below, a pull).
-            stop, total = _plain_stop(cols.size, count, total, max_messages, max_pull_bytes)
-            if stop:
-                result.next_begin_offset = int(cols.queue_offset[stop - 1]) + 1
-                parts.append(cols.select(slice(0, stop)))
-                count += stop
-        else:
-            kept = ~blank
-            if len(wanted):
-                kept &= np.isin(cols.tags, wanted)
-            kept_count = kept.astype(np.int64)
-            kept_size = np.where(kept, cols.size, 0)
-            taken_before = count + np.cumsum(kept_count) - kept_count
-            bytes_before = total + np.cumsum(kept_size) - kept_size
-            full = ~blank & (
-                (
-                    (taken_before > 0)
-                    & (
-                        (taken_before + 1 > max_messages)
-                        | (bytes_before + cols.size > max_pull_bytes)
-                    )
-                )
-                | (bytes_before >= max_pull_bytes)
+        out = np.empty((4, n), dtype=np.int64)
+        stop, taken, filtered, total = _core.pull_walk(
+            run.data, run.stride, run.first, wanted, count, total, max_messages, max_pull_bytes, out
+        )
+        if stop:
+            result.next_begin_offset = run.first + stop  # refused and blank units too
+        if taken:
+            parts.append(
+                UnitColumns(out[0, :taken], out[1, :taken], out[2, :taken], out[3, :taken])
             )
-            stop = int(np.argmax(full)) if bool(full.any()) else n
-            if stop:
-                result.next_begin_offset = int(cols.queue_offset[stop - 1]) + 1  # misses too
-                walked = kept[:stop]
-                result.filtered += int(np.count_nonzero(~blank[:stop] & ~walked))
-                parts.append(cols.select(np.flatnonzero(walked)))
-                count += int(np.count_nonzero(walked))
-                total += int(kept_size[:stop].sum())
+            count += taken
+        result.filtered += filtered
         if stop < n:
             break  # isTheBatchFull
-        at = int(cols.queue_offset[-1]) + 1
+        at = run.first + n
         if source.one_file_per_pull and at % source.units_per_file == 0:
             break  # travelCqFileNumWhenGetMessage = 1: one file per pull
     result.taken = UnitColumns.concat(parts)
@@ -357,23 +352,3 @@ def decide_pull(
 
 
 _SCAN_CHUNK_MIN = 64
-
-
-def _plain_stop(
-    size: IntArray, count: int, total: int, max_messages: int, max_pull_bytes: int
-) -> tuple[int, int]:
-    """The walk of decide_pull over a chunk with no blank, no filter and no negative size:
-    (how many of its units are taken, the bytes taken then). Unit i is where the batch is full
-    when units were taken before it and it would be one too many or take the bytes past the
-    cap, or when the bytes before it reach the cap."""
-    ends = total + np.cumsum(size)  # bytes taken once unit i is (sizes >= 0: ascending)
-    n = len(ends)
-    # By count: the first unit with units taken before it and one too many with it.
-    stop = min(n, max(max_messages - count, 0 if count else 1))
-    past = int(np.searchsorted(ends, max_pull_bytes, side="right"))  # first end over the cap
-    stop = min(stop, past if count + past > 0 else 1)
-    if total >= max_pull_bytes:
-        stop = 0
-    else:
-        stop = min(stop, int(np.searchsorted(ends, max_pull_bytes, side="left")) + 1)
-    return stop, int(ends[stop - 1]) if stop else total

@@ -119,3 +119,17 @@ def read_log_columns(
     topics_kept: frozenset[str] | None,
     rows_max: int,
 ) -> tuple[int, int, int, int, list[ColumnBuffer], list[str], list[bytes]]: ...
+
+# _core_pull.pxi
+
+def pull_walk(
+    units: Buffer,
+    stride: int,
+    first: int,
+    wanted: Int64s,
+    count: int,
+    total: int,
+    max_messages: int,
+    max_pull_bytes: int,
+    out: npt.NDArray[np.int64],
+) -> tuple[int, int, int, int]: ...

@@ -1,17 +1,21 @@
-"""decide_pull walks chunks of units as columns; here it is pinned to RocketMQ's walk unit by
-unit (the form it had before, kept below as the reference) over random queues: blanks, sizes
-near the byte cap, tag filters, files that end mid-window and units no file holds."""
+"""decide_pull walks each run of units with the compiled core (formats/_core_pull.pxi); here
+it, and that walk on its own, are pinned to RocketMQ's walk unit by unit (kept below as the
+reference) over random queues: blanks, sizes near the byte cap, negative sizes, tag filters,
+files that end mid-window and units no file holds."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cq_svc.store import PullResult, PullStatus, UnitColumns, decide_pull
-from mqstore.formats.cq_unit import BLANK_SIZE, Unit
+from cq_svc.store import PullResult, PullStatus, UnitRun, decide_pull
+from mqstore.formats import _core
+from mqstore.formats.cq_unit import BLANK_SIZE, UNIT, Unit
 
 _SCAN_CHUNK_MIN = 64
 
@@ -44,9 +48,9 @@ class ListSource:
                 break
         return out
 
-    def scan(self, offset: int, max_units: int) -> UnitColumns | None:
+    def scan(self, offset: int, max_units: int) -> UnitRun | None:
         units = self._scan(offset, max_units)
-        return None if units is None else UnitColumns.of_units(units)
+        return None if units is None else UnitRun.of_units(units)
 
     def roll_next(self, offset: int) -> int:
         return offset + 1
@@ -145,7 +149,7 @@ def queues(draw: st.DrawFn, blanks: bool = True) -> tuple[ListSource, int]:
 
 def pulls(*, plain: bool) -> st.SearchStrategy[tuple[object, ...]]:
     """decide_pull's arguments and limits; `plain`: a queue without blanks and no tag filter
-    (the usual pull, which decide_pull walks by a shortcut)."""
+    (the usual pull)."""
     return st.tuples(
         queues(blanks=not plain),
         st.integers(0, 80),  # 0: not what the service asks (it means "the default"), still exact
@@ -161,13 +165,15 @@ def pulls(*, plain: bool) -> st.SearchStrategy[tuple[object, ...]]:
 def test_a_walk_without_blanks_or_filter_decides_as_rocketmq_unit_by_unit(
     pull: tuple[object, ...],
 ) -> None:
-    """The usual pull (decide_pull's shortcut for a chunk with nothing to step over)."""
+    """The usual pull: nothing to step over, every unit taken until the batch is full."""
     _decides_as_rocketmq(*pull)  # type: ignore[arg-type]
 
 
 @settings(max_examples=PULL_EXAMPLES, deadline=None)
 @given(pulls(plain=False))
-def test_the_column_walk_decides_as_rocketmq_unit_by_unit(pull: tuple[object, ...]) -> None:
+def test_a_walk_with_blanks_and_filters_decides_as_rocketmq_unit_by_unit(
+    pull: tuple[object, ...],
+) -> None:
     _decides_as_rocketmq(*pull)  # type: ignore[arg-type]
 
 
@@ -205,3 +211,96 @@ def test_a_full_batch_stops_at_the_count_and_at_the_byte_cap() -> None:
     by_bytes = decide_pull(source, 0, 32, 250, (), max_filter_bytes=0, pull_bytes_cap=1 << 20)
     assert [u.queue_offset for u in by_bytes.units] == [0, 1]
     assert by_bytes.next_begin_offset == 2
+
+
+def reference_walk(
+    units: list[Unit],
+    wanted: frozenset[int],
+    count: int,
+    total: int,
+    max_messages: int,
+    max_pull_bytes: int,
+) -> tuple[int, list[Unit], int, int]:
+    """reference_pull's walk over one run: (stop, taken, filtered, total after)."""
+    taken: list[Unit] = []
+    filtered = 0
+    for i, u in enumerate(units):
+        if u.is_blank:
+            continue
+        if count and (count + 1 > max_messages or total + u.size > max_pull_bytes):
+            return i, taken, filtered, total
+        if total >= max_pull_bytes:
+            return i, taken, filtered, total
+        if wanted and u.tags_code not in wanted:
+            filtered += 1
+            continue
+        taken.append(u)
+        count += 1
+        total += u.size
+    return len(units), taken, filtered, total
+
+
+_I64 = st.integers(-(1 << 63), (1 << 63) - 1)
+_UNITS = st.lists(
+    st.tuples(
+        st.sampled_from([0, 0, 1, 5_000, 1 << 62, -1]),  # phy (0 with BLANK_SIZE: a blank)
+        st.sampled_from([BLANK_SIZE, BLANK_SIZE, -(1 << 31), -7, 0, 1, 60, 1_000, 4_000]),
+        st.one_of(st.integers(-2, 4), _I64),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=PULL_EXAMPLES, deadline=None)
+@given(
+    first=st.integers(0, 1 << 40),
+    raw_units=_UNITS,
+    wanted=st.frozensets(st.one_of(st.integers(-2, 4), _I64), max_size=4),
+    stride=st.sampled_from([20, 28, 33]),
+    count=st.integers(0, 6),
+    total=st.integers(-5_000, 6_000),
+    max_messages=st.integers(0, 40),
+    max_pull_bytes=st.sampled_from([0, 100, 2_500, 60_000, 1 << 40]),
+)
+def test_the_compiled_walk_over_one_run_is_rocketmqs_unit_by_unit(
+    first: int,
+    raw_units: list[tuple[int, int, int]],
+    wanted: frozenset[int],
+    stride: int,
+    count: int,
+    total: int,
+    max_messages: int,
+    max_pull_bytes: int,
+) -> None:
+    """Blanks, non-blanks of the blank's size, negative and zero sizes, any tags code, a batch
+    already part full or past its cap, and units stored with trailing bytes (rocks: 28)."""
+    units = [Unit(first + i, phy, size, tags) for i, (phy, size, tags) in enumerate(raw_units)]
+    pad = b"\xa5" * (stride - UNIT.size)
+    data = b"".join(UNIT.pack(phy, size, tags) + pad for phy, size, tags in raw_units)
+    out = np.full((4, len(units)), -9, dtype=np.int64)
+    codes = np.array(sorted(wanted), dtype=np.int64)
+    stop, taken, filtered, after = _core.pull_walk(
+        data, stride, first, codes, count, total, max_messages, max_pull_bytes, out
+    )
+    want_stop, want_taken, want_filtered, want_after = reference_walk(
+        units, wanted, count, total, max_messages, max_pull_bytes
+    )
+    assert (stop, taken, filtered, after) == (
+        want_stop,
+        len(want_taken),
+        want_filtered,
+        want_after,
+    )
+    got = [Unit(*row) for row in out[:, :taken].T.tolist()]
+    assert got == want_taken
+
+
+def test_the_compiled_walk_refuses_a_short_stride_or_out_buffer() -> None:
+    data = UNIT.pack(1, 10, 0) * 3
+    none = np.zeros(0, dtype=np.int64)
+    with pytest.raises(ValueError, match="stride"):
+        _core.pull_walk(data, 8, 0, none, 0, 0, 32, 1 << 20, np.empty((4, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match="out buffer"):
+        _core.pull_walk(data, 20, 0, none, 0, 0, 32, 1 << 20, np.empty((4, 2), dtype=np.int64))
+    with pytest.raises(ValueError, match="whole entries"):
+        _core.pull_walk(data[:-1], 20, 0, none, 0, 0, 32, 1 << 20, np.empty((4, 3), dtype=np.int64))
