@@ -5,7 +5,7 @@
     waiter.wait(timeout_s)                        # woken by notify, cancel, close or the time
     watch.unregister(waiter)
 
-The sink calls `notify_entries` after every applied dispatch batch: only waiters of the queues
+The sink calls `notify` with the queues of every applied dispatch batch: only waiters of the queues
 the batch touched wake (an event each, no shared condition, so a batch for one queue does not
 stir every waiting call). A waiter registered before its caller's last look cannot miss a
 batch applied after that look: the batch sets its event, and `wait` returns at once.
@@ -28,7 +28,6 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
-from mqstore.dispatch import DispatchEntry
 from mqstore.errors import ResourceExhausted
 
 Key = tuple[str, int]
@@ -148,13 +147,6 @@ class QueueWatch:
                     waiter.wake(key)
                     woken += 1
         return woken
-
-    def notify_entries(self, entries: Sequence[DispatchEntry]) -> int:
-        """Wake the waiters of the queues `entries` touched (nothing to compute when nobody
-        waits: the dispatch path pays one attribute read)."""
-        if not self._count:
-            return 0
-        return self.notify({(e.topic, e.queue_id) for e in entries})
 
     def notify_all(self) -> int:
         """Wake every waiter (the handshake changed queues under them)."""

@@ -203,10 +203,9 @@ class Subscriber:
             if isinstance(self._channel, LeaderChannel)
             else SUBSCRIBE_BACKOFF_MAX_S,
         )
-        stub = pb_grpc.CommitLogStub(self._channel)
         while not self._stop.is_set():
             try:
-                got_frames = self._follow(stub)
+                got_frames = self._follow()
             except grpc.RpcError as err:
                 got_frames = False
                 if not self._stop.is_set():
@@ -242,7 +241,7 @@ class Subscriber:
                 backoff.reset()
             self._stop.wait(backoff.next_s())
 
-    def _follow(self, stub: pb_grpc.CommitLogStub) -> bool:
+    def _follow(self) -> bool:
         with self._agree_lock:
             request = pb.SubscribeRequest(
                 subscriber_id=self.subscriber_id,

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from cq_svc import receipts
 from cq_svc.watch import QueueWatch
-from mqstore.dispatch import DispatchEntry
 from mqstore.errors import InvalidArgument, ResourceExhausted
 
 
@@ -50,22 +49,18 @@ def test_a_receipt_is_bound_to_its_group_topic_and_queue(
         receipts.decode(handle, group, topic, queue_id)
 
 
-def _entry(topic: str, queue_id: int) -> DispatchEntry:
-    return DispatchEntry(topic, queue_id, 0, 0, 100, 0, 0)
-
-
 def test_a_batch_applied_between_the_last_look_and_the_wait_is_not_missed() -> None:
     watch = QueueWatch(4)
     waiter = watch.register(("T", 0))
     # ... the caller looks, finds nothing; the batch lands before it starts waiting ...
-    assert watch.notify_entries([_entry("T", 0)]) == 1
+    assert watch.notify({("T", 0)}) == 1
     assert waiter.wait(10.0)  # returns at once: the event was set
 
 
 def test_only_the_waiters_of_the_touched_queues_wake() -> None:
     watch = QueueWatch(4)
     mine, other = watch.register(("T", 0)), watch.register(("T", 1))
-    assert watch.notify_entries([_entry("T", 0), _entry("U", 1)]) == 1
+    assert watch.notify({("T", 0), ("U", 1)}) == 1
     assert mine.wait(0)
     assert not other.wait(0)
 
@@ -101,14 +96,14 @@ def test_one_waiter_over_many_queues_keeps_the_ones_woken_and_counts_once() -> N
     waiter = watch.register_many([("T", 0), ("T", 1), ("U", 0)])
     assert watch.waiting == 1
     assert not waiter.wait(0)
-    assert watch.notify_entries([_entry("T", 1), _entry("V", 0)]) == 1
-    assert watch.notify_entries([_entry("U", 0)]) == 1
+    assert watch.notify({("T", 1), ("V", 0)}) == 1
+    assert watch.notify({("U", 0)}) == 1
     assert waiter.wait(0)
     assert waiter.take() == {("T", 1), ("U", 0)}
     assert not waiter.wait(0)  # take re-armed it
     assert waiter.take() == set()
     # A wake between the take and the wait is kept, key and all.
-    watch.notify_entries([_entry("T", 0)])
+    watch.notify({("T", 0)})
     assert waiter.wait(10.0)
     assert waiter.take() == {("T", 0)}
     # The long polls' bound is theirs: a follow's waiter takes none of it (its stream has a
@@ -123,4 +118,4 @@ def test_one_waiter_over_many_queues_keeps_the_ones_woken_and_counts_once() -> N
     watch.unregister(waiter)
     watch.unregister(waiter)  # twice: harmless
     assert watch.waiting == 2
-    assert watch.notify_entries([_entry("T", 1)]) == 0  # no longer registered anywhere
+    assert watch.notify({("T", 1)}) == 0  # no longer registered anywhere
