@@ -27,7 +27,7 @@ cancellations it made itself. The Consumer decides what an error means (consumer
     IdleWait    long polling off (long_poll_ms=0): a short pause between rounds
 
 Every fetch goes through `PullCalls`, which makes the consumer's PullRequests (its topic,
-tags and batch size; report_bad_records) and counts each answer in `stats.pulls`.
+tags, batch size and byte cap; report_bad_records) and counts each answer in `stats.pulls`.
 """
 
 from __future__ import annotations
