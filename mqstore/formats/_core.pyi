@@ -119,3 +119,22 @@ def read_log_columns(
     topics_kept: frozenset[str] | None,
     rows_max: int,
 ) -> tuple[int, int, int, int, list[ColumnBuffer], list[str], list[bytes]]: ...
+
+# _core_dispatch.pxi
+
+DISPATCH_END: Final[int]
+DISPATCH_PAST: Final[int]
+DISPATCH_RECORD: Final[int]
+
+def dispatch_columns(
+    buf: Buffer,
+    pos: int,
+    limit: int,
+    readable: int,
+    base_offset: int,
+    topic_index: dict[bytes, int],
+    topics: list[str],
+    include_keys: bool,
+    rows_max: int,
+    bytes_max: int,
+) -> tuple[int, int, int, int, tuple[list[Any], ...]]: ...

@@ -1,0 +1,195 @@
+# Dispatch columns straight from a segment's records (commitlog_svc/dispatch_scan.py): included
+# by _core.pyx, whose header definitions it reads records with.
+
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.string cimport memchr
+
+# Why dispatch_columns stopped.
+cdef enum:
+    DISPATCH_END_ = 0  # at the limit, or rows_max rows / bytes_max bytes taken
+    DISPATCH_PAST_ = 1  # at a valid record that ends past the limit: the next call's
+    DISPATCH_RECORD_ = 2  # at a record it does not take: read_record decides what is there
+
+DISPATCH_END = DISPATCH_END_
+DISPATCH_PAST = DISPATCH_PAST_
+DISPATCH_RECORD = DISPATCH_RECORD_
+
+# The properties a dispatch entry carries (properties.py's TAGS, KEYS, UNIQ_KEY).
+cdef enum:
+    PROP_TAGS = 0
+    PROP_KEYS = 1
+    PROP_UNIQ = 2
+cdef const char *PROP_NAMES[3]
+PROP_NAMES[:] = [b"TAGS", b"KEYS", b"UNIQ_KEY"]
+cdef Py_ssize_t PROP_NAME_BYTES[3]
+PROP_NAME_BYTES[:] = [4, 4, 8]
+
+
+cdef void _find_values(
+    const unsigned char *q, Py_ssize_t n, int names, Py_ssize_t *at
+) noexcept nogil:
+    """properties.property_value's match for the first `names` names of PROP_NAMES over q[:n]:
+    at[k] is where the value of the last segment that starts with name k, 0x01 and a byte
+    other than 0x02 begins, -1 when there is none. A segment starts at 0 and after each 0x02."""
+    cdef Py_ssize_t seg = 0, k, m
+    cdef const unsigned char *sep
+    for k in range(names):
+        at[k] = -1
+    while True:
+        for k in range(names):
+            m = PROP_NAME_BYTES[k]
+            if (
+                seg + m + 1 < n
+                and q[seg + m] == 0x01
+                and q[seg + m + 1] != 0x02
+                and memcmp(q + seg, PROP_NAMES[k], <size_t>m) == 0
+            ):
+                at[k] = seg + m + 1
+        sep = <const unsigned char *>memchr(q + seg, 0x02, <size_t>(n - seg))
+        if sep == NULL:
+            return
+        seg = sep - q + 1
+
+
+cdef inline Py_ssize_t _value_end(const unsigned char *q, Py_ssize_t n, Py_ssize_t at) noexcept:
+    cdef const unsigned char *sep = <const unsigned char *>memchr(q + at, 0x02, <size_t>(n - at))
+    return n if sep == NULL else sep - q
+
+
+cdef str _value(const unsigned char *q, Py_ssize_t n, Py_ssize_t at, Py_ssize_t *chars):
+    """property_value's value that begins at q[at] ("" at -1); its length added to `chars`."""
+    if at < 0:
+        return ""
+    cdef str value = PyUnicode_DecodeUTF8(<const char *>(q + at), _value_end(q, n, at) - at,
+                                          "replace")
+    chars[0] += len(value)
+    return value
+
+
+cdef int32_t _tags_code(const unsigned char *v, Py_ssize_t n) except? -1:
+    """javahash.tags_code of v[:n] decoded as property_value decodes it (UTF-8, errors
+    replaced): Java's String.hashCode over its UTF-16 code units."""
+    cdef uint32_t h = 0, cp
+    cdef Py_ssize_t i
+    cdef bint ascii = True
+    for i in range(n):
+        if v[i] & 0x80:
+            ascii = False
+            break
+        h = 31 * h + v[i]
+    if ascii:
+        return <int32_t>h
+    h = 0
+    cdef str text = PyUnicode_DecodeUTF8(<const char *>v, n, "replace")
+    for ch in text:
+        cp = <uint32_t>ord(ch)
+        if cp >= 0x10000:  # a surrogate pair in UTF-16
+            cp -= 0x10000
+            h = 31 * h + (0xD800 + (cp >> 10))
+            cp = 0xDC00 + (cp & 0x3FF)
+        h = 31 * h + cp
+    return <int32_t>h
+
+
+def dispatch_columns(
+    object buf,
+    Py_ssize_t pos,
+    Py_ssize_t limit,
+    Py_ssize_t readable,
+    int64_t base_offset,
+    dict topic_index,
+    list topics,
+    bint include_keys,
+    Py_ssize_t rows_max,
+    int64_t bytes_max,
+):
+    """The dispatch entries of the records from buf[pos:] (whose first byte sits at commit-log
+    offset `base_offset`) that end by `limit`, each accepted by every check read_record(buf,
+    pos, readable, check_crc=True, expected_offset=base_offset + pos) makes: at most `rows_max`
+    of them, and none once `bytes_max` bytes of records are taken. A topic not yet in
+    `topic_index` (raw bytes -> index into `topics`) is added to both.
+
+    Returns (why it stopped, where, bytes taken, key characters, columns): `columns` lists of
+    the entries' topic indexes, queue ids, queue offsets, commit-log offsets, sizes, tags codes
+    (javahash.tags_code of the TAGS value), store timestamps, sysflags, KEYS values and
+    UNIQ_KEY values (property_value's; both empty unless `include_keys`); `key characters` the
+    length of all those values together. At DISPATCH_RECORD the record at the returned position
+    is one read_record does not return as a Record."""
+    cdef _Buffer held = _Buffer(buf)
+    if pos < 0 or limit > readable or readable > held.view.len:
+        held.release()
+        raise ValueError(f"[{pos}, {limit}) of {readable} readable in {held.view.len} bytes")
+    cdef const unsigned char *data = <const unsigned char *>held.view.buf
+    cdef const unsigned char *p
+    cdef const unsigned char *q
+    cdef list topic_indexes = [], queue_ids = [], queue_offsets = [], offsets = [], sizes = []
+    cdef list tags_codes = [], store_timestamps = [], sys_flags = [], keys = [], uniq_keys = []
+    cdef Py_ssize_t rows = 0, key_chars = 0, props_len
+    cdef Py_ssize_t at[3]
+    cdef int names = 3 if include_keys else 1
+    cdef int64_t taken = 0, stored
+    cdef int why = DISPATCH_END_
+    cdef Frame f
+    cdef bytes last_raw = None, raw
+    cdef object index = None, name
+    try:
+        while pos < limit and rows < rows_max and taken < bytes_max:
+            why = DISPATCH_RECORD_
+            p = data + pos
+            if record_frame(p, readable - pos, &f) or record_tail(p, &f, True, &stored):
+                break
+            if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
+                break
+            # The topic: most records name the one before's, compared in place; a new one is
+            # the frame's once its record is taken.
+            name = None
+            if (
+                last_raw is None
+                or PyBytes_GET_SIZE(last_raw) != f.topic_len
+                or memcmp(PyBytes_AS_STRING(last_raw), p + f.topic_at, <size_t>f.topic_len) != 0
+            ):
+                raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
+                index = topic_index.get(raw)
+                if index is None:
+                    name = _topic_of({}, raw)
+                    if name is None:
+                        break
+            if pos + f.total > limit:
+                why = DISPATCH_PAST_
+                break
+            if name is not None:
+                index = len(topics)
+                topics.append(name)
+                topic_index[raw] = index
+            last_raw = raw
+            why = DISPATCH_END_
+            # The properties as read_record returns them: without the whole-record CRC's.
+            q = p + f.topic_at + f.topic_len + 2
+            props_len = f.props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
+            _find_values(q, props_len, names, at)
+            tags_codes.append(
+                0 if at[PROP_TAGS] < 0
+                else _tags_code(q + at[PROP_TAGS], _value_end(q, props_len, at[PROP_TAGS])
+                                - at[PROP_TAGS])
+            )
+            if include_keys:
+                keys.append(_value(q, props_len, at[PROP_KEYS], &key_chars))
+                uniq_keys.append(_value(q, props_len, at[PROP_UNIQ], &key_chars))
+            topic_indexes.append(index)
+            queue_ids.append(mq_be_i32(p + QUEUE_ID_POS_))
+            queue_offsets.append(mq_be_i64(p + QUEUE_OFFSET_POS_))
+            offsets.append(base_offset + pos)
+            sizes.append(f.total)
+            store_timestamps.append(
+                mq_be_i64(p + 56 + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0))
+            )
+            sys_flags.append(f.flags)
+            rows += 1
+            taken += f.total
+            pos += f.total
+    finally:
+        held.release()
+    return why, pos, taken, key_chars, (
+        topic_indexes, queue_ids, queue_offsets, offsets, sizes, tags_codes, store_timestamps,
+        sys_flags, keys, uniq_keys
+    )
