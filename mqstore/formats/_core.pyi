@@ -1,5 +1,6 @@
 """Types of the compiled record core (mqstore/formats/_core.pyx)."""
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 import numpy as np
@@ -138,3 +139,4 @@ def dispatch_columns(
     rows_max: int,
     bytes_max: int,
 ) -> tuple[int, int, int, int, tuple[list[Any], ...]]: ...
+def property_columns(blobs: Iterable[bytes]) -> tuple[list[int], list[str], list[str]]: ...

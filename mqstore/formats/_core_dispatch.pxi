@@ -66,22 +66,21 @@ cdef str _value(const unsigned char *q, Py_ssize_t n, Py_ssize_t at, Py_ssize_t 
     return value
 
 
-cdef int32_t _tags_code(const unsigned char *v, Py_ssize_t n) except? -1:
-    """javahash.tags_code of v[:n] decoded as property_value decodes it (UTF-8, errors
-    replaced): Java's String.hashCode over its UTF-16 code units."""
+cdef int32_t _tags_code(const unsigned char *q, Py_ssize_t n, Py_ssize_t at) except? -1:
+    """javahash.tags_code of the value that begins at q[at] (0 at -1), decoded as _value
+    decodes it: Java's String.hashCode over its UTF-16 code units."""
+    if at < 0:
+        return 0
+    cdef Py_ssize_t i, end = _value_end(q, n, at)
     cdef uint32_t h = 0, cp
-    cdef Py_ssize_t i
-    cdef bint ascii = True
-    for i in range(n):
-        if v[i] & 0x80:
-            ascii = False
+    for i in range(at, end):
+        if q[i] & 0x80:
             break
-        h = 31 * h + v[i]
-    if ascii:
+        h = 31 * h + q[i]
+    else:
         return <int32_t>h
     h = 0
-    cdef str text = PyUnicode_DecodeUTF8(<const char *>v, n, "replace")
-    for ch in text:
+    for ch in PyUnicode_DecodeUTF8(<const char *>(q + at), end - at, "replace"):
         cp = <uint32_t>ord(ch)
         if cp >= 0x10000:  # a surrogate pair in UTF-16
             cp -= 0x10000
@@ -167,11 +166,7 @@ def dispatch_columns(
             q = p + f.topic_at + f.topic_len + 2
             props_len = f.props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
             _find_values(q, props_len, names, at)
-            tags_codes.append(
-                0 if at[PROP_TAGS] < 0
-                else _tags_code(q + at[PROP_TAGS], _value_end(q, props_len, at[PROP_TAGS])
-                                - at[PROP_TAGS])
-            )
+            tags_codes.append(_tags_code(q, props_len, at[PROP_TAGS]))
             if include_keys:
                 keys.append(_value(q, props_len, at[PROP_KEYS], &key_chars))
                 uniq_keys.append(_value(q, props_len, at[PROP_UNIQ], &key_chars))
@@ -193,3 +188,23 @@ def dispatch_columns(
         topic_indexes, queue_ids, queue_offsets, offsets, sizes, tags_codes, store_timestamps,
         sys_flags, keys, uniq_keys
     )
+
+
+def property_columns(object blobs):
+    """(tags codes, KEYS values, UNIQ_KEY values) of each properties blob of `blobs` (bytes),
+    as dispatch_columns finds them in a record (append_frames.py: the columns of an append's
+    messages, read before they are written)."""
+    cdef list tags_codes = [], keys = [], uniq_keys = []
+    cdef Py_ssize_t n, chars = 0
+    cdef Py_ssize_t at[3]
+    cdef const unsigned char *q
+    cdef bytes raw
+    for blob in blobs:
+        raw = blob if type(blob) is bytes else bytes(blob)
+        q = <const unsigned char *>PyBytes_AS_STRING(raw)
+        n = PyBytes_GET_SIZE(raw)
+        _find_values(q, n, 3, at)
+        tags_codes.append(_tags_code(q, n, at[PROP_TAGS]))
+        keys.append(_value(q, n, at[PROP_KEYS], &chars))
+        uniq_keys.append(_value(q, n, at[PROP_UNIQ], &chars))
+    return tags_codes, keys, uniq_keys
