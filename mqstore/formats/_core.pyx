@@ -225,6 +225,30 @@ cdef inline int record_tail(
     return 0
 
 
+cdef inline bint _same(object raw, const unsigned char *p, Py_ssize_t n) noexcept:
+    """Whether bytes `raw` (None: no) are p[:n]: most records name the record before's topic,
+    compared in place."""
+    return (
+        raw is not None
+        and PyBytes_GET_SIZE(raw) == n
+        and memcmp(PyBytes_AS_STRING(raw), p, <size_t>n) == 0
+    )
+
+
+cdef object _topic_of(bytes raw, int *fail):
+    """The topic `raw` names, None when read_record refuses it: `fail` then holds why
+    (FAIL_TOPIC_UTF8, or FAIL_TOPIC_EMPTY: empty or with a NUL)."""
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        fail[0] = FAIL_TOPIC_UTF8
+        return None
+    if not name or "\x00" in name:
+        fail[0] = FAIL_TOPIC_EMPTY
+        return None
+    return name
+
+
 cdef class _Buffer:
     """A held buffer (Py_buffer), released by `release` or on collection."""
 

@@ -127,7 +127,7 @@ def dispatch_columns(
     cdef Py_ssize_t at[3]
     cdef int names = 3 if include_keys else 1
     cdef int64_t taken = 0, stored
-    cdef int why = DISPATCH_END_
+    cdef int why = DISPATCH_END_, fail
     cdef Frame f
     cdef bytes last_raw = None, raw
     cdef object index = None, name
@@ -139,18 +139,12 @@ def dispatch_columns(
                 break
             if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
                 break
-            # The topic: most records name the one before's, compared in place; a new one is
-            # the frame's once its record is taken.
-            name = None
-            if (
-                last_raw is None
-                or PyBytes_GET_SIZE(last_raw) != f.topic_len
-                or memcmp(PyBytes_AS_STRING(last_raw), p + f.topic_at, <size_t>f.topic_len) != 0
-            ):
+            name = None  # a new topic: the frame's once its record is taken
+            if not _same(last_raw, p + f.topic_at, f.topic_len):
                 raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
                 index = topic_index.get(raw)
                 if index is None:
-                    name = _topic_of({}, raw)
+                    name = _topic_of(raw, &fail)
                     if name is None:
                         break
             if pos + f.total > limit:
