@@ -56,22 +56,12 @@ class DispatchProperties:
 
 def dispatch_properties(batches: Sequence[MessageBatch]) -> DispatchProperties:
     """What dispatch needs from each message's properties (the compiled core's
-    property_columns, which dispatch_columns reads records with), a batch without properties
-    nothing at all."""
-    out = DispatchProperties([], [], [])
-    for batch in batches:
-        props = batch.properties
-        if not props:
-            n = len(batch.bodies)
-            out.tags_codes.extend([0] * n)
-            out.keys.extend([""] * n)
-            out.uniq_keys.extend([""] * n)
-            continue
-        tags_codes, keys, uniq_keys = property_columns(props)
-        out.tags_codes.extend(tags_codes)
-        out.keys.extend(keys)
-        out.uniq_keys.extend(uniq_keys)
-    return out
+    property_columns, which dispatch_columns reads records with)."""
+    return DispatchProperties(
+        *property_columns(
+            itertools.chain.from_iterable(b.properties or [b""] * len(b.bodies) for b in batches)
+        )
+    )
 
 
 @dataclass(slots=True)
