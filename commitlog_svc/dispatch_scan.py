@@ -5,8 +5,9 @@ The reference path is `CommitLog.scan` (a `Record` per message, body copied) the
 about 12 us a message. This module produces the same frame (a test pins the two to equal
 output, corruption and end-of-file blanks included) with the compiled core's
 `dispatch_columns` (formats/_core_dispatch.pxi), which takes the records read_record accepts,
-with its checks (the whole-record CRC, or without it the body CRC), into the frame's columns:
-TAGS, KEYS and UNIQ_KEY as `property_value` reads them, topics once per frame.
+with its checks (the whole-record CRC, or without it the body CRC), and writes their entries
+as DispatchBatch wire bytes the frame merges: TAGS, KEYS and UNIQ_KEY as `property_value`
+reads them; topics once per frame.
 
 Where it stops at a record it does not take, `read_record` judges that one record and the same
 `skip_non_record` as `CommitLog.scan` steps over it: to the next valid record, reported as a
@@ -112,15 +113,7 @@ def scan_dispatch(
     # SubscribeResponse is copied (9.5% of the commit log's time under load).
     response = pb.SubscribeResponse()
     batch = response.batch
-    walk = _Walk(
-        include_keys,
-        (batch.topic_indexes, batch.queue_ids, batch.queue_offsets, batch.commit_log_offsets,
-         batch.sizes, batch.tags_codes, batch.store_timestamps_ms, batch.sys_flags)
-        + ((batch.keys, batch.uniq_keys) if include_keys else ()),
-        max_records,
-        max_bytes,
-        on_corrupt,
-    )  # fmt: skip
+    walk = _Walk(batch, include_keys, max_records, max_bytes, on_corrupt)
     offset = from_offset
     while offset < end and walk.entries < max_records and walk.taken < max_bytes:
         mf = log.queue.find_mapped_file_by_offset(offset)
@@ -150,10 +143,10 @@ def scan_dispatch(
 
 @dataclass(slots=True)
 class _Walk:
-    """One frame's walk over the files it spans: the columns go into the frame's fields."""
+    """One frame's walk over the files it spans, its entries merged into `batch`."""
 
+    batch: pb.DispatchBatch
     include_keys: bool
-    fields: tuple[object, ...]  # the batch's repeated fields, in dispatch_columns' order
     max_records: int
     max_bytes: int
     on_corrupt: Callable[[CorruptRange], None] | None
@@ -171,7 +164,7 @@ class _Walk:
         limit = min(readable, end - base)
         pos = offset - base
         while pos < limit and self.entries < self.max_records and self.taken < self.max_bytes:
-            why, pos, taken, key_chars, columns = dispatch_columns(
+            why, pos, taken, entries, key_chars, frame = dispatch_columns(
                 mf.read_buf,
                 pos,
                 limit,
@@ -183,11 +176,10 @@ class _Walk:
                 self.max_records - self.entries,
                 self.max_bytes - self.taken,
             )
-            self.entries += len(columns[0])
+            self.batch.MergeFromString(frame)
+            self.entries += entries
             self.taken += taken
             self.key_chars += key_chars
-            for field, values in zip(self.fields, columns, strict=False):
-                field.extend(values)  # type: ignore[attr-defined]
             if why != DISPATCH_RECORD:
                 break  # the limit, a bound, or a record past the limit (the next call's)
             found = read_record(

@@ -1,7 +1,7 @@
 # Dispatch columns straight from a segment's records (commitlog_svc/dispatch_scan.py): included
 # by _core.pyx, whose header definitions it reads records with.
 
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.string cimport memchr
 
 # Why dispatch_columns stopped.
@@ -90,6 +90,44 @@ cdef int32_t _tags_code(const unsigned char *q, Py_ssize_t n, Py_ssize_t at) exc
     return <int32_t>h
 
 
+# The DispatchBatch fields (commitlog.proto) dispatch_columns writes, as wire-format keys:
+# field number << 3 | wire type (0: varint, 2: length-delimited).
+cdef enum:
+    WIRE_TOPIC_INDEX = 4 << 3
+    WIRE_QUEUE_ID = 5 << 3
+    WIRE_QUEUE_OFFSET = 6 << 3
+    WIRE_OFFSET = 7 << 3
+    WIRE_SIZE = 8 << 3
+    WIRE_TAGS_CODE = 9 << 3
+    WIRE_STORE_TIMESTAMP = 10 << 3
+    WIRE_SYS_FLAG = 11 << 3
+    WIRE_KEYS = 12 << 3 | 2
+    WIRE_UNIQ_KEY = 13 << 3 | 2
+    WIRE_ENTRY_BYTES_MAX = 8 * 11  # 8 one-byte keys and varints of at most 10 bytes
+
+
+cdef inline Py_ssize_t _field(unsigned char *out, unsigned char key, uint64_t v) noexcept:
+    """A field's key, then a value as a varint (a negative int64: 10 bytes)."""
+    cdef Py_ssize_t n = 1
+    out[0] = key
+    while v >= 0x80:
+        out[n] = <unsigned char>(v | 0x80)
+        v >>= 7
+        n += 1
+    out[n] = <unsigned char>v
+    return n + 1
+
+
+cdef int _put_string(ColumnBuffer out, unsigned char key, str value) except -1:
+    cdef Py_ssize_t n
+    cdef const char *utf8 = PyUnicode_AsUTF8AndSize(value, &n)
+    cdef unsigned char *w = <unsigned char *>out.reserve(11 + n)
+    cdef Py_ssize_t head = _field(w, key, <uint64_t>n)  # the value's length
+    memcpy(w + head, utf8, <size_t>n)
+    out.size += head + n
+    return 0
+
+
 def dispatch_columns(
     object buf,
     Py_ssize_t pos,
@@ -108,11 +146,12 @@ def dispatch_columns(
     of them, and none once `bytes_max` bytes of records are taken. A topic not yet in
     `topic_index` (raw bytes -> index into `topics`) is added to both.
 
-    Returns (why it stopped, where, bytes taken, key characters, columns): `columns` lists of
-    the entries' topic indexes, queue ids, queue offsets, commit-log offsets, sizes, tags codes
-    (javahash.tags_code of the TAGS value), store timestamps, sysflags, KEYS values and
-    UNIQ_KEY values (property_value's; both empty unless `include_keys`); `key characters` the
-    length of all those values together. At DISPATCH_RECORD the record at the returned position
+    Returns (why it stopped, where, bytes taken, entries, key characters, frame): `frame` the
+    entries as DispatchBatch fields in wire format, for its MergeFromString (upb parses them
+    faster than it extends its fields from lists): topic indexes, queue ids, queue offsets,
+    commit-log offsets, sizes, tags codes (javahash.tags_code of the TAGS value), store
+    timestamps, sysflags, and with `include_keys` the KEYS and UNIQ_KEY values
+    (property_value's); `key characters` the length of those values together. At DISPATCH_RECORD the record at the returned position
     is one read_record does not return as a Record."""
     cdef _Buffer held = _Buffer(buf)
     if pos < 0 or limit > readable or readable > held.view.len:
@@ -121,8 +160,9 @@ def dispatch_columns(
     cdef const unsigned char *data = <const unsigned char *>held.view.buf
     cdef const unsigned char *p
     cdef const unsigned char *q
-    cdef list topic_indexes = [], queue_ids = [], queue_offsets = [], offsets = [], sizes = []
-    cdef list tags_codes = [], store_timestamps = [], sys_flags = [], keys = [], uniq_keys = []
+    cdef ColumnBuffer frame = ColumnBuffer()
+    cdef unsigned char *w
+    cdef Py_ssize_t k
     cdef Py_ssize_t rows = 0, key_chars = 0, props_len
     cdef Py_ssize_t at[3]
     cdef int names = 3 if include_keys else 1
@@ -160,28 +200,26 @@ def dispatch_columns(
             q = p + f.topic_at + f.topic_len + 2
             props_len = f.props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
             _find_values(q, props_len, names, at)
-            tags_codes.append(_tags_code(q, props_len, at[PROP_TAGS]))
+            w = <unsigned char *>frame.reserve(WIRE_ENTRY_BYTES_MAX)
+            k = _field(w, WIRE_TOPIC_INDEX, <int64_t>index)
+            k += _field(w + k, WIRE_QUEUE_ID, mq_be_i32(p + QUEUE_ID_POS_))
+            k += _field(w + k, WIRE_QUEUE_OFFSET, mq_be_i64(p + QUEUE_OFFSET_POS_))
+            k += _field(w + k, WIRE_OFFSET, base_offset + pos)
+            k += _field(w + k, WIRE_SIZE, f.total)
+            k += _field(w + k, WIRE_TAGS_CODE, _tags_code(q, props_len, at[PROP_TAGS]))
+            k += _field(w + k, WIRE_STORE_TIMESTAMP,
+                        mq_be_i64(p + 56 + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
+            k += _field(w + k, WIRE_SYS_FLAG, f.flags)
+            frame.size += k
             if include_keys:
-                keys.append(_value(q, props_len, at[PROP_KEYS], &key_chars))
-                uniq_keys.append(_value(q, props_len, at[PROP_UNIQ], &key_chars))
-            topic_indexes.append(index)
-            queue_ids.append(mq_be_i32(p + QUEUE_ID_POS_))
-            queue_offsets.append(mq_be_i64(p + QUEUE_OFFSET_POS_))
-            offsets.append(base_offset + pos)
-            sizes.append(f.total)
-            store_timestamps.append(
-                mq_be_i64(p + 56 + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0))
-            )
-            sys_flags.append(f.flags)
+                _put_string(frame, WIRE_KEYS, _value(q, props_len, at[PROP_KEYS], &key_chars))
+                _put_string(frame, WIRE_UNIQ_KEY, _value(q, props_len, at[PROP_UNIQ], &key_chars))
             rows += 1
             taken += f.total
             pos += f.total
     finally:
         held.release()
-    return why, pos, taken, key_chars, (
-        topic_indexes, queue_ids, queue_offsets, offsets, sizes, tags_codes, store_timestamps,
-        sys_flags, keys, uniq_keys
-    )
+    return why, pos, taken, rows, key_chars, PyBytes_FromStringAndSize(frame.data, frame.size)
 
 
 def property_columns(object blobs):

@@ -29,6 +29,7 @@ from mqstore.formats.record import (
     record_crc,
     record_crc_property,
 )
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
 V6_HOST = bytes(range(16)) + b"\x00\x00\x10\x00"
 V4_HOST = b"\x7f\x00\x00\x01\x00\x00\x00\x00"
@@ -172,21 +173,30 @@ def test_the_compiled_dispatch_walk_equals_read_record_and_property_value(
     blob, base = drawn
     limit = len(blob) - min(cut, len(blob)) if cut % 3 == 0 else len(blob)  # a limit mid-way
     topics: list[str] = []
-    why, pos, taken, key_chars, columns = dispatch_columns(
+    why, pos, taken, entries, key_chars, frame = dispatch_columns(
         blob, 0, limit, len(blob), base, {}, topics, keys, rows_max, bytes_max
     )
+    batch = pb.DispatchBatch.FromString(frame)
     want_why, want_pos, want_taken, want_rows = reference(
         blob, base, limit, keys, rows_max, bytes_max
     )
-    got_rows = [
-        (topics[row[0]], *row[1:]) for row in zip(*(columns if keys else columns[:8]), strict=True)
-    ]
-    assert (why, pos, taken) == (want_why, want_pos, want_taken)
+    columns = [
+        batch.topic_indexes,
+        batch.queue_ids,
+        batch.queue_offsets,
+        batch.commit_log_offsets,
+        batch.sizes,
+        batch.tags_codes,
+        batch.store_timestamps_ms,
+        batch.sys_flags,
+    ] + ([batch.keys, batch.uniq_keys] if keys else [])
+    got_rows = [(topics[row[0]], *row[1:]) for row in zip(*columns, strict=True)]
+    assert (why, pos, taken, entries) == (want_why, want_pos, want_taken, len(want_rows))
     assert got_rows == want_rows
     assert topics == list(dict.fromkeys(row[0] for row in want_rows))  # in first-use order
     assert key_chars == (sum(len(r[8]) + len(r[9]) for r in want_rows) if keys else 0)
     if not keys:
-        assert columns[8] == columns[9] == []
+        assert not batch.keys and not batch.uniq_keys
 
 
 def test_a_value_is_the_last_well_formed_segments_of_its_name() -> None:
@@ -195,6 +205,7 @@ def test_a_value_is_the_last_well_formed_segments_of_its_name() -> None:
         b"TAGS\x01first\x02TAGS\x01\x02xKEYS\x01no\x02KEYS\x01\x01odd\x02TAGS\x01\xe6\x97\xa5\x02"
     )
     raw = encode_record(topic="t", queue_id=0, body=b"b", properties=props, record_crc=True)
-    _, _, _, _, columns = dispatch_columns(raw, 0, len(raw), len(raw), 0, {}, [], True, 1, 1)
-    assert columns[5] == [tags_code("日")]
-    assert columns[8] == ["\x01odd"] and columns[9] == [""]
+    frame = dispatch_columns(raw, 0, len(raw), len(raw), 0, {}, [], True, 1, 1)[-1]
+    batch = pb.DispatchBatch.FromString(frame)
+    assert list(batch.tags_codes) == [tags_code("日")]
+    assert list(batch.keys) == ["\x01odd"] and list(batch.uniq_keys) == [""]
