@@ -5,9 +5,9 @@ of the segment (dispatch_scan.py: header checks, the body CRC, properties per re
 of the commit log's time under load. But the append had every column of those entries in hand:
 topic and queue ids from the request, positions, sizes, queue offsets and SYSFLAGs from the
 encoder, one store time, and the three properties dispatch needs (TAGS -> tagsCode, KEYS,
-UNIQ_KEY), which `dispatch_columns` finds before the put lock, a regex per message. So each
-append leaves a run of those columns here, and a subscriber asking at an entry of a held run
-gets its frame from the runs, never touching the segment.
+UNIQ_KEY), which `dispatch_properties` finds before the put lock. So each append leaves a run
+of those columns here, and a subscriber asking at an entry of a held run gets its frame from
+the runs, never touching the segment.
 
 What is held is exactly what the scan of the same bytes would produce (a test pins the two):
 a run is only kept for an append that stored every message (a refusal is rare and leaves a gap,
@@ -34,8 +34,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mqstore.formats.javahash import tags_code
-from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, property_columns
+from mqstore.formats._core import property_columns
 from mqstore.formats.record_batch import MessageBatch
 
 APPEND_FRAMES_BYTES_MAX = 32 << 20
@@ -56,24 +55,13 @@ class DispatchProperties:
 
 
 def dispatch_properties(batches: Sequence[MessageBatch]) -> DispatchProperties:
-    """What dispatch needs from each message's properties: a producer's batch (blobs that
-    differ in their UNIQ_KEY only) parsed once and cut column-wise, any other a C-speed regex
-    match per message and property, and a batch without properties nothing at all."""
-    out = DispatchProperties([], [], [])
-    for batch in batches:
-        props = batch.properties
-        if not props:
-            n = len(batch.bodies)
-            out.tags_codes.extend([0] * n)
-            out.keys.extend([""] * n)
-            out.uniq_keys.extend([""] * n)
-            continue
-        tags, keys, uniq_keys = property_columns(props, (TAGS, KEYS, UNIQ_KEY))
-        codes = {t: tags_code(t) for t in set(tags)}  # a batch has one tag or a few
-        out.tags_codes.extend(map(codes.__getitem__, tags))
-        out.keys.extend(keys)
-        out.uniq_keys.extend(uniq_keys)
-    return out
+    """What dispatch needs from each message's properties (the compiled core's
+    property_columns, which dispatch_columns reads records with)."""
+    return DispatchProperties(
+        *property_columns(
+            itertools.chain.from_iterable(b.properties or [b""] * len(b.bodies) for b in batches)
+        )
+    )
 
 
 @dataclass(slots=True)

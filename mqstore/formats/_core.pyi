@@ -1,5 +1,6 @@
 """Types of the compiled record core (mqstore/formats/_core.pyx)."""
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 import numpy as np
@@ -133,3 +134,23 @@ def pull_walk(
     max_pull_bytes: int,
     out: npt.NDArray[np.int64],
 ) -> tuple[int, int, int, int]: ...
+
+# _core_dispatch.pxi
+
+DISPATCH_END: Final[int]
+DISPATCH_PAST: Final[int]
+DISPATCH_RECORD: Final[int]
+
+def dispatch_columns(
+    buf: Buffer,
+    pos: int,
+    limit: int,
+    readable: int,
+    base_offset: int,
+    topic_index: dict[bytes, int],
+    topics: list[str],
+    include_keys: bool,
+    rows_max: int,
+    bytes_max: int,
+) -> tuple[int, int, int, int, int, bytes]: ...
+def property_columns(blobs: Iterable[bytes]) -> tuple[list[int], list[str], list[str]]: ...

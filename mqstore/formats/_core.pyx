@@ -14,6 +14,7 @@ This file holds the header definition and what every operation shares; each oper
 an included file of its own (the list at the bottom):
     crc32(data, value=0)    zlib's CRC-32 (formats/crc.py's values), folded with PCLMULQDQ
     _core_walk.pxi          walk(...): the recovery walk (record_walk.scan_run_fast)
+    _core_dispatch.pxi      dispatch_columns(...): dispatch frames (dispatch_scan.py)
 
 Built by setup.py (pip install, `make setup`) with gcc; the README's "The two commands" says
 what a machine needs.
@@ -224,6 +225,30 @@ cdef inline int record_tail(
     return 0
 
 
+cdef inline bint _same(object raw, const unsigned char *p, Py_ssize_t n) noexcept:
+    """Whether bytes `raw` (None: no) are p[:n]: most records name the record before's topic,
+    compared in place."""
+    return (
+        raw is not None
+        and PyBytes_GET_SIZE(raw) == n
+        and memcmp(PyBytes_AS_STRING(raw), p, <size_t>n) == 0
+    )
+
+
+cdef object _topic_of(bytes raw, int *fail):
+    """The topic `raw` names, None when read_record refuses it: `fail` then holds why
+    (FAIL_TOPIC_UTF8, or FAIL_TOPIC_EMPTY: empty or with a NUL)."""
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        fail[0] = FAIL_TOPIC_UTF8
+        return None
+    if not name or "\x00" in name:
+        fail[0] = FAIL_TOPIC_EMPTY
+        return None
+    return name
+
+
 cdef class _Buffer:
     """A held buffer (Py_buffer), released by `release` or on collection."""
 
@@ -262,3 +287,4 @@ include "_core_encode.pxi"
 include "_core_frames.pxi"
 include "_core_arrow.pxi"
 include "_core_pull.pxi"
+include "_core_dispatch.pxi"

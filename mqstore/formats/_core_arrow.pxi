@@ -121,14 +121,6 @@ LOG_STOP_FULL = STOP_FULL
 LOG_STOP_RECORD = STOP_RECORD
 
 
-cdef inline bint _same(object raw, const unsigned char *p, Py_ssize_t n) noexcept:
-    return (
-        raw is not None
-        and PyBytes_GET_SIZE(raw) == n
-        and memcmp(PyBytes_AS_STRING(raw), p, <size_t>n) == 0
-    )
-
-
 cdef int32_t _host_index(dict seen, list hosts, const unsigned char *p, Py_ssize_t n) except -1:
     cdef bytes raw = PyBytes_FromStringAndSize(<const char *>p, n)
     cdef object found = seen.get(raw)
@@ -185,7 +177,7 @@ def read_log_columns(
     cdef int64_t offset
     cdef int32_t flags, born_len, store_len, topic_index = -1, tags, keys, uniq
     cdef Frame f
-    cdef int why = STOP_END
+    cdef int why = STOP_END, fail
     cdef bint keep = True, ascii
     cdef list cols = [ColumnBuffer() for _ in range(ALL_COLUMNS)]
     cdef ColumnBuffer body_data = cols[C_BODY_DATA]
@@ -248,7 +240,7 @@ def read_log_columns(
                     raw = PyBytes_FromStringAndSize(<const char *>(p + at), topic_len)
                     found = topic_of.get(raw, topic_of)
                     if found is topic_of:
-                        name = _topic_of({}, raw)
+                        name = _topic_of(raw, &fail)
                         if name is None:
                             found = None
                         else:

@@ -71,21 +71,6 @@ cdef int64_t *_int64s(object values, Py_ssize_t n) except NULL:
     return out
 
 
-cdef int _topic_verdict(dict topics, bytes raw) except -1:
-    """0 when `raw` is a topic read_record accepts, else its FAIL_ code; remembered in
-    `topics`."""
-    cdef int verdict = 0
-    try:
-        name = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        verdict = FAIL_TOPIC_UTF8
-    else:
-        if not name or "\x00" in name:
-            verdict = FAIL_TOPIC_EMPTY
-    topics[raw] = verdict
-    return verdict
-
-
 def check(
     object blob,
     object sizes,
@@ -167,15 +152,13 @@ cdef tuple _check(
         # read_record's checks, in its order.
         fail = record_frame(p, slot, &f)
         if not fail:
-            # The topic: most records name the one before's, compared in place.
-            if (
-                last_raw is None
-                or PyBytes_GET_SIZE(last_raw) != f.topic_len
-                or memcmp(PyBytes_AS_STRING(last_raw), p + f.topic_at, <size_t>f.topic_len) != 0
-            ):
+            if not _same(last_raw, p + f.topic_at, f.topic_len):
                 raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
                 verdict_of = topics.get(raw)
-                fail = _topic_verdict(topics, raw) if verdict_of is None else verdict_of
+                if verdict_of is None:
+                    _topic_of(raw, &fail)
+                    verdict_of = topics[raw] = fail
+                fail = verdict_of
                 if not fail:
                     last_raw = raw
         if not fail:

@@ -1,19 +1,6 @@
 # The recovery walk (record_walk.scan_run_fast): included by _core.pyx, whose header
 # definitions it reads records with.
 
-cdef object _topic_of(dict topics, bytes raw):
-    """The topic `raw` names, None when read_record refuses it (not UTF-8, empty, a NUL)."""
-    cdef object name
-    try:
-        name = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        name = None
-    if not name or "\x00" in name:
-        name = None
-    topics[raw] = name
-    return name
-
-
 cdef void _raise_queue(dict queue_table, object topic, int32_t queue_id, int64_t top) except *:
     """scan_run's update for the records of one queue whose highest queue offset is `top`: each
     raised the queue's next offset to its queue offset + 1 when that was higher, so together
@@ -82,6 +69,7 @@ def walk(
     cdef const unsigned char *data = <const unsigned char *>held.view.buf
     cdef const unsigned char *p
     cdef Py_ssize_t count = 0
+    cdef int fail
     cdef int64_t stored, queue_offset
     cdef int32_t flags, queue_id
     cdef Frame f
@@ -100,16 +88,11 @@ def walk(
             p = data + pos
             if record_frame(p, end - pos, &f):
                 break  # a blank, or no record
-            # The topic: most records name the one before's, compared in place.
-            if (
-                last_raw is None
-                or PyBytes_GET_SIZE(last_raw) != f.topic_len
-                or memcmp(PyBytes_AS_STRING(last_raw), p + f.topic_at, <size_t>f.topic_len) != 0
-            ):
+            if not _same(last_raw, p + f.topic_at, f.topic_len):
                 raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
                 name = topics.get(raw, topics)
                 if name is topics:
-                    name = _topic_of(topics, raw)
+                    name = topics[raw] = _topic_of(raw, &fail)
                 if name is None:
                     break
                 last_raw = raw

@@ -10,15 +10,11 @@ follows `MessageDecoder.string2messageProperties`: split on 0x02, ignore segment
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import cache
-from itertools import repeat
-
-import numpy as np
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
-_SEPARATOR_BYTE = 0x02
 
 # Property keys the store itself reads (RocketMQ's MessageConst).
 KEYS = "KEYS"
@@ -72,71 +68,10 @@ def property_value(raw: bytes, name: str) -> str:
     """decode_properties(raw).get(name, "") without parsing the rest: the value of the last
     segment that starts with `name` 0x01 and has a non-empty value, found by one regex match
     (C speed). 0x01 and 0x02 never occur inside a multi-byte UTF-8 sequence, so decoding the
-    value alone gives what decoding the whole string would."""
+    value alone gives what decoding the whole string would. The specification of the compiled
+    core's lookup (dispatch_columns, property_columns), which the tests pin to it."""
     found = _value_pattern(name).match(raw)
     return "" if found is None else found[1].decode("utf-8", "replace")
-
-
-def property_values(raws: Sequence[bytes], name: str, *, joined: bytes | None = None) -> list[str]:
-    """property_value for each properties blob of a batch; a batch where the name occurs
-    nowhere (the common case for TAGS and KEYS) costs one search over the joined blobs
-    (`joined`: b"".join(raws) made once by a caller that looks for several names)."""
-    needle = name.encode() + b"\x01"
-    if needle not in (b"".join(raws) if joined is None else joined):
-        return [""] * len(raws)
-    return [
-        "" if m is None else m[1].decode("utf-8", "replace")
-        for m in map(_value_pattern(name).match, raws)
-    ]
-
-
-def property_columns(raws: Sequence[bytes], names: Sequence[str]) -> list[list[str]]:
-    """property_values for each of `names`. A producer's batch usually differs from message
-    to message in one value only (its UNIQ_KEY): then the first message's parse holds for all
-    and the differing value is cut out of every row at once, not matched a message at a time."""
-    joined = b"".join(raws)
-    n = len(raws)
-    if n >= 2 and len(joined) == n * len(raws[0]) and min(map(len, raws)) == len(raws[0]):
-        shared = _shared_shape_columns(raws[0], joined, n, names)
-        if shared is not None:
-            return shared
-    return [property_values(raws, name, joined=joined) for name in names]
-
-
-def _shared_shape_columns(
-    first: bytes, joined: bytes, n: int, names: Sequence[str]
-) -> list[list[str]] | None:
-    """The columns of `n` properties blobs of one width laid end to end in `joined`, when
-    they differ only inside one value of the first blob (no 0x02 there in any blob, the
-    segment's first 0x01 before it); None otherwise. Then every blob has the same segments
-    and keys as the first, so the segment a name's match picks in the first (property_value:
-    the last with that key and a value) is the one it picks in each."""
-    width = len(first)
-    rows = np.frombuffer(joined, dtype=np.uint8).reshape(n, width)
-    varying = np.flatnonzero((rows != rows[0]).any(axis=0))
-    if not len(varying):
-        return [[property_value(first, name)] * n for name in names]
-    lo, hi = int(varying[0]), int(varying[-1]) + 1
-    if bool((rows[:, lo:hi] == _SEPARATOR_BYTE).any()):
-        return None
-    segment_start = first.rfind(b"\x02", 0, lo) + 1
-    segment_end = first.find(b"\x02", hi)
-    if segment_end < 0:
-        segment_end = width  # the last segment, unterminated: its value runs to the end
-    if not segment_start <= first.find(b"\x01", segment_start, segment_end) < lo:
-        return None
-    out = []
-    for name in names:
-        found = _value_pattern(name).match(first)
-        if found is None:
-            out.append([""] * n)
-        elif segment_start <= found.start(1) < segment_end:  # the varying value
-            at, end = found.span(1)
-            values = np.ascontiguousarray(rows[:, at:end]).view(f"V{end - at}").ravel().tolist()
-            out.append(list(map(bytes.decode, values, repeat("utf-8", n), repeat("replace", n))))
-        else:
-            out.append([found[1].decode("utf-8", "replace")] * n)
-    return out
 
 
 @cache

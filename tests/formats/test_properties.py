@@ -6,16 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mqstore.formats._core import property_columns
+from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import (
     KEYS,
     TAGS,
     UNIQ_KEY,
-    _shared_shape_columns,
     decode_properties,
     encode_properties,
-    property_columns,
     property_value,
-    property_values,
     split_keys,
 )
 
@@ -142,7 +141,7 @@ def test_split_keys_returns_the_non_empty_space_separated_tokens(
 _FRAGMENTS = st.sampled_from(
     [
         *(b"KEYS", b"TAGS", b"UNIQ_KEY", b"K", b"S", b"\x01", b"\x02", b"a", b" "),
-        *(b"\xe2", b"\xe2\x82", b"\xff", "ü".encode(), "日".encode()),
+        *(b"\xe2", b"\xe2\x82", b"\xff", "ü".encode(), "日".encode(), "😀".encode()),
     ]
 )
 
@@ -155,42 +154,24 @@ _FRAGMENTS = st.sampled_from(
 def test_one_property_is_found_as_the_full_parser_finds_it(raws: list[bytes], name: str) -> None:
     expected = [decode_properties(raw).get(name, "") for raw in raws]
     assert [property_value(raw, name) for raw in raws] == expected
-    assert property_values(raws, name) == expected
-
-
-_WINDOW_BYTES = st.sampled_from([b"\x00", b"\x01", b"\x02", b"a", b"F", b"\xff", b"\xe2", b" "])
 
 
 @settings(max_examples=600)
-@given(
-    base=st.lists(_FRAGMENTS, min_size=1, max_size=16).map(b"".join),
-    at=st.integers(0, 80),
-    windows=st.lists(st.lists(_WINDOW_BYTES, min_size=1, max_size=6), min_size=1, max_size=5),
-    names=st.lists(st.sampled_from(["KEYS", "TAGS", "UNIQ_KEY", "K"]), min_size=1, max_size=3),
-)
-def test_columns_of_blobs_differing_in_one_window_are_those_found_one_by_one(
-    base: bytes, at: int, windows: list[list[bytes]], names: list[str]
-) -> None:
-    """property_columns' shared-shape path (blobs of one width that differ in one span) gives
-    what the per-blob match gives, whatever the span holds (separators, NUL, cut UTF-8)."""
-    at = min(at, len(base) - 1)
-    width = min(len(w) for w in windows)
-    raws = [base[:at] + b"".join(w)[:width] + base[at + width :] for w in windows]
-    raws.append(raws[0])
-    expected = [property_values(raws, name) for name in names]
-    assert property_columns(raws, names) == expected
-    assert expected == [[decode_properties(r).get(name, "") for r in raws] for name in names]
+@given(raws=st.lists(st.lists(_FRAGMENTS, max_size=16).map(b"".join), max_size=5))
+def test_the_compiled_columns_are_property_values(raws: list[bytes]) -> None:
+    """The compiled core's lookup (what dispatch frames carry): TAGS as tags_code hashes it."""
+    tags_codes, keys, uniq_keys = property_columns(raws)
+    assert tags_codes == [tags_code(property_value(raw, TAGS) or None) for raw in raws]
+    assert keys == [property_value(raw, KEYS) for raw in raws]
+    assert uniq_keys == [property_value(raw, UNIQ_KEY) for raw in raws]
 
 
-def test_a_producers_batch_takes_the_shared_shape_path() -> None:
+def test_a_producers_batch_has_its_values_whatever_bytes_they_hold() -> None:
     """What Producer.send_batch sends: common properties, then a UNIQ_KEY each (and a value
-    ending in a NUL byte, which a fixed-width bytes view would have dropped)."""
+    ending in NUL bytes, which a fixed-width bytes view would drop)."""
     prefix = encode_properties({TAGS: "blue", "x": "y"}) + b"UNIQ_KEY\x01"
     raws = [prefix + b"7F0000010000%04X" % i + b"\x02" for i in range(300)]
     raws.append(prefix + b"7F00000100000\x00\x00\x00\x02")
-    joined = b"".join(raws)
-    shared = _shared_shape_columns(raws[0], joined, len(raws), [TAGS, KEYS, UNIQ_KEY])
-    assert shared is not None
-    assert shared == [property_values(raws, n) for n in (TAGS, KEYS, UNIQ_KEY)]
-    assert shared[0] == ["blue"] * 301 and shared[1] == [""] * 301
-    assert shared[2][5] == "7F00000100000005" and shared[2][-1] == "7F00000100000\x00\x00\x00"
+    tags_codes, keys, uniq_keys = property_columns(raws)
+    assert tags_codes == [tags_code("blue")] * 301 and keys == [""] * 301
+    assert uniq_keys[5] == "7F00000100000005" and uniq_keys[-1] == "7F00000100000\x00\x00\x00"

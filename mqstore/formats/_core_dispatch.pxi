@@ -1,0 +1,242 @@
+# Dispatch columns straight from a segment's records (commitlog_svc/dispatch_scan.py): included
+# by _core.pyx, whose header definitions it reads records with.
+
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from libc.string cimport memchr
+
+# Why dispatch_columns stopped.
+cdef enum:
+    DISPATCH_END_ = 0  # at the limit, or rows_max rows / bytes_max bytes taken
+    DISPATCH_PAST_ = 1  # at a valid record that ends past the limit: the next call's
+    DISPATCH_RECORD_ = 2  # at a record it does not take: read_record decides what is there
+
+DISPATCH_END = DISPATCH_END_
+DISPATCH_PAST = DISPATCH_PAST_
+DISPATCH_RECORD = DISPATCH_RECORD_
+
+# The properties a dispatch entry carries (properties.py's TAGS, KEYS, UNIQ_KEY).
+cdef enum:
+    PROP_TAGS = 0
+    PROP_KEYS = 1
+    PROP_UNIQ = 2
+cdef const char *PROP_NAMES[3]
+PROP_NAMES[:] = [b"TAGS", b"KEYS", b"UNIQ_KEY"]
+cdef Py_ssize_t PROP_NAME_BYTES[3]
+PROP_NAME_BYTES[:] = [4, 4, 8]
+
+
+cdef void _find_values(
+    const unsigned char *q, Py_ssize_t n, int names, Py_ssize_t *at
+) noexcept nogil:
+    """properties.property_value's match for the first `names` names of PROP_NAMES over q[:n]:
+    at[k] is where the value of the last segment that starts with name k, 0x01 and a byte
+    other than 0x02 begins, -1 when there is none. A segment starts at 0 and after each 0x02."""
+    cdef Py_ssize_t seg = 0, k, m
+    cdef const unsigned char *sep
+    for k in range(names):
+        at[k] = -1
+    while True:
+        for k in range(names):
+            m = PROP_NAME_BYTES[k]
+            if (
+                seg + m + 1 < n
+                and q[seg + m] == 0x01
+                and q[seg + m + 1] != 0x02
+                and memcmp(q + seg, PROP_NAMES[k], <size_t>m) == 0
+            ):
+                at[k] = seg + m + 1
+        sep = <const unsigned char *>memchr(q + seg, 0x02, <size_t>(n - seg))
+        if sep == NULL:
+            return
+        seg = sep - q + 1
+
+
+cdef inline Py_ssize_t _value_end(const unsigned char *q, Py_ssize_t n, Py_ssize_t at) noexcept:
+    cdef const unsigned char *sep = <const unsigned char *>memchr(q + at, 0x02, <size_t>(n - at))
+    return n if sep == NULL else sep - q
+
+
+cdef str _value(const unsigned char *q, Py_ssize_t n, Py_ssize_t at, Py_ssize_t *chars):
+    """property_value's value that begins at q[at] ("" at -1); its length added to `chars`."""
+    if at < 0:
+        return ""
+    cdef str value = PyUnicode_DecodeUTF8(<const char *>(q + at), _value_end(q, n, at) - at,
+                                          "replace")
+    chars[0] += len(value)
+    return value
+
+
+cdef int32_t _tags_code(const unsigned char *q, Py_ssize_t n, Py_ssize_t at) except? -1:
+    """javahash.tags_code of the value that begins at q[at] (0 at -1), decoded as _value
+    decodes it: Java's String.hashCode over its UTF-16 code units."""
+    if at < 0:
+        return 0
+    cdef Py_ssize_t i, end = _value_end(q, n, at)
+    cdef uint32_t h = 0, cp
+    for i in range(at, end):
+        if q[i] & 0x80:
+            break
+        h = 31 * h + q[i]
+    else:
+        return <int32_t>h
+    h = 0
+    for ch in PyUnicode_DecodeUTF8(<const char *>(q + at), end - at, "replace"):
+        cp = <uint32_t>ord(ch)
+        if cp >= 0x10000:  # a surrogate pair in UTF-16
+            cp -= 0x10000
+            h = 31 * h + (0xD800 + (cp >> 10))
+            cp = 0xDC00 + (cp & 0x3FF)
+        h = 31 * h + cp
+    return <int32_t>h
+
+
+# The DispatchBatch fields (commitlog.proto) dispatch_columns writes, as wire-format keys:
+# field number << 3 | wire type (0: varint, 2: length-delimited).
+cdef enum:
+    WIRE_TOPIC_INDEX = 4 << 3
+    WIRE_QUEUE_ID = 5 << 3
+    WIRE_QUEUE_OFFSET = 6 << 3
+    WIRE_OFFSET = 7 << 3
+    WIRE_SIZE = 8 << 3
+    WIRE_TAGS_CODE = 9 << 3
+    WIRE_STORE_TIMESTAMP = 10 << 3
+    WIRE_SYS_FLAG = 11 << 3
+    WIRE_KEYS = 12 << 3 | 2
+    WIRE_UNIQ_KEY = 13 << 3 | 2
+    WIRE_ENTRY_BYTES_MAX = 8 * 11  # 8 one-byte keys and varints of at most 10 bytes
+
+
+cdef inline Py_ssize_t _field(unsigned char *out, unsigned char key, uint64_t v) noexcept:
+    """A field's key, then a value as a varint (a negative int64: 10 bytes)."""
+    cdef Py_ssize_t n = 1
+    out[0] = key
+    while v >= 0x80:
+        out[n] = <unsigned char>(v | 0x80)
+        v >>= 7
+        n += 1
+    out[n] = <unsigned char>v
+    return n + 1
+
+
+cdef int _put_string(ColumnBuffer out, unsigned char key, str value) except -1:
+    cdef Py_ssize_t n
+    cdef const char *utf8 = PyUnicode_AsUTF8AndSize(value, &n)
+    cdef unsigned char *w = <unsigned char *>out.reserve(11 + n)
+    cdef Py_ssize_t head = _field(w, key, <uint64_t>n)  # the value's length
+    memcpy(w + head, utf8, <size_t>n)
+    out.size += head + n
+    return 0
+
+
+def dispatch_columns(
+    object buf,
+    Py_ssize_t pos,
+    Py_ssize_t limit,
+    Py_ssize_t readable,
+    int64_t base_offset,
+    dict topic_index,
+    list topics,
+    bint include_keys,
+    Py_ssize_t rows_max,
+    int64_t bytes_max,
+):
+    """The dispatch entries of the records from buf[pos:] (whose first byte sits at commit-log
+    offset `base_offset`) that end by `limit`, each accepted by every check read_record(buf,
+    pos, readable, check_crc=True, expected_offset=base_offset + pos) makes: at most `rows_max`
+    of them, and none once `bytes_max` bytes of records are taken. A topic not yet in
+    `topic_index` (raw bytes -> index into `topics`) is added to both.
+
+    Returns (why it stopped, where, bytes taken, entries, key characters, frame): `frame` the
+    entries as DispatchBatch fields in wire format, for its MergeFromString (upb parses them
+    faster than it extends its fields from lists): topic indexes, queue ids, queue offsets,
+    commit-log offsets, sizes, tags codes (javahash.tags_code of the TAGS value), store
+    timestamps, sysflags, and with `include_keys` the KEYS and UNIQ_KEY values
+    (property_value's); `key characters` the length of those values together. At DISPATCH_RECORD the record at the returned position
+    is one read_record does not return as a Record."""
+    cdef _Buffer held = _Buffer(buf)
+    if pos < 0 or limit > readable or readable > held.view.len:
+        held.release()
+        raise ValueError(f"[{pos}, {limit}) of {readable} readable in {held.view.len} bytes")
+    cdef const unsigned char *data = <const unsigned char *>held.view.buf
+    cdef const unsigned char *p
+    cdef const unsigned char *q
+    cdef ColumnBuffer frame = ColumnBuffer()
+    cdef unsigned char *w
+    cdef Py_ssize_t k
+    cdef Py_ssize_t rows = 0, key_chars = 0, props_len
+    cdef Py_ssize_t at[3]
+    cdef int names = 3 if include_keys else 1
+    cdef int64_t taken = 0, stored
+    cdef int why = DISPATCH_END_, fail
+    cdef Frame f
+    cdef bytes last_raw = None, raw
+    cdef object index = None, name
+    try:
+        while pos < limit and rows < rows_max and taken < bytes_max:
+            why = DISPATCH_RECORD_
+            p = data + pos
+            if record_frame(p, readable - pos, &f) or record_tail(p, &f, True, &stored):
+                break
+            if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
+                break
+            name = None  # a new topic: the frame's once its record is taken
+            if not _same(last_raw, p + f.topic_at, f.topic_len):
+                raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
+                index = topic_index.get(raw)
+                if index is None:
+                    name = _topic_of(raw, &fail)
+                    if name is None:
+                        break
+            if pos + f.total > limit:
+                why = DISPATCH_PAST_
+                break
+            if name is not None:
+                index = len(topics)
+                topics.append(name)
+                topic_index[raw] = index
+            last_raw = raw
+            why = DISPATCH_END_
+            # The properties as read_record returns them: without the whole-record CRC's.
+            q = p + f.topic_at + f.topic_len + 2
+            props_len = f.props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
+            _find_values(q, props_len, names, at)
+            w = <unsigned char *>frame.reserve(WIRE_ENTRY_BYTES_MAX)
+            k = _field(w, WIRE_TOPIC_INDEX, <int64_t>index)
+            k += _field(w + k, WIRE_QUEUE_ID, mq_be_i32(p + QUEUE_ID_POS_))
+            k += _field(w + k, WIRE_QUEUE_OFFSET, mq_be_i64(p + QUEUE_OFFSET_POS_))
+            k += _field(w + k, WIRE_OFFSET, base_offset + pos)
+            k += _field(w + k, WIRE_SIZE, f.total)
+            k += _field(w + k, WIRE_TAGS_CODE, _tags_code(q, props_len, at[PROP_TAGS]))
+            k += _field(w + k, WIRE_STORE_TIMESTAMP,
+                        mq_be_i64(p + 56 + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
+            k += _field(w + k, WIRE_SYS_FLAG, f.flags)
+            frame.size += k
+            if include_keys:
+                _put_string(frame, WIRE_KEYS, _value(q, props_len, at[PROP_KEYS], &key_chars))
+                _put_string(frame, WIRE_UNIQ_KEY, _value(q, props_len, at[PROP_UNIQ], &key_chars))
+            rows += 1
+            taken += f.total
+            pos += f.total
+    finally:
+        held.release()
+    return why, pos, taken, rows, key_chars, PyBytes_FromStringAndSize(frame.data, frame.size)
+
+
+def property_columns(object blobs):
+    """(tags codes, KEYS values, UNIQ_KEY values) of each properties blob of `blobs` (bytes),
+    as dispatch_columns finds them in a record (append_frames.py: the columns of an append's
+    messages, read before they are written)."""
+    cdef list tags_codes = [], keys = [], uniq_keys = []
+    cdef Py_ssize_t n, chars = 0
+    cdef Py_ssize_t at[3]
+    cdef const unsigned char *q
+    cdef bytes raw
+    for blob in blobs:
+        raw = blob if type(blob) is bytes else bytes(blob)
+        q = <const unsigned char *>PyBytes_AS_STRING(raw)
+        n = PyBytes_GET_SIZE(raw)
+        _find_values(q, n, 3, at)
+        tags_codes.append(_tags_code(q, n, at[PROP_TAGS]))
+        keys.append(_value(q, n, at[PROP_KEYS], &chars))
+        uniq_keys.append(_value(q, n, at[PROP_UNIQ], &chars))
+    return tags_codes, keys, uniq_keys
