@@ -157,6 +157,11 @@ def test_status_shows_how_far_a_stream_has_sent_ahead_of_what_is_confirmed(
     end = svc.append_ok(batch(0, 20)).commit_log_offsets[-1] + 1
     reader = subscribe(svc, "follower")
     reader.wait_reaching(end)
+    # The server records what it sent just after handing the frame to the stream.
+    wait_until(
+        lambda: svc.status().subscribers[0].sent_offset == svc.status().max_offset,
+        "the status to show the frame sent",
+    )
     (sub,) = svc.status().subscribers
     assert sub.connected and sub.sent_offset == svc.status().max_offset
     assert sub.confirmed_offset == 0 and sub.lag_bytes == sub.sent_offset  # nothing confirmed
