@@ -14,6 +14,11 @@ This file holds the header definition and what every operation shares; each oper
 an included file of its own (the list at the bottom):
     crc32(data, value=0)    zlib's CRC-32 (formats/crc.py's values), folded with PCLMULQDQ
     _core_walk.pxi          walk(...): the recovery walk (record_walk.scan_run_fast)
+    _core_check.pxi         check(...), chain(...): whole records checked, their fields
+    _core_encode.pxi        encode(...): a batch of records (record_batch.py)
+    _core_frames.pxi        decode_response(...) and the apply of dispatch frames
+    _core_arrow.pxi         read_log_columns(...): the Spark log source's Arrow columns
+    _core_pull.pxi          pull_walk(...): a pull's walk over consume-queue units
     _core_dispatch.pxi      dispatch_columns(...): dispatch frames (dispatch_scan.py)
 
 Built by setup.py (pip install, `make setup`) with gcc; the README's "The two commands" says
@@ -46,6 +51,10 @@ cdef enum:
     QUEUE_OFFSET_POS_ = 20
     PHYSICAL_OFFSET_POS_ = 28
     SYSFLAG_POS_ = 36
+    BORN_TIMESTAMP_POS = 40
+    BORN_HOST_POS_ = 48  # then the store timestamp (8 bytes), the store host, RECONSUMETIMES
+    IPV4_HOST_BYTES = 8  # address and port; IPv6: V6_EXTRA_BYTES more
+    TIMESTAMP_BYTES = 8
     HEADER_V4_V4_BYTES = 88  # TOTALSIZE .. BODYLENGTH with IPv4 born and store hosts
     V6_EXTRA_BYTES = 12  # an IPv6 host (16 + 4) over an IPv4 one (4 + 4)
     RECORD_BYTES_MIN_ = 91  # the IPv4/IPv4 header, a topic length byte, a properties length
@@ -72,6 +81,7 @@ QUEUE_ID_POS = QUEUE_ID_POS_
 QUEUE_OFFSET_POS = QUEUE_OFFSET_POS_
 PHYSICAL_OFFSET_POS = PHYSICAL_OFFSET_POS_
 SYSFLAG_POS = SYSFLAG_POS_
+BORN_HOST_POS = BORN_HOST_POS_
 HEADER_V4_V4_SIZE = HEADER_V4_V4_BYTES
 RECORD_BYTES_MIN = RECORD_BYTES_MIN_
 MAGIC_V1 = MAGIC_V1_

@@ -175,7 +175,7 @@ def read_log_columns(
     cdef Py_ssize_t rows = 0, pairs = 0, i, k, seg_len, sep, first_pair
     cdef int64_t total, header, body_len, at, topic_len, props_len, stored, props_end
     cdef int64_t offset
-    cdef int32_t flags, born_len, store_len, topic_index = -1, tags, keys, uniq
+    cdef int32_t flags, born_len, store_len, store_at, topic_index = -1, tags, keys, uniq
     cdef Frame f
     cdef int why = STOP_END, fail
     cdef bint keep = True, ascii
@@ -227,8 +227,8 @@ def read_log_columns(
                 break
             total, header, body_len, flags = f.total, f.header, f.body_len, f.flags
             at, topic_len, props_len = f.topic_at, f.topic_len, f.props_len
-            born_len = 20 if flags & BORNHOST_V6 else 8
-            store_len = 20 if flags & STOREHOST_V6 else 8
+            born_len = IPV4_HOST_BYTES + (V6_EXTRA_BYTES if flags & BORNHOST_V6 else 0)
+            store_len = IPV4_HOST_BYTES + (V6_EXTRA_BYTES if flags & STOREHOST_V6 else 0)
             if not _same(last_raw, p + at, topic_len):
                 found = None
                 for j in range(min(len(topic_raws), TOPICS_SCANNED_MAX)):
@@ -320,11 +320,12 @@ def read_log_columns(
                 break
             props_offsets[rows + 1] = <int32_t>pairs
             # Hosts: most records carry the same two as the record before.
-            if not _same(last_born, p + 48, born_len):
-                born_index = _host_index(host_of, hosts, p + 48, born_len)
+            store_at = BORN_HOST_POS_ + born_len + TIMESTAMP_BYTES  # the store host
+            if not _same(last_born, p + BORN_HOST_POS_, born_len):
+                born_index = _host_index(host_of, hosts, p + BORN_HOST_POS_, born_len)
                 last_born = hosts[born_index]
-            if not _same(last_store, p + 56 + born_len, store_len):
-                store_index = _host_index(host_of, hosts, p + 56 + born_len, store_len)
+            if not _same(last_store, p + store_at, store_len):
+                store_index = _host_index(host_of, hosts, p + store_at, store_len)
                 last_store = hosts[store_index]
             (<int64_t *>fixed[C_OFFSET])[rows] = offset
             (<int32_t *>fixed[C_TOTAL])[rows] = <int32_t>total
@@ -334,12 +335,12 @@ def read_log_columns(
             (<int32_t *>fixed[C_SYS_FLAG])[rows] = flags
             (<int32_t *>fixed[C_FLAG])[rows] = mq_be_i32(p + FLAG_POS)
             (<int32_t *>fixed[C_BODY_CRC])[rows] = mq_be_i32(p + BODYCRC_POS)
-            (<int64_t *>fixed[C_BORN_TS])[rows] = mq_be_i64(p + 40)
+            (<int64_t *>fixed[C_BORN_TS])[rows] = mq_be_i64(p + BORN_TIMESTAMP_POS)
             (<int32_t *>fixed[C_BORN_HOST])[rows] = born_index
-            (<int64_t *>fixed[C_STORE_TS])[rows] = mq_be_i64(p + 48 + born_len)
+            (<int64_t *>fixed[C_STORE_TS])[rows] = mq_be_i64(p + BORN_HOST_POS_ + born_len)
             (<int32_t *>fixed[C_STORE_HOST])[rows] = store_index
-            (<int32_t *>fixed[C_RECONSUME])[rows] = mq_be_i32(p + 56 + born_len + store_len)
-            (<int64_t *>fixed[C_PREPARED])[rows] = mq_be_i64(p + 60 + born_len + store_len)
+            (<int32_t *>fixed[C_RECONSUME])[rows] = mq_be_i32(p + store_at + store_len)
+            (<int64_t *>fixed[C_PREPARED])[rows] = mq_be_i64(p + store_at + store_len + 4)  # after RECONSUMETIMES
             (<int32_t *>fixed[C_TAGS])[rows] = tags
             (<int32_t *>fixed[C_KEYS])[rows] = keys
             (<int32_t *>fixed[C_UNIQ])[rows] = uniq
@@ -347,7 +348,7 @@ def read_log_columns(
                 body_data.put(p + header, body_len)
             body_offsets[rows + 1] = <int32_t>body_data.size
             # msgId: offset_msg_id, the store host's ip and port then the offset, in hex.
-            memcpy(id_bytes, p + 56 + born_len, <size_t>store_len)
+            memcpy(id_bytes, p + store_at, <size_t>store_len)
             for i in range(8):
                 id_bytes[store_len + i] = <unsigned char>(<uint64_t>offset >> (56 - 8 * i))
             hex_out = msgid_data.reserve(2 * (store_len + 8))

@@ -151,8 +151,9 @@ def dispatch_columns(
     faster than it extends its fields from lists): topic indexes, queue ids, queue offsets,
     commit-log offsets, sizes, tags codes (javahash.tags_code of the TAGS value), store
     timestamps, sysflags, and with `include_keys` the KEYS and UNIQ_KEY values
-    (property_value's); `key characters` the length of those values together. At DISPATCH_RECORD the record at the returned position
-    is one read_record does not return as a Record."""
+    (property_value's); `key characters` the length of those values together. At
+    DISPATCH_RECORD the record at the returned position is one read_record does not return as
+    a Record."""
     cdef _Buffer held = _Buffer(buf)
     if pos < 0 or limit > readable or readable > held.view.len:
         held.release()
@@ -208,7 +209,8 @@ def dispatch_columns(
             k += _field(w + k, WIRE_SIZE, f.total)
             k += _field(w + k, WIRE_TAGS_CODE, _tags_code(q, props_len, at[PROP_TAGS]))
             k += _field(w + k, WIRE_STORE_TIMESTAMP,
-                        mq_be_i64(p + 56 + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
+                        mq_be_i64(p + BORN_HOST_POS_ + IPV4_HOST_BYTES
+                                  + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
             k += _field(w + k, WIRE_SYS_FLAG, f.flags)
             frame.size += k
             if include_keys:

@@ -19,7 +19,6 @@ cdef extern from *:
 
 cdef enum:
     HEADER_BYTES_MAX = HEADER_V4_V4_BYTES + 2 * V6_EXTRA_BYTES
-    BORN_TIMESTAMP_POS = 40
     QUEUE_SLOTS_ENCODE = 16  # the queues of one batch counted in C before the dict is written
 
 

@@ -29,6 +29,7 @@ from mqstore.formats.record import (
     record_crc,
     record_crc_property,
 )
+from mqstore.rpc.dispatch_codec import decode_dispatch
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
 V6_HOST = bytes(range(16)) + b"\x00\x00\x10\x00"
@@ -177,20 +178,24 @@ def test_the_compiled_dispatch_walk_equals_read_record_and_property_value(
         blob, 0, limit, len(blob), base, {}, topics, keys, rows_max, bytes_max
     )
     batch = pb.DispatchBatch.FromString(frame)
+    batch.topics.extend(topics)
     want_why, want_pos, want_taken, want_rows = reference(
         blob, base, limit, keys, rows_max, bytes_max
     )
-    columns = [
-        batch.topic_indexes,
-        batch.queue_ids,
-        batch.queue_offsets,
-        batch.commit_log_offsets,
-        batch.sizes,
-        batch.tags_codes,
-        batch.store_timestamps_ms,
-        batch.sys_flags,
-    ] + ([batch.keys, batch.uniq_keys] if keys else [])
-    got_rows = [(topics[row[0]], *row[1:]) for row in zip(*columns, strict=True)]
+    got_rows = [
+        (
+            e.topic,
+            e.queue_id,
+            e.queue_offset,
+            e.commit_log_offset,
+            e.size,
+            e.tags_code,
+            e.store_timestamp_ms,
+            e.sys_flag,
+        )
+        + ((e.keys, e.uniq_key) if keys else ())
+        for e in decode_dispatch(batch)
+    ]
     assert (why, pos, taken, entries) == (want_why, want_pos, want_taken, len(want_rows))
     assert got_rows == want_rows
     assert topics == list(dict.fromkeys(row[0] for row in want_rows))  # in first-use order

@@ -359,6 +359,7 @@ def test_the_compiled_header_is_record_pys() -> None:
     assert _core.QUEUE_OFFSET_POS == record.QUEUE_OFFSET_POS
     assert _core.PHYSICAL_OFFSET_POS == record.PHYSICAL_OFFSET_POS
     assert _core.SYSFLAG_POS == record.SYSFLAG_POS
+    assert _core.BORN_HOST_POS == record.BORN_HOST_POS
     assert record.HEADER_V4_V4.size == _core.HEADER_V4_V4_SIZE
     assert record.HEADER_V4_V4.size + 3 == _core.RECORD_BYTES_MIN
     assert (_core.MAGIC_V1, _core.MAGIC_V2) == (record.MAGIC_V1, record.MAGIC_V2)
