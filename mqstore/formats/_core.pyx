@@ -14,7 +14,8 @@ This file holds the header definition and what every operation shares; each oper
 an included file of its own (the list at the bottom):
     crc32(data, value=0)    zlib's CRC-32 (formats/crc.py's values), folded with PCLMULQDQ
     _core_walk.pxi          walk(...): the recovery walk (record_walk.scan_run_fast)
-    _core_dispatch.pxi      dispatch_columns(...): dispatch frames (dispatch_scan.py)
+    _core_dispatch.pxi      dispatch_columns(...), dispatch_of_runs(...): dispatch frames
+                            from the segment and from held appends (dispatch_scan.py)
 
 Built by setup.py (pip install, `make setup`) with gcc; the README's "The two commands" says
 what a machine needs.

@@ -15,6 +15,7 @@ from commitlog_svc.append_frames import (
     dispatch_properties,
 )
 from commitlog_svc.dispatch_scan import frame_of_runs
+from mqstore.formats._core import dispatch_of_runs
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record_batch import MessageBatch
@@ -241,3 +242,11 @@ def test_a_frame_of_runs_holds_each_entry_as_appended_one_by_one(
         last.run.offsets[last.hi] if last.hi < len(last.run.offsets) else last.run.end
     )
     assert got == wanted
+    # A packed field split over several chunks appends them in order, as repeated strings do:
+    # the wire bytes merged twice hold every entry twice.
+    wire = dispatch_of_runs(slices, {}, include_keys)
+    twice = pb.DispatchBatch()
+    twice.MergeFromString(wire + wire)
+    assert list(twice.tags_codes) == list(got.tags_codes) * 2
+    assert list(twice.topic_indexes) == list(got.topic_indexes) * 2
+    assert list(twice.uniq_keys) == list(got.uniq_keys) * 2
