@@ -19,7 +19,8 @@ an included file of its own (the list at the bottom):
     _core_frames.pxi        decode_response(...) and the apply of dispatch frames
     _core_arrow.pxi         read_log_columns(...): the Spark log source's Arrow columns
     _core_pull.pxi          pull_walk(...): a pull's walk over consume-queue units
-    _core_dispatch.pxi      dispatch_columns(...): dispatch frames (dispatch_scan.py)
+    _core_dispatch.pxi      dispatch_columns(...), dispatch_of_runs(...): dispatch frames
+                            from the segment and from held appends (dispatch_scan.py)
 
 Built by setup.py (pip install, `make setup`) with gcc; the README's "The two commands" says
 what a machine needs.

@@ -1,5 +1,6 @@
-# Dispatch columns straight from a segment's records (commitlog_svc/dispatch_scan.py): included
-# by _core.pyx, whose header definitions it reads records with.
+# Dispatch columns straight from a segment's records, and from the appends' held runs
+# (commitlog_svc/dispatch_scan.py): included by _core.pyx, whose header definitions it reads
+# records with.
 
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.string cimport memchr
@@ -106,16 +107,21 @@ cdef enum:
     WIRE_ENTRY_BYTES_MAX = 8 * 11  # 8 one-byte keys and varints of at most 10 bytes
 
 
-cdef inline Py_ssize_t _field(unsigned char *out, unsigned char key, uint64_t v) noexcept:
-    """A field's key, then a value as a varint (a negative int64: 10 bytes)."""
-    cdef Py_ssize_t n = 1
-    out[0] = key
+cdef inline Py_ssize_t _write_varint(unsigned char *out, uint64_t v) noexcept:
+    """A value as a varint (a negative int32 or int64: 10 bytes); the bytes written."""
+    cdef Py_ssize_t n = 0
     while v >= 0x80:
         out[n] = <unsigned char>(v | 0x80)
         v >>= 7
         n += 1
     out[n] = <unsigned char>v
     return n + 1
+
+
+cdef inline Py_ssize_t _field(unsigned char *out, unsigned char key, uint64_t v) noexcept:
+    """A field's key, then a value as a varint."""
+    out[0] = key
+    return 1 + _write_varint(out + 1, v)
 
 
 cdef int _put_string(ColumnBuffer out, unsigned char key, str value) except -1:
@@ -242,3 +248,129 @@ def property_columns(object blobs):
         keys.append(_value(q, n, at[PROP_KEYS], &chars))
         uniq_keys.append(_value(q, n, at[PROP_UNIQ], &chars))
     return tags_codes, keys, uniq_keys
+
+
+# The int columns of a held run (commitlog_svc/append_frames.py's AppendedRun) that
+# dispatch_of_runs copies as they are: (attribute, field key, whether the field is an int32).
+_RUN_COLUMNS = (
+    ("queue_ids", WIRE_QUEUE_ID, True),
+    ("queue_offsets", WIRE_QUEUE_OFFSET, False),
+    ("offsets", WIRE_OFFSET, False),
+    ("sizes", WIRE_SIZE, True),
+    ("sys_flags", WIRE_SYS_FLAG, True),
+)
+
+
+cdef int _put_packed(ColumnBuffer out, unsigned char key, ColumnBuffer values) except -1:
+    """`values` (varints) as one packed repeated field: the key with wire type 2, the length,
+    the varints. Empties `values` for the next column."""
+    cdef unsigned char *w = <unsigned char *>out.reserve(11 + values.size)
+    cdef Py_ssize_t head = _field(w, key | 2, <uint64_t>values.size)
+    memcpy(w + head, values.data, <size_t>values.size)
+    out.size += head + values.size
+    values.size = 0
+    return 0
+
+
+cdef int _span_ok(Py_ssize_t lo, Py_ssize_t hi, list values) except -1:
+    if not 0 <= lo <= hi <= len(values):
+        raise IndexError(f"entries [{lo}, {hi}) of a column of {len(values)}")
+    return 0
+
+
+cdef int _put_varints(
+    ColumnBuffer out, list values, Py_ssize_t lo, Py_ssize_t hi, bint int32
+) except -1:
+    """values[lo:hi] as varints; an int32 field's values must fit in 32 bits, as its setter
+    requires (OverflowError)."""
+    _span_ok(lo, hi, values)
+    cdef unsigned char *w = <unsigned char *>out.reserve((hi - lo) * 10)
+    cdef Py_ssize_t i, k = 0
+    for i in range(lo, hi):
+        if int32:
+            k += _write_varint(w + k, <uint64_t><int64_t><int32_t>values[i])
+        else:
+            k += _write_varint(w + k, <uint64_t><int64_t>values[i])
+    out.size += k
+    return 0
+
+
+cdef int _put_repeated(ColumnBuffer out, int64_t value, Py_ssize_t count) except -1:
+    """`value` as a varint `count` times."""
+    cdef unsigned char one[10]
+    cdef Py_ssize_t i, n = _write_varint(one, <uint64_t>value)
+    cdef unsigned char *w = <unsigned char *>out.reserve(count * n)
+    for i in range(count):
+        memcpy(w + i * n, one, <size_t>n)
+    out.size += count * n
+    return 0
+
+
+cdef int _put_topic_indexes(
+    ColumnBuffer out, object indexes, list mapping, Py_ssize_t lo, Py_ssize_t hi
+) except -1:
+    """The frame's topic index of entries [lo, hi): mapping[i] is the frame's index of the
+    run's topic i; `indexes` None when every entry has the run's topic 0."""
+    cdef Py_ssize_t i, t, k = 0
+    cdef unsigned char *w
+    cdef list run_indexes
+    if not mapping:
+        raise IndexError("a run without topics")  # boundscheck is off: mapping[0] unchecked
+    if indexes is None:
+        return _put_repeated(out, <int32_t>mapping[0], hi - lo)
+    run_indexes = indexes
+    _span_ok(lo, hi, run_indexes)
+    w = <unsigned char *>out.reserve((hi - lo) * 10)
+    for i in range(lo, hi):
+        t = run_indexes[i]
+        if not 0 <= t < len(mapping):
+            raise IndexError(f"topic index {t} of a run of {len(mapping)} topics")
+        k += _write_varint(w + k, <uint64_t><int64_t><int32_t>mapping[t])
+    out.size += k
+    return 0
+
+
+def dispatch_of_runs(object slices, dict topics, bint include_keys):
+    """The entries of held runs as DispatchBatch fields in wire format, for the frame's
+    MergeFromString (commitlog_svc/dispatch_scan.py's frame_of_runs). `slices`: RunSlices of
+    commitlog_svc/append_frames.py, entries [lo, hi) of `run`, an AppendedRun whose columns are
+    lists. A run's topic not yet in `topics` (name -> index into the frame's topics, in order
+    of first use) is added.
+
+    Written column by column, each int column as one packed field over all the slices: topic
+    indexes (the run's, mapped to the frame's), queue ids, queue offsets, commit-log offsets,
+    sizes, sysflags, tags codes, the run's store timestamp per entry; then with `include_keys`
+    each KEYS and each UNIQ_KEY value as a string field, in entry order. A parser appends each
+    packed field's values to the field's, as it does an unpacked field's."""
+    cdef ColumnBuffer out = ColumnBuffer(), column = ColumnBuffer()
+    cdef list held = []
+    cdef Py_ssize_t lo, hi, i
+    cdef list values
+    cdef str name
+    cdef unsigned char key
+    cdef bint int32
+    for piece in slices:
+        run = piece.run
+        mapping = [topics.setdefault(t, len(topics)) for t in run.topics]
+        held.append((run, <Py_ssize_t>piece.lo, <Py_ssize_t>piece.hi, mapping))
+    for run, lo, hi, mapping in held:
+        _put_topic_indexes(column, run.topic_indexes, mapping, lo, hi)
+    _put_packed(out, WIRE_TOPIC_INDEX, column)
+    for name, key, int32 in _RUN_COLUMNS:
+        for run, lo, hi, mapping in held:
+            _put_varints(column, getattr(run, name), lo, hi, int32)
+        _put_packed(out, key, column)
+    for run, lo, hi, mapping in held:
+        _put_varints(column, run.props.tags_codes, lo, hi, False)
+    _put_packed(out, WIRE_TAGS_CODE, column)
+    for run, lo, hi, mapping in held:
+        _put_repeated(column, run.store_timestamp_ms, hi - lo)
+    _put_packed(out, WIRE_STORE_TIMESTAMP, column)
+    if include_keys:
+        for name, key in (("keys", WIRE_KEYS), ("uniq_keys", WIRE_UNIQ_KEY)):
+            for run, lo, hi, mapping in held:
+                values = getattr(run.props, name)
+                _span_ok(lo, hi, values)
+                for i in range(lo, hi):
+                    _put_string(out, key, values[i])
+    return PyBytes_FromStringAndSize(out.data, out.size)

@@ -3,6 +3,9 @@ subscriber at a given offset gets, and what the window forgets."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from commitlog_svc.append_frames import (
     FRAME_ENTRY_BYTES,
     AppendedRun,
@@ -12,9 +15,11 @@ from commitlog_svc.append_frames import (
     dispatch_properties,
 )
 from commitlog_svc.dispatch_scan import frame_of_runs
+from mqstore.formats._core import dispatch_of_runs
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record_batch import MessageBatch
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
 SIZE = 100
 
@@ -160,3 +165,88 @@ def test_a_frame_carries_records_only_within_its_bound_and_only_all_of_them() ->
         *range(200, 1000, SIZE),
         *range(1000, 1400, SIZE),
     ]
+
+
+@st.composite
+def held_runs(draw: st.DrawFn) -> list[RunSlice]:
+    """Slices of runs that continue each other, each run with its own topics (one: no topic
+    indexes), the first slice starting and the last ending anywhere in their runs."""
+    slices: list[RunSlice] = []
+    start = draw(st.integers(0, 2**40))
+    for _ in range(draw(st.integers(1, 4))):
+        count = draw(st.integers(1, 12))
+        names = st.sampled_from(["A", "B", "C", "%RETRY%g"])
+        topics = draw(st.lists(names, min_size=1, max_size=3, unique=True))
+        sizes = draw(st.lists(st.integers(91, 5_000), min_size=count, max_size=count))
+        offsets = [start + sum(sizes[:i]) for i in range(count)]
+        start += sum(sizes)
+        ints = st.lists(st.integers(-(2**31), 2**31 - 1), min_size=count, max_size=count)
+        texts = st.lists(st.text(max_size=12), min_size=count, max_size=count)
+        held = AppendedRun(
+            offsets=offsets,
+            end=start,
+            topics=topics,
+            topic_indexes=None
+            if len(topics) == 1
+            else draw(st.lists(st.integers(0, len(topics) - 1), min_size=count, max_size=count)),
+            queue_ids=draw(st.lists(st.integers(0, 65_535), min_size=count, max_size=count)),
+            queue_offsets=draw(st.lists(st.integers(0, 2**62), min_size=count, max_size=count)),
+            sizes=sizes,
+            store_timestamp_ms=draw(st.integers(0, 2**45)),
+            sys_flags=draw(st.lists(st.integers(0, 0x7FF), min_size=count, max_size=count)),
+            props=DispatchProperties(draw(ints), draw(texts), draw(texts)),
+        )
+        slices.append(RunSlice(held, 0, count))
+    first, last = slices[0], slices[-1]
+    first.lo = draw(st.integers(0, len(first.run.offsets) - 1))
+    last.hi = draw(st.integers(last.lo + 1, len(last.run.offsets)))
+    return slices
+
+
+def frame_entry_by_entry(slices: list[RunSlice], include_keys: bool) -> pb.DispatchBatch:
+    """The reference: each entry's fields appended one by one. The frame's topics are every
+    topic of each run in turn, also one no entry of the slice uses."""
+    batch = pb.DispatchBatch()
+    topics: dict[str, int] = {}
+    for piece in slices:
+        held = piece.run
+        for topic in held.topics:
+            topics.setdefault(topic, len(topics))
+        for i in range(piece.lo, piece.hi):
+            topic = held.topics[0 if held.topic_indexes is None else held.topic_indexes[i]]
+            batch.topic_indexes.append(topics[topic])
+            batch.queue_ids.append(held.queue_ids[i])
+            batch.queue_offsets.append(held.queue_offsets[i])
+            batch.commit_log_offsets.append(held.offsets[i])
+            batch.sizes.append(held.sizes[i])
+            batch.tags_codes.append(held.props.tags_codes[i])
+            batch.store_timestamps_ms.append(held.store_timestamp_ms)
+            batch.sys_flags.append(held.sys_flags[i])
+            if include_keys:
+                batch.keys.append(held.props.keys[i])
+                batch.uniq_keys.append(held.props.uniq_keys[i])
+    batch.topics.extend(topics)
+    return batch
+
+
+@settings(max_examples=80, deadline=None)
+@given(slices=held_runs(), include_keys=st.booleans())
+def test_a_frame_of_runs_holds_each_entry_as_appended_one_by_one(
+    slices: list[RunSlice], include_keys: bool
+) -> None:
+    got = frame_of_runs(slices, include_keys).batch
+    last = slices[-1]
+    wanted = frame_entry_by_entry(slices, include_keys)
+    wanted.start_offset = slices[0].run.offsets[slices[0].lo]
+    wanted.next_offset = (
+        last.run.offsets[last.hi] if last.hi < len(last.run.offsets) else last.run.end
+    )
+    assert got == wanted
+    # A packed field split over several chunks appends them in order, as repeated strings do:
+    # the wire bytes merged twice hold every entry twice.
+    wire = dispatch_of_runs(slices, {}, include_keys)
+    twice = pb.DispatchBatch()
+    twice.MergeFromString(wire + wire)
+    assert list(twice.tags_codes) == list(got.tags_codes) * 2
+    assert list(twice.topic_indexes) == list(got.topic_indexes) * 2
+    assert list(twice.uniq_keys) == list(got.uniq_keys) * 2
