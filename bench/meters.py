@@ -205,3 +205,29 @@ def rss_mib(pid: int | str) -> dict[str, float]:
     wanted = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "hwm"}
     status = status_kib(pid)
     return {name: status[key] / 1024 for key, name in wanted.items() if key in status}
+
+
+def proc_split_s(pid: int | str) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process, all its threads; (0, 0) once it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return 0.0, 0.0
+    return int(fields[11]) * TICK_S, int(fields[12]) * TICK_S
+
+
+def context_switches(pid: int | str) -> int:
+    """Voluntary and involuntary context switches of every living thread of a process."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.endswith("ctxt_switches:", 0, line.find(":") + 1):
+                        total += int(line.split()[1])
+        except OSError:
+            continue  # the thread ended
+    return total

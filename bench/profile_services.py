@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.meters import CpuMeter
+from bench.meters import CpuMeter, context_switches, proc_split_s
 from bench.processes import INDEX_DEFAULT_ARGS, by_name, pids, settings_of, wait_caught_up
 from mqstore.client import ClientSettings, Consumer, Producer
 from mqstore.testing.cluster import start_store
@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if profilers:
             time.sleep(PY_SPY_START_S)
+        switches = {name: context_switches(pid) for name, pid in processes.items()}
+        kernel_s = {name: proc_split_s(pid)[1] for name, pid in processes.items()}
         with CpuMeter(processes) as meter:
             began = time.perf_counter()
             if args.workload == "produce":
@@ -176,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             if not reads:
                 wait_caught_up(settings)  # the followers' share of the work counts too
         used = meter.process_s
+        switches = {name: context_switches(pid) - switches[name] for name, pid in processes.items()}
+        kernel_s = {name: proc_split_s(pid)[1] - kernel_s[name] for name, pid in processes.items()}
     finally:
         for proc, _ in profilers:
             proc.send_signal(signal.SIGINT)
@@ -186,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     n = args.messages
     print(f"{args.workload}, {args.size} B, flush {args.flush}: {n / took:,.0f} msg/s")
     for name, seconds in used.items():
-        print(f"  {name:10} {seconds:6.2f} CPU-s  {seconds / n * 1e6:5.2f} us a message")
+        print(
+            f"  {name:10} {seconds:6.2f} CPU-s  {seconds / n * 1e6:5.2f} us a message"
+            f"  ({kernel_s[name] / n * 1e6:4.2f} in the kernel)"
+            f"  {switches[name] / n * BATCH:6.1f} context switches per {BATCH:,} messages"
+        )
     for _, path in profilers:
         if path.exists():
             print(summarize(path, args.top))

@@ -31,10 +31,10 @@ from itertools import accumulate, repeat
 from typing import Any, Generic, TypeVar
 
 import grpc
-import numpy as np
 
 from mqstore.client.compression import Compression, compress
 from mqstore.client.errors import ClientError, FailedPrecondition, InvalidArgument, refusal
+from mqstore.formats._core import uniq_properties
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import (
@@ -46,7 +46,7 @@ from mqstore.formats.properties import (
     UNIQ_KEY,
     encode_properties,
 )
-from mqstore.formats.record import PROPERTIES_END_BYTE, producer_properties_bytes_max
+from mqstore.formats.record import producer_properties_bytes_max
 from mqstore.limits import MessageLimits
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 
@@ -452,7 +452,7 @@ def prepare_batch(
             for u, k in zip(uniq_keys, keys, strict=True)
         ]
     else:
-        props = _uniq_props(prefix, uniq_keys)
+        props = uniq_properties(prefix, uniq_keys)
     widest = max(map(len, props)) if props else 0
     if widest > producer_properties_bytes_max(limits):
         raise InvalidArgument(
@@ -488,26 +488,6 @@ def prepare_batch(
         topic, queue_ids, body_list, props, sys_flags, uniq_keys,
         _share_bounds(weights, share_messages, share_bytes),
     )  # fmt: skip
-
-
-def _uniq_props(prefix: bytes, uniq_keys: list[str]) -> list[bytes]:
-    """`prefix + uniq key + 0x02` for each key, made as one byte matrix when the keys are of
-    one width (the producer's always are), rather than formatted one by one."""
-    n = len(uniq_keys)
-    width = len(uniq_keys[0]) if n else 0
-    if n == 0 or min(map(len, uniq_keys)) != width or max(map(len, uniq_keys)) != width:
-        return [b"%s%s\x02" % (prefix, u.encode()) for u in uniq_keys]
-    try:
-        chars = "".join(uniq_keys).encode("ascii")
-    except UnicodeEncodeError:
-        return [b"%s%s\x02" % (prefix, u.encode()) for u in uniq_keys]
-    rows = np.empty((n, len(prefix) + width + 1), dtype=np.uint8)
-    rows[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
-    rows[:, len(prefix) : -1] = np.frombuffer(chars, np.uint8).reshape(n, width)
-    rows[:, -1] = PROPERTIES_END_BYTE
-    # Each row ends with 0x02, so the fixed-width bytes view drops no trailing byte.
-    props: list[bytes] = rows.view(f"S{rows.shape[1]}").ravel().tolist()
-    return props
 
 
 def _queue_runs(first_queue: int, queues_per_topic: int, n: int) -> list[int]:

@@ -21,6 +21,8 @@ an included file of its own (the list at the bottom):
     _core_pull.pxi          pull_walk(...): a pull's walk over consume-queue units
     _core_dispatch.pxi      dispatch_columns(...), dispatch_of_runs(...): dispatch frames
                             from the segment and from held appends (dispatch_scan.py)
+    _core_ids.pxi           uniq_ids(...), uniq_properties(...): a producer batch's unique
+                            ids (msgid.py) and their UNIQ_KEY properties (client/batch.py)
 
 Built by setup.py (pip install, `make setup`) with gcc; the README's "The two commands" says
 what a machine needs.
@@ -299,3 +301,4 @@ include "_core_frames.pxi"
 include "_core_arrow.pxi"
 include "_core_pull.pxi"
 include "_core_dispatch.pxi"
+include "_core_ids.pxi"

@@ -250,6 +250,41 @@ def property_columns(object blobs):
     return tags_codes, keys, uniq_keys
 
 
+cdef bint _pairs(const unsigned char *q, Py_ssize_t n) noexcept nogil:
+    """property_shape.well_formed: q[:n] is key 0x01 value 0x02 pairs, every key non-empty
+    and free of 0x01 and 0x02, every value free of 0x02."""
+    cdef Py_ssize_t i = 0
+    cdef const unsigned char *end
+    while i < n:
+        if q[i] == 0x01 or q[i] == PROPERTIES_END_BYTE_:
+            return False  # an empty key, or an empty segment
+        while i < n and q[i] != 0x01:
+            if q[i] == PROPERTIES_END_BYTE_:
+                return False  # a segment without 0x01
+            i += 1
+        if i == n:
+            return False  # bytes after the last 0x02
+        end = <const unsigned char *>memchr(q + i + 1, PROPERTIES_END_BYTE_, <size_t>(n - i - 1))
+        if end == NULL:
+            return False
+        i = end - q + 1
+    return True
+
+
+def malformed_properties(object blobs):
+    """Indices of the properties blobs (bytes) that are not key 0x01 value 0x02 pairs
+    (property_shape.py's grammar), in order: [] for the usual batch."""
+    cdef list bad = []
+    cdef Py_ssize_t i = 0
+    cdef bytes raw
+    for blob in blobs:
+        raw = blob if type(blob) is bytes else bytes(blob)
+        if not _pairs(<const unsigned char *>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw)):
+            bad.append(i)
+        i += 1
+    return bad
+
+
 # The int columns of a held run (commitlog_svc/append_frames.py's AppendedRun) that
 # dispatch_of_runs copies as they are: (attribute, field key, whether the field is an int32).
 _RUN_COLUMNS = (

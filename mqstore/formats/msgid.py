@@ -18,7 +18,6 @@ the id does not depend on the host's time zone.
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import os
 import re
 import secrets
@@ -27,9 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from mqstore.errors import InvalidArgument
+from mqstore.formats import _core
 
 _OFFSET = struct.Struct(">q")
 # Unsigned: the ms since the month start pass 2**31 on the 25th day (RocketMQ writes the same
@@ -37,7 +35,6 @@ _OFFSET = struct.Struct(">q")
 _UNIQ_TAIL = struct.Struct(">IH")
 
 _HEX = re.compile(r"[0-9A-Fa-f]+")
-_COUNTER_HEX_CHARS = 4  # the id's last field: a 16-bit counter
 
 OFFSET_MSG_ID_V4_CHARS = 32
 OFFSET_MSG_ID_V6_CHARS = 56
@@ -86,32 +83,23 @@ class UniqIdGenerator:
             instance_hash = secrets.randbits(31)
         self._prefix = ip + struct.pack(">hi", os.getpid() & 0x7FFF, instance_hash)
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
-        self._counter = itertools.count()
+        self._counter = 0  # the next id's, taken under the lock
         self._lock = threading.Lock()
         # (start, end) of the current month in ms, replaced as one tuple: read without the lock.
         self._month: tuple[int, int] = (-1, -1)
         self._prefix_hex = self._prefix.hex().upper()
 
     def next_id(self) -> str:
-        # The same text as (prefix + pack(">IH", diff, counter)).hex().upper(): on every send.
-        diff = self._ms_into_month()
-        counter = next(self._counter) & 0xFFFF
-        return f"{self._prefix_hex}{diff & 0xFFFFFFFF:08X}{counter:04X}"
+        return self.next_ids(1)[0]
 
     def next_ids(self, n: int) -> list[str]:
-        """`n` ids at once (one clock read; the same as n calls to next_id within one ms),
-        made as one character matrix: formatting each id was a sixth of a producer's CPU."""
+        """`n` ids at once, one clock read: the same as n single ids made within one ms,
+        `prefix + pack(">IH", ms into the month, counter)` as uppercase hex each."""
         diff = self._ms_into_month()
-        # One C call takes all n counters: no thread's next_id takes a number in between.
-        counters = np.fromiter(itertools.islice(self._counter, n), dtype=np.int64, count=n)
-        head = np.frombuffer(f"{self._prefix_hex}{diff & 0xFFFFFFFF:08X}".encode(), np.uint8)
-        width = len(head) + _COUNTER_HEX_CHARS
-        chars = np.empty((n, width), dtype=np.uint8)
-        chars[:, : len(head)] = head
-        hexed = (counters & 0xFFFF).astype(">u2").tobytes().hex().upper().encode()
-        chars[:, len(head) :] = np.frombuffer(hexed, np.uint8).reshape(n, _COUNTER_HEX_CHARS)
-        # Hex digits are never NUL, so the fixed-width bytes view keeps every character.
-        return list(map(bytes.decode, chars.view(f"S{width}").ravel().tolist()))
+        with self._lock:  # no other thread takes a counter in between
+            first = self._counter
+            self._counter = first + n
+        return _core.uniq_ids(f"{self._prefix_hex}{diff & 0xFFFFFFFF:08X}", first, n)
 
     def _ms_into_month(self) -> int:
         """Milliseconds since the start of the current month (UTC), the id's time field."""

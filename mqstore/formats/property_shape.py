@@ -12,23 +12,19 @@ a segment without 0x01, an empty key, an empty segment, bytes after the last 0x0
 parser skips or cuts silently: the message would not read back as it was sent, so commitlog_svc
 refuses it (commitlog_svc/append_checks.py).
 
-`malformed` runs on every append, so a well-formed batch costs a few passes over the joined
-blobs at C speed (join, one translate, two substring searches) and one C-level map over the
-blobs for their last bytes, never a Python step per byte or per pair; only a batch that fails
-is looked at a blob at a time, and `malformed_reason` (the regex reference) says what is wrong.
+`malformed` runs on every append: the compiled core's check (_core_dispatch.pxi), pinned to
+`well_formed`, the grammar as a regex; `malformed_reason` says what is wrong with a blob.
 """
 
 from __future__ import annotations
 
-import operator
 import re
 from collections.abc import Sequence
 
+from mqstore.formats._core import malformed_properties
+
 # The grammar above as one regex: the reference the fast check is pinned to (tests).
 _PAIRS = re.compile(rb"(?:[^\x01\x02]+\x01[^\x02]*\x02)*")
-# translate() deletes these: every byte but the two separators.
-_NOT_SEPARATORS = bytes(b for b in range(256) if b not in (0x01, 0x02))
-_LAST_BYTE = operator.itemgetter(slice(-1, None))
 
 
 def well_formed(blob: bytes) -> bool:
@@ -37,26 +33,8 @@ def well_formed(blob: bytes) -> bool:
 
 
 def malformed(blobs: Sequence[bytes]) -> list[int]:
-    """Indices of the blobs that are not well formed, in order ([] for the usual batch).
-
-    Every blob ending in 0x02 (or empty) makes the blobs' segments the joined bytes' segments,
-    so the rest is checked once on the joined bytes: the separators alone (translate) must read
-    (0x01+ 0x02)* -- every segment holds a 0x01 -- and no key may be empty (no 0x01 first, none
-    right after a 0x02)."""
-    joined = b"".join(blobs)
-    if not joined:
-        return []
-    lasts = b"".join(map(_LAST_BYTE, blobs))  # b"" for an empty blob
-    if lasts.count(0x02) == len(lasts):
-        separators = joined.translate(None, _NOT_SEPARATORS)
-        if (
-            separators[:1] == b"\x01"
-            and b"\x02\x02" not in separators
-            and joined[0] != 0x01
-            and b"\x02\x01" not in joined
-        ):
-            return []
-    return [i for i, blob in enumerate(blobs) if not well_formed(blob)]
+    """Indices of the blobs that are not well formed, in order ([] for the usual batch)."""
+    return malformed_properties(blobs)
 
 
 def malformed_reason(blob: bytes) -> str:

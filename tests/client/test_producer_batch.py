@@ -5,6 +5,9 @@ message, and retries across a kill -9 of the commit log that store nothing twice
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import os
+import struct
 import threading
 import time
 from collections import Counter
@@ -27,10 +30,10 @@ from mqstore.client.batch import (
     PreparedBatch,
     RequestAnswer,
     _queue_runs,
-    _uniq_props,
 )
 from mqstore.client.errors import InvalidArgument, MessageRefused, ResourceExhausted, Unavailable
 from mqstore.formats import sysflag
+from mqstore.formats._core import uniq_properties
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import UniqIdGenerator
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
@@ -318,11 +321,29 @@ def test_the_asyncio_producer_sends_batches(settings: ClientSettings, topic: str
     assert len({o for r in results for o in r.commit_log_offsets}) == 200
 
 
-def test_unique_ids_made_in_bulk_are_those_made_one_by_one() -> None:
-    one = UniqIdGenerator(instance_hash=7, clock_ms=lambda: 1_700_000_000_000)
-    bulk = UniqIdGenerator(instance_hash=7, clock_ms=lambda: 1_700_000_000_000)
-    singles = [one.next_id() for _ in range(70_000)]
-    assert bulk.next_ids(70_000) == singles  # the counter wraps at 65,536 the same way
+@given(
+    ip=st.sampled_from([b"\x7f\x00\x00\x01", bytes(range(16))]),
+    instance_hash=st.integers(0, 2**31 - 1),
+    now_ms=st.integers(1_600_000_000_000, 1_900_000_000_000),
+    taken=st.integers(0, 70_000),
+    n=st.integers(0, 300),
+)
+def test_unique_ids_made_in_bulk_are_the_reference_text(
+    ip: bytes, instance_hash: int, now_ms: int, taken: int, n: int
+) -> None:
+    """The compiled ids (msgid.py) against the format written out: the prefix, the ms into
+    the month and the 16-bit counter, packed and hexed, the counter wrapping at 65,536."""
+    ids = UniqIdGenerator(ip, instance_hash=instance_hash, clock_ms=lambda: now_ms)
+    ids.next_ids(taken)
+    month = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.UTC).replace(
+        day=1, hour=0, minute=0, second=0, microsecond=0
+    )
+    diff = now_ms - int(month.timestamp() * 1000)
+    prefix = ip + struct.pack(">hi", os.getpid() & 0x7FFF, instance_hash)
+    wanted = [
+        (prefix + struct.pack(">IH", diff, (taken + i) & 0xFFFF)).hex().upper() for i in range(n)
+    ]
+    assert ids.next_ids(n) == wanted
 
 
 def test_unique_ids_in_bulk_mixed_with_single_ones_are_all_distinct() -> None:
@@ -338,16 +359,14 @@ def test_queue_runs_are_the_round_robin_formula(first: int, queues: int, n: int)
     assert _queue_runs(first, queues, n) == expected
 
 
-@given(
-    prefix=st.binary(max_size=40),
-    keys=st.lists(st.text(max_size=6), max_size=30),
-    width=st.integers(0, 8),
-)
-def test_uniq_properties_in_one_matrix_are_those_formatted_one_by_one(
-    prefix: bytes, keys: list[str], width: int
-) -> None:
-    for uniq in (keys, [k.ljust(width, "0")[:width] for k in keys]):  # mixed, then one width
-        assert _uniq_props(prefix, uniq) == [b"%s%s\x02" % (prefix, u.encode()) for u in uniq]
+@given(prefix=st.binary(max_size=40), keys=st.lists(st.text(max_size=40), max_size=30))
+def test_uniq_properties_are_those_formatted_one_by_one(prefix: bytes, keys: list[str]) -> None:
+    assert uniq_properties(prefix, keys) == [b"%s%s\x02" % (prefix, u.encode()) for u in keys]
+
+
+def test_uniq_properties_refuse_a_key_that_is_not_text() -> None:
+    with pytest.raises(TypeError):
+        uniq_properties(b"p", ["ok", b"bytes"])  # type: ignore[list-item]
 
 
 def test_a_kill_9_of_the_commit_log_mid_batches_stores_every_message_once(
