@@ -43,26 +43,40 @@ class DispatchScan:
         return self.response.batch
 
 
+# SubscribeResponse's `batch` (field 2, length-delimited): the key a held frame's wire
+# bytes start with.
+_BATCH_FIELD_KEY = bytes([2 << 3 | 2])
+
+
+@dataclass(frozen=True, slots=True)
+class HeldFrame:
+    """A frame of held entries as the SubscribeResponse wire bytes the stream sends as they
+    are (rpc/admission.py passes bytes through), and what the stream needs to know of it."""
+
+    wire: bytes
+    next_offset: int
+    entries: int
+
+
 def frame_of_runs(
     slices: Sequence[RunSlice], include_keys: bool, records_bytes_max: int = 0
-) -> pb.SubscribeResponse:
+) -> HeldFrame:
     """The frame of entries held from the appends (append_frames.py): the same columns a scan
-    of their records gives, written as wire bytes the batch merges by the compiled core's
-    dispatch_of_runs, in one call. Its batch's next_offset is where the subscriber goes on.
-    `records_bytes_max` > 0: with the records the appends wrote, when every slice still holds
-    them and they take at most that many bytes (else none: a frame must stay under the gRPC
-    message limit)."""
-    response = pb.SubscribeResponse()
-    batch = response.batch
+    of their records gives, written as DispatchBatch wire bytes by the compiled core's
+    dispatch_of_runs in one call, the offsets, topics and records after them (a message's
+    fields may come in any order, a repeated one in pieces). Its next_offset is where the
+    subscriber goes on. `records_bytes_max` > 0: with the records the appends wrote, when
+    every slice still holds them and they take at most that many bytes (else none: a frame
+    must stay under the gRPC message limit)."""
     first, last = slices[0], slices[-1]
-    batch.start_offset = first.run.offsets[first.lo]
+    tail = pb.DispatchBatch(start_offset=first.run.offsets[first.lo])
     if last.hi == len(last.run.offsets):
-        batch.next_offset = last.run.end
+        tail.next_offset = last.run.end
     else:
-        batch.next_offset = last.run.offsets[last.hi]
+        tail.next_offset = last.run.offsets[last.hi]
     topics: dict[str, int] = {}  # the frame's, in order of first use
-    batch.MergeFromString(dispatch_of_runs(slices, topics, include_keys))
-    batch.topics.extend(topics)
+    columns = dispatch_of_runs(slices, topics, include_keys)
+    tail.topics.extend(topics)
     if records_bytes_max > 0:
         pieces: list[bytes] = []
         for piece in slices:
@@ -72,8 +86,20 @@ def frame_of_runs(
             pieces.append(got)
         else:
             if sum(map(len, pieces)) <= records_bytes_max:
-                batch.records = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    return response
+                tail.records = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    rest = tail.SerializeToString()
+    wire = b"".join((_BATCH_FIELD_KEY, _varint(len(columns) + len(rest)), columns, rest))
+    return HeldFrame(wire, tail.next_offset, sum(s.hi - s.lo for s in slices))
+
+
+def _varint(value: int) -> bytes:
+    """`value` (>= 0) as a protobuf varint: seven bits a byte, low bits first."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def scan_dispatch(

@@ -568,9 +568,11 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             truncate_offset=truncate,
         )
 
-    def Subscribe(
+    # The generated servicer types the stream as messages only; admission passes bytes through.
+    def Subscribe(  # type: ignore[override]
         self, request: pb.SubscribeRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.SubscribeResponse]:
+    ) -> Iterator[pb.SubscribeResponse | bytes]:
+        """The handshake, then dispatch frames; a held frame goes as its wire bytes."""
         sid = request.subscriber_id
         if not sid or len(sid.encode()) > SUBSCRIBER_ID_BYTES_MAX:
             raise InvalidArgument(
@@ -646,7 +648,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         linger_s: float,
         context: grpc.ServicerContext,
         gone: threading.Event,
-    ) -> Iterator[pb.SubscribeResponse]:
+    ) -> Iterator[pb.SubscribeResponse | bytes]:
         engine = self.engine
         next_frame_at = 0.0  # with a linger: when the next frame may go (unless one filled)
         while not gone.is_set() and context.is_active():
@@ -673,10 +675,10 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                 records_max = self._records_frame_bytes if sid in self._with_records else 0
                 frame = frame_of_runs(held, include_keys, records_max)
                 metrics.DISPATCH_FRAMES.labels("appended").inc()
-                yield frame
-                offset = frame.batch.next_offset
+                yield frame.wire
+                offset = frame.next_offset
                 self.registry.advance(sid, offset)
-                next_frame_at = _next_frame_at(frame.batch, linger_s, entries_max)
+                next_frame_at = _next_frame_at(frame.entries, linger_s, entries_max)
                 continue
             if held is None:  # not held (behind the window, a blank, a gap): scan
                 response, offset = self._frames.frame(
@@ -691,7 +693,9 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             if response is not None:
                 yield response
                 self.registry.advance(sid, offset)
-                next_frame_at = _next_frame_at(response.batch, linger_s, entries_max)
+                next_frame_at = _next_frame_at(
+                    len(response.batch.commit_log_offsets), linger_s, entries_max
+                )
                 continue
             engine.wait_for_data(max(offset, seen), SUBSCRIBE_WAIT_S)
 
@@ -986,9 +990,9 @@ def _reserved_in(props: list[bytes]) -> str | None:
     return None
 
 
-def _next_frame_at(batch: pb.DispatchBatch, linger_s: float, entries_max: int) -> float:
-    """When a lingering subscriber's next frame may go: at once after a full frame (it is
-    behind), else a linger after this one."""
-    if not linger_s or len(batch.commit_log_offsets) >= entries_max:
+def _next_frame_at(entries: int, linger_s: float, entries_max: int) -> float:
+    """When a lingering subscriber's next frame (of `entries`) may go: at once after a full
+    frame (it is behind), else a linger after this one."""
+    if not linger_s or entries >= entries_max:
         return 0.0
     return time.monotonic() + linger_s

@@ -14,6 +14,9 @@
     ends the stream for the handler (it never sees it nor anything after it), and once the
     handler has answered the requests before it the call ends with that request's status.
 
+    a response: serialized by the method's serializer, unless the handler made it bytes
+    already (its wire bytes).
+
     a stream of responses: the caller checked again before each (Caller.revalidate: after a
     reload of the tokens file, a removed token or narrowed scopes end the stream with
     UNAUTHENTICATED / PERMISSION_DENIED; otherwise one attribute compared).
@@ -170,6 +173,20 @@ def _bound(caller: Caller) -> contextlib.AbstractContextManager[Any]:
     return structlog.contextvars.bound_contextvars(caller=caller.name)
 
 
+def _bytes_as_they_are(
+    serialize: Callable[[Any], bytes] | None,
+) -> Callable[[Any], bytes] | None:
+    """The method's response serializer, passing a response that is bytes already (a frame
+    whose wire bytes a handler wrote itself, commitlog_svc's held dispatch frames) through."""
+    if serialize is None:
+        return None
+
+    def serialized(response: Any) -> bytes:
+        return response if type(response) is bytes else serialize(response)
+
+    return serialized
+
+
 def admit_handler(
     handler: grpc.RpcMethodHandler[Any, Any],
     method: str,
@@ -180,7 +197,10 @@ def admit_handler(
     if deserializer is None:
         return handler  # takes bytes already: nothing to parse (tests' echo handlers)
     decode = Decoder(method, deserializer)
-    serializer = {"request_deserializer": None, "response_serializer": handler.response_serializer}
+    serializer = {
+        "request_deserializer": None,
+        "response_serializer": _bytes_as_they_are(handler.response_serializer),
+    }
 
     if handler.unary_unary is not None:
         unary_unary = handler.unary_unary

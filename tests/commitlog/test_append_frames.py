@@ -14,7 +14,7 @@ from commitlog_svc.append_frames import (
     RunSlice,
     dispatch_properties,
 )
-from commitlog_svc.dispatch_scan import frame_of_runs
+from commitlog_svc.dispatch_scan import HeldFrame, frame_of_runs
 from mqstore.formats._core import dispatch_of_runs
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import encode_properties
@@ -39,6 +39,15 @@ def run(start: int, count: int, records: bytes | None = None) -> AppendedRun:
         props=DispatchProperties([0] * count, [""] * count, [""] * count),
         records=records,
     )
+
+
+def batch_of(frame: HeldFrame) -> pb.DispatchBatch:
+    """The frame as its subscriber reads it: the wire bytes parsed."""
+    response = pb.SubscribeResponse.FromString(frame.wire)
+    assert response.WhichOneof("frame") == "batch"
+    assert frame.next_offset == response.batch.next_offset
+    assert frame.entries == len(response.batch.commit_log_offsets)
+    return response.batch
 
 
 def records_of(start: int, count: int) -> bytes:
@@ -156,12 +165,12 @@ def test_a_frame_carries_records_only_within_its_bound_and_only_all_of_them() ->
     first, second = run(0, 10, records_of(0, 10)), run(1000, 10, records_of(1000, 10))
     both = [RunSlice(first, 2, 10), RunSlice(second, 0, 4)]
     wanted = records_of(200, 8) + records_of(1000, 4)
-    assert frame_of_runs(both, False, len(wanted)).batch.records == wanted
-    assert frame_of_runs(both, False, len(wanted) - 1).batch.records == b""  # over the bound
-    assert frame_of_runs(both, False).batch.records == b""  # not asked
+    assert batch_of(frame_of_runs(both, False, len(wanted))).records == wanted
+    assert batch_of(frame_of_runs(both, False, len(wanted) - 1)).records == b""  # over the bound
+    assert batch_of(frame_of_runs(both, False)).records == b""  # not asked
     second.records = None  # dropped to bound memory: none at all, not a part
-    assert frame_of_runs(both, False, 1 << 20).batch.records == b""
-    assert list(frame_of_runs(both, False, 1 << 20).batch.commit_log_offsets) == [
+    assert batch_of(frame_of_runs(both, False, 1 << 20)).records == b""
+    assert list(batch_of(frame_of_runs(both, False, 1 << 20)).commit_log_offsets) == [
         *range(200, 1000, SIZE),
         *range(1000, 1400, SIZE),
     ]
@@ -234,7 +243,7 @@ def frame_entry_by_entry(slices: list[RunSlice], include_keys: bool) -> pb.Dispa
 def test_a_frame_of_runs_holds_each_entry_as_appended_one_by_one(
     slices: list[RunSlice], include_keys: bool
 ) -> None:
-    got = frame_of_runs(slices, include_keys).batch
+    got = batch_of(frame_of_runs(slices, include_keys))
     last = slices[-1]
     wanted = frame_entry_by_entry(slices, include_keys)
     wanted.start_offset = slices[0].run.offsets[slices[0].lo]
