@@ -481,6 +481,7 @@ class Consumer:
                     len(messages) if limit is None else min(len(messages), taken + limit - handed)
                 )
                 for at in range(taken, stop, MADE_CHUNK):
+                    auto_commit = self.auto_commit
                     for i, message in enumerate(
                         messages.made(at, min(stop, at + MADE_CHUNK)), at + 1
                     ):
@@ -491,7 +492,7 @@ class Consumer:
                         # A poll, a seek or a close between two messages: stop here.
                         if state.taken != i or self._closed or queues.get(q) is not state:
                             break
-                        if self.auto_commit:
+                        if auto_commit:
                             self._maybe_auto_commit()
                     else:
                         continue
