@@ -53,6 +53,18 @@ def check(
 ) -> tuple[bytearray, list[bytes] | None, list[tuple[int, int, int, int]], int]: ...
 def chain(buf: Buffer, pos: int, end: int, base_offset: int) -> tuple[bytearray, int]: ...
 
+# the SDK's Messages of a checked run (client/message.py MessageRun.made)
+
+def lazy_messages(
+    cls: type[_T],
+    bodies: list[bytes],
+    blobs: list[bytes],
+    starts: list[int],
+    ends: list[int],
+    start: int,
+    stop: int,
+) -> list[_T]: ...
+
 # _core_encode.pxi
 
 def encode(
@@ -199,15 +211,3 @@ def dispatch_of_runs(
     slices: Iterable[HeldSlice], topics: dict[str, int], include_keys: bool
 ) -> bytes: ...
 def property_columns(blobs: Iterable[bytes]) -> tuple[list[int], list[str], list[str]]: ...
-
-# _core_check.pxi: the SDK's Messages of a checked run (client/message.py MessageRun.made)
-
-def lazy_messages(
-    cls: type[_T],
-    bodies: list[bytes],
-    blobs: list[bytes],
-    starts: list[int],
-    ends: list[int],
-    start: int,
-    stop: int,
-) -> list[_T]: ...
