@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from mqstore.client.answers import ConsumerStats, read_answer
 from mqstore.client.checks import OnBadRecord
@@ -47,18 +46,35 @@ _LOST = frozenset({pb.OFFSET_TOO_SMALL, pb.MESSAGE_WAS_REMOVING, pb.OFFSET_FOUND
 _AT_END = frozenset({pb.OFFSET_OVERFLOW_ONE, pb.NO_MESSAGE_IN_QUEUE})
 
 
-@dataclass
 class QueueState:
     """Client-side state of one assigned queue (see the module docstring)."""
 
-    fetch_at: int
-    position: int
-    messages: MessageRun = field(default_factory=lambda: decode_answer(b"", ())[0])
-    offsets: list[int] = field(default_factory=list)
-    taken: int = 0
-    bad: BadRecord | None = None
-    # A hint for poll, and what messages(follow=False) stops on.
-    caught_up: bool = False
+    __slots__ = ("_position", "bad", "caught_up", "fetch_at", "messages", "offsets", "taken")
+
+    def __init__(self, fetch_at: int, position: int) -> None:
+        self.fetch_at = fetch_at
+        self._position = position  # where the queue stood when the buffered batch came
+        self.messages: MessageRun = decode_answer(b"", ())[0]
+        self.offsets: list[int] = []
+        self.taken = 0
+        self.bad: BadRecord | None = None
+        # A hint for poll, and what messages(follow=False) stops on.
+        self.caught_up = False
+
+    @property
+    def position(self) -> int:
+        """The next offset to hand out: past the last message handed out (the buffer's end
+        once it is all out), so that handing one out moves `taken` alone."""
+        taken = self.taken
+        if not taken:
+            return self._position
+        if taken < len(self.offsets):
+            return self.offsets[taken - 1] + 1
+        return self.end
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self._position = value
 
     @property
     def buffered(self) -> bool:
@@ -73,6 +89,13 @@ class QueueState:
         """The position once every buffered message is handed out: the bad record's offset
         when one comes next, else where the next pull starts."""
         return self.bad.queue_offset if self.bad is not None else self.fetch_at
+
+    def __repr__(self) -> str:
+        return (
+            f"QueueState(fetch_at={self.fetch_at}, position={self.position}, "
+            f"buffered={len(self.messages) - self.taken}, bad={self.bad!r}, "
+            f"caught_up={self.caught_up})"
+        )
 
 
 class Buffer:
@@ -169,6 +192,7 @@ class Buffer:
                     # behind a follow stream time quadratic in its backlog).
                     messages = state.messages.after(state.taken, messages)
                     offsets = state.offsets[state.taken :] + offsets
+            state.position = state.position  # what was handed out stays out
             state.messages, state.offsets, state.taken = messages, offsets, 0
             state.bad = bad
             state.fetch_at = next_begin

@@ -88,7 +88,7 @@ from mqstore.client.fetchers import (
     PullAhead,
     PullCalls,
 )
-from mqstore.client.message import Message, PolledBatch, ReceivedMessage
+from mqstore.client.message import MADE_CHUNK, Message, PolledBatch, ReceivedMessage
 from mqstore.client.positions import (
     AUTO_COMMIT_INTERVAL_S_DEFAULT,
     Fallback,
@@ -473,23 +473,30 @@ class Consumer:
                 if not state.has_messages:
                     buffer.hand_out_bad(state)  # raises (on_bad_record="raise")
                     continue
-                messages, offsets = state.messages, state.offsets
-                last = len(messages) - 1
-                expected = state.taken
-                for message in messages.iter_from(state.taken):
-                    i = state.taken
-                    # (A poll or a seek between two messages moved the queue on: stop here.)
-                    if i != expected or (limit is not None and handed >= limit):
-                        break
-                    state.taken = expected = i + 1
-                    state.position = offsets[i] + 1 if i < last else state.end
-                    stats.messages += 1
-                    handed += 1
-                    yield message
-                    if self._closed or queues.get(q) is not state or state.messages is not messages:
-                        break
-                    if self.auto_commit:
-                        self._maybe_auto_commit()
+                # A chunk of the batch made at once (MessageRun.made), handed out one by one;
+                # the queue's position follows `taken` (QueueState.position).
+                messages = state.messages
+                taken = state.taken
+                stop = (
+                    len(messages) if limit is None else min(len(messages), taken + limit - handed)
+                )
+                for at in range(taken, stop, MADE_CHUNK):
+                    auto_commit = self.auto_commit
+                    for i, message in enumerate(
+                        messages.made(at, min(stop, at + MADE_CHUNK)), at + 1
+                    ):
+                        state.taken = i
+                        stats.messages += 1
+                        handed += 1
+                        yield message
+                        # A poll, a seek or a close between two messages: stop here.
+                        if state.taken != i or self._closed or queues.get(q) is not state:
+                            break
+                        if auto_commit:
+                            self._maybe_auto_commit()
+                    else:
+                        continue
+                    break
                 continue
             if follow:
                 # With long polling off, a caught-up round still pauses (IDLE_PAUSE_S).

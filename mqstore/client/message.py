@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Final, overload
 from mqstore.client.compression import decompress
 from mqstore.client.errors import DataLoss
 from mqstore.formats import sysflag
+from mqstore.formats._core import lazy_messages
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
 from mqstore.formats.record import (
@@ -73,6 +74,9 @@ FIELDS: Final = (
 # What a lazily built message decodes from its record on first use.
 _LAZY_FIELDS: Final = frozenset(FIELDS) - {"body"}
 _PHYSICAL_OFFSET: Final = struct.Struct(">q")
+# Messages a consumer's loop makes at once (MessageRun.iter_from): a loop stopped after a
+# few has made at most this many; each call costs about a message's making (~1 us).
+MADE_CHUNK: Final = 128
 
 
 class Message:
@@ -340,15 +344,6 @@ class _Raws:
     def __getitem__(self, i: int) -> bytes:
         return self.blobs[i][self.starts[i] : self.ends[i]]
 
-    def cut(self, start: int, stop: int) -> list[bytes]:
-        """Records start..stop (of this run) as bytes each."""
-        return [
-            blob[a:b]
-            for blob, a, b in zip(
-                self.blobs[start:stop], self.starts[start:stop], self.ends[start:stop], strict=True
-            )
-        ]
-
     def tail(self, start: int) -> _Raws:
         return _Raws(self.blobs[start:], self.starts[start:], self.ends[start:])
 
@@ -363,11 +358,12 @@ class _Raws:
 
 class MessageRun(Sequence[Message]):
     """A checked batch's messages, each one made when it is asked for. A consumer that hands
-    messages out one at a time (Consumer.messages) makes each as it goes, and the caller's
-    loop drops it again: a thousand Messages made at once and kept until handed out outlive
-    the collector's youngest generation, and its scans of them were ~15 % of a consumer's CPU
-    at 1 KiB. Asking for one index twice gives two equal Messages. Messages made already (a
-    batch's answer in the `records` form, PolledBatch.of) are held by index (`made`)."""
+    messages out one at a time (Consumer.messages) makes them a chunk at a time (`made`, one
+    compiled loop: Python's object.__new__ and two attribute stores were ~0.3 us a message),
+    out of the cycle collector: a thousand tracked Messages kept until handed out outlived
+    its youngest generation, and its scans of them were ~15 % of a consumer's CPU at 1 KiB.
+    Asking for one index twice gives two equal Messages. Messages made already (a batch's
+    answer in the `records` form, PolledBatch.of) are held by index (`_made`)."""
 
     __slots__ = ("_bodies", "_made", "_raws")
 
@@ -387,11 +383,10 @@ class MessageRun(Sequence[Message]):
     def __getitem__(self, index: int | slice) -> Message | list[Message]:
         n = len(self._bodies)
         if isinstance(index, slice):
-            if not self._made:  # the usual batch: the tight loop of decode_batch
-                start, stop, step = index.indices(n)
-                if step == 1:
-                    return _lazy_messages(self._bodies[index], self._raws.cut(start, stop))
-            return [self._one(k) for k in range(*index.indices(n))]
+            start, stop, step = index.indices(n)
+            if step == 1 and not self._made:  # the usual batch
+                return self.made(start, stop)
+            return [self._one(k) for k in range(start, stop, step)]
         if index < 0:
             index += n
         if not 0 <= index < n:
@@ -432,31 +427,30 @@ class MessageRun(Sequence[Message]):
         if more._made:
             self._made.update((i + shift, m) for i, m in more._made.items())
 
-    def iter_from(self, start: int) -> Iterator[Message]:
-        """Messages start.. of the run, each made as the loop gets to it (a consumer handing
-        messages out one at a time: cheaper than indexing the run for each)."""
+    def made(self, start: int, stop: int) -> list[Message]:
+        """Messages start..stop of the run, made now (one compiled loop, _core.lazy_messages:
+        each a Message with its body and a copy of its record, every other field decoded on
+        first read). Left out of the cycle collector: a batch of them kept while it is handed
+        out is not scanned by each young-generation collection (message.py's Message holds
+        no reference that could lead back to it)."""
+        stop = min(stop, len(self._bodies))
         if self._made:
-            for i in range(start, len(self._bodies)):
-                yield self._one(i)
-            return
-        new = object.__new__
-        bodies, raws = self._bodies, self._raws
-        blobs, starts, ends = raws.blobs, raws.starts, raws.ends
-        for i in range(start, len(bodies)):
-            m = new(Message)
-            m.body = bodies[i]
-            m._raw = blobs[i][starts[i] : ends[i]]
-            yield m
+            return [self._one(i) for i in range(start, stop)]
+        raws = self._raws
+        return lazy_messages(Message, self._bodies, raws.blobs, raws.starts, raws.ends, start, stop)
+
+    def iter_from(self, start: int) -> Iterator[Message]:
+        """Messages start.. of the run, made a chunk at a time as the loop gets to them."""
+        for at in range(start, len(self._bodies), MADE_CHUNK):
+            yield from self.made(at, at + MADE_CHUNK)
 
     def _one(self, i: int) -> Message:
         if self._made:
             m = self._made.get(i)
             if m is not None:
                 return m
-        m = object.__new__(Message)
-        m.body = self._bodies[i]
-        m._raw = self._raws[i]
-        return m
+        raws = self._raws
+        return lazy_messages(Message, self._bodies, raws.blobs, raws.starts, raws.ends, i, i + 1)[0]
 
 
 class PolledBatch(Sequence[Message]):
@@ -588,16 +582,3 @@ def _fields_of(r: Record | CheckedFields) -> dict[str, Any]:
         "size": r.total_size,
         "msg_id": offset_msg_id(r.store_host, r.physical_offset),
     }
-
-
-def _lazy_messages(bodies: list[bytes], raws: list[bytes]) -> list[Message]:
-    # A plain loop: faster than setattr mapped over the objects.
-    new = object.__new__
-    out: list[Message] = []
-    append = out.append
-    for body, raw in zip(bodies, raws, strict=True):
-        m = new(Message)
-        m.body = body
-        m._raw = raw
-        append(m)
-    return out

@@ -1,12 +1,14 @@
 """Types of the compiled record core (mqstore/formats/_core.pyx)."""
 
 from collections.abc import Iterable
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from mqstore.formats.record import Buffer
+
+_T = TypeVar("_T")
 
 QUEUE_ID_POS: Final[int]
 QUEUE_OFFSET_POS: Final[int]
@@ -50,6 +52,18 @@ def check(
     check_crc: bool = True,
 ) -> tuple[bytearray, list[bytes] | None, list[tuple[int, int, int, int]], int]: ...
 def chain(buf: Buffer, pos: int, end: int, base_offset: int) -> tuple[bytearray, int]: ...
+
+# the SDK's Messages of a checked run (client/message.py MessageRun.made)
+
+def lazy_messages(
+    cls: type[_T],
+    bodies: list[bytes],
+    blobs: list[bytes],
+    starts: list[int],
+    ends: list[int],
+    start: int,
+    stop: int,
+) -> list[_T]: ...
 
 # _core_encode.pxi
 

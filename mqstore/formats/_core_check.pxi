@@ -8,7 +8,10 @@ from cpython.bytearray cimport (
     PyByteArray_Resize,
 )
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyObject_CheckBuffer
+from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject_SetAttr, PyTypeObject
+from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.string cimport memcpy
 
 # The columns of check()'s answer, each n int64s, one after the other.
@@ -224,3 +227,54 @@ def chain(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset):
         held.release()
     PyByteArray_Resize(starts, count * sizeof(int64_t))
     return starts, pos
+
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void *op)
+    # What a class statement's type allocates with (type_new sets tp_alloc to it).
+    PyObject *PyType_GenericAlloc(PyTypeObject *tp, Py_ssize_t nitems) except NULL
+
+cdef str _BODY = "body"
+cdef str _RAW = "_raw"
+
+
+def lazy_messages(
+    type cls, list bodies, list blobs, list starts, list ends, Py_ssize_t start, Py_ssize_t stop
+):
+    """[m_start, ..., m_stop-1]: for each i an instance of `cls` (a class of __slots__ without
+    __init__ side effects: the SDK's Message) made without __init__, its `body` bodies[i] and its
+    `_raw` blobs[i][starts[i]:ends[i]] (a copy: a message kept holds no blob), every other slot
+    unset (filled on first read, message.py).
+
+    Each is left out of the cycle collector: it holds bytes, and once decoded ints, strs and a
+    dict of strs, none of which can lead back to it. A consumer's batch of a thousand made at
+    once would otherwise be scanned by the youngest generation's collections and moved to the
+    older ones while it is handed out."""
+    if stop > len(bodies) or stop > len(blobs) or stop > len(starts) or stop > len(ends):
+        raise IndexError("stop past the columns")
+    if start < 0 or start > stop:
+        raise IndexError("start outside the columns")
+    cdef PyTypeObject *tp = <PyTypeObject *>cls
+    cdef list out = PyList_New(stop - start)
+    cdef Py_ssize_t i
+    cdef PyObject *made
+    cdef object m
+    cdef bytes blob
+    cdef const char *data
+    cdef Py_ssize_t a, b
+    for i in range(start, stop):
+        blob = blobs[i]
+        a = starts[i]
+        b = ends[i]
+        if not (0 <= a <= b <= PyBytes_GET_SIZE(blob)):
+            raise IndexError(f"record {i} [{a}, {b}) outside its blob")
+        made = PyType_GenericAlloc(tp, 0)
+        m = <object>made
+        Py_DECREF(m)  # <object> took a reference of its own: the one tp_alloc made goes
+        PyObject_GC_UnTrack(made)
+        PyObject_SetAttr(m, _BODY, bodies[i])
+        data = PyBytes_AS_STRING(blob)
+        PyObject_SetAttr(m, _RAW, PyBytes_FromStringAndSize(data + a, b - a))
+        Py_INCREF(m)
+        PyList_SET_ITEM(out, i - start, m)
+    return out

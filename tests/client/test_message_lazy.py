@@ -6,8 +6,10 @@ No service runs here: the records are encoded with the store's own codec."""
 
 from __future__ import annotations
 
+import gc
 import pickle
 import struct
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -24,6 +26,7 @@ from mqstore.client.message import (
     decode_records,
     decode_run,
 )
+from mqstore.formats._core import lazy_messages
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import Record, encode_record, pack_host, read_record
 from mqstore.limits import MessageLimits
@@ -162,6 +165,34 @@ def test_a_run_makes_the_messages_decode_batch_makes_as_they_are_asked_for() -> 
     assert plain_run[::-3][0] == eager(plain[-1])
     empty, none = decode_run(b"", [])
     assert len(empty) == 0 and none == [] and not empty
+
+
+def test_the_compiled_builder_makes_each_message_from_its_body_and_a_copy_of_its_record() -> None:
+    """_core.lazy_messages (MessageRun.made): records from several blobs (a run joined from
+    two answers), each Message the record-by-record decode's value, holding a copy of its
+    record (not its answer's blob), out of the cycle collector, and nothing leaked."""
+    first, second = assorted(), [record(i) for i in range(50, 60)]
+    run = decode_run(b"".join(first), [len(r) for r in first])[0]
+    run.extend(decode_run(b"".join(second), [len(r) for r in second])[0])
+    raws = run._raws
+    want = [eager(r) for r in first + second]
+    for start, stop in [(0, len(want)), (3, 9), (11, 14), (5, 5)]:
+        got = lazy_messages(Message, run._bodies, raws.blobs, raws.starts, raws.ends, start, stop)
+        assert got == want[start:stop]
+        for message in got:
+            assert not gc.is_tracked(message)
+            assert sys.getrefcount(message) == 3  # the list's, the loop's, getrefcount's
+            raw = message._raw
+            assert raw is not None and len(raw) == message.size
+            assert sys.getrefcount(raw) == 3  # the slot's, `raw`'s, getrefcount's
+    made = [run.made(k, k + 4) for k in range(0, len(want), 4)]
+    assert [m for chunk in made for m in chunk] == want == list(run.iter_from(0))
+    assert list(run.iter_from(len(want) - 2)) == want[-2:] and run.made(20, 99) == want[20:]
+    for start, stop in [(0, len(want) + 1), (-1, 3), (4, 3)]:
+        with pytest.raises(IndexError):
+            lazy_messages(Message, run._bodies, raws.blobs, raws.starts, raws.ends, start, stop)
+    with pytest.raises(IndexError):  # a record's bounds outside its blob
+        lazy_messages(Message, [b"x"], [b"abc"], [1], [9], 0, 1)
 
 
 @pytest.mark.parametrize("start", [0, 3, 6, 7, 12])
