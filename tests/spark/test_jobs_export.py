@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from mqstore.client import Admin, ClientSettings, Producer
 from mqstore.spark.jobs import export
 from tests.spark.conftest import connection_options
@@ -36,6 +38,14 @@ def test_export_of_a_raw_log_reads_back_equal_partitioned_by_topic_and_date(
     assert got == want
     wrong_date = back.filter("date != to_date(timestamp_millis(storeTimestampMs))").count()
     assert wrong_date == 0
+    # Each file holds each of its queues' rows in queue order (docs/spark.md, "Jobs").
+    files = sorted(out.glob("topic=*/date=*/*.parquet"))
+    assert files
+    for path in files:
+        rows = pq.read_table(path, columns=["queueId", "queueOffset"]).to_pylist()
+        for qid in {r["queueId"] for r in rows}:
+            offsets = [r["queueOffset"] for r in rows if r["queueId"] == qid]
+            assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), path
 
 
 def test_export_of_a_topic_through_the_services_reads_back_every_message(

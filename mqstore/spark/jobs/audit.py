@@ -90,6 +90,15 @@ FINDINGS_SCHEMA: Final = (
 FINDINGS_PER_GROUP_MAX: Final = 1_000
 FINDINGS_PRINTED_DEFAULT: Final = 1_000
 KINDS: Final = ("missing", "extra", "mismatched")
+# The row each queue or index file's check adds to its findings, so that the driver learns
+# which groups the log implies from the check's own results, not from another pass over them.
+CHECKED: Final = "checked"
+# The log's columns the audit reads (log_bounds, queue_entries_df, index_keys_df): the cached
+# copy of the log holds these, not the properties map, hosts and ids of every record.
+LOG_COLUMNS: Final = (
+    "commitLogOffset", "totalSize", "topic", "queueId", "queueOffset", "sysFlag", "tags", "keys",
+    "uniqKey", "storeTimestampMs", "badReason",
+)  # fmt: skip
 
 EXIT_OK: Final = 0
 EXIT_FOUND: Final = 1
@@ -158,9 +167,11 @@ class _Capped:
                 )
         return out
 
-    def frame(self) -> Any:
+    def frame(self, checked: str = "") -> Any:
+        """The findings as rows, then the CHECKED row of this group (`checked` its detail)."""
+        done = Finding(self.structure, CHECKED, self.location, checked, 0)
         return pd.DataFrame(
-            [dataclasses.astuple(f) for f in self.findings()],
+            [dataclasses.astuple(f) for f in [*self.findings(), done]],
             columns=["structure", "kind", "location", "detail", "findings"],
         )
 
@@ -409,14 +420,16 @@ def audit(
     steps = 1 + (cq_dir is not None) + (index_dir is not None)
     progress = progress or JobProgress(spark, "audit", steps, show=False)
     log_df = read_log(spark, log_dir, include_body=False, split_bytes=split_bytes)
+    # Read once: the bounds' pass fills the cache the checks read.
+    cached = log_df.select(*LOG_COLUMNS).cache()
     report = AuditReport()
-    with progress.step("reading the log"):
-        records, _, log_end = log_bounds(log_df, log_dir)
-        end = log_end if end_offset is None else min(end_offset, log_end)
-        report.end_offset = end
-        scoped = log_df.filter(sf.col("commitLogOffset") < end).cache()
-        report.records = records if end == log_end else scoped.count()
     try:
+        with progress.step("reading the log"):
+            records, _, log_end = log_bounds(cached, log_dir)
+            end = log_end if end_offset is None else min(end_offset, log_end)
+            report.end_offset = end
+            scoped = cached.filter(sf.col("commitLogOffset") < end)
+            report.records = records if end == log_end else scoped.count()
         if cq_dir is not None:
             with progress.step("checking consume queues"):
                 _audit_cqs(scoped, os.path.abspath(cq_dir), units_per_file, end, report)
@@ -424,7 +437,7 @@ def audit(
             with progress.step("checking index files"):
                 _audit_index(spark, scoped, os.path.abspath(index_dir), end, report)
     finally:
-        scoped.unpersist()
+        cached.unpersist()
     return report
 
 
@@ -439,12 +452,11 @@ def _audit_cqs(log_df: Any, cq_dir: str, upf: int, end: int, report: AuditReport
 
     entries = queue_entries_df(log_df)
     rows = entries.groupBy("topic", "queueId").applyInPandas(check_group, FINDINGS_SCHEMA)
-    found = [Finding(*r) for r in rows.collect()]
-    in_log = {(r["topic"], int(r["queueId"])) for r in entries.select("topic", "queueId")
-              .distinct().collect()}  # fmt: skip
+    found, checked = _split_checked(rows.collect())
+    in_log = {location for location, _ in checked}
     report.queues = len(in_log)
     for topic, qid in derived.list_queues(cq_dir):
-        if (topic, qid) not in in_log:
+        if f"{topic}/{qid}" not in in_log:
             out = _Capped("cq", f"{topic}/{qid}")
             audit_queue(cq_dir, topic, qid, None, upf, end, out)
             found.extend(out.findings())
@@ -461,18 +473,25 @@ def _audit_index(
         path = paths[file_no] if file_no < len(paths) else None
         out = _Capped("index", os.path.basename(path) if path else f"file {file_no} (absent)")
         audit_index_file(path, build_file_of(pdf, geometry), geometry, end, out)
-        return out.frame()
+        return out.frame(checked=str(file_no))
 
     numbered = numbered_keys_df(spark, index_keys_df(log_df, geometry), geometry)
     rows = numbered.groupBy("fileNo").applyInPandas(check_file, FINDINGS_SCHEMA).collect()
-    found = [Finding(*r) for r in rows]
-    implied = numbered.select("fileNo").distinct().count()
+    found, checked = _split_checked(rows)
+    implied = len(checked)  # files are numbered 0, 1, ... in key order: none is skipped
     report.index_files = len(paths)
     for file_no in range(implied, len(paths)):
         out = _Capped("index", os.path.basename(paths[file_no]))
         audit_index_file(paths[file_no], None, geometry, end, out)
         found.extend(out.findings())
     report.findings.extend(sorted(found, key=lambda f: (f.location, f.kind)))
+
+
+def _split_checked(rows: Sequence[Any]) -> tuple[list[Finding], list[tuple[str, str]]]:
+    """The findings among the rows of the checks, and (location, detail) of each CHECKED row."""
+    found = [Finding(*r) for r in rows if r.kind != CHECKED]
+    checked = [(r.location, r.detail) for r in rows if r.kind == CHECKED]
+    return found, checked
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,8 +47,9 @@ from mqstore import errors as domain
 from mqstore.cli.options import EXIT_ERROR, EXIT_USAGE, exit_code_for_status
 from mqstore.client.errors import ClientError
 from mqstore.spark import sessions
-from mqstore.spark.log_source import SOURCE_NAME
+from mqstore.spark.log_source import SOURCE_NAME, SPLIT_BYTES_DEFAULT, SPLIT_BYTES_MIN
 from mqstore.storage.layout import store_parts
+from mqstore.storage.logreader import LogDir
 
 # Spark's default of 200 shuffle partitions is for clusters; a local run of a job over one log
 # has far fewer groups (queues, index files) than that.
@@ -195,11 +196,22 @@ def read_log(
 ) -> Any:
     reader = spark.read.format(SOURCE_NAME).option("mode", mode)
     reader = reader.option("includeBody", "true" if include_body else "false")
-    if split_bytes is not None:
-        reader = reader.option("splitBytes", str(split_bytes))
+    if split_bytes is None:
+        split_bytes = split_bytes_for(spark, log_dir)
+    reader = reader.option("splitBytes", str(split_bytes))
     if topics:
         reader = reader.option("topics", topics)
     return reader.load(os.path.abspath(log_dir))
+
+
+def split_bytes_for(spark: Any, log_dir: str) -> int:
+    """A job's task size: the source's default (64 MiB), or less when the log's files are
+    fewer bytes than that for every core, so that each core gets a range to read. (A 52 MiB
+    log was one task on local[2]: one core idle through the whole job.)"""
+    log = LogDir(log_dir_of(log_dir))
+    cores = max(1, int(spark.sparkContext.defaultParallelism))
+    per_core = -(-(log.end_offset - log.min_offset) // cores)
+    return max(SPLIT_BYTES_MIN, min(SPLIT_BYTES_DEFAULT, per_core))
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -208,7 +220,8 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         "--split-bytes",
         type=int,
         default=None,
-        help="largest byte range of the log read by one task (default 64 MiB)",
+        help="largest byte range of the log read by one task (default 64 MiB, or less "
+        "when the log is smaller than that for each core)",
     )
     parser.add_argument(
         "--ui-port",

@@ -12,7 +12,9 @@ directory; no service running): every record of the segment files, through
 storeTimestampMs, tags, keys, properties, body, msgId, ...). From the services (`--topic`):
 the topic's queues through `format("mqstore")`, whose options (`--option name=value`, e.g.
 `startingOffsets`, `cq`, `tokenFile`) pass through unchanged; its columns are that source's.
-`date` is the UTC date of the store time. `--write-mode error` (the default) refuses an OUT
+`date` is the UTC date of the store time. The log is read once: each read task (a byte
+range of the log, or a queue's range) writes one file per (topic, date) it holds, its rows
+sorted by queue and queue offset. `--write-mode error` (the default) refuses an OUT
 that exists and is not empty, before anything is read (exit 2); `overwrite` replaces only the
 (topic, date) partitions written (spark.sql.sources.partitionOverwriteMode=dynamic); `append`
 adds files beside those there.
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pyspark.sql import Observation
 from pyspark.sql import functions as sf
 
 from mqstore.spark.jobs.common import (
@@ -73,24 +76,30 @@ def service_frame(spark: Any, topic: str, options: dict[str, str]) -> Any:
 def write_parquet(
     df: Any, out: str, write_mode: str, progress: JobProgress, source: str
 ) -> ExportReport:
-    df = df.cache()
-    try:
-        with progress.step(f"reading {source}"):
-            rows = df.count()
-            partitions = df.select(*PARTITION_COLUMNS).distinct().count()
-        # One file per (topic, date) from a task, rows in the order they sit in their queue.
-        order = [c for c in ("queueId", "queueOffset", "commitLogOffset") if c in df.columns]
-        laid_out = df.repartition(*PARTITION_COLUMNS).sortWithinPartitions(*order)
-        with progress.step(f"writing {rows} rows as Parquet"):
-            (
-                laid_out.write.mode("errorifexists" if write_mode == "error" else write_mode)
-                .option("partitionOverwriteMode", "dynamic")
-                .partitionBy(*PARTITION_COLUMNS)
-                .parquet(out)
-            )
-    finally:
-        df.unpersist()
-    return ExportReport(rows, partitions)
+    """Read `df` once, writing it: the report's counts are observed on the rows as they are
+    written (an Observation, aggregated with the write's own tasks), not counted by more jobs.
+
+    Each read task writes one file per (topic, date) it holds, its rows sorted within the task
+    by queue, then queue offset: a file holds each of its queues' rows in queue order. No
+    shuffle: one file per (topic, date) would move every body across tasks once more, which
+    cost more than the write itself (docs/spark.md, "Jobs")."""
+    observed = Observation("mqstore-export")
+    counted = df.observe(
+        observed,
+        sf.count(sf.lit(1)).alias("rows"),
+        sf.collect_set(sf.struct(*PARTITION_COLUMNS)).alias("partitions"),
+    )
+    order = [c for c in ("queueId", "queueOffset", "commitLogOffset") if c in df.columns]
+    laid_out = counted.sortWithinPartitions(*PARTITION_COLUMNS, *order)
+    with progress.step(f"reading {source}, writing Parquet"):
+        (
+            laid_out.write.mode("errorifexists" if write_mode == "error" else write_mode)
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy(*PARTITION_COLUMNS)
+            .parquet(out)
+        )
+    metrics = observed.get
+    return ExportReport(int(metrics["rows"]), len(metrics["partitions"]))
 
 
 def export(
@@ -108,7 +117,7 @@ def export(
 ) -> ExportReport:
     if (log_dir is None) == (topic is None):
         raise ValueError("export reads either a log (log_dir) or a topic through the services")
-    progress = progress or JobProgress(spark, "export", 2, show=False)
+    progress = progress or JobProgress(spark, "export", 1, show=False)
     if log_dir is not None:
         df = log_frame(spark, log_dir, topics=topics, mode=mode, split_bytes=split_bytes)
         source = "the log"
@@ -185,7 +194,7 @@ def _run(args: argparse.Namespace) -> int:
             options=options,
             write_mode=write_mode,
             split_bytes=args.split_bytes,
-            progress=JobProgress(spark, "export", 2),
+            progress=JobProgress(spark, "export", 1),
         )
     finally:
         stop_session(spark, owned)
