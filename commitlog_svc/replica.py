@@ -75,11 +75,10 @@ from mqstore.errors import (
     StoreIdMismatch,
     Unavailable,
 )
-from mqstore.formats import sysflag
+from mqstore.formats import _core, sysflag
 from mqstore.formats.commitlog_checkpoint import ProducerEntry, ProducerRequest, StoreMeta
 from mqstore.formats.record import Record, read_record
 from mqstore.formats.record_batch import QueueTable, table_from_pairs, table_to_pairs
-from mqstore.formats.record_chain import record_starts
 from mqstore.history import Epoch, LogHistory
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock
@@ -482,7 +481,7 @@ class ReplicaLog(CommitLog):
             if mf.file_end_offset <= offset or base >= end:
                 continue
             hi = min(end - base, mf.read_position)
-            starts, _ = record_starts(mf.read_buf, max(offset - base, 0), hi, base)
+            starts, _ = _core.chain(mf.read_buf, max(offset - base, 0), hi, base)
             for at in starts.tolist():
                 found = read_record(mf.read_buf, at, hi, check_crc=False)
                 if isinstance(found, Record) and sysflag.gets_queue_offset(found.sys_flag):
