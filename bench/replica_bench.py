@@ -38,7 +38,7 @@ from commitlog_svc.config import CommitLogConfig
 from commitlog_svc.replica import ReplicaLog
 from commitlog_svc.replica_chunk import CHUNK_BYTES_MAX, Chunk, tagged_requests
 from mqstore.formats.record_batch import MessageBatch
-from mqstore.formats.record_walk import scan_run_fast
+from mqstore.formats.record_columns import scan_run_fast
 
 SEGMENT_BYTES = 256 << 20
 

@@ -56,7 +56,7 @@ from mqstore.formats.record import (
     read_record,
 )
 from mqstore.formats.record_batch import QueueTable
-from mqstore.formats.record_walk import scan_run_fast
+from mqstore.formats.record_columns import scan_run_fast
 from mqstore.history import Epoch, LogHistory
 
 # What a chunk holds at most by default: 1 MiB is ~4,000 records of a 100-byte body, enough to
