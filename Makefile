@@ -9,7 +9,7 @@ DATA_DIR ?= ./data
 BASE_PORT ?= 7100
 PYTEST_ARGS ?=
 
-.PHONY: help setup run demo test check fmt bench bench-peers bench-memory proto clean chaos fuzz
+.PHONY: help setup run test check fmt bench bench-peers bench-memory proto clean chaos fuzz
 
 help:
 	@echo "make run    - set up, then run the store (all three services) on $(DATA_DIR), ports from $(BASE_PORT); Ctrl-C stops it"
@@ -47,10 +47,6 @@ setup: $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/mqstore up --data-dir $(DATA_DIR) --base-port $(BASE_PORT)
-
-# The commit-log engine alone: append, close, recover, read back (no services).
-demo: $(STAMP)
-	$(PY) -m commitlog_svc.demo --data-dir $(DATA_DIR)/demo
 
 DEPLOY_VENV := $(VENV)/deploy
 DEPLOY_STAMP := $(VENV)/.installed-deploy

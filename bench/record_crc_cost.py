@@ -7,7 +7,8 @@ whole-record CRC:
 
     mkdir -p /tmp/base && git archive <commit> mqstore | tar -x -C /tmp/base
 
-The base's record_batch, record_columns and record_walk are loaded from DIR under other names
+The base's record_batch, record_columns and record_walk (a base before the walk moved into
+record_columns) are loaded from DIR under other names
 into this process, beside this tree's (they take the rest, the record codec and its constants,
 from this tree: for the valid records measured here that is the same code), and the calls
 alternate, base then this, --calls times each: a figure is the median of a path's calls, in CPU
@@ -19,7 +20,7 @@ topic, a UNIQ_KEY property per message; bodies of 100 B and 1 KiB):
                  append path under the put lock);
 - check:         record_columns.check_records of those records, bodies=False (a Read, cq_svc's
                  local reads) and bodies=True (the SDK's decode);
-- walk:          record_walk.scan_run_fast over 20 such batches laid end to end (recovery).
+- walk:          record_columns.scan_run_fast over 20 such batches laid end to end (recovery).
 
 Each side checks the records its own encoder writes: this tree's carry the whole-record CRC,
 the base's do not. "no CRC" runs this tree on records without it (an older log).
@@ -39,7 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from mqstore.formats import record_batch, record_columns, record_walk
+from mqstore.formats import record_batch, record_columns
 from mqstore.formats.msgid import UniqIdGenerator
 from mqstore.formats.properties import encode_properties
 from mqstore.limits import MessageLimits
@@ -54,6 +55,8 @@ def load_base(directory: str) -> dict[str, ModuleType]:
     out = {}
     for name in ("record_columns", "record_batch", "record_walk"):
         path = Path(directory) / "mqstore" / "formats" / f"{name}.py"
+        if name == "record_walk" and not path.exists():
+            continue  # the walk is record_columns'
         spec = importlib.util.spec_from_file_location(f"base_{name}", path)
         assert spec is not None and spec.loader is not None, path
         module = importlib.util.module_from_spec(spec)
@@ -116,8 +119,9 @@ def main() -> None:
                 encode_properties({"UNIQ_KEY": ids.next_id()}) for _ in range(args.records)
             ],
         )
-        mods = (base["record_batch"], base["record_columns"], base["record_walk"])
-        ours = (record_batch, record_columns, record_walk)
+        walk = base.get("record_walk", base["record_columns"])
+        mods = (base["record_batch"], base["record_columns"], walk)
+        ours = (record_batch, record_columns, record_columns)
         sides = {
             "base": paths(*mods, batch, args.records),
             "this": paths(*ours, batch, args.records, record_crc=True),

@@ -11,7 +11,7 @@ is the last one the flush thread wrote, as after a real kill -9. Then, in this p
   calls, and mapped and walked one byte per page (what recovery's map walk must at least pay);
   plus zlib.crc32 over the whole warm map (the CRC cost with no per-record overhead);
 - walk only: the reference per-record walk (record.scan_run, what recovery used before) and the
-  fast walk (record_walk.scan_run_fast) over the same segments, warm, with no file opening;
+  fast walk (record_columns.scan_run_fast) over the same segments, warm, with no file opening;
 - abnormal open: `CommitLog(config).open()` on the crashed store, cold and warm (the crashed
   state, checkpoint and abort marker, is put back before each run);
 - normal open: the same store after a clean close (no abort marker, checkpoint at the end).
@@ -46,7 +46,7 @@ from mqstore.formats.msgid import UniqIdGenerator
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import scan_run
 from mqstore.formats.record_batch import MessageBatch
-from mqstore.formats.record_walk import scan_run_fast
+from mqstore.formats.record_columns import scan_run_fast
 
 BATCH = 1000
 QUEUES = 64

@@ -8,7 +8,7 @@ the MQS_PSEQ tag a follower must read), async flush, 256 MiB segments. For each 
 
 - leader append:  ReplicaLog.append_batch of the batches (the clock runs over the appends).
 - leader read:    read_chunk of 1 MiB chunks from 0 to the end (a follower catching up: each
-                  chunk's end is found by record_chain, no Python step a record).
+                  chunk's end is found by _core.chain, no Python step a record).
 - leader tail:    read_chunk of what one batch appended, right after it (a follower in step:
                   the chunk ends at the leader's end, nothing is walked).
 - follower apply: append_replicated of the catch-up chunks (already in memory) on a second
@@ -38,7 +38,7 @@ from commitlog_svc.config import CommitLogConfig
 from commitlog_svc.replica import ReplicaLog
 from commitlog_svc.replica_chunk import CHUNK_BYTES_MAX, Chunk, tagged_requests
 from mqstore.formats.record_batch import MessageBatch
-from mqstore.formats.record_walk import scan_run_fast
+from mqstore.formats.record_columns import scan_run_fast
 
 SEGMENT_BYTES = 256 << 20
 

@@ -39,7 +39,6 @@ class CommitLogConfig:
     transient_pool: bool = False
     transient_pool_buffers: int = 5
     commit_interval_ms: int = 200
-    commit_least_pages: int = 4
 
     # OS_PAGE_CACHE_BUSY: an append that waited this long for the write lock is refused, so a
     # stalled disk turns into back-pressure rather than an unbounded queue of waiting threads.

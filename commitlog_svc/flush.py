@@ -68,7 +68,6 @@ class FlushService:
         self._next_thorough = now + config.flush_thorough_interval_ms
         self._next_commit = now + config.commit_interval_ms
         self._next_checkpoint = now + config.checkpoint_interval_ms
-        self.flush_count = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -190,7 +189,6 @@ class FlushService:
             began = time.perf_counter()
             self._queue.flush(least_pages)
             took = time.perf_counter() - began
-            self.flush_count += 1
             failpoints.hit("commitlog.after_flush")
         with self._cond:
             self._cond.notify_all()

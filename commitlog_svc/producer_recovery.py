@@ -23,7 +23,7 @@ import struct
 from collections.abc import Iterator
 
 from commitlog_svc.producers import TAG_PREFIX, ProducerTable, decode_tag
-from mqstore.formats import sysflag
+from mqstore.formats import _core, sysflag
 from mqstore.formats.commitlog_checkpoint import ProducerRequest
 from mqstore.formats.properties import PRODUCER_SEQ
 from mqstore.formats.record import (
@@ -123,23 +123,23 @@ def tagged_records(queue: MappedFileQueue, start: int, end: int) -> Iterator[Rec
 
 
 def lower_queue_offsets(queue: MappedFileQueue, table: QueueTable, start: int, end: int) -> None:
-    """Give back the queue offsets of the records in [start, end), the log's last ones (about
-    to be cut): each queue they touched restarts at the first offset among them."""
-    mf = queue.find_mapped_file_by_offset(start)
-    if mf is None:
-        return
-    base = mf.file_from_offset
-    pos = start - base
-    while pos < end - base:
-        found = read_record(mf.read_buf, pos, end - base, check_crc=True)  # trusted fields only
-        if not isinstance(found, Record):
-            break
-        if sysflag.gets_queue_offset(found.sys_flag):
-            queues = table.setdefault(found.topic, {})
-            queues[found.queue_id] = min(
-                queues.get(found.queue_id, found.queue_offset), found.queue_offset
-            )
-        pos += found.total_size
+    """Give back the queue offsets of the records in [start, end) (start: a record boundary),
+    the log's last ones (about to be cut): each queue they touched restarts at the first offset
+    among them (the log gives each queue's offsets in order). Recovery's cut of a request that
+    survived in part, and a replica's truncation."""
+    for mf in list(queue.files):
+        base = mf.file_from_offset
+        if mf.file_end_offset <= start or base >= end:
+            continue
+        hi = min(end - base, mf.file_size)
+        starts, _ = _core.chain(mf.read_buf, max(start - base, 0), hi, base)
+        for at in starts.tolist():
+            found = read_record(mf.read_buf, at, hi, check_crc=False)
+            if isinstance(found, Record) and sysflag.gets_queue_offset(found.sys_flag):
+                queues = table.setdefault(found.topic, {})
+                queues[found.queue_id] = min(
+                    queues.get(found.queue_id, found.queue_offset), found.queue_offset
+                )
     # A queue given back to 0 never held a message: no entry for it (as undo_queue_offsets).
     for topic in [t for t, queues in table.items() if 0 in queues.values()]:
         queues = table[topic]

@@ -33,7 +33,7 @@ record there is corruption, never a reason to throw away the records after it (C
 The queue-offset table is the checkpoint's snapshot (exact at F) with every record at or after F
 applied on top; without a checkpoint it is rebuilt from every record scanned.
 
-The walk is record_walk.scan_run_fast: record.scan_run's verdicts (pinned by tests), one
+The walk is record_columns.scan_run_fast: record.scan_run's verdicts (pinned by tests), one
 compiled loop (formats/_core.pyx). A thread reads the segments ahead of it
 (_ReadAhead), so that a cold start reads the disk while the walk checks what is already in.
 """
@@ -51,7 +51,7 @@ from mqstore.formats import sysflag
 from mqstore.formats.commitlog_checkpoint import Checkpoint
 from mqstore.formats.record import Bad, Blank, Record, find_next_record, read_record
 from mqstore.formats.record_batch import QueueTable, table_from_pairs
-from mqstore.formats.record_walk import scan_run_fast
+from mqstore.formats.record_columns import scan_run_fast
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue
 

@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig, FlushMode
 from commitlog_svc.messages import PutStatus
+from commitlog_svc.producer_recovery import lower_queue_offsets
 from commitlog_svc.replica_chunk import (
     CHUNK_BYTES_MAX,
     CheckedChunk,
@@ -75,11 +76,8 @@ from mqstore.errors import (
     StoreIdMismatch,
     Unavailable,
 )
-from mqstore.formats import sysflag
 from mqstore.formats.commitlog_checkpoint import ProducerEntry, ProducerRequest, StoreMeta
-from mqstore.formats.record import Record, read_record
-from mqstore.formats.record_batch import QueueTable, table_from_pairs, table_to_pairs
-from mqstore.formats.record_chain import record_starts
+from mqstore.formats.record_batch import table_from_pairs, table_to_pairs
 from mqstore.history import Epoch, LogHistory
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock
@@ -444,7 +442,9 @@ class ReplicaLog(CommitLog):
     def _cut(self, offset: int, end: int) -> None:
         """The truncation's steps, in the order that makes them crash-safe."""
         assert self._flusher is not None
-        table = self._queue_table_at(offset, end)
+        # The queue-offset table as it was when the log ended at `offset`.
+        table = {topic: dict(queues) for topic, queues in self._queue_offsets.items()}
+        lower_queue_offsets(self.queue, table, offset, end)
         entries = self._producers_at(offset)
         failpoints.hit("replica.truncate.before_checkpoint")
         self._write_checkpoint(offset, table_to_pairs(table), entries)
@@ -471,33 +471,6 @@ class ReplicaLog(CommitLog):
         if history != self.history:
             self._files.save_history(self.store_id, history)
             self.history = history
-
-    def _queue_table_at(self, offset: int, end: int) -> QueueTable:
-        """The queue-offset table as it was when the log ended at `offset`: each queue that a
-        record in [offset, end) took an offset in starts again at the first of those (the log
-        gives each queue's offsets in order). One step per record cut: a cut drops a tail."""
-        lowest: dict[tuple[str, int], int] = {}
-        for mf in self.queue.files:
-            base = mf.file_from_offset
-            if mf.file_end_offset <= offset or base >= end:
-                continue
-            hi = min(end - base, mf.read_position)
-            starts, _ = record_starts(mf.read_buf, max(offset - base, 0), hi, base)
-            for at in starts.tolist():
-                found = read_record(mf.read_buf, at, hi, check_crc=False)
-                if isinstance(found, Record) and sysflag.gets_queue_offset(found.sys_flag):
-                    key = (found.topic, found.queue_id)
-                    lowest[key] = min(lowest.get(key, found.queue_offset), found.queue_offset)
-        table = {topic: dict(queues) for topic, queues in self._queue_offsets.items()}
-        for (topic, queue_id), first in lowest.items():
-            queues = table.setdefault(topic, {})
-            if first <= 0:
-                queues.pop(queue_id, None)  # it never held a message: no entry (as recovery)
-            else:
-                queues[queue_id] = min(queues.get(queue_id, first), first)
-            if not queues:
-                del table[topic]
-        return table
 
     def _producers_at(self, offset: int) -> list[ProducerEntry]:
         """The producer table as it was when the log ended at `offset`: a producer whose

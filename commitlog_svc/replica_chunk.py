@@ -18,7 +18,7 @@ Rules the leader keeps when it cuts a chunk (chunk_end):
     fits max_bytes, limit in this segment   all of it, without a walk (the limit, the written
                                             or flushed end, is always a record boundary)
     longer than max_bytes                   the records whose chain ends by offset + max_bytes
-                                            (record_chain.py: no Python step per record)
+                                            (_core.chain: no Python step per record)
     ... ends inside an idempotent request   cut where the request begins; or, when it begins
                                             the chunk, extended to its end: a follower never
                                             holds part of a request (producers.py: a promoted
@@ -40,10 +40,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Final
 
-import numpy as np
-
 from commitlog_svc.producers import TAG_PREFIX, decode_tag
 from mqstore.errors import ChunkRefused, CorruptRecord
+from mqstore.formats import _core
 from mqstore.formats.commitlog_checkpoint import ProducerEntry, ProducerRequest, QueueKey
 from mqstore.formats.properties import PRODUCER_SEQ
 from mqstore.formats.record import (
@@ -57,8 +56,7 @@ from mqstore.formats.record import (
     read_record,
 )
 from mqstore.formats.record_batch import QueueTable
-from mqstore.formats.record_chain import IntArray, record_starts
-from mqstore.formats.record_walk import scan_run_fast
+from mqstore.formats.record_columns import scan_run_fast
 from mqstore.history import Epoch, LogHistory
 
 # What a chunk holds at most by default: 1 MiB is ~4,000 records of a 100-byte body, enough to
@@ -132,10 +130,10 @@ def chunk_end(
     if closed and is_blank_at(buf, pos, file_size):
         return pos + END_FILE_MIN_BLANK_BYTES, True
     bound = min(data_end, pos + max_bytes)
-    starts, stop = record_starts(buf, pos, bound, base_offset)
+    starts, stop = _core.chain(buf, pos, bound, base_offset)
     if stop == pos:  # the first record is longer than max_bytes: it goes alone
         (size,) = _I32.unpack_from(buf, pos)
-        starts, stop = record_starts(buf, pos, min(data_end, pos + max(size, 0)), base_offset)
+        starts, stop = _core.chain(buf, pos, min(data_end, pos + max(size, 0)), base_offset)
         if stop == pos:
             raise CorruptRecord(
                 base_offset + pos, "no record frames there: no follower can copy it"
@@ -149,7 +147,7 @@ def chunk_end(
 
 
 def _request_aligned(
-    buf: Searchable, pos: int, stop: int, data_end: int, base_offset: int, starts: IntArray
+    buf: Searchable, pos: int, stop: int, data_end: int, base_offset: int, starts: memoryview
 ) -> int:
     """`stop`, unless it falls inside an idempotent request (its records follow the one tagged
     MQS_PSEQ): then where the request begins, or its end when it begins at `pos`. Only the last
@@ -159,7 +157,7 @@ def _request_aligned(
         hit = buf.rfind(TAG_PREFIX, pos, hi)
         if hit < 0:
             return stop
-        k = int(np.searchsorted(starts, hit, side="right")) - 1
+        k = bisect.bisect_right(starts, hit) - 1
         first = int(starts[k])
         found = read_record(buf, first, stop, check_crc=False)
         tag = (
@@ -187,7 +185,7 @@ def _records_end(
     window = max(2 * guess, 1 << 16)
     while True:
         hi = min(data_end, first + window)
-        starts, stop = record_starts(buf, first, hi, base_offset)
+        starts, stop = _core.chain(buf, first, hi, base_offset)
         if len(starts) > count:
             return int(starts[count])
         if len(starts) == count or hi == data_end:
@@ -261,10 +259,10 @@ def tagged_requests(
     hit = buf.find(TAG_PREFIX, pos, end)
     if hit < 0:
         return out, -1
-    starts, stop = record_starts(buf, pos, end, base_offset)
+    starts, stop = _core.chain(buf, pos, end, base_offset)
     count = len(starts)
     while 0 <= hit < stop:
-        k = int(np.searchsorted(starts, hit, side="right")) - 1
+        k = bisect.bisect_right(starts, hit) - 1
         first = int(starts[k])
         after = int(starts[k + 1]) if k + 1 < count else stop
         found = read_record(buf, first, stop, check_crc=False)

@@ -7,7 +7,6 @@ import enum
 from dataclasses import dataclass
 
 from mqstore.errors import InvalidArgument
-from mqstore.formats.cq_unit import UNIT_BYTES
 
 
 class StoreKind(enum.StrEnum):
@@ -35,8 +34,6 @@ class CqConfig:
     flush_thorough_interval_ms: int = 60_000
     # maxFilterMessageSize: bytes of units scanned by one pull (800 units).
     max_filter_bytes: int = 16_000
-    # travelCqFileNumWhenGetMessage
-    travel_files_per_pull: int = 1
     # maxPullSize's cap (128 MiB) in getMessage.
     pull_bytes_cap: int = 128 << 20
 
@@ -71,10 +68,6 @@ class CqConfig:
             raise InvalidArgument("ack_window_max must be positive")
         if self.flush_interval_ms <= 0:
             raise InvalidArgument("flush_interval_ms must be positive")
-
-    @property
-    def unit_file_bytes(self) -> int:
-        return self.units_per_file * UNIT_BYTES
 
     @classmethod
     def for_tests(cls, data_dir: str, **overrides: object) -> CqConfig:

@@ -59,7 +59,6 @@ class EngineSink:
         self._log_end = 0
         self._log_min = 0
         self._log_store_id = b""
-        self.last_action = ""
 
     # -- DispatchSink ------------------------------------------------------------------------------
 
@@ -95,7 +94,6 @@ class EngineSink:
         if self.local is not None:
             self.local.on_handshake(store_id, min_offset)  # the same: check the files again
         action = self.engine.handshake(store_id, min_offset, truncate_offset, history)
-        self.last_action = action.action
         self._log_store_id = store_id
         self._log_end = max_offset
         self._log_min = min_offset

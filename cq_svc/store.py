@@ -28,7 +28,7 @@ import numpy.typing as npt
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
 from mqstore.formats import _core
 from mqstore.formats.cq_time import Boundary
-from mqstore.formats.cq_unit import UNIT_BYTES, Unit, encode_units
+from mqstore.formats.cq_unit import UNIT_BYTES, Unit
 
 
 class PullStatus(enum.StrEnum):
@@ -66,16 +66,6 @@ class UnitColumns:
     def empty(cls) -> UnitColumns:
         none = np.zeros(0, dtype=np.int64)
         return cls(none, none, none, none)
-
-    @classmethod
-    def of_units(cls, units: Sequence[Unit]) -> UnitColumns:
-        n = len(units)
-        return cls(
-            np.fromiter((u.queue_offset for u in units), dtype=np.int64, count=n),
-            np.fromiter((u.commit_log_offset for u in units), dtype=np.int64, count=n),
-            np.fromiter((u.size for u in units), dtype=np.int64, count=n),
-            np.fromiter((u.tags_code for u in units), dtype=np.int64, count=n),
-        )
 
     @classmethod
     def concat(cls, parts: Sequence[UnitColumns]) -> UnitColumns:
@@ -122,12 +112,6 @@ class UnitRun:
 
     def __len__(self) -> int:
         return len(self.data) // self.stride
-
-    @classmethod
-    def of_units(cls, units: Sequence[Unit]) -> UnitRun:
-        """Units of consecutive queue offsets (none: an empty run at 0)."""
-        first = units[0].queue_offset if units else 0
-        return cls(first, encode_units((u.commit_log_offset, u.size, u.tags_code) for u in units))
 
 
 @dataclass(slots=True)

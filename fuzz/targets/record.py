@@ -1,5 +1,5 @@
 """The commit-log record decoder over arbitrary bytes: read_record, scan_run, the compiled
-walk (record_walk.scan_run_fast), find_next_record.
+walk (record_columns.scan_run_fast), find_next_record.
 
 Input: a flags byte (bit 0: check the CRC, bit 1: a non-zero base offset), the start position,
 then the buffer itself. Rules:
@@ -42,7 +42,7 @@ from mqstore.formats.record import (
     scan_run,
     write_prepared,
 )
-from mqstore.formats.record_walk import scan_run_fast
+from mqstore.formats.record_columns import scan_run_fast
 
 DESCRIPTION = (
     "read_record / scan_run / scan_run_fast / find_next_record over arbitrary bytes: only "

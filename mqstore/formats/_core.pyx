@@ -13,7 +13,7 @@ pin each operation here to them, verdict for verdict.
 This file holds the header definition and what every operation shares; each operation is in
 an included file of its own (the list at the bottom):
     crc32(data, value=0)    zlib's CRC-32 (formats/crc.py's values), folded with PCLMULQDQ
-    _core_walk.pxi          walk(...): the recovery walk (record_walk.scan_run_fast)
+    _core_walk.pxi          walk(...): the recovery walk (record_columns.scan_run_fast)
     _core_check.pxi         check(...), chain(...): whole records checked, their fields
     _core_encode.pxi        encode(...): a batch of records (record_batch.py)
     _core_frames.pxi        decode_response(...) and the apply of dispatch frames

@@ -192,10 +192,15 @@ cdef tuple _check(
 
 
 def chain(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset):
-    """(the starts of the chain of records from `pos` whose records end by `end`, as a
-    bytearray of native int64s; where it stops) (record_chain.record_starts): framing only,
-    TOTALSIZE, the magic and PHYSICALOFFSET equal to the record's own offset (`buf[0]` sits at
-    `base_offset`)."""
+    """(the starts of the chain of records from `pos` (a record boundary) whose records end
+    by `end`, as int64s; where the chain stops: the end of its last record, or `pos` when none
+    fits). `buf[0]` sits at commit-log offset `base_offset`.
+
+    Only the framing is followed: TOTALSIZE, the magic and PHYSICALOFFSET equal to the
+    record's own offset; nothing else is checked (no CRC): this finds boundaries, read_record
+    and walk judge records. The chain stops at `end`, at the end-of-file blank, or where the
+    bytes do not frame a record. Used by a replicated log's leader to cut a chunk at a record
+    boundary and by a follower to find the records of a chunk (commitlog_svc/replica_chunk.py)."""
     cdef _Buffer held = _Buffer(buf)
     if pos < 0 or pos > end or end > held.view.len:
         held.release()
@@ -226,7 +231,7 @@ def chain(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset):
     finally:
         held.release()
     PyByteArray_Resize(starts, count * sizeof(int64_t))
-    return starts, pos
+    return memoryview(starts).cast("q"), pos
 
 
 cdef extern from "Python.h":

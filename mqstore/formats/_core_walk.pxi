@@ -1,4 +1,4 @@
-# The recovery walk (record_walk.scan_run_fast): included by _core.pyx, whose header
+# The recovery walk (record_columns.scan_run_fast): included by _core.pyx, whose header
 # definitions it reads records with.
 
 cdef void _raise_queue(dict queue_table, object topic, int32_t queue_id, int64_t top) except *:

@@ -146,16 +146,6 @@ def bisect_stored_files(
 RawBisect = Callable[[int, int, int, bool], int]
 
 
-def bisect_series(raw_at: Callable[[int], int]) -> RawBisect:
-    """The RawBisect of a reader of one stored time an offset."""
-    series = _Series(raw_at)
-
-    def raw_bisect(lo: int, hi: int, target_ms: int, right: bool) -> int:
-        return (bisect.bisect_right if right else bisect.bisect_left)(series, target_ms, lo, hi)
-
-    return raw_bisect
-
-
 def search_offset_by_time(
     time_at: Callable[[int], int],
     lo: int,
@@ -174,7 +164,7 @@ def search_offset_by_time(
                                         UPPER last offset with time <= T
 
     `raw_bisect`: a bisect over the stored times without their checks (cheaper a probe:
-    bisect_stored_files reads the files' bytes, bisect_series a reader an offset) finds a
+    bisect_stored_files reads the files' bytes) finds a
     candidate; two checked neighbours that bracket T prove it (the checked series never goes
     down), and anything else (a damaged entry misled it, an edge) is left to the checked
     bisect."""

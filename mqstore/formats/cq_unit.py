@@ -76,11 +76,6 @@ def encode_units(units: Iterable[tuple[int, int, int]]) -> bytes:
     return b"".join(pack(p, s, t) for p, s, t in units)
 
 
-def decode_unit(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int, int]:
-    phy, size, tags = UNIT.unpack_from(buf, pos)
-    return phy, size, tags
-
-
 def count_valid(
     buf: Buffer, start: int, end: int, *, below_phy: int | None = None
 ) -> tuple[int, int]:

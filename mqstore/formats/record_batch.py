@@ -38,7 +38,7 @@ from mqstore.formats.record import (
     PHYSICAL_OFFSET_POS,
     RECORD_CRC_BYTES,
     RECORD_OVERHEAD_BYTES_MAX,
-    properties_too_large,
+    prepare_message,
     record_crc,
     record_crc_property,
     validate_topic,
@@ -198,14 +198,13 @@ class EncodedBatch:
 class _Topic:
     prefix: bytes | None  # topic length field + topic bytes; None: refused
     v2: bool
-    error: MessageIllegal | None = None
 
 
 def _topic_info(topic: str, limits: MessageLimits) -> _Topic:
     try:
         raw = validate_topic(topic, limits)
-    except MessageIllegal as exc:
-        return _Topic(None, False, exc)
+    except MessageIllegal:
+        return _Topic(None, False)
     if len(topic) > 127:  # RocketMQ's autoMessageVersionOnTopicLen counts characters
         return _Topic(struct.pack(">h", len(raw)) + raw, True)
     return _Topic(bytes((len(raw),)) + raw, False)
@@ -287,9 +286,9 @@ class BatchEncoder:
         errors = []
         if refused:
             firsts = [a[1] for a in args]
-            for i, reason, size in refused:
+            for i, _, _ in refused:
                 j = bisect.bisect_right(firsts, i) - 1
-                errors.append((i, self._why(args[j][-1], i - firsts[j], reason, size)))
+                errors.append((i, self._why(args[j][-1], i - firsts[j])))
         return EncodedBatch(
             blob,
             base_offset,
@@ -302,43 +301,25 @@ class BatchEncoder:
             errors,
         )
 
-    def _why(self, batch: MessageBatch, k: int, reason: str, size: int) -> InvalidArgument:
-        """The error of message `k` of `batch`, refused by the core: prepare_message's, word
-        for word (a batch whose columns differ in length: check_columns')."""
-        limits = self.limits
-        if reason == "columns":
-            try:
-                batch.check_columns()
-            except InvalidArgument as exc:
-                return exc
-        if reason == "body":
-            return MessageIllegal(
-                f"body is {len(batch.bodies[k])} bytes, over the {limits.body_bytes_max}-byte "
-                "limit",
-                field="body",
+    def _why(self, batch: MessageBatch, k: int) -> InvalidArgument:
+        """The error of message `k` of `batch`, refused by the core: prepare_message's, which
+        makes the same checks in the same order (a batch whose columns differ in length:
+        check_columns')."""
+        try:
+            batch.check_columns()
+            prepare_message(
+                topic=batch.topic,
+                queue_id=batch.queue_ids[k],
+                body=batch.bodies[k],
+                properties=b"" if batch.properties is None else batch.properties[k],
+                born_host=batch.born_host,
+                store_host_v6=len(self.store_host) == IPV6_HOST_BYTES,
+                limits=self.limits,
+                record_crc=self.record_crc,
             )
-        if reason == "topic":
-            error = self._topic(batch.topic).error
-            assert error is not None
-            return error
-        if reason == "queue_id":
-            return MessageIllegal(
-                f"queue id {batch.queue_ids[k]} outside [0, {limits.queue_id_max}]",
-                field="queue_id",
-            )
-        if reason == "properties_size":
-            assert batch.properties is not None
-            return properties_too_large(len(batch.properties[k]), limits, self._reserved)
-        if reason == "properties_shape":
-            return MessageIllegal(
-                "properties must be empty or end with 0x02 (encode them with encode_properties)",
-                field="properties",
-            )
-        if reason == "born_host":
-            return MessageIllegal(
-                "born host must be 8 (IPv4) or 20 (IPv6) bytes", field="born_host"
-            )
-        return MessageIllegal(f"encoded record of {size} bytes is too large", field="body")
+        except InvalidArgument as exc:
+            return exc
+        raise AssertionError(f"the core refused message {k} of a batch prepare_message takes")
 
 
 def undo_queue_offsets(

@@ -1,4 +1,5 @@
-"""Checks of many whole records at once (pure: no I/O): one compiled loop (_core_check.pxi).
+"""Checks of many whole records at once (pure: no I/O), each one compiled loop: `check_records`
+(_core_check.pxi) and the recovery walk `scan_run_fast` (_core_walk.pxi).
 
 Records laid end to end in one blob, `sizes[i]` bytes each (a Pull's answer, a Read's run of
 ranges), in record.py's layout. `check_records` makes every check `read_record` makes of each,
@@ -10,6 +11,11 @@ record was read from; and the record must fill its slot. It returns the records'
 columns, their bodies when asked, and for each record that fails read_record's verdict (its
 reason), so that no caller checks a record twice. tests/formats/test_record_columns.py pins
 it to read_record, verdict for verdict, damaged records included.
+
+`scan_run_fast` has `record.scan_run`'s contract to the letter (same arguments, result and
+queue-table updates), pinned to it by tests/formats/test_record_walk.py: it makes read_record's
+checks on each record of a run and stops at the first that fails one, which read_record then
+names (the Blank or the Bad), once per walk.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ from mqstore.formats.record import (
     BODY_CRC_MISMATCH,
     RECORD_CRC_DAMAGED,
     RECORD_CRC_MISMATCH,
+    Buffer,
+    ReadResult,
+    Record,
+    read_record,
 )
 
 IntArray = npt.NDArray[np.int64]
@@ -146,3 +156,28 @@ def split_records(blob: bytes, sizes: Sequence[int] | IntArray) -> list[bytes]:
     comprehension of slices: faster than mapping slice objects)."""
     bounds = [0, *accumulate(sizes)]
     return [blob[a:b] for a, b in pairwise(bounds)]
+
+
+def scan_run_fast(
+    buf: Buffer,
+    pos: int,
+    end: int,
+    base_offset: int,
+    *,
+    check_crc: bool = True,
+    queue_table: dict[str, dict[int, int]] | None = None,
+    apply_from: int = 0,
+) -> tuple[int, int, ReadResult | None]:
+    """`record.scan_run`, compiled: walk the valid records of buf[pos:end] and return (position
+    after the last valid record, records walked, what stopped the walk: None at `end`, a Blank
+    or a Bad), updating `queue_table` for records at or after `apply_from` exactly as scan_run
+    does."""
+    pos, count = _core.walk(buf, pos, end, base_offset, check_crc, queue_table, apply_from)
+    if pos >= end:
+        return pos, count, None
+    stop = read_record(buf, pos, end, check_crc=check_crc, expected_offset=base_offset + pos)
+    if isinstance(stop, Record):
+        # The compiled checks refused a record read_record takes: a bug, never a verdict (the
+        # tests pin the two together). Stop loudly rather than cut a valid log here.
+        raise AssertionError(f"the compiled walk refused a valid record at {base_offset + pos}")
+    return pos, count, stop

@@ -34,7 +34,7 @@ from typing import Final
 
 from mqstore.errors import InvalidArgument
 from mqstore.formats.record import Blank
-from mqstore.formats.record_walk import scan_run_fast
+from mqstore.formats.record_columns import scan_run_fast
 from mqstore.storage.disk import FileLock, OsDisk
 from mqstore.storage.logreader import COMMITLOG_SUBDIR, STORE_LOCK_FILE, is_segment_name
 

@@ -17,7 +17,6 @@ from mqstore.errors import CorruptFile
 from mqstore.formats import cq_checkpoint
 from mqstore.formats.cq_time import (
     Boundary,
-    bisect_series,
     bisect_stored_files,
     decode_time,
     encode_time,
@@ -131,7 +130,6 @@ def test_a_search_led_by_unchecked_times_answers_as_the_checked_search(
 
     for boundary in Boundary:
         want = search_offset_by_time(checked, lo, hi, target, boundary)
-        assert search_offset_by_time(checked, lo, hi, target, boundary, bisect_series(raw)) == want
         assert search_offset_by_time(checked, lo, hi, target, boundary, raw_bisect) == want
         if not damaged and hi > lo:  # over a series that never goes down: one bisect's answer
             for right, whole in ((False, bisect.bisect_left), (True, bisect.bisect_right)):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cq_svc.store import PullResult, PullStatus, UnitRun, decide_pull
 from mqstore.formats import _core
-from mqstore.formats.cq_unit import BLANK_SIZE, UNIT, Unit
+from mqstore.formats.cq_unit import BLANK_SIZE, UNIT, Unit, encode_units
 
 _SCAN_CHUNK_MIN = 64
 
@@ -50,7 +50,12 @@ class ListSource:
 
     def scan(self, offset: int, max_units: int) -> UnitRun | None:
         units = self._scan(offset, max_units)
-        return None if units is None else UnitRun.of_units(units)
+        if units is None:
+            return None
+        first = units[0].queue_offset if units else 0
+        return UnitRun(
+            first, encode_units((u.commit_log_offset, u.size, u.tags_code) for u in units)
+        )
 
     def roll_next(self, offset: int) -> int:
         return offset + 1

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
 from cq_svc.record_sources import RecordsAnswer, is_unit_record
@@ -178,7 +179,8 @@ def test_the_column_check_of_unit_records_agrees_with_the_check_of_each() -> Non
 
     def both(records: list[bytes], units: list[Unit], queue_id: int = 2) -> tuple[bool, bool]:
         """The column check of a Read's answer, and the check of each record on its own."""
-        columns = UnitColumns.of_units(units)
+        fields = ("queue_offset", "commit_log_offset", "size", "tags_code")
+        columns = UnitColumns(*(np.array([getattr(u, f) for u in units]) for f in fields))
         statuses = [cl_pb.READ_OK] * len(records)
         answer = RecordsAnswer(statuses, b"".join(records), list(map(len, records)))
         as_blob = answer.names_units(queue_id, columns)

@@ -1,4 +1,4 @@
-"""record_chain.record_starts (compiled: _core_check.pxi's chain) follows exactly the chain a
+"""_core.chain (_core_check.pxi) follows exactly the chain a
 record-by-record walk of TOTALSIZE in Python follows (framing: TOTALSIZE, magic, own offset),
 over the logs the recovery-walk tests build: every record shape, records planted inside bodies
 at their own position, damage of every kind, blanks, and an `end` that falls anywhere, inside a
@@ -13,21 +13,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.errors import InvariantViolation
+from mqstore.formats._core import chain
 from mqstore.formats.record import (
     PHYSICAL_OFFSET_POS,
     RECORD_BYTES_MIN,
     encode_blank,
     encode_record,
 )
-from mqstore.formats.record_chain import record_starts
 from tests.formats.test_record_walk import DAMAGE, build_log, damage
 
 _SIZE_MAGIC = struct.Struct(">ii")
 
 
 def reference(buf: bytes | bytearray, pos: int, end: int, base: int) -> tuple[list[int], int]:
-    """One record at a time: the definition record_starts is held to."""
+    """One record at a time: the definition chain is held to."""
     starts = []
     while end - pos >= RECORD_BYTES_MIN:
         total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
@@ -51,7 +50,7 @@ def reference(buf: bytes | bytearray, pos: int, end: int, base: int) -> tuple[li
     blank=st.booleans(),
     cut=st.floats(0, 1),
 )
-def test_record_starts_follow_the_chain_a_walk_follows(
+def test_chain_follows_the_chain_a_walk_follows(
     seed: int,
     count: int,
     layout: str,
@@ -66,7 +65,7 @@ def test_record_starts_follow_the_chain_a_walk_follows(
         data += encode_blank(64) + bytes(56)
     data = damage(rng, data, kinds)
     end = int(len(data) * cut) if rng.random() < 0.5 else len(data)
-    starts, stop = record_starts(bytes(data), 0, end, base)
+    starts, stop = chain(bytes(data), 0, end, base)
     want, want_stop = reference(data, 0, end, base)
     assert starts.tolist() == want
     assert stop == want_stop
@@ -82,7 +81,7 @@ def test_a_record_planted_in_a_body_at_its_own_place_is_not_taken_for_a_boundary
         inner = encode_record(topic="A", queue_id=0, body=b"x", physical_offset=at + 88 + 10)
         body[10 : 10 + len(inner)] = inner
         out += encode_record(topic="T", queue_id=0, body=bytes(body), physical_offset=at)
-    starts, stop = record_starts(bytes(out), 0, len(out), 0)
+    starts, stop = chain(bytes(out), 0, len(out), 0)
     assert starts.tolist() == reference(out, 0, len(out), 0)[0]
     assert len(starts) == 40 and stop == len(out)
 
@@ -93,9 +92,9 @@ def test_a_chain_of_thousands_of_records_and_ranges_outside_the_buffer() -> None
     out = bytearray()
     for _ in range(5000):
         out += encode_record(topic="T", queue_id=0, body=b"b", physical_offset=len(out))
-    starts, stop = record_starts(out, 0, len(out), 0)
+    starts, stop = chain(out, 0, len(out), 0)
     assert starts.tolist() == list(range(0, len(out), len(one))) and stop == len(out)
-    assert record_starts(out, 10, 10, 0)[0].tolist() == []
+    assert chain(out, 10, 10, 0)[0].tolist() == []
     for pos, end in ((-1, 10), (5, 4), (0, len(out) + 1)):
-        with pytest.raises(InvariantViolation):
-            record_starts(out, pos, end, 0)
+        with pytest.raises(ValueError):
+            chain(out, pos, end, 0)

@@ -1,4 +1,4 @@
-"""record_walk.scan_run_fast (the compiled recovery walk, formats/_core.pyx) gives
+"""record_columns.scan_run_fast (the compiled recovery walk, formats/_core.pyx) gives
 record.scan_run's verdicts.
 
 Same stopping position, same count, same Blank or Bad (reason included), same queue-table
@@ -35,7 +35,7 @@ from mqstore.formats.record import (
     pack_host,
     scan_run,
 )
-from mqstore.formats.record_walk import scan_run_fast
+from mqstore.formats.record_columns import scan_run_fast
 
 V4 = pack_host("10.1.2.3", 10911)
 V6 = pack_host("2001:db8::7", 10911)
