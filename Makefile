@@ -8,6 +8,9 @@ DATA_DIR ?= ./data
 # beside the first: make run BASE_PORT=8100 DATA_DIR=./data2).
 BASE_PORT ?= 7100
 PYTEST_ARGS ?=
+# Two pytest-xdist workers; tests/conftest.py keeps the Spark, doc, chaos and bench tests in
+# one of them (ALONE_DIRS). `make test PYTEST_XDIST=` runs serially.
+PYTEST_XDIST ?= -n 2 --dist loadgroup
 
 .PHONY: help setup run test check fmt bench bench-peers bench-memory proto clean chaos fuzz
 
@@ -62,7 +65,7 @@ $(DEPLOY_STAMP): | $(STAMP)
 	touch $(DEPLOY_STAMP)
 
 test: $(STAMP) $(DEPLOY_STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # Generated gRPC code lives in mqstore/rpc/gen; `make check` fails when it is stale.
 proto: $(STAMP)

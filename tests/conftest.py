@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import pytest
 
 _SESSION_CONFIG = tempfile.mkdtemp(prefix="mqstore-test-config-")
+# `make test` runs two pytest-xdist workers (-n 2 --dist loadgroup). The tests of these
+# directories run one after another in one worker, beside the other worker's light tests and
+# never beside each other: Spark (a JVM per worker, whose Python workers must connect back
+# within 10 s), the doc sessions (`make run`, Spark jobs), the chaos and bench short forms
+# (kills and restarts on timers, CPU-bound figures).
+ALONE_DIRS = frozenset({"spark", "docs", "chaos", "bench"})
+ALONE_GROUP = "alone"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -17,6 +25,26 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CONFIG_HOME"] = _SESSION_CONFIG
     os.environ.pop("MQSTORE_CONFIG_DIR", None)
     os.environ.pop("MQSTORE_CONTEXT", None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadgroup with ALONE_DIRS as one group, decided by the test's path. Not by an
+    xdist_group mark: pytest-xdist 3.8 names a marked test's group by rewriting
+    `item._nodeid`, which pytest 9.2 no longer reads (a node's id is `_id`), so marks never
+    group anything here."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling  # noqa: PLC0415 (xdist is loaded)
+
+    class DirectoryGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.partition("::")[0].split("/")
+            if len(parts) > 2 and parts[0] == "tests" and parts[1] in ALONE_DIRS:
+                return ALONE_GROUP
+            return str(super()._split_scope(nodeid))
+
+    return DirectoryGroups(config, log)
 
 
 @pytest.fixture(autouse=True)
