@@ -234,8 +234,9 @@ def test_a_lingering_subscriber_gets_appends_that_keep_coming_in_fewer_frames(
     svc: Running,
 ) -> None:
     """linger_ms: the first append after a quiet spell goes at once; what follows within the
-    linger waits for it and goes in one frame. A subscriber without one gets a frame an
-    append."""
+    linger waits for it and goes in one frame. A subscriber without one gets each append in
+    a frame of its own as soon as it is there (an eager subscriber that fell behind takes
+    whatever is visible in one frame, so the appends wait for it here)."""
     fill(svc, 10)
     lingering = subscribe(svc, "lingering", linger_ms=1_000)
     eager = subscribe(svc, "eager")
@@ -245,7 +246,10 @@ def test_a_lingering_subscriber_gets_appends_that_keep_coming_in_fewer_frames(
     first = svc.append_ok(batch(100, 1))
     lingering.wait_reaching(first.commit_log_offsets[0] + first.sizes[0])
     eager.wait_reaching(first.commit_log_offsets[0] + first.sizes[0])
-    more = [svc.append_ok(batch(200 + i, 1)) for i in range(3)]
+    more = []
+    for i in range(3):  # each one dispatched to the eager reader before the next is appended
+        more.append(svc.append_ok(batch(200 + i, 1)))
+        eager.wait_reaching(more[-1].commit_log_offsets[0] + more[-1].sizes[0])
     end = more[-1].commit_log_offsets[0] + more[-1].sizes[0]
     new = {}
     for reader in (lingering, eager):
