@@ -366,8 +366,8 @@ cdef int _put_topic_indexes(
 
 
 def dispatch_of_runs(object slices, dict topics, bint include_keys):
-    """The entries of held runs as DispatchBatch fields in wire format, for the frame's
-    MergeFromString (commitlog_svc/dispatch_scan.py's frame_of_runs). `slices`: RunSlices of
+    """The entries of held runs as DispatchBatch fields in wire format, the start of the
+    frame's batch (commitlog_svc/dispatch_scan.py's frame_of_runs). `slices`: RunSlices of
     commitlog_svc/append_frames.py, entries [lo, hi) of `run`, an AppendedRun whose columns are
     lists. A run's topic not yet in `topics` (name -> index into the frame's topics, in order
     of first use) is added.
