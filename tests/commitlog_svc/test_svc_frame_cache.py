@@ -25,7 +25,7 @@ def _own_scans(svc: Running, batches: list[pb.DispatchBatch], include_keys: bool
             include_keys=include_keys,
         )
         assert fresh.next_offset == got.next_offset
-        assert fresh.frame == got
+        assert pb.SubscribeResponse.FromString(fresh.wire(include_keys)).batch == got
 
 
 def test_subscribers_in_step_get_their_own_frames_from_one_scan_per_range(
