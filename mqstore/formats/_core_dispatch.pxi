@@ -101,7 +101,10 @@ cdef enum:
     WIRE_SYS_FLAG = 11 << 3
     WIRE_KEYS = 12 << 3 | 2
     WIRE_UNIQ_KEY = 13 << 3 | 2
-    WIRE_ENTRY_BYTES_MAX = 8 * 11  # 8 one-byte keys and varints of at most 10 bytes
+
+# The int columns dispatch_columns writes, in the order of its `cols`.
+_ENTRY_COLUMNS = (WIRE_TOPIC_INDEX, WIRE_QUEUE_ID, WIRE_QUEUE_OFFSET, WIRE_OFFSET, WIRE_SIZE,
+                  WIRE_TAGS_CODE, WIRE_STORE_TIMESTAMP, WIRE_SYS_FLAG)
 
 
 cdef inline Py_ssize_t _write_varint(unsigned char *out, uint64_t v) noexcept:
@@ -119,6 +122,13 @@ cdef inline Py_ssize_t _field(unsigned char *out, unsigned char key, uint64_t v)
     """A field's key, then a value as a varint."""
     out[0] = key
     return 1 + _write_varint(out + 1, v)
+
+
+cdef inline int _put_varint(ColumnBuffer out, uint64_t v) except -1:
+    if out.cap - out.size < 10:
+        out.reserve(10)
+    out.size += _write_varint(<unsigned char *>(out.data + out.size), v)
+    return 0
 
 
 cdef int _put_string(ColumnBuffer out, unsigned char key, str value) except -1:
@@ -152,7 +162,8 @@ def dispatch_columns(
     Returns (why it stopped, where, bytes taken, entries, columns, keys): the entries as
     DispatchBatch fields in wire format, a piece of the frame's batch: `columns` their topic
     indexes, queue ids, queue offsets, commit-log offsets, sizes, tags codes
-    (javahash.tags_code of the TAGS value), store timestamps and sysflags; `keys` with
+    (javahash.tags_code of the TAGS value), store timestamps and sysflags, each column one
+    packed field (as protobuf writes it: a key per column, not per entry); `keys` with
     `include_keys` their KEYS and UNIQ_KEY values (property_value's), else empty. Apart, so
     that one scan gives the frame with keys and the frame without (dispatch_frame). At
     DISPATCH_RECORD the record at the returned position is one read_record does not return as
@@ -165,9 +176,8 @@ def dispatch_columns(
     cdef const unsigned char *p
     cdef const unsigned char *q
     cdef ColumnBuffer columns = ColumnBuffer(), keys = ColumnBuffer()
-    cdef unsigned char *w
-    cdef Py_ssize_t k
-    cdef Py_ssize_t rows = 0, props_len
+    cdef list cols = [ColumnBuffer() for _ in _ENTRY_COLUMNS]  # each one packed field
+    cdef Py_ssize_t rows = 0, props_len, i
     cdef Py_ssize_t at[3]
     cdef int names = 3 if include_keys else 1
     cdef int64_t taken = 0, stored
@@ -204,18 +214,15 @@ def dispatch_columns(
             q = p + f.topic_at + f.topic_len + 2
             props_len = f.props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
             _find_values(q, props_len, names, at)
-            w = <unsigned char *>columns.reserve(WIRE_ENTRY_BYTES_MAX)
-            k = _field(w, WIRE_TOPIC_INDEX, <int64_t>index)
-            k += _field(w + k, WIRE_QUEUE_ID, mq_be_i32(p + QUEUE_ID_POS_))
-            k += _field(w + k, WIRE_QUEUE_OFFSET, mq_be_i64(p + QUEUE_OFFSET_POS_))
-            k += _field(w + k, WIRE_OFFSET, base_offset + pos)
-            k += _field(w + k, WIRE_SIZE, f.total)
-            k += _field(w + k, WIRE_TAGS_CODE, _tags_code(q, props_len, at[PROP_TAGS]))
-            k += _field(w + k, WIRE_STORE_TIMESTAMP,
-                        mq_be_i64(p + BORN_HOST_POS_ + IPV4_HOST_BYTES
-                                  + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
-            k += _field(w + k, WIRE_SYS_FLAG, f.flags)
-            columns.size += k
+            _put_varint(cols[0], <int64_t>index)
+            _put_varint(cols[1], mq_be_i32(p + QUEUE_ID_POS_))
+            _put_varint(cols[2], mq_be_i64(p + QUEUE_OFFSET_POS_))
+            _put_varint(cols[3], base_offset + pos)
+            _put_varint(cols[4], f.total)
+            _put_varint(cols[5], _tags_code(q, props_len, at[PROP_TAGS]))
+            _put_varint(cols[6], mq_be_i64(p + BORN_HOST_POS_ + IPV4_HOST_BYTES
+                                           + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
+            _put_varint(cols[7], f.flags)
             if include_keys:
                 _put_string(keys, WIRE_KEYS, _value(q, props_len, at[PROP_KEYS]))
                 _put_string(keys, WIRE_UNIQ_KEY, _value(q, props_len, at[PROP_UNIQ]))
@@ -224,6 +231,9 @@ def dispatch_columns(
             pos += f.total
     finally:
         held.release()
+    if rows:
+        for i in range(len(_ENTRY_COLUMNS)):
+            _put_packed(columns, _ENTRY_COLUMNS[i], cols[i])
     return why, pos, taken, rows, _taken(columns), _taken(keys)
 
 
