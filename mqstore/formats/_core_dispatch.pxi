@@ -102,7 +102,7 @@ cdef enum:
     WIRE_KEYS = 12 << 3 | 2
     WIRE_UNIQ_KEY = 13 << 3 | 2
 
-# The int columns dispatch_columns writes, in the order of its `cols`.
+# The int columns dispatch_columns writes, in order.
 _ENTRY_COLUMNS = (WIRE_TOPIC_INDEX, WIRE_QUEUE_ID, WIRE_QUEUE_OFFSET, WIRE_OFFSET, WIRE_SIZE,
                   WIRE_TAGS_CODE, WIRE_STORE_TIMESTAMP, WIRE_SYS_FLAG)
 
@@ -176,8 +176,12 @@ def dispatch_columns(
     cdef const unsigned char *p
     cdef const unsigned char *q
     cdef ColumnBuffer columns = ColumnBuffer(), keys = ColumnBuffer()
-    cdef list cols = [ColumnBuffer() for _ in _ENTRY_COLUMNS]  # each one packed field
-    cdef Py_ssize_t rows = 0, props_len, i
+    # Each int column, one packed field.
+    cdef ColumnBuffer c_topic = ColumnBuffer(), c_queue = ColumnBuffer()
+    cdef ColumnBuffer c_queue_offset = ColumnBuffer(), c_offset = ColumnBuffer()
+    cdef ColumnBuffer c_size = ColumnBuffer(), c_tags = ColumnBuffer()
+    cdef ColumnBuffer c_stamp = ColumnBuffer(), c_flag = ColumnBuffer()
+    cdef Py_ssize_t rows = 0, props_len
     cdef Py_ssize_t at[3]
     cdef int names = 3 if include_keys else 1
     cdef int64_t taken = 0, stored
@@ -214,15 +218,15 @@ def dispatch_columns(
             q = p + f.topic_at + f.topic_len + 2
             props_len = f.props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
             _find_values(q, props_len, names, at)
-            _put_varint(cols[0], <int64_t>index)
-            _put_varint(cols[1], mq_be_i32(p + QUEUE_ID_POS_))
-            _put_varint(cols[2], mq_be_i64(p + QUEUE_OFFSET_POS_))
-            _put_varint(cols[3], base_offset + pos)
-            _put_varint(cols[4], f.total)
-            _put_varint(cols[5], _tags_code(q, props_len, at[PROP_TAGS]))
-            _put_varint(cols[6], mq_be_i64(p + BORN_HOST_POS_ + IPV4_HOST_BYTES
+            _put_varint(c_topic, <int64_t>index)
+            _put_varint(c_queue, mq_be_i32(p + QUEUE_ID_POS_))
+            _put_varint(c_queue_offset, mq_be_i64(p + QUEUE_OFFSET_POS_))
+            _put_varint(c_offset, base_offset + pos)
+            _put_varint(c_size, f.total)
+            _put_varint(c_tags, _tags_code(q, props_len, at[PROP_TAGS]))
+            _put_varint(c_stamp, mq_be_i64(p + BORN_HOST_POS_ + IPV4_HOST_BYTES
                                            + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
-            _put_varint(cols[7], f.flags)
+            _put_varint(c_flag, f.flags)
             if include_keys:
                 _put_string(keys, WIRE_KEYS, _value(q, props_len, at[PROP_KEYS]))
                 _put_string(keys, WIRE_UNIQ_KEY, _value(q, props_len, at[PROP_UNIQ]))
@@ -232,8 +236,9 @@ def dispatch_columns(
     finally:
         held.release()
     if rows:
-        for i in range(len(_ENTRY_COLUMNS)):
-            _put_packed(columns, _ENTRY_COLUMNS[i], cols[i])
+        for key, column in zip(_ENTRY_COLUMNS, (c_topic, c_queue, c_queue_offset, c_offset,
+                                                c_size, c_tags, c_stamp, c_flag)):
+            _put_packed(columns, key, column)
     return why, pos, taken, rows, _taken(columns), _taken(keys)
 
 
