@@ -6,8 +6,9 @@ about 12 us a message. This module produces the same frame (a test pins the two 
 output, corruption and end-of-file blanks included) with the compiled core's
 `dispatch_columns` (formats/_core_dispatch.pxi), which takes the records read_record accepts,
 with its checks (the whole-record CRC, or without it the body CRC), and writes their entries
-as DispatchBatch wire bytes the frame merges: TAGS, KEYS and UNIQ_KEY as `property_value`
-reads them; topics once per frame.
+as DispatchBatch wire bytes: TAGS, KEYS and UNIQ_KEY as `property_value` reads them, the keys
+apart; topics once per frame. The frame is those pieces put together once, with or without
+the keys (`DispatchScan.wire`), so a scan with keys serves subscribers of both kinds.
 
 Where it stops at a record it does not take, `read_record` judges that one record and the same
 `skip_non_record` as `CommitLog.scan` steps over it: to the next valid record, reported as a
@@ -20,38 +21,47 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
-from commitlog_svc.append_frames import FRAME_ENTRY_BYTES, RunSlice
+from commitlog_svc.append_frames import RunSlice
 from commitlog_svc.commitlog import CommitLog, skip_non_record
 from commitlog_svc.recovery import CorruptRange
 from mqstore.errors import InvariantViolation, OutOfRange
-from mqstore.formats._core import DISPATCH_RECORD, dispatch_columns, dispatch_of_runs
+from mqstore.formats._core import (
+    DISPATCH_RECORD,
+    dispatch_columns,
+    dispatch_frame,
+    dispatch_of_runs,
+    dispatch_tail,
+)
 from mqstore.formats.record import Record, read_record
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.storage.mapped_file import MappedFile
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class DispatchScan:
-    response: pb.SubscribeResponse  # the frame, ready to send
+    """A scanned frame in wire pieces (DispatchBatch fields): `columns` the entries' int
+    columns then the offsets, topics and corrupt ranges; `keys` their KEYS and UNIQ_KEY values
+    (empty when scanned without). One scan gives the frame with keys and the frame without."""
+
+    columns: tuple[bytes, ...]
+    keys: tuple[bytes, ...]
     next_offset: int
     entries: int
     corrupt: list[CorruptRange]
-    nbytes: int  # about what the frame takes in memory (its record bytes' metadata)
+
+    def wire(self, include_keys: bool) -> bytes:
+        """The frame as SubscribeResponse wire bytes, ready to send."""
+        return dispatch_frame(self.columns + self.keys if include_keys else self.columns)
 
     @property
-    def frame(self) -> pb.DispatchBatch:
-        return self.response.batch
-
-
-# SubscribeResponse's `batch` (field 2, length-delimited): the key a held frame's wire
-# bytes start with.
-_BATCH_FIELD_KEY = bytes([2 << 3 | 2])
+    def nbytes(self) -> int:
+        """The bytes the pieces hold."""
+        return sum(map(len, self.columns)) + sum(map(len, self.keys))
 
 
 @dataclass(frozen=True, slots=True)
-class HeldFrame:
-    """A frame of held entries as the SubscribeResponse wire bytes the stream sends as they
-    are (rpc/admission.py passes bytes through), and what the stream needs to know of it."""
+class WireFrame:
+    """A dispatch frame as the SubscribeResponse wire bytes the stream sends as they are
+    (rpc/admission.py passes bytes through), and what the stream needs to know of it."""
 
     wire: bytes
     next_offset: int
@@ -60,46 +70,28 @@ class HeldFrame:
 
 def frame_of_runs(
     slices: Sequence[RunSlice], include_keys: bool, records_bytes_max: int = 0
-) -> HeldFrame:
+) -> WireFrame:
     """The frame of entries held from the appends (append_frames.py): the same columns a scan
-    of their records gives, written as DispatchBatch wire bytes by the compiled core's
-    dispatch_of_runs in one call, the offsets, topics and records after them (a message's
-    fields may come in any order, a repeated one in pieces). Its next_offset is where the
-    subscriber goes on. `records_bytes_max` > 0: with the records the appends wrote, when
-    every slice still holds them and they take at most that many bytes (else none: a frame
-    must stay under the gRPC message limit)."""
+    of their records gives, the whole SubscribeResponse written by the compiled core's
+    dispatch_of_runs in one call. Its next_offset is where the subscriber goes on.
+    `records_bytes_max` > 0: with the records the appends wrote, when every slice still holds
+    them and they take at most that many bytes (else none: a frame must stay under the gRPC
+    message limit)."""
     first, last = slices[0], slices[-1]
-    tail = pb.DispatchBatch(start_offset=first.run.offsets[first.lo])
-    if last.hi == len(last.run.offsets):
-        tail.next_offset = last.run.end
-    else:
-        tail.next_offset = last.run.offsets[last.hi]
-    topics: dict[str, int] = {}  # the frame's, in order of first use
-    columns = dispatch_of_runs(slices, topics, include_keys)
-    tail.topics.extend(topics)
+    start_offset = first.run.offsets[first.lo]
+    next_offset = last.run.end if last.hi == len(last.run.offsets) else last.run.offsets[last.hi]
+    records: list[bytes] = []
     if records_bytes_max > 0:
-        pieces: list[bytes] = []
         for piece in slices:
             got = piece.run.records_of(piece.lo, piece.hi)
             if got is None:
-                break  # dropped to bound memory: the subscriber reads them when asked
-            pieces.append(got)
-        else:
-            if sum(map(len, pieces)) <= records_bytes_max:
-                tail.records = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    rest = tail.SerializeToString()
-    wire = b"".join((_BATCH_FIELD_KEY, _varint(len(columns) + len(rest)), columns, rest))
-    return HeldFrame(wire, tail.next_offset, sum(s.hi - s.lo for s in slices))
-
-
-def _varint(value: int) -> bytes:
-    """`value` (>= 0) as a protobuf varint: seven bits a byte, low bits first."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+                records = []  # dropped to bound memory: the subscriber reads them when asked
+                break
+            records.append(got)
+        if sum(map(len, records)) > records_bytes_max:
+            records = []
+    wire = dispatch_of_runs(slices, include_keys, start_offset, next_offset, records)
+    return WireFrame(wire, next_offset, sum(s.hi - s.lo for s in slices))
 
 
 def scan_dispatch(
@@ -116,11 +108,7 @@ def scan_dispatch(
     end = log.confirm_offset
     if from_offset < log.min_offset:
         raise OutOfRange(f"offset {from_offset} is below the log's minimum {log.min_offset}")
-    # The response is built in place: a DispatchBatch built first and then put into a
-    # SubscribeResponse is copied (9.5% of the commit log's time under load).
-    response = pb.SubscribeResponse()
-    batch = response.batch
-    walk = _Walk(batch, include_keys, max_records, max_bytes, on_corrupt)
+    walk = _Walk(include_keys, max_records, max_bytes, on_corrupt)
     offset = from_offset
     while offset < end and walk.entries < max_records and walk.taken < max_bytes:
         mf = log.queue.find_mapped_file_by_offset(offset)
@@ -133,33 +121,28 @@ def scan_dispatch(
         if reached == offset:
             break
         offset = reached
-    batch.start_offset = from_offset
-    batch.next_offset = offset
-    batch.topics.extend(walk.topics)
-    if walk.corrupt:
-        batch.corrupt_starts.extend(c.start_offset for c in walk.corrupt)
-        batch.corrupt_ends.extend(c.end_offset for c in walk.corrupt)
-    return DispatchScan(
-        response,
+    tail = dispatch_tail(
+        from_offset,
         offset,
-        walk.entries,
-        walk.corrupt,
-        walk.entries * FRAME_ENTRY_BYTES + walk.key_chars,
+        walk.topics,
+        [c.start_offset for c in walk.corrupt],
+        [c.end_offset for c in walk.corrupt],
     )
+    return DispatchScan((*walk.columns, tail), tuple(walk.keys), offset, walk.entries, walk.corrupt)
 
 
 @dataclass(slots=True)
 class _Walk:
-    """One frame's walk over the files it spans, its entries merged into `batch`."""
+    """One frame's walk over the files it spans, its entries' wire pieces kept in order."""
 
-    batch: pb.DispatchBatch
     include_keys: bool
     max_records: int
     max_bytes: int
     on_corrupt: Callable[[CorruptRange], None] | None
     entries: int = 0
     taken: int = 0  # record bytes
-    key_chars: int = 0
+    columns: list[bytes] = dataclass_field(default_factory=list)
+    keys: list[bytes] = dataclass_field(default_factory=list)
     topic_index: dict[bytes, int] = dataclass_field(default_factory=dict)
     topics: list[str] = dataclass_field(default_factory=list)
     corrupt: list[CorruptRange] = dataclass_field(default_factory=list)
@@ -171,7 +154,7 @@ class _Walk:
         limit = min(readable, end - base)
         pos = offset - base
         while pos < limit and self.entries < self.max_records and self.taken < self.max_bytes:
-            why, pos, taken, entries, key_chars, frame = dispatch_columns(
+            why, pos, taken, entries, columns, keys = dispatch_columns(
                 mf.read_buf,
                 pos,
                 limit,
@@ -183,10 +166,12 @@ class _Walk:
                 self.max_records - self.entries,
                 self.max_bytes - self.taken,
             )
-            self.batch.MergeFromString(frame)
+            if entries:
+                self.columns.append(columns)
+                if keys:
+                    self.keys.append(keys)
             self.entries += entries
             self.taken += taken
-            self.key_chars += key_chars
             if why != DISPATCH_RECORD:
                 break  # the limit, a bound, or a record past the limit (the next call's)
             found = read_record(

@@ -65,7 +65,7 @@ import numpy as np
 from commitlog_svc import metrics
 from commitlog_svc.append_checks import refuse_unreadable, with_refusals, without
 from commitlog_svc.commitlog import CommitLog
-from commitlog_svc.dispatch_scan import DispatchScan, frame_of_runs, scan_dispatch
+from commitlog_svc.dispatch_scan import DispatchScan, WireFrame, frame_of_runs, scan_dispatch
 from commitlog_svc.frame_cache import FrameCache
 from commitlog_svc.messages import AppendResult, PendingAppend, PutStatus
 from commitlog_svc.recovery import CorruptRange
@@ -572,7 +572,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
     def Subscribe(  # type: ignore[override]
         self, request: pb.SubscribeRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.SubscribeResponse | bytes]:
-        """The handshake, then dispatch frames; a held frame goes as its wire bytes."""
+        """The handshake, then dispatch frames, each as its SubscribeResponse wire bytes."""
         sid = request.subscriber_id
         if not sid or len(sid.encode()) > SUBSCRIBER_ID_BYTES_MAX:
             raise InvalidArgument(
@@ -648,7 +648,9 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         linger_s: float,
         context: grpc.ServicerContext,
         gone: threading.Event,
-    ) -> Iterator[pb.SubscribeResponse | bytes]:
+    ) -> Iterator[bytes]:
+        """The stream's dispatch frames, each as the SubscribeResponse wire bytes (held frames
+        from the appends, or scanned ones shared through the frame cache)."""
         engine = self.engine
         next_frame_at = 0.0  # with a linger: when the next frame may go (unless one filled)
         while not gone.is_set() and context.is_active():
@@ -671,31 +673,24 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                     gone.wait(wait_s)  # more appends join this frame
                     continue
             held = engine.appended.take(offset, seen, entries_max, bytes_max)
+            frame: WireFrame | None = None  # held, not visible yet (sync flush: not durable)
             if held:  # the newest appends' own columns: no scan of the segment
                 records_max = self._records_frame_bytes if sid in self._with_records else 0
                 frame = frame_of_runs(held, include_keys, records_max)
                 metrics.DISPATCH_FRAMES.labels("appended").inc()
-                yield frame.wire
-                offset = frame.next_offset
-                self.registry.advance(sid, offset)
-                next_frame_at = _next_frame_at(frame.entries, linger_s, entries_max)
-                continue
-            if held is None:  # not held (behind the window, a blank, a gap): scan
-                response, offset = self._frames.frame(
+            elif held is None:  # not held (behind the window, a blank, a gap): scan
+                frame = self._frames.frame(
                     offset,
                     entries_max,
                     bytes_max,
                     include_keys,
                     partial(_scan, engine, offset, entries_max=entries_max, bytes_max=bytes_max),
                 )
-            else:
-                response = None  # held, not visible yet (under sync flush: not durable yet)
-            if response is not None:
-                yield response
+            if frame is not None:
+                yield frame.wire
+                offset = frame.next_offset
                 self.registry.advance(sid, offset)
-                next_frame_at = _next_frame_at(
-                    len(response.batch.commit_log_offsets), linger_s, entries_max
-                )
+                next_frame_at = _next_frame_at(frame.entries, linger_s, entries_max)
                 continue
             engine.wait_for_data(max(offset, seen), SUBSCRIBE_WAIT_S)
 

@@ -167,7 +167,7 @@ def dispatch_columns(
     include_keys: bool,
     rows_max: int,
     bytes_max: int,
-) -> tuple[int, int, int, int, int, bytes]: ...
+) -> tuple[int, int, int, int, bytes, bytes]: ...
 
 class HeldProperties(Protocol):
     @property
@@ -208,8 +208,20 @@ class HeldSlice(Protocol):
     def hi(self) -> int: ...
 
 def dispatch_of_runs(
-    slices: Iterable[HeldSlice], topics: dict[str, int], include_keys: bool
+    slices: Iterable[HeldSlice],
+    include_keys: bool,
+    start_offset: int,
+    next_offset: int,
+    records: list[bytes],
 ) -> bytes: ...
+def dispatch_tail(
+    start_offset: int,
+    next_offset: int,
+    topics: list[str],
+    corrupt_starts: list[int],
+    corrupt_ends: list[int],
+) -> bytes: ...
+def dispatch_frame(pieces: tuple[bytes, ...]) -> bytes: ...
 def property_columns(blobs: Iterable[bytes]) -> tuple[list[int], list[str], list[str]]: ...
 
 # _core_ids.pxi

@@ -57,14 +57,11 @@ cdef inline Py_ssize_t _value_end(const unsigned char *q, Py_ssize_t n, Py_ssize
     return n if sep == NULL else sep - q
 
 
-cdef str _value(const unsigned char *q, Py_ssize_t n, Py_ssize_t at, Py_ssize_t *chars):
-    """property_value's value that begins at q[at] ("" at -1); its length added to `chars`."""
+cdef str _value(const unsigned char *q, Py_ssize_t n, Py_ssize_t at):
+    """property_value's value that begins at q[at] ("" at -1)."""
     if at < 0:
         return ""
-    cdef str value = PyUnicode_DecodeUTF8(<const char *>(q + at), _value_end(q, n, at) - at,
-                                          "replace")
-    chars[0] += len(value)
-    return value
+    return PyUnicode_DecodeUTF8(<const char *>(q + at), _value_end(q, n, at) - at, "replace")
 
 
 cdef int32_t _tags_code(const unsigned char *q, Py_ssize_t n, Py_ssize_t at) except? -1:
@@ -104,7 +101,10 @@ cdef enum:
     WIRE_SYS_FLAG = 11 << 3
     WIRE_KEYS = 12 << 3 | 2
     WIRE_UNIQ_KEY = 13 << 3 | 2
-    WIRE_ENTRY_BYTES_MAX = 8 * 11  # 8 one-byte keys and varints of at most 10 bytes
+
+# The int columns dispatch_columns writes, in order.
+_ENTRY_COLUMNS = (WIRE_TOPIC_INDEX, WIRE_QUEUE_ID, WIRE_QUEUE_OFFSET, WIRE_OFFSET, WIRE_SIZE,
+                  WIRE_TAGS_CODE, WIRE_STORE_TIMESTAMP, WIRE_SYS_FLAG)
 
 
 cdef inline Py_ssize_t _write_varint(unsigned char *out, uint64_t v) noexcept:
@@ -122,6 +122,13 @@ cdef inline Py_ssize_t _field(unsigned char *out, unsigned char key, uint64_t v)
     """A field's key, then a value as a varint."""
     out[0] = key
     return 1 + _write_varint(out + 1, v)
+
+
+cdef inline int _put_varint(ColumnBuffer out, uint64_t v) except -1:
+    if out.cap - out.size < 10:
+        out.reserve(10)
+    out.size += _write_varint(<unsigned char *>(out.data + out.size), v)
+    return 0
 
 
 cdef int _put_string(ColumnBuffer out, unsigned char key, str value) except -1:
@@ -152,12 +159,13 @@ def dispatch_columns(
     of them, and none once `bytes_max` bytes of records are taken. A topic not yet in
     `topic_index` (raw bytes -> index into `topics`) is added to both.
 
-    Returns (why it stopped, where, bytes taken, entries, key characters, frame): `frame` the
-    entries as DispatchBatch fields in wire format, for its MergeFromString (upb parses them
-    faster than it extends its fields from lists): topic indexes, queue ids, queue offsets,
-    commit-log offsets, sizes, tags codes (javahash.tags_code of the TAGS value), store
-    timestamps, sysflags, and with `include_keys` the KEYS and UNIQ_KEY values
-    (property_value's); `key characters` the length of those values together. At
+    Returns (why it stopped, where, bytes taken, entries, columns, keys): the entries as
+    DispatchBatch fields in wire format, a piece of the frame's batch: `columns` their topic
+    indexes, queue ids, queue offsets, commit-log offsets, sizes, tags codes
+    (javahash.tags_code of the TAGS value), store timestamps and sysflags, each column one
+    packed field (as protobuf writes it: a key per column, not per entry); `keys` with
+    `include_keys` their KEYS and UNIQ_KEY values (property_value's), else empty. Apart, so
+    that one scan gives the frame with keys and the frame without (dispatch_frame). At
     DISPATCH_RECORD the record at the returned position is one read_record does not return as
     a Record."""
     cdef _Buffer held = _Buffer(buf)
@@ -167,10 +175,13 @@ def dispatch_columns(
     cdef const unsigned char *data = <const unsigned char *>held.view.buf
     cdef const unsigned char *p
     cdef const unsigned char *q
-    cdef ColumnBuffer frame = ColumnBuffer()
-    cdef unsigned char *w
-    cdef Py_ssize_t k
-    cdef Py_ssize_t rows = 0, key_chars = 0, props_len
+    cdef ColumnBuffer columns = ColumnBuffer(), keys = ColumnBuffer()
+    # Each int column, one packed field.
+    cdef ColumnBuffer c_topic = ColumnBuffer(), c_queue = ColumnBuffer()
+    cdef ColumnBuffer c_queue_offset = ColumnBuffer(), c_offset = ColumnBuffer()
+    cdef ColumnBuffer c_size = ColumnBuffer(), c_tags = ColumnBuffer()
+    cdef ColumnBuffer c_stamp = ColumnBuffer(), c_flag = ColumnBuffer()
+    cdef Py_ssize_t rows = 0, props_len
     cdef Py_ssize_t at[3]
     cdef int names = 3 if include_keys else 1
     cdef int64_t taken = 0, stored
@@ -207,27 +218,28 @@ def dispatch_columns(
             q = p + f.topic_at + f.topic_len + 2
             props_len = f.props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
             _find_values(q, props_len, names, at)
-            w = <unsigned char *>frame.reserve(WIRE_ENTRY_BYTES_MAX)
-            k = _field(w, WIRE_TOPIC_INDEX, <int64_t>index)
-            k += _field(w + k, WIRE_QUEUE_ID, mq_be_i32(p + QUEUE_ID_POS_))
-            k += _field(w + k, WIRE_QUEUE_OFFSET, mq_be_i64(p + QUEUE_OFFSET_POS_))
-            k += _field(w + k, WIRE_OFFSET, base_offset + pos)
-            k += _field(w + k, WIRE_SIZE, f.total)
-            k += _field(w + k, WIRE_TAGS_CODE, _tags_code(q, props_len, at[PROP_TAGS]))
-            k += _field(w + k, WIRE_STORE_TIMESTAMP,
-                        mq_be_i64(p + BORN_HOST_POS_ + IPV4_HOST_BYTES
-                                  + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
-            k += _field(w + k, WIRE_SYS_FLAG, f.flags)
-            frame.size += k
+            _put_varint(c_topic, <int64_t>index)
+            _put_varint(c_queue, mq_be_i32(p + QUEUE_ID_POS_))
+            _put_varint(c_queue_offset, mq_be_i64(p + QUEUE_OFFSET_POS_))
+            _put_varint(c_offset, base_offset + pos)
+            _put_varint(c_size, f.total)
+            _put_varint(c_tags, _tags_code(q, props_len, at[PROP_TAGS]))
+            _put_varint(c_stamp, mq_be_i64(p + BORN_HOST_POS_ + IPV4_HOST_BYTES
+                                           + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
+            _put_varint(c_flag, f.flags)
             if include_keys:
-                _put_string(frame, WIRE_KEYS, _value(q, props_len, at[PROP_KEYS], &key_chars))
-                _put_string(frame, WIRE_UNIQ_KEY, _value(q, props_len, at[PROP_UNIQ], &key_chars))
+                _put_string(keys, WIRE_KEYS, _value(q, props_len, at[PROP_KEYS]))
+                _put_string(keys, WIRE_UNIQ_KEY, _value(q, props_len, at[PROP_UNIQ]))
             rows += 1
             taken += f.total
             pos += f.total
     finally:
         held.release()
-    return why, pos, taken, rows, key_chars, PyBytes_FromStringAndSize(frame.data, frame.size)
+    if rows:
+        for key, column in zip(_ENTRY_COLUMNS, (c_topic, c_queue, c_queue_offset, c_offset,
+                                                c_size, c_tags, c_stamp, c_flag)):
+            _put_packed(columns, key, column)
+    return why, pos, taken, rows, _taken(columns), _taken(keys)
 
 
 def property_columns(object blobs):
@@ -235,7 +247,7 @@ def property_columns(object blobs):
     as dispatch_columns finds them in a record (append_frames.py: the columns of an append's
     messages, read before they are written)."""
     cdef list tags_codes = [], keys = [], uniq_keys = []
-    cdef Py_ssize_t n, chars = 0
+    cdef Py_ssize_t n
     cdef Py_ssize_t at[3]
     cdef const unsigned char *q
     cdef bytes raw
@@ -245,8 +257,8 @@ def property_columns(object blobs):
         n = PyBytes_GET_SIZE(raw)
         _find_values(q, n, 3, at)
         tags_codes.append(_tags_code(q, n, at[PROP_TAGS]))
-        keys.append(_value(q, n, at[PROP_KEYS], &chars))
-        uniq_keys.append(_value(q, n, at[PROP_UNIQ], &chars))
+        keys.append(_value(q, n, at[PROP_KEYS]))
+        uniq_keys.append(_value(q, n, at[PROP_UNIQ]))
     return tags_codes, keys, uniq_keys
 
 
@@ -365,25 +377,35 @@ cdef int _put_topic_indexes(
     return 0
 
 
-def dispatch_of_runs(object slices, dict topics, bint include_keys):
-    """The entries of held runs as DispatchBatch fields in wire format, the start of the
-    frame's batch (commitlog_svc/dispatch_scan.py's frame_of_runs). `slices`: RunSlices of
+def dispatch_of_runs(
+    object slices,
+    bint include_keys,
+    int64_t start_offset,
+    int64_t next_offset,
+    list records,
+):
+    """The dispatch frame of held runs, as SubscribeResponse wire bytes ready to send
+    (commitlog_svc/dispatch_scan.py's frame_of_runs). `slices`: RunSlices of
     commitlog_svc/append_frames.py, entries [lo, hi) of `run`, an AppendedRun whose columns are
-    lists. A run's topic not yet in `topics` (name -> index into the frame's topics, in order
-    of first use) is added.
+    lists. The frame's topics are each run's in turn, in order of first use.
 
-    Written column by column, each int column as one packed field over all the slices: topic
-    indexes (the run's, mapped to the frame's), queue ids, queue offsets, commit-log offsets,
-    sizes, sysflags, tags codes, the run's store timestamp per entry; then with `include_keys`
-    each KEYS and each UNIQ_KEY value as a string field, in entry order. A parser appends each
-    packed field's values to the field's, as it does an unpacked field's."""
+    Its batch written column by column, each int column as one packed field over all the
+    slices: topic indexes (the run's, mapped to the frame's), queue ids, queue offsets,
+    commit-log offsets, sizes, sysflags, tags codes, the run's store timestamp per entry; then
+    with `include_keys` each KEYS and each UNIQ_KEY value as a string field, in entry order;
+    then as dispatch_tail the offsets and topics, and `records` (bytes, back to back) as the
+    records field. A parser appends each packed field's values to the field's, as it does an
+    unpacked field's."""
     cdef ColumnBuffer out = ColumnBuffer(), column = ColumnBuffer()
+    cdef dict topics = {}  # name -> the frame's index
     cdef list held = []
     cdef Py_ssize_t lo, hi, i
     cdef list values
     cdef str name
     cdef unsigned char key
     cdef bint int32
+    out.reserve(FRAME_HEAD_BYTES_MAX)
+    out.size = FRAME_HEAD_BYTES_MAX  # room for the head, written once the length is known
     for piece in slices:
         run = piece.run
         mapping = [topics.setdefault(t, len(topics)) for t in run.topics]
@@ -408,4 +430,106 @@ def dispatch_of_runs(object slices, dict topics, bint include_keys):
                 _span_ok(lo, hi, values)
                 for i in range(lo, hi):
                     _put_string(out, key, values[i])
+    _put_tail(out, start_offset, next_offset, list(topics), [], [], records)
+    return _framed(out)
+
+
+# The DispatchBatch fields after the entries, and SubscribeResponse's `batch`, as wire-format
+# keys (field 16's key takes two bytes as a varint).
+cdef enum:
+    WIRE_START_OFFSET = 1 << 3
+    WIRE_NEXT_OFFSET = 2 << 3
+    WIRE_TOPIC = 3 << 3 | 2
+    WIRE_CORRUPT_START = 14 << 3
+    WIRE_CORRUPT_END = 15 << 3
+    WIRE_RECORDS = 16 << 3 | 2
+    WIRE_BATCH = 2 << 3 | 2
+    FRAME_HEAD_BYTES_MAX = 11  # the batch's key and its length, a varint of at most 10 bytes
+
+
+cdef int _put_tail(
+    ColumnBuffer out,
+    int64_t start_offset,
+    int64_t next_offset,
+    list topics,
+    list corrupt_starts,
+    list corrupt_ends,
+    list records,
+) except -1:
+    """The batch's fields after its entries, in field order, each left out at its default as
+    proto3 does."""
+    cdef ColumnBuffer column = ColumnBuffer()
+    cdef unsigned char *w = <unsigned char *>out.reserve(2 * 11)
+    cdef Py_ssize_t k = 0, total = 0
+    cdef bytes piece
+    if start_offset:
+        k += _field(w, WIRE_START_OFFSET, <uint64_t>start_offset)
+    if next_offset:
+        k += _field(w + k, WIRE_NEXT_OFFSET, <uint64_t>next_offset)
+    out.size += k
+    for name in topics:
+        _put_string(out, WIRE_TOPIC, name)
+    for values, key in ((corrupt_starts, WIRE_CORRUPT_START), (corrupt_ends, WIRE_CORRUPT_END)):
+        if values:
+            _put_varints(column, values, 0, len(values), False)
+            _put_packed(out, key, column)
+    for piece in records:
+        total += len(piece)
+    if total:
+        w = <unsigned char *>out.reserve(2 + 10 + total)
+        k = _write_varint(w, WIRE_RECORDS)
+        k += _write_varint(w + k, <uint64_t>total)
+        for piece in records:
+            memcpy(w + k, PyBytes_AS_STRING(piece), <size_t>len(piece))
+            k += len(piece)
+        out.size += k
+    return 0
+
+
+def dispatch_tail(
+    int64_t start_offset,
+    int64_t next_offset,
+    list topics,
+    list corrupt_starts,
+    list corrupt_ends,
+):
+    """A scanned frame's DispatchBatch fields after its entries (dispatch_columns' pieces), in
+    wire format: the start and next offsets, the topics (str) and the corrupt ranges."""
+    cdef ColumnBuffer out = ColumnBuffer()
+    _put_tail(out, start_offset, next_offset, topics, corrupt_starts, corrupt_ends, [])
+    return _taken(out)
+
+
+cdef bytes _taken(ColumnBuffer out):
     return PyBytes_FromStringAndSize(out.data, out.size)
+
+
+cdef bytes _framed(ColumnBuffer out):
+    """The SubscribeResponse of the batch in `out` after FRAME_HEAD_BYTES_MAX free bytes: the
+    batch's key and length written just before it."""
+    cdef unsigned char head[FRAME_HEAD_BYTES_MAX]
+    cdef Py_ssize_t n = _field(head, WIRE_BATCH, <uint64_t>(out.size - FRAME_HEAD_BYTES_MAX))
+    cdef char *start = out.data + FRAME_HEAD_BYTES_MAX - n
+    memcpy(start, head, <size_t>n)
+    return PyBytes_FromStringAndSize(start, n + out.size - FRAME_HEAD_BYTES_MAX)
+
+
+def dispatch_frame(tuple pieces):
+    """The SubscribeResponse wire bytes whose batch is `pieces` (DispatchBatch fields in wire
+    format, bytes) back to back: the batch's key and length, then the pieces, in one copy. A
+    scanned frame is its columns, its tail, and its keys or not (dispatch_scan.py)."""
+    cdef unsigned char head[FRAME_HEAD_BYTES_MAX]
+    cdef Py_ssize_t total = 0, n, k
+    cdef bytes piece, frame
+    cdef char *w
+    for piece in pieces:
+        total += len(piece)
+    n = _field(head, WIRE_BATCH, <uint64_t>total)
+    frame = PyBytes_FromStringAndSize(NULL, n + total)
+    w = PyBytes_AS_STRING(frame)
+    memcpy(w, head, <size_t>n)
+    k = n
+    for piece in pieces:
+        memcpy(w + k, PyBytes_AS_STRING(piece), <size_t>len(piece))
+        k += len(piece)
+    return frame

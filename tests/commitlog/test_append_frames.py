@@ -14,7 +14,7 @@ from commitlog_svc.append_frames import (
     RunSlice,
     dispatch_properties,
 )
-from commitlog_svc.dispatch_scan import HeldFrame, frame_of_runs
+from commitlog_svc.dispatch_scan import WireFrame, frame_of_runs
 from mqstore.formats._core import dispatch_of_runs
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import encode_properties
@@ -41,7 +41,7 @@ def run(start: int, count: int, records: bytes | None = None) -> AppendedRun:
     )
 
 
-def batch_of(frame: HeldFrame) -> pb.DispatchBatch:
+def batch_of(frame: WireFrame) -> pb.DispatchBatch:
     """The frame as its subscriber reads it: the wire bytes parsed."""
     response = pb.SubscribeResponse.FromString(frame.wire)
     assert response.WhichOneof("frame") == "batch"
@@ -252,10 +252,9 @@ def test_a_frame_of_runs_holds_each_entry_as_appended_one_by_one(
     )
     assert got == wanted
     # A packed field split over several chunks appends them in order, as repeated strings do:
-    # the wire bytes merged twice hold every entry twice.
-    wire = dispatch_of_runs(slices, {}, include_keys)
-    twice = pb.DispatchBatch()
-    twice.MergeFromString(wire + wire)
+    # the frame sent twice in one message (its batch merged twice) holds every entry twice.
+    wire = dispatch_of_runs(slices, include_keys, 0, 0, [])
+    twice = pb.SubscribeResponse.FromString(wire + wire).batch
     assert list(twice.tags_codes) == list(got.tags_codes) * 2
     assert list(twice.topic_indexes) == list(got.topic_indexes) * 2
     assert list(twice.uniq_keys) == list(got.uniq_keys) * 2

@@ -102,8 +102,12 @@ def assert_same_everywhere(log: CommitLog, starts: list[int]) -> None:
                 got = scan_dispatch(
                     log, offset, max_records=max_records, max_bytes=max_bytes, include_keys=keys
                 )
-                assert got.frame == want, (offset, max_records, max_bytes, keys)
+                sent = pb.SubscribeResponse.FromString(got.wire(keys))
+                assert sent.batch == want, (offset, max_records, max_bytes, keys)
                 assert got.next_offset == want.next_offset
+                if keys:  # the frame cache's: one scan with keys, sent without them too
+                    bare = pb.SubscribeResponse.FromString(got.wire(False))
+                    assert bare.batch == reference(log, offset, max_records, max_bytes, False)
 
 
 @pytest.mark.parametrize("store_v6", [False, True], ids=["store-v4", "store-v6"])

@@ -43,7 +43,7 @@ def _as_scanned(svc: Running, frames: list[pb.DispatchBatch], include_keys: bool
             include_keys=include_keys,
         )
         assert fresh.next_offset == got.next_offset
-        assert fresh.frame == got
+        assert pb.SubscribeResponse.FromString(fresh.wire(include_keys)).batch == got
 
 
 def _entries(frames: list[pb.DispatchBatch]) -> list[object]:
@@ -57,7 +57,7 @@ def _scanned_entries(svc: Running, start: int, end: int, include_keys: bool) -> 
         found = scan_dispatch(
             svc.engine, offset, max_records=1 << 20, max_bytes=1 << 30, include_keys=include_keys
         )
-        entries.extend(decode_dispatch(found.frame))
+        entries.extend(decode_dispatch(pb.SubscribeResponse.FromString(found.wire(True)).batch))
         assert found.next_offset > offset
         offset = found.next_offset
     return entries

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from commitlog_svc.dispatch_scan import scan_dispatch
+from commitlog_svc.dispatch_scan import DispatchScan, scan_dispatch
 from commitlog_svc.frame_cache import FrameCache
+from mqstore.formats._core import dispatch_tail
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from tests.commitlog_svc.support import Running, batch, subscribe
 
@@ -25,7 +26,7 @@ def _own_scans(svc: Running, batches: list[pb.DispatchBatch], include_keys: bool
             include_keys=include_keys,
         )
         assert fresh.next_offset == got.next_offset
-        assert fresh.frame == got
+        assert pb.SubscribeResponse.FromString(fresh.wire(include_keys)).batch == got
 
 
 def test_subscribers_in_step_get_their_own_frames_from_one_scan_per_range(
@@ -75,3 +76,29 @@ def test_with_sharing_off_each_subscriber_scans_for_itself(start: Callable[..., 
     assert cache.hits == 0
     cq.cancel()
     index.cancel()
+
+
+def test_the_cache_counts_the_wire_bytes_it_holds_and_forgets_the_oldest() -> None:
+    """A cached frame costs its pieces' bytes; one subscriber gets it with the keys piece, the
+    other without, both as SubscribeResponse wire bytes."""
+    cache = FrameCache(bytes_max=100)
+
+    def scan_at(start: int) -> Callable[[bool], DispatchScan]:
+        tail = dispatch_tail(start, start + 1, ["t"], [], [])
+        keys = pb.DispatchBatch(keys=["k" * 20], uniq_keys=["u"]).SerializeToString()
+        return lambda include_keys: DispatchScan((tail,), (keys,), start + 1, 1, [])
+
+    with_keys = cache.frame(0, 10, 1 << 20, True, scan_at(0))
+    without = cache.frame(0, 10, 1 << 20, False, scan_at(0))
+    assert with_keys is not None and without is not None and cache.hits == 1
+    got = pb.SubscribeResponse.FromString(with_keys.wire).batch
+    assert list(got.keys) == ["k" * 20] and got.next_offset == with_keys.next_offset == 1
+    assert pb.SubscribeResponse.FromString(without.wire).batch == pb.DispatchBatch(
+        start_offset=0, next_offset=1, topics=["t"]
+    )
+    one = scan_at(0)(True).nbytes
+    assert cache._bytes == one == len(with_keys.wire) - 2  # the batch's key and length
+    for start in range(1, 100 // one + 2):
+        cache.frame(start, 10, 1 << 20, False, scan_at(start))
+    assert cache._bytes <= 100 and cache.frame(0, 10, 1 << 20, True, scan_at(0)) is not None
+    assert cache.scans == 100 // one + 3  # the first frame was forgotten: scanned again

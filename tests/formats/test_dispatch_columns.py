@@ -16,6 +16,8 @@ from mqstore.formats._core import (
     DISPATCH_PAST,
     DISPATCH_RECORD,
     dispatch_columns,
+    dispatch_frame,
+    dispatch_tail,
 )
 from mqstore.formats.javahash import tags_code
 from mqstore.formats.properties import KEYS, TAGS, UNIQ_KEY, property_value
@@ -174,10 +176,10 @@ def test_the_compiled_dispatch_walk_equals_read_record_and_property_value(
     blob, base = drawn
     limit = len(blob) - min(cut, len(blob)) if cut % 3 == 0 else len(blob)  # a limit mid-way
     topics: list[str] = []
-    why, pos, taken, entries, key_chars, frame = dispatch_columns(
+    why, pos, taken, entries, columns, key_columns = dispatch_columns(
         blob, 0, limit, len(blob), base, {}, topics, keys, rows_max, bytes_max
     )
-    batch = pb.DispatchBatch.FromString(frame)
+    batch = pb.DispatchBatch.FromString(columns + key_columns)
     batch.topics.extend(topics)
     want_why, want_pos, want_taken, want_rows = reference(
         blob, base, limit, keys, rows_max, bytes_max
@@ -199,9 +201,9 @@ def test_the_compiled_dispatch_walk_equals_read_record_and_property_value(
     assert (why, pos, taken, entries) == (want_why, want_pos, want_taken, len(want_rows))
     assert got_rows == want_rows
     assert topics == list(dict.fromkeys(row[0] for row in want_rows))  # in first-use order
-    assert key_chars == (sum(len(r[8]) + len(r[9]) for r in want_rows) if keys else 0)
+    assert not pb.DispatchBatch.FromString(columns).keys  # the keys come apart
     if not keys:
-        assert not batch.keys and not batch.uniq_keys
+        assert key_columns == b""
 
 
 def test_a_value_is_the_last_well_formed_segments_of_its_name() -> None:
@@ -210,7 +212,51 @@ def test_a_value_is_the_last_well_formed_segments_of_its_name() -> None:
         b"TAGS\x01first\x02TAGS\x01\x02xKEYS\x01no\x02KEYS\x01\x01odd\x02TAGS\x01\xe6\x97\xa5\x02"
     )
     raw = encode_record(topic="t", queue_id=0, body=b"b", properties=props, record_crc=True)
-    frame = dispatch_columns(raw, 0, len(raw), len(raw), 0, {}, [], True, 1, 1)[-1]
-    batch = pb.DispatchBatch.FromString(frame)
+    batch = pb.DispatchBatch.FromString(
+        b"".join(dispatch_columns(raw, 0, len(raw), len(raw), 0, {}, [], True, 1, 1)[-2:])
+    )
     assert list(batch.tags_codes) == [tags_code("日")]
     assert list(batch.keys) == ["\x01odd"] and list(batch.uniq_keys) == [""]
+
+
+offsets = st.integers(0, 2**62)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    offsets,
+    offsets,
+    st.lists(st.text(max_size=20), max_size=4),
+    st.lists(st.tuples(offsets, offsets), max_size=4),
+)
+def test_the_compiled_frame_tail_is_the_batch_protobuf_serializes(
+    start: int, next_offset: int, topics: list[str], corrupt: list[tuple[int, int]]
+) -> None:
+    """dispatch_tail byte for byte as protobuf writes those fields (in field order, defaults
+    left out, the corrupt ranges packed)."""
+    want = pb.DispatchBatch(
+        start_offset=start,
+        next_offset=next_offset,
+        topics=topics,
+        corrupt_starts=[s for s, _ in corrupt],
+        corrupt_ends=[e for _, e in corrupt],
+    )
+    got = dispatch_tail(
+        start, next_offset, topics, [s for s, _ in corrupt], [e for _, e in corrupt]
+    )
+    assert got == want.SerializeToString()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(offsets, max_size=40), max_size=5))
+def test_a_compiled_frame_is_its_pieces_as_the_response_batch(pieces: list[list[int]]) -> None:
+    """dispatch_frame: the batch field's key and varint length, then the pieces back to back:
+    a SubscribeResponse whose batch parses as the pieces' fields together (here each a packed
+    corrupt_starts, appended in order)."""
+    fields = [pb.DispatchBatch(corrupt_starts=p).SerializeToString() for p in pieces]
+    wire = dispatch_frame(tuple(fields))
+    body = b"".join(fields)
+    length = pb.DispatchBatch(start_offset=len(body)).SerializeToString()[1:]  # protobuf's varint
+    assert wire == b"\x12" + (length or b"\x00") + body
+    want = pb.DispatchBatch(corrupt_starts=[v for p in pieces for v in p])
+    assert pb.SubscribeResponse.FromString(wire) == pb.SubscribeResponse(batch=want)
