@@ -1,0 +1,154 @@
+"""The wire bytes of an append and of its answer, written from columns in one pass.
+
+An AppendRequest (protos/mqstore/commitlog/v1/commitlog.proto) carries every message's body
+and properties. Built through the protobuf runtime, each body was copied into the message and
+copied again when the message was serialized, and each column crossed into it one Python
+object at a time: a third of the SDK producer's Python time at 1 KiB bodies. The producer
+writes the request's bytes itself instead, from the columns it has in hand; the commit log
+likewise writes each AppendResponse from its result columns (its response serializer passes
+bytes through, mqstore/rpc/admission.py), never filling a message field by field.
+
+The compiled core does the writing (`_core.append_request_wire`, `_core.append_response_wire`,
+formats/_core_append.pxi); this module is their plain-Python reference, pinned to them byte for
+byte by tests/formats/test_append_wire.py, which also pins both to what the protobuf runtime
+parses out of them. The layout is proto3's: fields in field-number order, a field at its default
+left out, repeated numbers packed, an int32 or int64 below zero as ten varint bytes.
+
+    AppendRequest   1 batches (MessageBatch, length-delimited)   2 producer_id   3 sequence
+    MessageBatch    1 topic   2 queue_ids (packed)   3 bodies   4 properties
+                    5 sys_flags (packed)   8 born_timestamp_ms
+    AppendResponse  1 statuses (packed)   2 commit_log_offsets (packed)   3 sizes (packed)
+                    4 queue_offsets (packed)   5 store_timestamp_ms   6 store_host
+                    7 refusals (Refusal: 1 index, 2 status, 3 reason, 4 field)
+                    8 duplicate   9 sequence
+
+Only the fields the producer and the store set are written: a batch's shared sys_flag, flag,
+born_host, reconsume_times and prepared_tx_offset stay at their defaults (the producer never
+sets them), and an answer's `error` is _refused_answer's, made apart (commitlog_svc).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# One batch of a request: topic, queue ids, bodies, properties (one blob per message),
+# sys flags (empty: every message's is 0) and the born time in ms.
+WireBatch = tuple[str, Sequence[int], Sequence[bytes], Sequence[bytes], Sequence[int], int]
+# One refused message of an answer: its index, PutStatus number, reason and field at fault.
+WireRefusal = tuple[int, int, str, str]
+
+_LEN = 2  # wire type: length-delimited
+_VARINT = 0
+_U64 = (1 << 64) - 1
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _signed(value: int, lo: int, hi: int) -> bytes:
+    """An int32 or int64 (or enum) as its varint: a negative one sign-extended to 64 bits."""
+    if not lo <= value <= hi:
+        raise ValueError(f"{value} is out of range [{lo}, {hi}]")
+    return _varint(value & _U64)
+
+
+def _key(field: int, wire_type: int) -> bytes:
+    return _varint(field << 3 | wire_type)
+
+
+def _delimited(field: int, payload: bytes) -> bytes:
+    return _key(field, _LEN) + _varint(len(payload)) + payload
+
+
+def _packed(field: int, values: Sequence[int], lo: int, hi: int) -> bytes:
+    if not values:
+        return b""
+    return _delimited(field, b"".join(_signed(v, lo, hi) for v in values))
+
+
+def _scalar(field: int, value: int, lo: int, hi: int) -> bytes:
+    return _key(field, _VARINT) + _signed(value, lo, hi) if value else b""
+
+
+def _uint64(field: int, value: int) -> bytes:
+    if not 0 <= value <= _U64:
+        raise ValueError(f"{value} is out of range [0, {_U64}]")
+    return _key(field, _VARINT) + _varint(value) if value else b""
+
+
+def _text(field: int, value: str) -> bytes:
+    return _delimited(field, value.encode()) if value else b""
+
+
+def _blob(field: int, value: bytes) -> bytes:
+    return _delimited(field, bytes(value)) if value else b""
+
+
+def message_batch_wire(batch: WireBatch) -> bytes:
+    """One MessageBatch's fields (without its own key and length)."""
+    topic, queue_ids, bodies, properties, sys_flags, born_ms = batch
+    return b"".join(
+        (
+            _text(1, topic),
+            _packed(2, queue_ids, _INT32_MIN, _INT32_MAX),
+            b"".join(_delimited(3, bytes(b)) for b in bodies),
+            b"".join(_delimited(4, bytes(p)) for p in properties),
+            _packed(5, sys_flags, _INT32_MIN, _INT32_MAX),
+            _scalar(8, born_ms, _INT64_MIN, _INT64_MAX),
+        )
+    )
+
+
+def append_request_wire(producer_id: str, sequence: int, batches: Sequence[WireBatch]) -> bytes:
+    """An AppendRequest's bytes: `batches` in order, then the producer id and sequence."""
+    return b"".join(
+        (
+            b"".join(_delimited(1, message_batch_wire(b)) for b in batches),
+            _text(2, producer_id),
+            _uint64(3, sequence),
+        )
+    )
+
+
+def append_response_wire(
+    statuses: Sequence[int],
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    queue_offsets: Sequence[int],
+    store_timestamp_ms: int,
+    store_host: bytes,
+    refusals: Sequence[WireRefusal],
+    duplicate: bool,
+    sequence: int,
+) -> bytes:
+    """An AppendResponse's bytes: the per-message columns, then the shared fields."""
+    return b"".join(
+        (
+            _packed(1, statuses, _INT32_MIN, _INT32_MAX),
+            _packed(2, offsets, _INT64_MIN, _INT64_MAX),
+            _packed(3, sizes, _INT32_MIN, _INT32_MAX),
+            _packed(4, queue_offsets, _INT64_MIN, _INT64_MAX),
+            _scalar(5, store_timestamp_ms, _INT64_MIN, _INT64_MAX),
+            _blob(6, store_host),
+            b"".join(
+                _delimited(
+                    7,
+                    _scalar(1, index, _INT32_MIN, _INT32_MAX)
+                    + _scalar(2, status, _INT32_MIN, _INT32_MAX)
+                    + _text(3, reason)
+                    + _text(4, field),
+                )
+                for index, status, reason, field in refusals
+            ),
+            _uint64(8, 1) if duplicate else b"",
+            _uint64(9, sequence),
+        )
+    )

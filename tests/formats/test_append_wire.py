@@ -1,0 +1,112 @@
+"""The compiled core's AppendRequest and AppendResponse writers (formats/_core_append.pxi) pinned
+to their plain-Python reference (formats/append_wire.py) byte for byte, and both to the protobuf
+runtime: what it serializes from the same fields, and what it parses back out of them."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqstore.formats import _core, append_wire
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+
+INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+UINT64 = st.integers(0, (1 << 64) - 1)
+TEXT = st.text(max_size=40)
+BLOB = st.binary(max_size=300)
+Batch = tuple[str, list[int], list[bytes], list[bytes], list[int], int]
+
+
+@st.composite
+def wire_batches(draw: st.DrawFn) -> Batch:
+    n = draw(st.integers(0, 12))
+    flags = draw(st.lists(INT32, min_size=n, max_size=n)) if draw(st.booleans()) else []
+    return (
+        draw(TEXT),
+        draw(st.lists(INT32, min_size=n, max_size=n)),
+        draw(st.lists(BLOB, min_size=n, max_size=n)),
+        draw(st.lists(BLOB, min_size=0, max_size=n)),
+        flags,
+        draw(INT64),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(producer_id=TEXT, sequence=UINT64, batches=st.lists(wire_batches(), max_size=4))
+def test_append_request_wire_is_the_reference_and_protobufs(
+    producer_id: str,
+    sequence: int,
+    batches: list[Batch],
+) -> None:
+    wire = _core.append_request_wire(producer_id, sequence, batches)
+    assert wire == append_wire.append_request_wire(producer_id, sequence, batches)
+    request = pb.AppendRequest(producer_id=producer_id, sequence=sequence)
+    for topic, queue_ids, bodies, properties, flags, born_ms in batches:
+        request.batches.add(
+            topic=topic,
+            queue_ids=queue_ids,
+            bodies=bodies,
+            properties=properties,
+            sys_flags=flags,
+            born_timestamp_ms=born_ms,
+        )
+    assert wire == request.SerializeToString()
+    assert pb.AppendRequest.FromString(wire) == request
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> tuple[object, ...]:
+    n = draw(st.integers(0, 30))
+    column = st.lists(INT64, min_size=n, max_size=n)
+    refusals = draw(st.lists(st.tuples(INT32, INT32, TEXT, TEXT), max_size=3))
+    return (
+        draw(st.lists(st.integers(0, 12), min_size=n, max_size=n)),
+        draw(column),
+        draw(st.lists(INT32, min_size=n, max_size=n)),
+        draw(column),
+        draw(INT64),
+        draw(st.binary(max_size=20)),
+        refusals,
+        draw(st.booleans()),
+        draw(UINT64),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(answer=answers())
+def test_append_response_wire_is_the_reference_and_protobufs(answer: tuple[object, ...]) -> None:
+    statuses, offsets, sizes, queue_offsets, ts, host, refusals, duplicate, sequence = answer
+    wire = _core.append_response_wire(*answer)  # type: ignore[arg-type]
+    assert wire == append_wire.append_response_wire(*answer)  # type: ignore[arg-type]
+    response = pb.AppendResponse(
+        statuses=statuses,  # type: ignore[arg-type]
+        commit_log_offsets=offsets,  # type: ignore[arg-type]
+        sizes=sizes,  # type: ignore[arg-type]
+        queue_offsets=queue_offsets,  # type: ignore[arg-type]
+        store_timestamp_ms=ts,  # type: ignore[arg-type]
+        store_host=host,  # type: ignore[arg-type]
+        duplicate=duplicate,  # type: ignore[arg-type]
+        sequence=sequence,  # type: ignore[arg-type]
+    )
+    for index, status, reason, field in refusals:  # type: ignore[attr-defined]
+        response.refusals.add(index=index, status=status, reason=reason, field=field)
+    assert wire == response.SerializeToString()
+    assert pb.AppendResponse.FromString(wire) == response
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("t", [1 << 31], [b"x"], [b""], [], 0),  # a queue id past int32
+        ("t", [0], [b"x"], [b""], [], 1 << 63),  # a born time past int64
+    ],
+)
+def test_a_number_out_of_its_fields_range_is_refused_by_both(
+    bad: Batch,
+) -> None:
+    with pytest.raises((ValueError, OverflowError)):
+        _core.append_request_wire("p", 1, [bad])
+    with pytest.raises(ValueError):
+        append_wire.append_request_wire("p", 1, [bad])
