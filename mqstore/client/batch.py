@@ -23,18 +23,17 @@ by message index, and `BatchFuture.result()` raises BatchNotStored carrying the 
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, repeat
+from itertools import repeat
 from typing import Any, Generic, TypeVar
 
 import grpc
 
 from mqstore.client.compression import Compression, compress
 from mqstore.client.errors import ClientError, FailedPrecondition, InvalidArgument, refusal
-from mqstore.formats._core import uniq_properties
+from mqstore.formats._core import share_bounds, uniq_properties
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import (
@@ -477,17 +476,10 @@ def prepare_batch(
         for i, body in enumerate(body_list):
             if len(body) > compress_over_bytes:
                 body_list[i], sys_flags[i] = compress(body, compression)
-    weights = list(
-        map(
-            operator.add,
-            map(operator.add, map(len, body_list), map(len, props)),
-            repeat(MESSAGE_OVERHEAD_BYTES, n),
-        )
-    )
-    return PreparedBatch(
-        topic, queue_ids, body_list, props, sys_flags, uniq_keys,
-        _share_bounds(weights, share_messages, share_bytes),
-    )  # fmt: skip
+    # The shares, each message weighing its body (as sent), properties and overhead: one C
+    # pass of the core (a map per term and a Python search were a tenth of send_batch).
+    shares = share_bounds(body_list, props, MESSAGE_OVERHEAD_BYTES, share_messages, share_bytes)
+    return PreparedBatch(topic, queue_ids, body_list, props, sys_flags, uniq_keys, shares)
 
 
 def _queue_runs(first_queue: int, queues_per_topic: int, n: int) -> list[int]:
@@ -501,29 +493,3 @@ def _queue_runs(first_queue: int, queues_per_topic: int, n: int) -> list[int]:
         hi = -(-(k + 1) * n // queues_per_topic)
         out.extend([(first_queue + k) % queues_per_topic] * (hi - lo))
     return out
-
-
-def _share_bounds(
-    weights: list[int], share_messages: int, share_bytes: int
-) -> list[tuple[int, int, int]]:
-    """Split messages into shares of at most share_messages and about share_bytes (a message
-    heavier than share_bytes makes a share of its own): (first, end, weight) each."""
-    shares: list[tuple[int, int, int]] = []
-    totals = [0, *accumulate(weights)]
-    first = 0
-    n = len(weights)
-    while first < n:
-        end = min(n, first + share_messages)
-        if totals[end] - totals[first] > share_bytes:
-            # The longest run from `first` within share_bytes (at least one message).
-            lo, hi = first + 1, end
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if totals[mid] - totals[first] <= share_bytes:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            end = lo
-        shares.append((first, end, totals[end] - totals[first]))
-        first = end
-    return shares

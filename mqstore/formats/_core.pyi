@@ -234,3 +234,10 @@ def append_response_wire(
     duplicate: bool,
     sequence: int,
 ) -> bytes: ...
+def share_bounds(
+    bodies: list[bytes],
+    properties: list[bytes],
+    overhead: int,
+    share_messages: int,
+    share_bytes: int,
+) -> list[tuple[int, int, int]]: ...

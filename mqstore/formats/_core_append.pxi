@@ -234,3 +234,42 @@ def append_response_wire(
     if w != <unsigned char *>PyBytes_AS_STRING(out) + total:
         raise AssertionError("an append response's bytes were miscounted")
     return out
+
+
+def share_bounds(
+    list bodies, list properties, Py_ssize_t overhead, Py_ssize_t share_messages,
+    Py_ssize_t share_bytes,
+):
+    """append_wire.share_bounds: a send_batch's messages split into requests' shares, each
+    message weighing its body, its properties and `overhead` bytes; (first, end, weight) each."""
+    cdef Py_ssize_t n = len(bodies), i, first = 0, end, lo, hi, mid
+    if len(properties) != n:
+        raise ValueError(f"{len(properties)} properties for {n} bodies")
+    if share_messages < 1:
+        raise ValueError("a share holds at least one message")
+    cdef int64_t *totals = <int64_t *>malloc(<size_t>(n + 1) * sizeof(int64_t))
+    if totals == NULL:
+        raise MemoryError()
+    cdef list shares = []
+    try:
+        totals[0] = 0
+        for i in range(n):
+            totals[i + 1] = totals[i] + len(bodies[i]) + len(properties[i]) + overhead
+        while first < n:
+            end = min(n, first + share_messages)
+            if totals[end] - totals[first] > share_bytes:
+                # The longest run from `first` within share_bytes (at least one message).
+                lo = first + 1
+                hi = end
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if totals[mid] - totals[first] <= share_bytes:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                end = lo
+            shares.append((first, end, totals[end] - totals[first]))
+            first = end
+        return shares
+    finally:
+        free(totals)

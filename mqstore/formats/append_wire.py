@@ -11,8 +11,11 @@ bytes through, mqstore/rpc/admission.py), never filling a message field by field
 The compiled core does the writing (`_core.append_request_wire`, `_core.append_response_wire`,
 formats/_core_append.pxi); this module is their plain-Python reference, pinned to them byte for
 byte by tests/formats/test_append_wire.py, which also pins both to what the protobuf runtime
-parses out of them. The layout is proto3's: fields in field-number order, a field at its default
-left out, repeated numbers packed, an int32 or int64 below zero as ten varint bytes.
+parses out of them. Likewise `share_bounds`, how a producer's send_batch is cut into requests
+(client/batch.py), a per-message sum and search the core does in one pass.
+
+The layout is proto3's: fields in field-number order, a field at its default left out,
+repeated numbers packed, an int32 or int64 below zero as ten varint bytes.
 
     AppendRequest   1 batches (MessageBatch, length-delimited)   2 producer_id   3 sequence
     MessageBatch    1 topic   2 queue_ids (packed)   3 bodies   4 properties
@@ -30,6 +33,7 @@ sets them), and an answer's `error` is _refused_answer's, made apart (commitlog_
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 # One batch of a request: topic, queue ids, bodies, properties (one blob per message),
 # sys flags (empty: every message's is 0) and the born time in ms.
@@ -152,3 +156,39 @@ def append_response_wire(
             _uint64(9, sequence),
         )
     )
+
+
+def share_bounds(
+    bodies: Sequence[bytes],
+    properties: Sequence[bytes],
+    overhead: int,
+    share_messages: int,
+    share_bytes: int,
+) -> list[tuple[int, int, int]]:
+    """Split messages into shares of at most share_messages and about share_bytes (a message
+    heavier than share_bytes makes a share of its own), a message weighing its body, its
+    properties and `overhead`: (first, end, weight) each."""
+    n = len(bodies)
+    if len(properties) != n:
+        raise ValueError(f"{len(properties)} properties for {n} bodies")
+    if share_messages < 1:
+        raise ValueError("a share holds at least one message")
+    weights = [len(b) + len(p) + overhead for b, p in zip(bodies, properties, strict=True)]
+    totals = [0, *accumulate(weights)]
+    shares: list[tuple[int, int, int]] = []
+    first = 0
+    while first < n:
+        end = min(n, first + share_messages)
+        if totals[end] - totals[first] > share_bytes:
+            # The longest run from `first` within share_bytes (at least one message).
+            lo, hi = first + 1, end
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if totals[mid] - totals[first] <= share_bytes:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            end = lo
+        shares.append((first, end, totals[end] - totals[first]))
+        first = end
+    return shares

@@ -110,3 +110,31 @@ def test_a_number_out_of_its_fields_range_is_refused_by_both(
         _core.append_request_wire("p", 1, [bad])
     with pytest.raises(ValueError):
         append_wire.append_request_wire("p", 1, [bad])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    messages=st.lists(st.tuples(st.binary(max_size=60), st.binary(max_size=30)), max_size=40),
+    overhead=st.integers(0, 20),
+    share_messages=st.integers(1, 12),
+    share_bytes=st.integers(0, 300),
+)
+def test_share_bounds_are_the_references(
+    messages: list[tuple[bytes, bytes]], overhead: int, share_messages: int, share_bytes: int
+) -> None:
+    bodies = [b for b, _ in messages]
+    props = [p for _, p in messages]
+    shares = _core.share_bounds(bodies, props, overhead, share_messages, share_bytes)
+    assert shares == append_wire.share_bounds(bodies, props, overhead, share_messages, share_bytes)
+    # The shares cover the messages in order, each within its bounds (or one heavy message).
+    assert [i for first, end, _ in shares for i in range(first, end)] == list(range(len(bodies)))
+    for first, end, weight in shares:
+        assert 0 < end - first <= share_messages
+        assert weight == sum(len(bodies[i]) + len(props[i]) + overhead for i in range(first, end))
+        assert weight <= share_bytes or end - first == 1
+
+
+def test_share_bounds_refuse_columns_of_different_lengths() -> None:
+    for share_bounds in (_core.share_bounds, append_wire.share_bounds):
+        with pytest.raises(ValueError):
+            share_bounds([b"a", b"b"], [b""], 0, 10, 100)
