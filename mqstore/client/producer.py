@@ -64,6 +64,7 @@ from mqstore.client.batch import (
     BatchShare,
     RequestAnswer,
     ResultFuture,
+    StoreAnswer,
     check_not_reserved,
     mark_producer_thread,
     on_own_thread,
@@ -314,17 +315,17 @@ def build_request(
     return _Request(sequence, request, ordered, count, weight)
 
 
-def request_error(response: pb.AppendResponse) -> ClientError | None:
+def request_error(response: StoreAnswer) -> ClientError | None:
     """The error of a request the store refused as a whole, answered in its turn on an
     AppendStream (AppendResponse.error); None for an answer with results."""
-    if not response.HasField("error"):
+    if response.error is None:
         return None
-    err = response.error
+    number, message, field = response.error
     try:
-        code = _STATUS_BY_NUMBER[err.code]
+        code = _STATUS_BY_NUMBER[number]
     except KeyError:
         code = grpc.StatusCode.UNKNOWN
-    return error_for(code, err.message, field=err.field, method="CommitLog/AppendStream")
+    return error_for(code, message, field=field, method="CommitLog/AppendStream")
 
 
 _STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
@@ -333,7 +334,8 @@ _APPEND_STREAM = "/mqstore.commitlog.v1.CommitLog/AppendStream"
 
 class _Stream:
     """One AppendStream call: requests go in through a queue, answers come out of `call`.
-    Requests are wire bytes already (append_request_wire): the call sends them as they are."""
+    Both stay wire bytes: requests are written by append_request_wire, answers read by the
+    core (batch.StoreAnswer), the call neither serializes nor parses."""
 
     def __init__(self, connection: Connection) -> None:
         self.requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
@@ -342,7 +344,7 @@ class _Stream:
         append_stream: Any = connection.channel(self.target).stream_stream(
             _APPEND_STREAM,
             request_serializer=None,
-            response_deserializer=pb.AppendResponse.FromString,
+            response_deserializer=None,
         )
         self.call: Any = append_stream(self._requests(), metadata=connection.metadata)
 
@@ -928,15 +930,24 @@ class Producer:
         mark_producer_thread(self)
         error: ClientError | None = None
         try:
-            for response in stream.call:
+            for raw in stream.call:
                 self._conn.mark_reached()
+                try:
+                    answer = StoreAnswer.read(raw)
+                except ValueError as exc:  # what a failed parse of the response was: INTERNAL
+                    error = ClientError(
+                        f"the store's answer cannot be read: {exc}",
+                        code=grpc.StatusCode.INTERNAL,
+                        method="CommitLog/AppendStream",
+                    )
+                    break
                 with self._cond:
                     if self._stream is not stream or not self._inflight:
                         break
                     head = self._inflight[0]
-                    if response.sequence != head.sequence:
+                    if answer.sequence != head.sequence:
                         error = ClientError(
-                            f"answer for sequence {response.sequence}, expected {head.sequence}",
+                            f"answer for sequence {answer.sequence}, expected {head.sequence}",
                             code=grpc.StatusCode.INTERNAL,
                         )
                         break
@@ -944,7 +955,6 @@ class Producer:
                     self._failing_since = None
                     self._backoff.reset()
                     # A request refused alone (malformed): it fails, the stream goes on.
-                    answer: pb.AppendResponse = response
                     refused = request_error(answer)
                     if refused is None:
                         if answer.duplicate and head.attempts == 1:
@@ -1051,7 +1061,7 @@ class Producer:
             self._failing_since = now
         self._retry_at = now + self._backoff.next_s()
 
-    def _finish(self, request: _Request, outcome: pb.AppendResponse | ClientError) -> None:
+    def _finish(self, request: _Request, outcome: StoreAnswer | ClientError) -> None:
         """Resolve the futures of an answered request (or fail them with `outcome`)."""
         answer = RequestAnswer.of(outcome, request.count)
         ok = 0

@@ -241,3 +241,17 @@ def share_bounds(
     share_messages: int,
     share_bytes: int,
 ) -> list[tuple[int, int, int]]: ...
+def read_append_response(
+    data: bytes,
+) -> tuple[
+    list[int],
+    list[int],
+    list[int],
+    list[int],
+    int,
+    bytes,
+    list[tuple[int, int, str, str]],
+    bool,
+    int,
+    tuple[int, str, str] | None,
+]: ...

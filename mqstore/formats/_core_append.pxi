@@ -273,3 +273,134 @@ def share_bounds(
         return shares
     finally:
         free(totals)
+
+
+cdef const unsigned char *_wire_get_varint(
+    const unsigned char *p, const unsigned char *end, uint64_t *out
+) except NULL:
+    cdef uint64_t value = 0
+    cdef int shift = 0
+    cdef unsigned char byte
+    while True:
+        if p >= end or shift >= 70:
+            raise ValueError("a truncated or overlong varint")
+        byte = p[0]
+        p += 1
+        if shift < 64:
+            value |= (<uint64_t>(byte & 0x7F)) << shift
+        shift += 7
+        if not byte & 0x80:
+            out[0] = value
+            return p
+
+
+cdef const unsigned char *_wire_next_field(
+    const unsigned char *p, const unsigned char *end, uint64_t *field, int *wire_type,
+    uint64_t *value, const unsigned char **payload,
+) except NULL:
+    """The field at p: its number, wire type and varint value or payload (length in value);
+    a fixed-width field is stepped over (wire type 1 or 5, nothing read)."""
+    cdef uint64_t key
+    p = _wire_get_varint(p, end, &key)
+    field[0] = key >> 3
+    wire_type[0] = <int>(key & 7)
+    if field[0] == 0:
+        raise ValueError("field number 0")
+    if wire_type[0] == WIRE_VARINT:
+        return _wire_get_varint(p, end, value)
+    if wire_type[0] == WIRE_LEN:
+        p = _wire_get_varint(p, end, value)
+        if value[0] > <uint64_t>(end - p):
+            raise ValueError("a truncated length-delimited field")
+        payload[0] = p
+        return p + value[0]
+    if wire_type[0] == 1 or wire_type[0] == 5:
+        if (8 if wire_type[0] == 1 else 4) > end - p:
+            raise ValueError("a truncated fixed-width field")
+        return p + (8 if wire_type[0] == 1 else 4)
+    raise ValueError(f"wire type {wire_type[0]} is not read here")
+
+
+cdef inline object _wire_signed(uint64_t v, int bits):
+    if bits == 32:
+        return <int32_t>(<uint32_t>v)
+    return <int64_t>v
+
+
+cdef int _wire_numbers(
+    list out, int wire_type, uint64_t value, const unsigned char *payload, int bits
+) except -1:
+    cdef const unsigned char *end
+    cdef uint64_t v
+    if wire_type == WIRE_VARINT:
+        out.append(_wire_signed(value, bits))
+        return 0
+    end = payload + value
+    while payload < end:
+        payload = _wire_get_varint(payload, end, &v)
+        out.append(_wire_signed(v, bits))
+    return 0
+
+
+cdef int _wire_merge(list into, const unsigned char *p, const unsigned char *end) except -1:
+    """append_wire._merge: a Refusal's or RequestError's fields into `into`."""
+    cdef uint64_t field, value
+    cdef int wire_type
+    cdef const unsigned char *payload = NULL
+    while p < end:
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload)
+        if field < 1 or field > <uint64_t>len(into):
+            continue
+        if type(into[field - 1]) is int and wire_type == WIRE_VARINT:
+            into[field - 1] = _wire_signed(value, 32)
+        elif type(into[field - 1]) is str and wire_type == WIRE_LEN:
+            into[field - 1] = (<const char *>payload)[:value].decode("utf-8")
+    return 0
+
+
+def read_append_response(bytes data):
+    """append_wire.read_append_response: an AppendResponse's fields from its bytes."""
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef const unsigned char *end = p + PyBytes_GET_SIZE(data)
+    cdef const unsigned char *payload = NULL
+    cdef uint64_t field, value
+    cdef int wire_type
+    cdef list statuses = [], offsets = [], sizes = [], queue_offsets = [], refusals = []
+    cdef object store_ts = 0, sequence = 0
+    cdef bytes host = b""
+    cdef bint duplicate = False
+    cdef list error = None
+    cdef list refusal
+    while p < end:
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload)
+        if 1 <= field <= 4 and (wire_type == WIRE_VARINT or wire_type == WIRE_LEN):
+            if field == 1:
+                _wire_numbers(statuses, wire_type, value, payload, 32)
+            elif field == 2:
+                _wire_numbers(offsets, wire_type, value, payload, 64)
+            elif field == 3:
+                _wire_numbers(sizes, wire_type, value, payload, 32)
+            else:
+                _wire_numbers(queue_offsets, wire_type, value, payload, 64)
+        elif wire_type == WIRE_VARINT:
+            if field == 5:
+                store_ts = <int64_t>value
+            elif field == 8:
+                duplicate = value != 0
+            elif field == 9:
+                sequence = value
+        elif wire_type == WIRE_LEN:
+            if field == 6:
+                host = PyBytes_FromStringAndSize(<const char *>payload, <Py_ssize_t>value)
+            elif field == 7:
+                refusal = [0, 0, "", ""]
+                _wire_merge(refusal, payload, payload + value)
+                refusals.append(tuple(refusal))
+            elif field == 10:
+                if error is None:
+                    error = [0, "", ""]
+                _wire_merge(error, payload, payload + value)
+    return (
+        statuses, offsets, sizes, queue_offsets, store_ts, host, refusals, duplicate, sequence,
+        None if error is None else tuple(error),
+    )

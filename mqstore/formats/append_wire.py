@@ -11,7 +11,9 @@ bytes through, mqstore/rpc/admission.py), never filling a message field by field
 The compiled core does the writing (`_core.append_request_wire`, `_core.append_response_wire`,
 formats/_core_append.pxi); this module is their plain-Python reference, pinned to them byte for
 byte by tests/formats/test_append_wire.py, which also pins both to what the protobuf runtime
-parses out of them. Likewise `share_bounds`, how a producer's send_batch is cut into requests
+parses out of them. The producer reads each answer back the same way
+(`read_append_response`: its columns as lists in one pass, where a protobuf message handed
+them over a number at a time), and `share_bounds` cuts a send_batch into requests
 (client/batch.py), a per-message sum and search the core does in one pass.
 
 The layout is proto3's: fields in field-number order, a field at its default left out,
@@ -192,3 +194,134 @@ def share_bounds(
         shares.append((first, end, totals[end] - totals[first]))
         first = end
     return shares
+
+
+# An AppendResponse read back: statuses, commit-log offsets, sizes, queue offsets (columns),
+# store time, store host, refusals, duplicate, sequence, and the request's error (code, message,
+# field) or None.
+AnswerColumns = tuple[
+    list[int],
+    list[int],
+    list[int],
+    list[int],
+    int,
+    bytes,
+    list[WireRefusal],
+    bool,
+    int,
+    tuple[int, str, str] | None,
+]
+
+
+def _read_varint(data: bytes, at: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= end or shift >= 70:
+            raise ValueError("a truncated or overlong varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value & _U64, at
+
+
+def _as_int(value: int, bits: int) -> int:
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def _fields(data: bytes, at: int, end: int) -> list[tuple[int, int, int | bytes]]:
+    """(field, wire type, value) of each field in data[at:end]: a varint's number, a
+    length-delimited field's bytes; fixed-width fields are skipped, groups refused."""
+    out: list[tuple[int, int, int | bytes]] = []
+    while at < end:
+        key, at = _read_varint(data, at, end)
+        field, wire_type = key >> 3, key & 7
+        if field == 0:
+            raise ValueError("field number 0")
+        if wire_type == _VARINT:
+            value, at = _read_varint(data, at, end)
+            out.append((field, wire_type, value))
+        elif wire_type == _LEN:
+            length, at = _read_varint(data, at, end)
+            if length > end - at:
+                raise ValueError("a truncated length-delimited field")
+            out.append((field, wire_type, data[at : at + length]))
+            at += length
+        elif wire_type in (1, 5):
+            at += 8 if wire_type == 1 else 4
+            if at > end:
+                raise ValueError("a truncated fixed-width field")
+        else:
+            raise ValueError(f"wire type {wire_type} is not read here")
+    return out
+
+
+def _numbers(wire_type: int, value: int | bytes, bits: int) -> list[int]:
+    """A repeated number field's elements in one occurrence: packed, or one varint."""
+    if isinstance(value, int):
+        return [_as_int(value, bits)]
+    out = []
+    at = 0
+    while at < len(value):
+        v, at = _read_varint(value, at, len(value))
+        out.append(_as_int(v, bits))
+    return out
+
+
+def read_append_response(data: bytes) -> AnswerColumns:
+    """An AppendResponse's fields from its bytes, as protobuf reads them: a repeated number
+    packed or not, the last of a scalar field, sub-messages of one field merged, unknown fields
+    skipped. Malformed bytes (and text that is not UTF-8) raise ValueError."""
+    columns: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
+    bits = {1: 32, 2: 64, 3: 32, 4: 64}
+    store_ts, host, duplicate, sequence = 0, b"", False, 0
+    refusals: list[WireRefusal] = []
+    error: list[int | str] | None = None
+    for field, wire_type, value in _fields(data, 0, len(data)):
+        if field in bits and wire_type in (_VARINT, _LEN):
+            columns[field - 1].extend(_numbers(wire_type, value, bits[field]))
+        elif wire_type == _VARINT:
+            assert isinstance(value, int)
+            if field == 5:
+                store_ts = _as_int(value, 64)
+            elif field == 8:
+                duplicate = value != 0
+            elif field == 9:
+                sequence = value
+        elif isinstance(value, bytes):
+            if field == 6:
+                host = value
+            elif field == 7:
+                refusal: list[int | str] = [0, 0, "", ""]
+                _merge(refusal, value)
+                index, status, reason, field_at = refusal
+                assert isinstance(index, int) and isinstance(status, int)
+                refusals.append((index, status, str(reason), str(field_at)))
+            elif field == 10:
+                if error is None:
+                    error = [0, "", ""]
+                _merge(error, value)
+    return (
+        *columns,
+        store_ts,
+        host,
+        refusals,
+        duplicate,
+        sequence,
+        None if error is None else (int(error[0]), str(error[1]), str(error[2])),
+    )
+
+
+def _merge(into: list[int | str], data: bytes) -> None:
+    """A Refusal or RequestError's fields into `into` (field n at n - 1): the int32 numbers
+    first, then the strings."""
+    for field, wire_type, value in _fields(data, 0, len(data)):
+        if not 1 <= field <= len(into):
+            continue
+        if isinstance(into[field - 1], int) and wire_type == _VARINT:
+            assert isinstance(value, int)
+            into[field - 1] = _as_int(value, 32)
+        elif isinstance(into[field - 1], str) and isinstance(value, bytes):
+            into[field - 1] = value.decode()

@@ -138,3 +138,46 @@ def test_share_bounds_refuse_columns_of_different_lengths() -> None:
     for share_bounds in (_core.share_bounds, append_wire.share_bounds):
         with pytest.raises(ValueError):
             share_bounds([b"a", b"b"], [b""], 0, 10, 100)
+
+
+@settings(max_examples=300, deadline=None)
+@given(answer=answers(), error=st.none() | st.tuples(INT32, TEXT, TEXT), unpacked=st.booleans())
+def test_read_append_response_is_the_reference_and_protobufs(
+    answer: tuple[object, ...], error: tuple[int, str, str] | None, unpacked: bool
+) -> None:
+    wire = _core.append_response_wire(*answer)  # type: ignore[arg-type]
+    if error is not None:
+        wire += pb.AppendResponse(
+            error=pb.RequestError(code=error[0], message=error[1], field=error[2])
+        ).SerializeToString()
+    if unpacked:  # a status as one varint, not packed: read as protobuf reads it
+        wire += b"\x08\x03"
+    read = _core.read_append_response(wire)
+    assert read == append_wire.read_append_response(wire)
+    parsed = pb.AppendResponse.FromString(wire)
+    assert read == (
+        list(parsed.statuses),
+        list(parsed.commit_log_offsets),
+        list(parsed.sizes),
+        list(parsed.queue_offsets),
+        parsed.store_timestamp_ms,
+        parsed.store_host,
+        [(r.index, r.status, r.reason, r.field) for r in parsed.refusals],
+        parsed.duplicate,
+        parsed.sequence,
+        (parsed.error.code, parsed.error.message, parsed.error.field)
+        if parsed.HasField("error")
+        else None,
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.binary(max_size=80))
+def test_read_append_response_takes_any_bytes_as_the_reference_does(data: bytes) -> None:
+    try:
+        expected = append_wire.read_append_response(data)
+    except ValueError:
+        with pytest.raises(ValueError):
+            _core.read_append_response(data)
+        return
+    assert _core.read_append_response(data) == expected
