@@ -33,7 +33,12 @@ import grpc
 
 from mqstore.client.compression import Compression, compress
 from mqstore.client.errors import ClientError, FailedPrecondition, InvalidArgument, refusal
-from mqstore.formats._core import read_append_response, share_bounds, uniq_properties
+from mqstore.formats._core import (
+    read_append_response,
+    share_bounds,
+    uniq_properties,
+    widest_bytes,
+)
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import offset_msg_id
 from mqstore.formats.properties import (
@@ -438,15 +443,14 @@ def prepare_batch(
     raises InvalidArgument before anything is queued."""
     n = len(bodies)
     body_list = list(bodies)
-    try:
-        longest = max(map(len, body_list)) if n else 0
-    except TypeError:
-        raise InvalidArgument("bodies are bytes", field="bodies") from None
-    if set(map(type, body_list)) != {bytes}:
+    # Checked and measured in one C pass; bytes-like bodies are copied to bytes first.
+    longest = widest_bytes(body_list)
+    if longest < 0:
         try:
-            body_list = [bytes(b) for b in body_list]
+            body_list = [bytes(memoryview(b)) for b in body_list]
         except TypeError:
             raise InvalidArgument("bodies are bytes", field="bodies") from None
+        longest = widest_bytes(body_list)
     if longest > limits.body_bytes_max:
         raise InvalidArgument(
             f"a body is {longest} bytes, over the {limits.body_bytes_max}-byte limit",
@@ -477,7 +481,7 @@ def prepare_batch(
         ]
     else:
         props = uniq_properties(prefix, uniq_keys)
-    widest = max(map(len, props)) if props else 0
+    widest = widest_bytes(props)
     if widest > producer_properties_bytes_max(limits):
         raise InvalidArgument(
             f"properties are {widest} bytes encoded, over the "

@@ -404,3 +404,16 @@ def read_append_response(bytes data):
         statuses, offsets, sizes, queue_offsets, store_ts, host, refusals, duplicate, sequence,
         None if error is None else tuple(error),
     )
+
+
+def widest_bytes(list items):
+    """append_wire.widest_bytes: the length of the longest item (0 for none), or -1 when an
+    item is not exactly bytes."""
+    cdef Py_ssize_t widest = 0, n
+    for item in items:
+        if not PyBytes_CheckExact(item):
+            return -1
+        n = PyBytes_GET_SIZE(item)
+        if n > widest:
+            widest = n
+    return widest

@@ -325,3 +325,11 @@ def _merge(into: list[int | str], data: bytes) -> None:
             into[field - 1] = _as_int(value, 32)
         elif isinstance(into[field - 1], str) and isinstance(value, bytes):
             into[field - 1] = value.decode()
+
+
+def widest_bytes(items: Sequence[object]) -> int:
+    """The length of the longest item (0 for none), or -1 when an item is not exactly bytes:
+    a send_batch's bodies and properties checked and measured in one pass."""
+    if any(type(item) is not bytes for item in items):
+        return -1
+    return max(map(len, items), default=0)  # type: ignore[arg-type]

@@ -259,6 +259,7 @@ def test_a_joined_request_s_answer_is_cut_into_each_batch_s_own() -> None:
     [
         ([], {}, "bodies"),
         (["text"], {}, "bodies"),
+        ([5], {}, "bodies"),  # bytes(5) would be five zero bytes: an int is no body
         ([b"x" * (4 << 20 + 1)], {}, "bodies"),
         ([b"a", b"b"], {"keys": ["only-one"]}, "keys"),
         ([b"a"], {"keys": ["has space"]}, "keys"),

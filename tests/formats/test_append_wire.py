@@ -181,3 +181,17 @@ def test_read_append_response_takes_any_bytes_as_the_reference_does(data: bytes)
             _core.read_append_response(data)
         return
     assert _core.read_append_response(data) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=st.lists(
+        st.binary(max_size=50)
+        | st.binary(max_size=5).map(bytearray)
+        | st.text(max_size=5)
+        | st.integers(0, 9),
+        max_size=12,
+    )
+)
+def test_widest_bytes_is_the_references(items: list[object]) -> None:
+    assert _core.widest_bytes(items) == append_wire.widest_bytes(items)
