@@ -97,8 +97,10 @@ class AppendedRun:
         return records[self.offsets[lo] - start : end - start]
 
     def nbytes(self) -> int:
-        """About what the run takes in memory: its entries and the characters of its keys."""
-        keys = sum(map(len, self.props.keys)) + sum(map(len, self.props.uniq_keys))
+        """About what the run takes in memory: its entries and the characters of its keys
+        (counted by joining them: one C pass, where a len() per key was 3 % of the commit
+        log's Python time)."""
+        keys = len("".join(self.props.keys)) + len("".join(self.props.uniq_keys))
         return len(self.offsets) * FRAME_ENTRY_BYTES + keys
 
 

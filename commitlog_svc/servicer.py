@@ -86,6 +86,7 @@ from mqstore.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from mqstore.formats._core import append_response_wire
 from mqstore.formats.commitlog_checkpoint import STORE_ID_BYTES
 from mqstore.formats.msgid import decode_offset_msg_id
 from mqstore.formats.properties import PRODUCER_SEQ, RECORD_CRC
@@ -103,12 +104,12 @@ from mqstore.rpc.messages import record_to_message
 log = logging.getLogger(__name__)
 
 # Engine PutStatus -> proto PutStatus (the numbers differ: proto enums start at 1).
-_PB_STATUS = {s: pb.PutStatus.Value(s.name) for s in PutStatus}
+_PB_STATUS: dict[PutStatus, int] = {s: pb.PutStatus.Value(s.name) for s in PutStatus}
 # Every refusal status exported at 0 from the start (a dashboard shows 0, not "no data").
 for _status in PutStatus:
     if _status is not PutStatus.PUT_OK:
         metrics.APPEND_REFUSED.labels(_status.name)
-_PB_PUT_OK = pb.PutStatus.Value("PUT_OK")
+_PB_PUT_OK: int = pb.PutStatus.Value("PUT_OK")
 # A subscriber stream waiting for appends looks at its call this often even when nothing wakes
 # it (a lost cancellation callback must not keep a thread for ever).
 SUBSCRIBE_WAIT_S = 1.0
@@ -295,53 +296,57 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             )
         return PendingAppend(with_refusals(pending.result, refused, count), pending.end_offset)
 
-    def _answer(self, result: AppendResult, sequence: int) -> pb.AppendResponse:
+    def _answer(self, result: AppendResult, sequence: int) -> bytes:
+        """The AppendResponse's wire bytes, written by the compiled core from the result's
+        columns (formats/append_wire.py; the response serializer passes bytes through,
+        rpc/admission.py): filling a message's repeated fields took every number across one
+        Python object at a time, then serialized them again."""
         n = len(result.statuses)
-        response = pb.AppendResponse(
-            commit_log_offsets=result.offsets,
-            sizes=result.sizes,
-            queue_offsets=result.queue_offsets,
-            store_timestamp_ms=result.store_timestamp_ms,
-            store_host=result.store_host,
-            duplicate=result.duplicate,
-            sequence=sequence,
-        )
         if result.duplicate:
             metrics.APPEND_DUPLICATES.inc()
+        refusals: list[tuple[int, int, str, str]] = []
         if result.ok:
-            response.statuses.extend([_PB_PUT_OK] * n)
+            statuses = [_PB_PUT_OK] * n
             if not result.duplicate:
                 metrics.APPENDED_MESSAGES.inc(n)
                 metrics.APPENDED_BYTES.inc(sum(result.sizes))
-            return response
-        response.statuses.extend(_PB_STATUS[s] for s in result.statuses)
-        stored = stored_bytes = 0
-        for i, s in enumerate(result.statuses):
-            if s.stored:
-                stored += 1
-                stored_bytes += result.sizes[i]
-            if s is PutStatus.PUT_OK:
-                continue
-            metrics.APPEND_REFUSED.labels(s.name).inc()
-            response.refusals.add(
-                index=i,
-                status=_PB_STATUS[s],
-                reason=result.reasons[i] if i < len(result.reasons) else "",
-                field=result.field_of(i),
-            )
-        if not result.duplicate:
-            metrics.APPENDED_MESSAGES.inc(stored)
-            metrics.APPENDED_BYTES.inc(stored_bytes)
-        return response
+        else:
+            statuses = [_PB_STATUS[s] for s in result.statuses]
+            stored = stored_bytes = 0
+            for i, s in enumerate(result.statuses):
+                if s.stored:
+                    stored += 1
+                    stored_bytes += result.sizes[i]
+                if s is PutStatus.PUT_OK:
+                    continue
+                metrics.APPEND_REFUSED.labels(s.name).inc()
+                reason = result.reasons[i] if i < len(result.reasons) else ""
+                refusals.append((i, _PB_STATUS[s], reason, result.field_of(i)))
+            if not result.duplicate:
+                metrics.APPENDED_MESSAGES.inc(stored)
+                metrics.APPENDED_BYTES.inc(stored_bytes)
+        return append_response_wire(
+            statuses,
+            result.offsets,
+            result.sizes,
+            result.queue_offsets,
+            result.store_timestamp_ms,
+            result.store_host,
+            refusals,
+            result.duplicate,
+            sequence,
+        )
 
-    def Append(self, request: pb.AppendRequest, context: grpc.ServicerContext) -> pb.AppendResponse:
+    def Append(  # type: ignore[override]
+        self, request: pb.AppendRequest, context: grpc.ServicerContext
+    ) -> bytes:
         self._wait_started()
         pending = self._start(request, self._peer(context))
         return self._answer(self.engine.finish_append(pending), request.sequence)
 
-    def AppendStream(
+    def AppendStream(  # type: ignore[override]
         self, request_iterator: Iterator[pb.AppendRequest], context: grpc.ServicerContext
-    ) -> Iterator[pb.AppendResponse]:
+    ) -> Iterator[bytes | pb.AppendResponse]:
         if self._draining.is_set():
             raise Unavailable("the commit log is shutting down")
         self._wait_started()

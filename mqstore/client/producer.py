@@ -7,9 +7,9 @@ retry without ever storing a message twice.
 
 The open batch is a list of shares, a share being what one request carries of one call: a
 send()'s one message (`_Message`), or a send_batch()'s run of messages (batch.BatchShare, at
-most a request's worth). One builder makes a request of them (`append_request`: a MessageBatch
-per topic), one splitter reads its answer (batch.RequestAnswer: each share takes its slice)
-and one path finishes it (`Producer._finish`).
+most a request's worth). One builder makes a request of them (`append_request_wire`: its
+wire bytes, a MessageBatch per topic), one splitter reads its answer (batch.RequestAnswer:
+each share takes its slice) and one path finishes it (`Producer._finish`).
 
 One batch is one AppendRequest with this producer's id and the next sequence. Up to `window`
 requests are in flight; the store answers them in order. When the stream breaks (UNAVAILABLE,
@@ -64,6 +64,7 @@ from mqstore.client.batch import (
     BatchShare,
     RequestAnswer,
     ResultFuture,
+    StoreAnswer,
     check_not_reserved,
     mark_producer_thread,
     on_own_thread,
@@ -82,6 +83,7 @@ from mqstore.client.errors import (
     from_rpc_error,
 )
 from mqstore.client.settings import ClientSettings
+from mqstore.formats import _core
 from mqstore.formats.javahash import java_string_hash
 from mqstore.formats.msgid import UniqIdGenerator, offset_msg_id
 from mqstore.formats.properties import (
@@ -219,8 +221,8 @@ _Share = _Message | BatchShare
 @dataclass(slots=True)
 class _Request:
     sequence: int
-    request: pb.AppendRequest
-    shares: list[_Share]  # in the order of the answer (append_request)
+    request: bytes  # the AppendRequest's wire bytes (append_request_wire)
+    shares: list[_Share]  # in the order of the answer (append_request_wire)
     count: int  # messages
     weight: int
     sent_at: float = 0.0
@@ -263,20 +265,20 @@ class Appendable(Protocol):
 S = TypeVar("S", bound=Appendable | BatchShare)
 
 
-def append_request(
+def append_request_wire(
     producer_id: str, sequence: int, shares: Sequence[S]
-) -> tuple[pb.AppendRequest, list[S]]:
-    """One AppendRequest of `shares` (single messages, Appendable, or send_batch shares): a
-    MessageBatch per topic, topics in order of first appearance, each topic's shares in their
-    order. The answer lists the messages batch after batch: the shares come back in that
-    order, each with its messages in a row."""
+) -> tuple[bytes, list[S]]:
+    """The bytes of one AppendRequest of `shares` (single messages, Appendable, or send_batch
+    shares): a MessageBatch per topic, topics in order of first appearance, each topic's shares
+    in their order. The answer lists the messages batch after batch: the shares come back in
+    that order, each with its messages in a row. The compiled core writes the bytes from the
+    columns (formats/append_wire.py), one copy of each body: a protobuf message filled field by
+    field copied every body in and again out when serialized."""
     by_topic: dict[str, list[S]] = {}
     for s in shares:
         by_topic.setdefault(s.topic, []).append(s)
     ordered: list[S] = []
-    # Batches are made inside the request: a MessageBatch built apart is copied, bodies and
-    # all, when a request takes it.
-    request = pb.AppendRequest(producer_id=producer_id, sequence=sequence)
+    batches: list[tuple[str, list[int], list[bytes], list[bytes], list[int], int]] = []
     born_ms = time.time_ns() // 1_000_000
     for topic, group in by_topic.items():
         ordered.extend(group)
@@ -292,53 +294,61 @@ def append_request(
                 bodies.append(s.body)
                 properties.append(s.properties)
                 flags.append(s.sys_flag)
-        request.batches.add(
-            topic=topic,
-            queue_ids=queue_ids,
-            bodies=bodies,
-            properties=properties,
-            sys_flags=flags if any(flags) else [],
-            born_timestamp_ms=born_ms,
-        )
-    return request, ordered
+        batches.append((topic, queue_ids, bodies, properties, flags if any(flags) else [], born_ms))
+    return _core.append_request_wire(producer_id, sequence, batches), ordered
+
+
+def append_request(
+    producer_id: str, sequence: int, shares: Sequence[S]
+) -> tuple[pb.AppendRequest, list[S]]:
+    """append_request_wire's request as a message, for a caller whose stub serializes one
+    (the Spark writer's unary Appends)."""
+    wire, ordered = append_request_wire(producer_id, sequence, shares)
+    return pb.AppendRequest.FromString(wire), ordered
 
 
 def build_request(
     producer_id: str, sequence: int, shares: list[_Share], count: int, weight: int
 ) -> _Request:
     """The producer's request for an open batch (`count` messages, `weight` bytes)."""
-    request, ordered = append_request(producer_id, sequence, shares)
+    request, ordered = append_request_wire(producer_id, sequence, shares)
     return _Request(sequence, request, ordered, count, weight)
 
 
-def request_error(response: pb.AppendResponse) -> ClientError | None:
+def request_error(response: StoreAnswer) -> ClientError | None:
     """The error of a request the store refused as a whole, answered in its turn on an
     AppendStream (AppendResponse.error); None for an answer with results."""
-    if not response.HasField("error"):
+    if response.error is None:
         return None
-    err = response.error
+    number, message, field = response.error
     try:
-        code = _STATUS_BY_NUMBER[err.code]
+        code = _STATUS_BY_NUMBER[number]
     except KeyError:
         code = grpc.StatusCode.UNKNOWN
-    return error_for(code, err.message, field=err.field, method="CommitLog/AppendStream")
+    return error_for(code, message, field=field, method="CommitLog/AppendStream")
 
 
 _STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+_APPEND_STREAM = "/mqstore.commitlog.v1.CommitLog/AppendStream"
 
 
 class _Stream:
-    """One AppendStream call: requests go in through a queue, answers come out of `call`."""
+    """One AppendStream call: requests go in through a queue, answers come out of `call`.
+    Both stay wire bytes: requests are written by append_request_wire, answers read by the
+    core (batch.StoreAnswer), the call neither serializes nor parses."""
 
     def __init__(self, connection: Connection) -> None:
-        self.requests: queue.SimpleQueue[pb.AppendRequest | None] = queue.SimpleQueue()
+        self.requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.cancelled_by_us = False
         self.target = connection.commitlog_target
-        self.call: Any = connection.commitlog().AppendStream(
-            self._requests(), metadata=connection.metadata
+        append_stream: Any = connection.channel(self.target).stream_stream(
+            _APPEND_STREAM,
+            request_serializer=None,
+            response_deserializer=None,
         )
+        self.call: Any = append_stream(self._requests(), metadata=connection.metadata)
 
-    def _requests(self) -> Iterator[pb.AppendRequest]:
+    def _requests(self) -> Iterator[bytes]:
         while True:
             item = self.requests.get()
             if item is None:
@@ -920,15 +930,24 @@ class Producer:
         mark_producer_thread(self)
         error: ClientError | None = None
         try:
-            for response in stream.call:
+            for raw in stream.call:
                 self._conn.mark_reached()
+                try:
+                    answer = StoreAnswer.read(raw)
+                except ValueError as exc:  # what a failed parse of the response was: INTERNAL
+                    error = ClientError(
+                        f"the store's answer cannot be read: {exc}",
+                        code=grpc.StatusCode.INTERNAL,
+                        method="CommitLog/AppendStream",
+                    )
+                    break
                 with self._cond:
                     if self._stream is not stream or not self._inflight:
                         break
                     head = self._inflight[0]
-                    if response.sequence != head.sequence:
+                    if answer.sequence != head.sequence:
                         error = ClientError(
-                            f"answer for sequence {response.sequence}, expected {head.sequence}",
+                            f"answer for sequence {answer.sequence}, expected {head.sequence}",
                             code=grpc.StatusCode.INTERNAL,
                         )
                         break
@@ -936,7 +955,6 @@ class Producer:
                     self._failing_since = None
                     self._backoff.reset()
                     # A request refused alone (malformed): it fails, the stream goes on.
-                    answer: pb.AppendResponse = response
                     refused = request_error(answer)
                     if refused is None:
                         if answer.duplicate and head.attempts == 1:
@@ -1020,7 +1038,7 @@ class Producer:
         self._sequences = itertools.count(start)
         for r in moving:
             r.sequence = next(self._sequences)
-            r.request.sequence = r.sequence
+            r.request = append_request_wire(self.producer_id, r.sequence, r.shares)[0]
             r.attempts = 0
             r.rebases += 1
             self._sealed.append(r)
@@ -1043,7 +1061,7 @@ class Producer:
             self._failing_since = now
         self._retry_at = now + self._backoff.next_s()
 
-    def _finish(self, request: _Request, outcome: pb.AppendResponse | ClientError) -> None:
+    def _finish(self, request: _Request, outcome: StoreAnswer | ClientError) -> None:
         """Resolve the futures of an answered request (or fail them with `outcome`)."""
         answer = RequestAnswer.of(outcome, request.count)
         ok = 0

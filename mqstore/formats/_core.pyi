@@ -228,3 +228,43 @@ def property_columns(blobs: Iterable[bytes]) -> tuple[list[int], list[str], list
 def uniq_ids(head: str, first: int, n: int) -> list[str]: ...
 def uniq_properties(prefix: bytes, uniq_keys: list[str]) -> list[bytes]: ...
 def malformed_properties(blobs: Iterable[bytes]) -> list[int]: ...
+
+# _core_append.pxi
+def append_request_wire(
+    producer_id: str,
+    sequence: int,
+    batches: list[tuple[str, list[int], list[bytes], list[bytes], list[int], int]],
+) -> bytes: ...
+def append_response_wire(
+    statuses: list[int],
+    offsets: list[int],
+    sizes: list[int],
+    queue_offsets: list[int],
+    store_timestamp_ms: int,
+    store_host: bytes,
+    refusals: list[tuple[int, int, str, str]],
+    duplicate: bool,
+    sequence: int,
+) -> bytes: ...
+def share_bounds(
+    bodies: list[bytes],
+    properties: list[bytes],
+    overhead: int,
+    share_messages: int,
+    share_bytes: int,
+) -> list[tuple[int, int, int]]: ...
+def read_append_response(
+    data: bytes,
+) -> tuple[
+    list[int],
+    list[int],
+    list[int],
+    list[int],
+    int,
+    bytes,
+    list[tuple[int, int, str, str]],
+    bool,
+    int,
+    tuple[int, str, str] | None,
+]: ...
+def widest_bytes(items: list[Any]) -> int: ...

@@ -23,6 +23,10 @@ an included file of its own (the list at the bottom):
                             from the segment and from held appends (dispatch_scan.py)
     _core_ids.pxi           uniq_ids(...), uniq_properties(...): a producer batch's unique
                             ids (msgid.py) and their UNIQ_KEY properties (client/batch.py)
+    _core_append.pxi        append_request_wire(...), append_response_wire(...),
+                            read_append_response(...): the wire bytes of an append and its
+                            answer; share_bounds(...): a producer batch cut into requests
+                            (formats/append_wire.py)
 
 Built by setup.py (pip install, `make setup`) with gcc; the README's "The two commands" says
 what a machine needs.
@@ -302,3 +306,4 @@ include "_core_arrow.pxi"
 include "_core_pull.pxi"
 include "_core_dispatch.pxi"
 include "_core_ids.pxi"
+include "_core_append.pxi"

@@ -29,6 +29,7 @@ from mqstore.client.batch import (
     BatchShare,
     PreparedBatch,
     RequestAnswer,
+    StoreAnswer,
     _queue_runs,
 )
 from mqstore.client.errors import InvalidArgument, MessageRefused, ResourceExhausted, Unavailable
@@ -229,7 +230,8 @@ def test_a_joined_request_s_answer_is_cut_into_each_batch_s_own() -> None:
         store_host=b"host",
     )
     answer.refusals.add(index=3, status=refused, reason="too long", field="topic")
-    got = answer_each([share(n) for n in (2, 3, 1)], RequestAnswer.of(answer, 6))
+    read = StoreAnswer.read(answer.SerializeToString())  # as the producer takes it
+    got = answer_each([share(n) for n in (2, 3, 1)], RequestAnswer.of(read, 6))
     assert [r.commit_log_offsets for r in got] == [[10, 20], [30, -1, 50], [60]]
     assert [r.queue_offsets for r in got] == [[0, 1], [2, -1, 3], [4]]
     assert [r.sizes for r in got] == [[1, 2], [3, 0, 5], [6]]
@@ -244,7 +246,10 @@ def test_a_joined_request_s_answer_is_cut_into_each_batch_s_own() -> None:
     ] == [[], [(1, "too long", "topic")], []]
     assert got[1].errors[1].index == 1
     short = cl.AppendResponse(statuses=[ok] * 5, commit_log_offsets=[1] * 5)
-    got = answer_each([share(n) for n in (2, 3, 1)], RequestAnswer.of(short, 6))
+    got = answer_each(
+        [share(n) for n in (2, 3, 1)],
+        RequestAnswer.of(StoreAnswer.read(short.SerializeToString()), 6),
+    )
     assert [sorted(r.errors) for r in got] == [[0, 1], [0, 1, 2], [0]]
     assert all("5 results for 6" in str(e) for r in got for e in r.errors.values())
 
@@ -254,6 +259,7 @@ def test_a_joined_request_s_answer_is_cut_into_each_batch_s_own() -> None:
     [
         ([], {}, "bodies"),
         (["text"], {}, "bodies"),
+        ([5], {}, "bodies"),  # bytes(5) would be five zero bytes: an int is no body
         ([b"x" * (4 << 20 + 1)], {}, "bodies"),
         ([b"a", b"b"], {"keys": ["only-one"]}, "keys"),
         ([b"a"], {"keys": ["has space"]}, "keys"),

@@ -1,0 +1,197 @@
+"""The compiled core's AppendRequest and AppendResponse writers (formats/_core_append.pxi) pinned
+to their plain-Python reference (formats/append_wire.py) byte for byte, and both to the protobuf
+runtime: what it serializes from the same fields, and what it parses back out of them."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqstore.formats import _core, append_wire
+from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+
+INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+UINT64 = st.integers(0, (1 << 64) - 1)
+TEXT = st.text(max_size=40)
+BLOB = st.binary(max_size=300)
+Batch = tuple[str, list[int], list[bytes], list[bytes], list[int], int]
+
+
+@st.composite
+def wire_batches(draw: st.DrawFn) -> Batch:
+    n = draw(st.integers(0, 12))
+    flags = draw(st.lists(INT32, min_size=n, max_size=n)) if draw(st.booleans()) else []
+    return (
+        draw(TEXT),
+        draw(st.lists(INT32, min_size=n, max_size=n)),
+        draw(st.lists(BLOB, min_size=n, max_size=n)),
+        draw(st.lists(BLOB, min_size=0, max_size=n)),
+        flags,
+        draw(INT64),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(producer_id=TEXT, sequence=UINT64, batches=st.lists(wire_batches(), max_size=4))
+def test_append_request_wire_is_the_reference_and_protobufs(
+    producer_id: str,
+    sequence: int,
+    batches: list[Batch],
+) -> None:
+    wire = _core.append_request_wire(producer_id, sequence, batches)
+    assert wire == append_wire.append_request_wire(producer_id, sequence, batches)
+    request = pb.AppendRequest(producer_id=producer_id, sequence=sequence)
+    for topic, queue_ids, bodies, properties, flags, born_ms in batches:
+        request.batches.add(
+            topic=topic,
+            queue_ids=queue_ids,
+            bodies=bodies,
+            properties=properties,
+            sys_flags=flags,
+            born_timestamp_ms=born_ms,
+        )
+    assert wire == request.SerializeToString()
+    assert pb.AppendRequest.FromString(wire) == request
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> tuple[object, ...]:
+    n = draw(st.integers(0, 30))
+    column = st.lists(INT64, min_size=n, max_size=n)
+    refusals = draw(st.lists(st.tuples(INT32, INT32, TEXT, TEXT), max_size=3))
+    return (
+        draw(st.lists(st.integers(0, 12), min_size=n, max_size=n)),
+        draw(column),
+        draw(st.lists(INT32, min_size=n, max_size=n)),
+        draw(column),
+        draw(INT64),
+        draw(st.binary(max_size=20)),
+        refusals,
+        draw(st.booleans()),
+        draw(UINT64),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(answer=answers())
+def test_append_response_wire_is_the_reference_and_protobufs(answer: tuple[object, ...]) -> None:
+    statuses, offsets, sizes, queue_offsets, ts, host, refusals, duplicate, sequence = answer
+    wire = _core.append_response_wire(*answer)  # type: ignore[arg-type]
+    assert wire == append_wire.append_response_wire(*answer)  # type: ignore[arg-type]
+    response = pb.AppendResponse(
+        statuses=statuses,  # type: ignore[arg-type]
+        commit_log_offsets=offsets,  # type: ignore[arg-type]
+        sizes=sizes,  # type: ignore[arg-type]
+        queue_offsets=queue_offsets,  # type: ignore[arg-type]
+        store_timestamp_ms=ts,  # type: ignore[arg-type]
+        store_host=host,  # type: ignore[arg-type]
+        duplicate=duplicate,  # type: ignore[arg-type]
+        sequence=sequence,  # type: ignore[arg-type]
+    )
+    for index, status, reason, field in refusals:  # type: ignore[attr-defined]
+        response.refusals.add(index=index, status=status, reason=reason, field=field)
+    assert wire == response.SerializeToString()
+    assert pb.AppendResponse.FromString(wire) == response
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("t", [1 << 31], [b"x"], [b""], [], 0),  # a queue id past int32
+        ("t", [0], [b"x"], [b""], [], 1 << 63),  # a born time past int64
+    ],
+)
+def test_a_number_out_of_its_fields_range_is_refused_by_both(
+    bad: Batch,
+) -> None:
+    with pytest.raises((ValueError, OverflowError)):
+        _core.append_request_wire("p", 1, [bad])
+    with pytest.raises(ValueError):
+        append_wire.append_request_wire("p", 1, [bad])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    messages=st.lists(st.tuples(st.binary(max_size=60), st.binary(max_size=30)), max_size=40),
+    overhead=st.integers(0, 20),
+    share_messages=st.integers(1, 12),
+    share_bytes=st.integers(0, 300),
+)
+def test_share_bounds_are_the_references(
+    messages: list[tuple[bytes, bytes]], overhead: int, share_messages: int, share_bytes: int
+) -> None:
+    bodies = [b for b, _ in messages]
+    props = [p for _, p in messages]
+    shares = _core.share_bounds(bodies, props, overhead, share_messages, share_bytes)
+    assert shares == append_wire.share_bounds(bodies, props, overhead, share_messages, share_bytes)
+    # The shares cover the messages in order, each within its bounds (or one heavy message).
+    assert [i for first, end, _ in shares for i in range(first, end)] == list(range(len(bodies)))
+    for first, end, weight in shares:
+        assert 0 < end - first <= share_messages
+        assert weight == sum(len(bodies[i]) + len(props[i]) + overhead for i in range(first, end))
+        assert weight <= share_bytes or end - first == 1
+
+
+def test_share_bounds_refuse_columns_of_different_lengths() -> None:
+    for share_bounds in (_core.share_bounds, append_wire.share_bounds):
+        with pytest.raises(ValueError):
+            share_bounds([b"a", b"b"], [b""], 0, 10, 100)
+
+
+@settings(max_examples=300, deadline=None)
+@given(answer=answers(), error=st.none() | st.tuples(INT32, TEXT, TEXT), unpacked=st.booleans())
+def test_read_append_response_is_the_reference_and_protobufs(
+    answer: tuple[object, ...], error: tuple[int, str, str] | None, unpacked: bool
+) -> None:
+    wire = _core.append_response_wire(*answer)  # type: ignore[arg-type]
+    if error is not None:
+        wire += pb.AppendResponse(
+            error=pb.RequestError(code=error[0], message=error[1], field=error[2])
+        ).SerializeToString()
+    if unpacked:  # a status as one varint, not packed: read as protobuf reads it
+        wire += b"\x08\x03"
+    read = _core.read_append_response(wire)
+    assert read == append_wire.read_append_response(wire)
+    parsed = pb.AppendResponse.FromString(wire)
+    assert read == (
+        list(parsed.statuses),
+        list(parsed.commit_log_offsets),
+        list(parsed.sizes),
+        list(parsed.queue_offsets),
+        parsed.store_timestamp_ms,
+        parsed.store_host,
+        [(r.index, r.status, r.reason, r.field) for r in parsed.refusals],
+        parsed.duplicate,
+        parsed.sequence,
+        (parsed.error.code, parsed.error.message, parsed.error.field)
+        if parsed.HasField("error")
+        else None,
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.binary(max_size=80))
+def test_read_append_response_takes_any_bytes_as_the_reference_does(data: bytes) -> None:
+    try:
+        expected = append_wire.read_append_response(data)
+    except ValueError:
+        with pytest.raises(ValueError):
+            _core.read_append_response(data)
+        return
+    assert _core.read_append_response(data) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=st.lists(
+        st.binary(max_size=50)
+        | st.binary(max_size=5).map(bytearray)
+        | st.text(max_size=5)
+        | st.integers(0, 9),
+        max_size=12,
+    )
+)
+def test_widest_bytes_is_the_references(items: list[object]) -> None:
+    assert _core.widest_bytes(items) == append_wire.widest_bytes(items)
