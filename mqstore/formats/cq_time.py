@@ -73,18 +73,6 @@ def decode_time(
     return int.from_bytes(t, "big")
 
 
-class _Series:
-    """Indexable view for bisect: series[i] is the indexed time of offset i."""
-
-    __slots__ = ("_at",)
-
-    def __init__(self, at: Callable[[int], int]) -> None:
-        self._at = at
-
-    def __getitem__(self, i: int) -> int:
-        return self._at(i)
-
-
 _ENTRY = struct.Struct(">Q")  # a whole entry: the time in its top 48 bits, the check below
 
 
@@ -157,7 +145,6 @@ def search_offset_by_time(
             q = found - 1
             if lo <= q < hi - 1 and time_at(q) <= target_ms < time_at(q + 1):
                 return q
-    series = _Series(time_at)
     last = time_at(hi - 1)
     first = time_at(lo)
     if boundary is Boundary.LOWER:
@@ -165,9 +152,9 @@ def search_offset_by_time(
             return hi
         if first >= target_ms:
             return lo
-        return bisect.bisect_left(series, target_ms, lo, hi)
+        return bisect.bisect_left(range(hi), target_ms, lo, hi, key=time_at)
     if last <= target_ms:
         return hi - 1
     if first > target_ms:
         return 0
-    return bisect.bisect_right(series, target_ms, lo, hi) - 1
+    return bisect.bisect_right(range(hi), target_ms, lo, hi, key=time_at) - 1
