@@ -231,7 +231,7 @@ def check_chunk(data: bytes, offset: int, file_bytes: int) -> CheckedChunk:
         blank = True
     elif isinstance(stop, Bad):
         raise ChunkRefused(offset + end, stop.reason)
-    requests, partial = tagged_requests(data, 0, end, offset)
+    requests, partial, _ = tagged_requests(data, 0, end, offset)
     if partial >= 0:
         raise ChunkRefused(
             partial,
@@ -248,24 +248,25 @@ def check_chunk(data: bytes, offset: int, file_bytes: int) -> CheckedChunk:
 
 
 def tagged_requests(
-    buf: Searchable, pos: int, end: int, base_offset: int
-) -> tuple[list[tuple[str, ProducerRequest]], int]:
-    """The idempotent requests among the records buf[pos:end] (a chain of whole records;
-    buf[0] at commit-log offset `base_offset`), as recovery rebuilds them (producer_recovery.py:
-    the tagged record, then its `stored` records), in log order; and where one begins whose
-    records go on past `end` (-1: none). A C-speed search finds the tags; only their records
-    are read."""
+    buf: Searchable, pos: int, end: int, base_offset: int, *, check_crc: bool = False
+) -> tuple[list[tuple[str, ProducerRequest]], int, int]:
+    """The idempotent requests among the records chained from buf[pos] up to `end` (buf[0] at
+    commit-log offset `base_offset`): each the tagged record, then its `stored` records, in log
+    order; where one begins whose records go on past the chain (-1: none); and where the chain
+    stops (`end` when no tag lies in [pos, end): nothing to follow). With `check_crc` a tagged
+    record failing its CRC is no request (recovery's rule, producer_recovery.py). A C-speed
+    search finds the tags; only their records are read."""
     out: list[tuple[str, ProducerRequest]] = []
     hit = buf.find(TAG_PREFIX, pos, end)
     if hit < 0:
-        return out, -1
+        return out, -1, end
     starts, stop = _core.chain(buf, pos, end, base_offset)
     count = len(starts)
     while 0 <= hit < stop:
         k = bisect.bisect_right(starts, hit) - 1
         first = int(starts[k])
         after = int(starts[k + 1]) if k + 1 < count else stop
-        found = read_record(buf, first, stop, check_crc=False)
+        found = read_record(buf, first, stop, check_crc=check_crc)
         tag = (
             decode_tag(found.properties_dict().get(PRODUCER_SEQ, ""))
             if isinstance(found, Record)
@@ -274,11 +275,11 @@ def tagged_requests(
         if tag is not None:
             last = k + tag.count - len(tag.refused)
             if last > count:
-                return out, base_offset + first
+                return out, base_offset + first, stop
             request_end = int(starts[last]) if last < count else stop
             request = ProducerRequest(
                 tag.sequence, tag.count, base_offset + first, base_offset + request_end, tag.refused
             )
             out.append((tag.producer_id, request))
         hit = buf.find(TAG_PREFIX, after, end)
-    return out, -1
+    return out, -1, stop
