@@ -40,7 +40,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Final
 
-from commitlog_svc.producers import TAG_PREFIX, decode_tag
+from commitlog_svc.producers import TAG_PREFIX, Tag, decode_tag
 from mqstore.errors import ChunkRefused, CorruptRecord
 from mqstore.formats import _core
 from mqstore.formats.commitlog_checkpoint import ProducerEntry, ProducerRequest, QueueKey
@@ -159,12 +159,7 @@ def _request_aligned(
             return stop
         k = bisect.bisect_right(starts, hit) - 1
         first = int(starts[k])
-        found = read_record(buf, first, stop, check_crc=False)
-        tag = (
-            decode_tag(found.properties_dict().get(PRODUCER_SEQ, ""))
-            if isinstance(found, Record)
-            else None
-        )
+        tag = _tag_at(buf, first, stop, check_crc=False)
         if tag is None:
             hi = first  # a body holding the key's bytes, not a tag: look before this record
             continue
@@ -175,6 +170,14 @@ def _request_aligned(
             return first
         # The request begins the chunk: all of it goes (it lies in one segment).
         return _records_end(buf, first, stored, data_end, base_offset, stop - first)
+
+
+def _tag_at(buf: Searchable, pos: int, end: int, *, check_crc: bool) -> Tag | None:
+    """The MQS_PSEQ tag of the record at `pos`; None when it has none, or it does not parse."""
+    found = read_record(buf, pos, end, check_crc=check_crc)
+    if not isinstance(found, Record):
+        return None
+    return decode_tag(found.properties_dict().get(PRODUCER_SEQ, ""))
 
 
 def _records_end(
@@ -266,12 +269,7 @@ def tagged_requests(
         k = bisect.bisect_right(starts, hit) - 1
         first = int(starts[k])
         after = int(starts[k + 1]) if k + 1 < count else stop
-        found = read_record(buf, first, stop, check_crc=check_crc)
-        tag = (
-            decode_tag(found.properties_dict().get(PRODUCER_SEQ, ""))
-            if isinstance(found, Record)
-            else None
-        )
+        tag = _tag_at(buf, first, stop, check_crc=check_crc)
         if tag is not None:
             last = k + tag.count - len(tag.refused)
             if last > count:
