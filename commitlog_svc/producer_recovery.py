@@ -24,7 +24,7 @@ from commitlog_svc.producers import TAG_PREFIX, ProducerTable
 from commitlog_svc.replica_chunk import tagged_requests
 from mqstore.formats import _core, sysflag
 from mqstore.formats.record import Record, find_next_record, read_record
-from mqstore.formats.record_batch import QueueTable
+from mqstore.formats.record_batch import QueueTable, forget_unused_queues
 from mqstore.storage.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,4 @@ def lower_queue_offsets(queue: MappedFileQueue, table: QueueTable, start: int, e
                 queues[found.queue_id] = min(
                     queues.get(found.queue_id, found.queue_offset), found.queue_offset
                 )
-    # A queue given back to 0 never held a message: no entry for it (as undo_queue_offsets).
-    for topic in [t for t, queues in table.items() if 0 in queues.values()]:
-        queues = table[topic]
-        for queue_id in [q for q, n in queues.items() if n == 0]:
-            del queues[queue_id]
-        if not queues:
-            del table[topic]
+    forget_unused_queues(table, [t for t, queues in table.items() if 0 in queues.values()])
