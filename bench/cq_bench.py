@@ -31,7 +31,7 @@ from collections.abc import Callable
 from bench.meters import status_kib
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import make_store
-from cq_svc.store import CqStore
+from cq_svc.store import CqStore, put_entries
 from mqstore.dispatch import DispatchEntry
 from mqstore.formats.cq_time import Boundary
 
@@ -90,7 +90,7 @@ def run_case(kind: StoreKind, queues: int, units: int, probes: int) -> dict[str,
 
         def apply() -> int:
             for i in range(0, len(batch), BATCH):
-                store.put_batch(batch[i : i + BATCH])
+                put_entries(store, batch[i : i + BATCH])
             store.flush()
             return len(batch)
 
@@ -148,7 +148,7 @@ def million(queues: int, per_queue: int) -> None:
                     )
                     phy += 100
             for i in range(0, len(entries), 4096):
-                store.put_batch(entries[i : i + 4096])
+                put_entries(store, entries[i : i + 4096])
             done = min(queues, q0 + chunk_queues)
             if done % (queues // 5) == 0:
                 checkpoints.append(f"{done:,} queues: {rss_mb():.0f} MB")

@@ -491,7 +491,7 @@ class ReplicaLog(CommitLog):
                 continue
             try:
                 hi = min(offset - base, mf.read_position)
-                requests, _ = tagged_requests(mf.read_buf, 0, hi, base)
+                requests, _, _ = tagged_requests(mf.read_buf, 0, hi, base)
             finally:
                 mf.release()
             for producer_id, request in reversed(requests):

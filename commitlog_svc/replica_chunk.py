@@ -40,7 +40,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Final
 
-from commitlog_svc.producers import TAG_PREFIX, decode_tag
+from commitlog_svc.producers import TAG_PREFIX, Tag, decode_tag
 from mqstore.errors import ChunkRefused, CorruptRecord
 from mqstore.formats import _core
 from mqstore.formats.commitlog_checkpoint import ProducerEntry, ProducerRequest, QueueKey
@@ -159,12 +159,7 @@ def _request_aligned(
             return stop
         k = bisect.bisect_right(starts, hit) - 1
         first = int(starts[k])
-        found = read_record(buf, first, stop, check_crc=False)
-        tag = (
-            decode_tag(found.properties_dict().get(PRODUCER_SEQ, ""))
-            if isinstance(found, Record)
-            else None
-        )
+        tag = _tag_at(buf, first, stop, check_crc=False)
         if tag is None:
             hi = first  # a body holding the key's bytes, not a tag: look before this record
             continue
@@ -175,6 +170,14 @@ def _request_aligned(
             return first
         # The request begins the chunk: all of it goes (it lies in one segment).
         return _records_end(buf, first, stored, data_end, base_offset, stop - first)
+
+
+def _tag_at(buf: Searchable, pos: int, end: int, *, check_crc: bool) -> Tag | None:
+    """The MQS_PSEQ tag of the record at `pos`; None when it has none, or it does not parse."""
+    found = read_record(buf, pos, end, check_crc=check_crc)
+    if not isinstance(found, Record):
+        return None
+    return decode_tag(found.properties_dict().get(PRODUCER_SEQ, ""))
 
 
 def _records_end(
@@ -231,7 +234,7 @@ def check_chunk(data: bytes, offset: int, file_bytes: int) -> CheckedChunk:
         blank = True
     elif isinstance(stop, Bad):
         raise ChunkRefused(offset + end, stop.reason)
-    requests, partial = tagged_requests(data, 0, end, offset)
+    requests, partial, _ = tagged_requests(data, 0, end, offset)
     if partial >= 0:
         raise ChunkRefused(
             partial,
@@ -248,37 +251,33 @@ def check_chunk(data: bytes, offset: int, file_bytes: int) -> CheckedChunk:
 
 
 def tagged_requests(
-    buf: Searchable, pos: int, end: int, base_offset: int
-) -> tuple[list[tuple[str, ProducerRequest]], int]:
-    """The idempotent requests among the records buf[pos:end] (a chain of whole records;
-    buf[0] at commit-log offset `base_offset`), as recovery rebuilds them (producer_recovery.py:
-    the tagged record, then its `stored` records), in log order; and where one begins whose
-    records go on past `end` (-1: none). A C-speed search finds the tags; only their records
-    are read."""
+    buf: Searchable, pos: int, end: int, base_offset: int, *, check_crc: bool = False
+) -> tuple[list[tuple[str, ProducerRequest]], int, int]:
+    """The idempotent requests among the records chained from buf[pos] up to `end` (buf[0] at
+    commit-log offset `base_offset`): each the tagged record, then its `stored` records, in log
+    order; where one begins whose records go on past the chain (-1: none); and where the chain
+    stops (`end` when no tag lies in [pos, end): nothing to follow). With `check_crc` a tagged
+    record failing its CRC is no request (recovery's rule, producer_recovery.py). A C-speed
+    search finds the tags; only their records are read."""
     out: list[tuple[str, ProducerRequest]] = []
     hit = buf.find(TAG_PREFIX, pos, end)
     if hit < 0:
-        return out, -1
+        return out, -1, end
     starts, stop = _core.chain(buf, pos, end, base_offset)
     count = len(starts)
     while 0 <= hit < stop:
         k = bisect.bisect_right(starts, hit) - 1
         first = int(starts[k])
         after = int(starts[k + 1]) if k + 1 < count else stop
-        found = read_record(buf, first, stop, check_crc=False)
-        tag = (
-            decode_tag(found.properties_dict().get(PRODUCER_SEQ, ""))
-            if isinstance(found, Record)
-            else None
-        )
+        tag = _tag_at(buf, first, stop, check_crc=check_crc)
         if tag is not None:
             last = k + tag.count - len(tag.refused)
             if last > count:
-                return out, base_offset + first
+                return out, base_offset + first, stop
             request_end = int(starts[last]) if last < count else stop
             request = ProducerRequest(
                 tag.sequence, tag.count, base_offset + first, base_offset + request_end, tag.refused
             )
             out.append((tag.producer_id, request))
         hit = buf.find(TAG_PREFIX, after, end)
-    return out, -1
+    return out, -1, stop

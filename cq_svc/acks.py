@@ -328,10 +328,6 @@ class AckQueue:
         self.high = max(offset, max(self.slots) + 1 if self.slots else offset)
         self._write([JournalEntry(Kind.SKIP, offset)], sync=True)
 
-    @property
-    def inflight(self) -> int:
-        return sum(1 for s in self.slots.values() if s[0] == DELIVERED)
-
 
 class AckManager:
     """Every (group, topic, queue) ack state under groups/acks/, an LRU of open ones."""

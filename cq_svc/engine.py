@@ -251,9 +251,7 @@ class CqEngine:
     # -- dispatch -------------------------------------------------------------------------------
 
     def apply(self, entries: Sequence[DispatchEntry], batch_end_offset: int = -1) -> int:
-        if self.failure is not None:
-            raise Unavailable(f"a flush failed ({self.failure!r}); restart to recover")
-        return self.store.put_batch(entries, batch_end_offset)
+        return self.apply_columns(DispatchColumns.from_entries(entries), batch_end_offset)
 
     def apply_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
         if self.failure is not None:

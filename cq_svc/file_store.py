@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from cq_svc import checkpoint
 from cq_svc.config import CqConfig
@@ -67,7 +67,7 @@ class FileCqStore:
         self._unflushed: set[Key] = set()  # evicted while dirty (flushed at the checkpoint)
         self._lock = threading.RLock()
         self._ckpt = CqCheckpoint()
-        self._applied = 0  # end of the newest entry given to put_batch
+        self._applied = 0  # end of the newest frame given to put_columns
         self._min_phy = 0
         self._opened = False
 
@@ -208,30 +208,10 @@ class FileCqStore:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def put_batch(self, entries: Sequence[DispatchEntry], batch_end_offset: int = -1) -> int:
-        by_queue: dict[Key, list[DispatchEntry]] = {}
-        end = batch_end_offset
-        for e in entries:
-            end = max(end, e.end_offset)
-            if e.goes_to_consume_queue:
-                by_queue.setdefault((e.topic, e.queue_id), []).append(e)
-        written = 0
-        with self._lock:
-            for key, group in by_queue.items():
-                fq = self._queue(key, create=True)
-                assert fq is not None
-                before = fq.map_count
-                written += self._apply(fq, group)
-                self._recount(fq, before)
-                self._evict(keep=key)
-            self._applied = max(self._applied, end)
-        failpoints.hit("cq.after_put")
-        return written
-
     def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
-        """put_batch of a frame as columns: each queue's run packed and appended at once (one
-        write per file it touches); a run that is not plain (a gap, a replay that overlaps
-        the queue's end) goes entry by entry through put_batch's own code."""
+        """Each queue's run packed and appended at once (one write per file it touches); a run
+        that is not plain (a gap, a replay that overlaps the queue's end) goes entry by entry
+        through `_apply`, the reference tests/cq/test_apply_columns.py pins the packing to."""
         end = columns.end_offset(batch_end_offset)
         runs = columns.queue_runs()
         written = 0

@@ -414,36 +414,21 @@ class FileQueue:
         return umf, tmf, upos
 
     def append(self, rows: list[tuple[int, int, int, int]]) -> None:
-        """Append units (phy, size, tags, indexed time) at max_offset, a file at a time."""
-        st = self.state
-        i = 0
-        n = len(rows)
-        while i < n:
-            umf, tmf, upos = self._write_at()
-            room = (umf.file_size - upos) // UNIT_BYTES
-            chunk = rows[i : i + room]
-            pack = UNIT.pack
-            unit_parts = [pack(p, s, t) for p, s, t, _ in chunk]
-            time_parts = [
-                encode_time(u, ts) for u, (_, _, _, ts) in zip(unit_parts, chunk, strict=True)
-            ]
-            # Time entries land before the units that they describe become visible.
-            tmf.append_bytes(b"".join(time_parts))
-            umf.append_bytes(b"".join(unit_parts))
-            i += len(chunk)
-            st.max_offset += len(chunk)
-            last = chunk[-1]
-            if not _is_blank(last[0], last[1]):
-                st.last_phy_end = last[0] + last[1]
-            st.last_time_ms = last[3]
-        self.dirty = True
+        """Append units (phy, size, tags, indexed time) at max_offset: packed one at a time
+        (the entry-by-entry path, and blanks), then written as append_packed writes them."""
+        if not rows:
+            return
+        units = [UNIT.pack(phy, size, tags) for phy, size, tags, _ in rows]
+        times = [encode_time(u, row[3]) for u, row in zip(units, rows, strict=True)]
+        last_phy, last_size, _, last_time_ms = rows[-1]
+        self.append_packed(b"".join(units), b"".join(times), last_phy, last_size, last_time_ms)
 
     def append_packed(
         self, units: bytes, times: bytes, last_phy: int, last_size: int, last_time_ms: int
     ) -> None:
-        """append() of a run packed by _core.pack_units (units and their time entries back to
-        back; the last unit's phy and size and indexed time), written a file at a time. The
-        same bytes and state as append() of the same rows."""
+        """Append a run of packed units and their time entries (back to back; the last unit's
+        phy and size and indexed time), a file at a time: _core.pack_units packs a plain run,
+        append() any other rows."""
         n = len(units) // UNIT_BYTES
         stamps = memoryview(times)
         unit_view = memoryview(units)

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -313,28 +313,6 @@ class RocksCqStore:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def put_batch(self, entries: Sequence[DispatchEntry], batch_end_offset: int = -1) -> int:
-        by_queue: dict[Key, list[DispatchEntry]] = {}
-        end = batch_end_offset
-        for e in entries:
-            end = max(end, e.end_offset)
-            if e.goes_to_consume_queue:
-                by_queue.setdefault((e.topic, e.queue_id), []).append(e)
-        written = 0
-        with self._lock:
-            wb = rocksdict.WriteBatch(raw_mode=True)
-            pending: list[tuple[_QState, int, int, int, int]] = []
-            for key, group in by_queue.items():
-                st = self._state(key, create=True)
-                assert st is not None
-                n, new = self._apply(key, st, group, wb)
-                if n:
-                    written += n
-                    pending.append((st, *new))
-            self._commit(wb, pending, end)
-        failpoints.hit("cq.after_put")
-        return written
-
     def _commit(
         self,
         wb: rocksdict.WriteBatch,
@@ -353,9 +331,10 @@ class RocksCqStore:
         self._applied = end
 
     def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
-        """put_batch of a frame as columns: each queue's run packed at once into the one
-        WriteBatch; a run that is not plain (a gap, a fresh queue starting above 0, a replay
-        that overlaps the queue's end) goes entry by entry through put_batch's own code."""
+        """Each queue's run packed at once into the one WriteBatch; a run that is not plain (a
+        gap, a fresh queue starting above 0, a replay that overlaps the queue's end) goes entry
+        by entry through `_apply`, the reference tests/cq/test_apply_columns.py pins the
+        packing to."""
         end = columns.end_offset(batch_end_offset)
         runs = columns.queue_runs()
         written = 0
@@ -395,7 +374,7 @@ class RocksCqStore:
         m = len(taken)
         first = st.max_offset
         if st.max_offset == 0 and st.min_offset == 0:
-            # A fresh queue's min row (put_batch writes it with the queue's first unit).
+            # A fresh queue's min row (`_apply` writes it with the queue's first unit).
             wb.put(
                 L.offset_key(topic, L.MIN, qid),
                 L.OFFSET_VALUE.pack(int(phys[start]), first),

@@ -4,9 +4,9 @@
     ├── FileCqStore     file_store.py   RocketMQ's unit files + time companions (default)
     └── RocksCqStore    rocks_store.py  RocketMQ's RocksDB layout (§8) on rocksdict
 
-A store applies dispatch entries (`put_batch`, one DispatchEntry each) or whole frames as
-columns (`put_columns`, what the service's sink uses; the same writes, byte for byte) and
-answers a consumer's questions about positions; it never reads message bytes. A pull answers
+A store applies whole dispatch frames as columns (`put_columns`; `put_entries` builds the
+columns of an entry list) and answers a consumer's questions about positions; it never reads
+message bytes. A pull answers
 with the (commit-log offset, size) pairs to fetch, and the service fetches them from
 commitlog_svc in one batched Read.
 
@@ -165,21 +165,17 @@ class CqStore(Protocol):
 
     @property
     def applied_offset(self) -> int:
-        """End of the newest entry given to put_batch (not necessarily durable yet): at least
+        """End of the newest entry given to put_columns (not necessarily durable yet): at least
         the confirmed offset, and what the start-up handshake compares with the log's end."""
 
     def advance_applied(self, offset: int) -> None:
         """Count everything below `offset` as applied (nothing below it will be dispatched)."""
 
     # -- writes --
-    def put_batch(self, entries: Sequence[DispatchEntry], batch_end_offset: int = -1) -> int:
-        """Apply a dispatch batch (in commit-log order); entries already applied are skipped.
-        `batch_end_offset` is where the batch ends in the log (default: the last entry's end).
-        Returns the number of units written."""
-
     def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
-        """put_batch for a frame as columns: the same outcome (files, rows, checkpoints, errors)
-        as put_batch(columns.entries(), batch_end_offset)."""
+        """Apply a dispatch frame (in commit-log order); entries already applied are skipped.
+        `batch_end_offset` is where the frame ends in the log (default: the last entry's end).
+        Returns the number of units written."""
 
     def truncate_dirty(self, phy_offset: int) -> int:
         """Drop every unit pointing at or beyond `phy_offset`; returns units dropped."""
@@ -223,18 +219,25 @@ class CqStore(Protocol):
     def list_topics(self) -> list[str]: ...
 
 
+def put_entries(
+    store: CqStore, entries: Sequence[DispatchEntry], batch_end_offset: int = -1
+) -> int:
+    """put_columns for an entry list (tests and benchmarks build entries)."""
+    return store.put_columns(DispatchColumns.from_entries(entries), batch_end_offset)
+
+
 def plain_run_start(
     rows: Column, columns: DispatchColumns, expect: int, last_end: int
 ) -> int | None:
     """Where a queue's run (`rows` of `columns`) starts to be written, when the run is plain;
-    None when it is not (then the stores apply it entry by entry, as put_batch does).
+    None when it is not (then the stores apply it entry by entry).
 
-    put_batch skips an entry that ends at or below the queue's newest end or whose queue
-    offset is below the queue's next one (applied before), fills a gap before an offset above
-    it, and writes the others. A run is plain when, after a prefix of skipped entries, every
-    entry is written with neither a gap nor a skip: queue offsets counting up by one from
-    `expect` and ends strictly increasing. Returns the first written row (len: none is).
-    Compiled: formats/_core_frames.pxi."""
+    Entry by entry, a store skips an entry that ends at or below the queue's newest end or
+    whose queue offset is below the queue's next one (applied before), fills a gap before an
+    offset above it, and writes the others. A run is plain when, after a prefix of skipped
+    entries, every entry is written with neither a gap nor a skip: queue offsets counting up
+    by one from `expect` and ends strictly increasing. Returns the first written row (len:
+    none is). Compiled: formats/_core_frames.pxi."""
     start = _core.plain_start(
         rows, columns.queue_offsets, columns.commit_log_offsets, columns.sizes, expect, last_end
     )

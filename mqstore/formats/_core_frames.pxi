@@ -195,7 +195,7 @@ def plain_start(
     int64_t last_end,
 ):
     """Where a queue's run starts to be written when it is plain, -1 when it is not (then it
-    is applied entry by entry, gaps and replays as put_batch does them). An entry is skipped
+    is applied entry by entry, its gaps filled and its replays skipped). An entry is skipped
     when it ends at or below `last_end` or its queue offset is below `expect`; the run is
     plain when, after a prefix of skipped entries, the queue offsets count up by one from
     `expect` and the ends strictly increase. len(rows): nothing is written."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -334,8 +334,13 @@ def undo_queue_offsets(
         topic, queue_id, flag = keys[i]
         if sysflag.gets_queue_offset(flag):
             queue_table[topic][queue_id] = encoded.queue_offsets[j]
-    # A queue given back to 0 never held a message: leave no entry behind for it.
-    for topic in {t for t, _, _ in keys}:
+    forget_unused_queues(queue_table, {t for t, _, _ in keys})
+
+
+def forget_unused_queues(queue_table: QueueTable, topics: Iterable[str]) -> None:
+    """Drop the queues of `topics` given back to 0 (they never held a message: no entry is left
+    behind for them), and a topic left with none."""
+    for topic in topics:
         queues = queue_table.get(topic)
         if queues is None:
             continue

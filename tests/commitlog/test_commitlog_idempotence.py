@@ -22,6 +22,7 @@ from commitlog_testlib import (
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import FlushMode
 from commitlog_svc.messages import AppendResult, MessageIn, PutStatus
+from commitlog_svc.producer_recovery import rebuild_from_tags
 from commitlog_svc.producers import ProducerTable, decode_tag, encode_tag
 from mqstore.errors import FailedPrecondition, InvalidArgument
 from mqstore.formats.commitlog_checkpoint import (
@@ -30,6 +31,7 @@ from mqstore.formats.commitlog_checkpoint import (
     decode_checkpoint,
 )
 from mqstore.formats.properties import decode_properties, encode_properties
+from mqstore.formats.record import MAGIC_POS
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import CrashMode, SimDisk
 
@@ -281,3 +283,57 @@ def test_refusal_statuses_inside_a_request_survive_in_its_tag(tmp_path: Path) ->
     retry = log.append_batch(messages, producer=("p", 4))
     assert retry.duplicate and same(first, retry)
     log.close()
+
+
+# -- the tag walk over damaged records (producer_recovery.rebuild_from_tags) -------------------
+
+
+class _Segment:
+    """The attributes rebuild_from_tags reads of a mapped file, over plain bytes."""
+
+    def __init__(self, data: bytearray) -> None:
+        self.read_buf = data
+        self.file_from_offset = 0
+        self.read_position = self.file_end_offset = len(data)
+
+
+class _Queue:
+    def __init__(self, data: bytearray) -> None:
+        self.files = [_Segment(data)]
+
+
+def _tag_walk_case(tmp_path: Path, damage: str) -> tuple[list[int], int, list[int]]:
+    """Requests 0-2 (3 records each) in one segment, `damage` done to their bytes; the requests
+    rebuild_from_tags remembers, what it returns, and where each request begins."""
+    log = open_log(tmp_path, checkpoint_interval_ms=NEVER_MS)
+    results = [log.append_batch(request(seq), producer=("p", seq)) for seq in range(3)]
+    end = log.max_offset
+    data = bytearray(log.queue.files[0].read_buf[:end])
+    log.close()
+    if damage == "framing inside request 1":  # its second record's magic
+        data[results[1].offsets[1] + MAGIC_POS] ^= 0xFF
+    elif damage == "crc of request 0's tagged record":  # a body byte: framing intact
+        data[data.find(b"req-0-msg-0-")] ^= 0xFF
+    elif damage == "log ends inside request 2":
+        end = results[2].offsets[2]
+    producers = ProducerTable()
+    cut = rebuild_from_tags(_Queue(data), producers, 0, end)  # type: ignore[arg-type]
+    remembered = [r.sequence for e in producers.snapshot() for r in e.requests]
+    return remembered, cut, [r.offsets[0] for r in results]
+
+
+@pytest.mark.parametrize(
+    ("damage", "remembered", "cut_request"),
+    [
+        ("none", [0, 1, 2], None),
+        ("framing inside request 1", [0, 2], None),  # stepped over; the next tag still counts
+        ("crc of request 0's tagged record", [1, 2], None),
+        ("log ends inside request 2", [0, 1], 2),  # cut from its first record on
+    ],
+)
+def test_the_tag_walk_steps_over_damage_and_cuts_a_torn_last_request(
+    tmp_path: Path, damage: str, remembered: list[int], cut_request: int | None
+) -> None:
+    got, cut, firsts = _tag_walk_case(tmp_path, damage)
+    assert got == remembered
+    assert cut == (-1 if cut_request is None else firsts[cut_request])

@@ -9,6 +9,7 @@ import pytest
 
 from cq_svc.config import CqConfig
 from cq_svc.file_store import FileCqStore
+from cq_svc.store import put_entries
 from mqstore.formats.cq_time import Boundary
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.mapped_file_queue import StoreLoadError
@@ -49,7 +50,7 @@ def time_file(n: int) -> str:
 def test_valid_flushed_units_are_kept_after_a_crash() -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(70))
+    put_entries(store, entries(70))
     assert store.flush() == 7000
     disk.crash(random.Random(1), "drop")
     store = open_store(disk)
@@ -60,22 +61,22 @@ def test_valid_flushed_units_are_kept_after_a_crash() -> None:
 def test_unflushed_units_lost_in_a_crash_end_the_queue_at_the_zero_unit() -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(30))
+    put_entries(store, entries(30))
     store.flush()
-    store.put_batch(entries(30, start=30))
+    put_entries(store, entries(30, start=30))
     disk.crash(random.Random(1), "drop")
     store = open_store(disk)
     assert store.max_offset("T", 0) == 30
-    assert store.put_batch(entries(60)) == 30  # the subscriber re-sends from 3000
+    assert put_entries(store, entries(60)) == 30  # the subscriber re-sends from 3000
     assert store.max_offset("T", 0) == 60
 
 
 def test_units_beyond_the_confirmed_offset_are_cut_even_when_they_survived() -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(30))
+    put_entries(store, entries(30))
     store.flush()
-    store.put_batch(entries(40, start=30))  # rolls into a second file, not flushed
+    put_entries(store, entries(40, start=30))  # rolls into a second file, not flushed
     store.flush(least_pages=1000)  # an interval flush does not advance the checkpoint
     disk.crash(random.Random(1), "keep")
     store = open_store(disk)
@@ -103,13 +104,13 @@ def test_a_bad_unit_ends_the_queue_there_and_appends_resume(
 ) -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(60))
+    put_entries(store, entries(60))
     store.close()
     poke(disk, unit_file(at // UNITS_PER_FILE), (at % UNITS_PER_FILE) * 20, data)
     store = open_store(disk)
     assert store.max_offset("T", 0) == at, name
     assert [u.queue_offset for u in store.read_units("T", 0, 0, 100)] == list(range(at))
-    store.put_batch(entries(60))  # the rebuild (a re-dispatch from the log) fills it again
+    put_entries(store, entries(60))  # the rebuild (a re-dispatch from the log) fills it again
     assert store.max_offset("T", 0) == 60
     assert [u.commit_log_offset for u in store.read_units("T", 0, 0, 100)] == [
         100 * i for i in range(60)
@@ -119,7 +120,7 @@ def test_a_bad_unit_ends_the_queue_there_and_appends_resume(
 def test_trailing_garbage_after_the_last_unit_is_cut() -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(20))
+    put_entries(store, entries(20))
     store.close()
     poke(disk, unit_file(0), 20 * 20, b"\x7f" * 60)  # huge positive phys: beyond C
     store = open_store(disk)
@@ -130,7 +131,7 @@ def test_trailing_garbage_after_the_last_unit_is_cut() -> None:
 def test_only_the_last_three_files_are_scanned() -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(5 * UNITS_PER_FILE))
+    put_entries(store, entries(5 * UNITS_PER_FILE))
     store.close()
     poke(disk, unit_file(0), 3 * 20, bytes(20))  # damage in file 0 goes unseen, as in RocketMQ
     store = open_store(disk)
@@ -140,7 +141,7 @@ def test_only_the_last_three_files_are_scanned() -> None:
 def test_a_unit_file_of_the_wrong_size_refuses_to_load() -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(120))
+    put_entries(store, entries(120))
     store.close()
     disk.truncate(unit_file(0), 500)
     with pytest.raises(StoreLoadError):
@@ -150,13 +151,13 @@ def test_a_unit_file_of_the_wrong_size_refuses_to_load() -> None:
 def test_a_lost_or_corrupt_checkpoint_trusts_no_unit() -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(20))
+    put_entries(store, entries(20))
     store.close()
     poke(disk, f"{DATA}/cq_checkpoint", 20, b"\x00\x01")
     store = open_store(disk)
     assert store.confirmed_offset == 0
     assert store.max_offset("T", 0) == 0
-    store.put_batch(entries(20))
+    put_entries(store, entries(20))
     assert store.max_offset("T", 0) == 20
 
 
@@ -179,7 +180,7 @@ def _times(store: FileCqStore) -> list[int]:
 def test_a_damaged_time_entry_is_repaired_upwards_and_units_stay(name: str, damage) -> None:  # type: ignore[no-untyped-def]
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(40, time_base=1000, time_step=10))
+    put_entries(store, entries(40, time_base=1000, time_step=10))
     good = _times(store)
     store.close()
     damage(disk)
@@ -199,20 +200,20 @@ def test_a_damaged_time_entry_is_repaired_upwards_and_units_stay(name: str, dama
 def test_a_missing_time_tree_is_rebuilt_and_lookups_stay_safe() -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(70, time_base=1000, time_step=10))
+    put_entries(store, entries(70, time_base=1000, time_step=10))
     store.close()
     disk.remove_tree(TIME_DIR)
     store = open_store(disk, ManualClock(now_ms=5_000))
     assert store.max_offset("T", 0) == 70
     assert store.get_offset_by_time("T", 0, 1200, Boundary.LOWER) == 0  # earlier, never later
-    store.put_batch(entries(5, start=70, time_base=6000))
+    put_entries(store, entries(5, start=70, time_base=6000))
     assert store.get_offset_by_time("T", 0, 6000, Boundary.LOWER) == 70
 
 
 def test_a_time_entry_damaged_outside_the_recovery_scan_is_read_as_the_next_good_one() -> None:
     disk = SimDisk()
     store = open_store(disk)
-    store.put_batch(entries(5 * UNITS_PER_FILE, time_base=0, time_step=10))
+    put_entries(store, entries(5 * UNITS_PER_FILE, time_base=0, time_step=10))
     store.close()
     poke(disk, time_file(0), 10 * 8, bytes(8))
     store = open_store(disk)
@@ -226,7 +227,7 @@ def test_queues_evicted_unflushed_are_made_durable_by_the_next_full_flush() -> N
     store = FileCqStore(CqConfig.for_tests(DATA, open_maps_max=4), disk=disk, clock=ManualClock())
     store.open()
     for q in range(6):  # each queue: 2 unit + 2 time files; the LRU keeps one queue open
-        store.put_batch(entries(60, queue_id=q, phy_base=q * 100_000))
+        put_entries(store, entries(60, queue_id=q, phy_base=q * 100_000))
     assert store.open_map_count <= 4
     store.flush()
     disk.crash(random.Random(3), "drop")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cq_svc.config import CqConfig
 from cq_svc.file_store import FileCqStore
+from cq_svc.store import put_entries
 from tests.cq.support import entries
 
 QUEUES = 500  # far past the bound: every batch evicts and reopens maps
@@ -27,7 +28,7 @@ def test_queues_far_past_the_lru_bound_hold_at_most_that_many_maps(tmp_path: Pat
         batch += entries(3, topic=f"t{q % 7}", queue_id=q, phy_base=q * 1000)
     batch.sort(key=lambda e: e.commit_log_offset)
     for i in range(0, len(batch), 500):
-        store.put_batch(batch[i : i + 500])
+        put_entries(store, batch[i : i + 500])
         assert store.open_map_count <= OPEN_MAPS_MAX
     # Each map keeps a descriptor; a little slack for the checkpoint's transient opens.
     assert open_fds() - before <= OPEN_MAPS_MAX + 8
@@ -55,10 +56,10 @@ def test_a_queue_evicted_and_reopened_keeps_appending_where_it_was(tmp_path: Pat
     config = CqConfig.for_tests(str(tmp_path), open_maps_max=4)
     store = FileCqStore(config)
     store.open()
-    store.put_batch(entries(70, topic="A"))
-    store.put_batch(entries(70, topic="B", phy_base=10_000))
-    store.put_batch(entries(70, topic="C", phy_base=20_000))  # evicts A (2 files + 2 time files)
-    store.put_batch(entries(10, topic="A", start=70, phy_base=0))
+    put_entries(store, entries(70, topic="A"))
+    put_entries(store, entries(70, topic="B", phy_base=10_000))
+    put_entries(store, entries(70, topic="C", phy_base=20_000))  # evicts A (2 files + 2 time files)
+    put_entries(store, entries(10, topic="A", start=70, phy_base=0))
     assert store.max_offset("A", 0) == 80
     assert [u.commit_log_offset for u in store.read_units("A", 0, 68, 5)] == [
         6800,

@@ -20,7 +20,7 @@ import pytest
 
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import make_store
-from cq_svc.store import CqStore, PullStatus
+from cq_svc.store import CqStore, PullStatus, put_entries
 from mqstore.dispatch import DispatchEntry
 from mqstore.formats.cq_time import Boundary
 from mqstore.storage.clock import ManualClock
@@ -127,7 +127,7 @@ class Runner:
             start = model.sent if op == "dispatch" else rng.randint(0, model.sent)
             stop = min(len(model.log), model.sent + rng.randint(1, 40))
             if stop > start:
-                store.put_batch(model.log[start:stop])
+                put_entries(store, model.log[start:stop])
                 model.sent = max(model.sent, stop)
         elif op == "flush":
             assert (

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from cq_svc.config import StoreKind
-from cq_svc.store import PullStatus
+from cq_svc.store import PullStatus, put_entries
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import InvalidArgument
 from mqstore.formats import sysflag
@@ -18,11 +18,11 @@ from tests.cq.support import StoreHarness, entries, phys
 def test_rebuild_repeatedly_changes_nothing(harness: StoreHarness) -> None:
     store = harness.store
     batch = entries(120)
-    assert store.put_batch(batch) == 120
+    assert put_entries(store, batch) == 120
     before = store.read_units("T", 0, 0, 200)
-    assert store.put_batch(batch) == 0
-    assert store.put_batch(batch[30:70]) == 0
-    assert store.put_batch(batch[100:] + entries(5, start=120)) == 5
+    assert put_entries(store, batch) == 0
+    assert put_entries(store, batch[30:70]) == 0
+    assert put_entries(store, batch[100:] + entries(5, start=120)) == 5
     assert store.max_offset("T", 0) == 125
     assert store.read_units("T", 0, 0, 120) == before
     assert phys(store.read_units("T", 0, 118, 10)) == [
@@ -37,13 +37,13 @@ def test_rebuild_repeatedly_changes_nothing(harness: StoreHarness) -> None:
 
 
 def test_units_survive_a_clean_reopen(harness: StoreHarness) -> None:
-    harness.store.put_batch(entries(77, tags_code=5))
+    put_entries(harness.store, entries(77, tags_code=5))
     before = harness.store.read_units("T", 0, 0, 100)
     store = harness.reopen()
     assert store.max_offset("T", 0) == 77
     assert store.read_units("T", 0, 0, 100) == before
     assert store.confirmed_offset == 76 * 100 + 100
-    assert store.put_batch(entries(3, start=77)) == 3
+    assert put_entries(store, entries(3, start=77)) == 3
     assert store.max_offset("T", 0) == 80
 
 
@@ -52,7 +52,7 @@ def test_correct_min_offset_gives_rocketmqs_numbers(
 ) -> None:
     h = make_harness(units_per_file=1000)
     store = h.store
-    store.put_batch(entries(10_000))
+    put_entries(store, entries(10_000))
     store.correct_min_offset(500)  # RocketMQ's setMinLogicOffset(100 bytes) = unit 5
     assert store.min_offset("T", 0) == 5
     store.correct_min_offset(2000)
@@ -66,7 +66,7 @@ def test_a_queue_starting_mid_file_keeps_its_min_after_reopen_and_correction(
     harness: StoreHarness,
 ) -> None:
     # RocketMQ's testFillBankThenCorrectMinOffset: a queue whose first offset is 100.
-    harness.store.put_batch(entries(1, start=100, phy_base=5000))
+    put_entries(harness.store, entries(1, start=100, phy_base=5000))
     assert harness.store.min_offset("T", 0) == 100
     assert harness.store.max_offset("T", 0) == 101
     store = harness.reopen()
@@ -83,13 +83,13 @@ def test_truncate_dirty_drops_units_at_or_beyond_the_offset_and_replay_restores_
 ) -> None:
     store = harness.store
     batch = entries(120)
-    store.put_batch(batch)
+    put_entries(store, batch)
     original = store.read_units("T", 0, 0, 120)
     assert store.truncate_dirty(5000) == 70
     assert store.max_offset("T", 0) == 50
     assert store.get_last_offset("T", 0) == 5000
     assert store.truncate_dirty(5000) == 0
-    assert store.put_batch(batch) == 70
+    assert put_entries(store, batch) == 70
     assert store.read_units("T", 0, 0, 120) == original
     store = harness.reopen()
     assert store.read_units("T", 0, 0, 120) == original
@@ -97,19 +97,19 @@ def test_truncate_dirty_drops_units_at_or_beyond_the_offset_and_replay_restores_
 
 def test_truncate_inside_a_file_and_to_empty(harness: StoreHarness) -> None:
     store = harness.store
-    store.put_batch(entries(30, phy_base=1000))
+    put_entries(store, entries(30, phy_base=1000))
     assert store.truncate_dirty(1000 + 100 * 12 + 1) == 17
     assert store.max_offset("T", 0) == 13
     assert store.truncate_dirty(0) == 13
     assert store.max_offset("T", 0) == 0
     assert store.get_last_offset("T", 0) == -1
-    store.put_batch(entries(30, phy_base=1000))
+    put_entries(store, entries(30, phy_base=1000))
     assert store.max_offset("T", 0) == 30
 
 
 def test_delete_expired_moves_min_past_units_below_the_log_minimum(harness: StoreHarness) -> None:
     store = harness.store
-    store.put_batch(entries(120))
+    put_entries(store, entries(120))
     store.delete_expired(5100)
     assert store.min_offset("T", 0) == 51
     assert store.max_offset("T", 0) == 120
@@ -124,7 +124,7 @@ def test_delete_expired_moves_min_past_units_below_the_log_minimum(harness: Stor
 
 def test_a_queue_wholly_below_the_log_minimum_is_empty_at_its_max(harness: StoreHarness) -> None:
     store = harness.store
-    store.put_batch(entries(20))
+    put_entries(store, entries(20))
     store.correct_min_offset(10_000)
     assert store.min_offset("T", 0) == store.max_offset("T", 0) == 20
     assert store.get_last_offset("T", 0) == -1
@@ -134,7 +134,7 @@ def test_a_queue_wholly_below_the_log_minimum_is_empty_at_its_max(harness: Store
 def test_get_last_offset_is_the_end_of_the_newest_record(harness: StoreHarness) -> None:
     store = harness.store
     assert store.get_last_offset("T", 0) == -1
-    store.put_batch(entries(7, size=33))
+    put_entries(store, entries(7, size=33))
     assert store.get_last_offset("T", 0) == 600 + 33
 
 
@@ -151,7 +151,7 @@ def test_pull_range_checks_follow_get_message(
     harness: StoreHarness, offset: int, status: PullStatus, next_begin: int
 ) -> None:
     store = harness.store
-    store.put_batch(entries(40))
+    put_entries(store, entries(40))
     store.correct_min_offset(500)
     result = store.pull("T", 0, offset, 3, 1 << 20)
     assert (result.status, result.next_begin_offset) == (status, next_begin)
@@ -166,7 +166,7 @@ def test_pull_on_an_unknown_queue_is_no_message_in_queue(harness: StoreHarness) 
 
 def test_pull_returns_what_to_fetch_limited_by_count_and_bytes(harness: StoreHarness) -> None:
     store = harness.store
-    store.put_batch(entries(40, size=100))
+    put_entries(store, entries(40, size=100))
     by_count = store.pull("T", 0, 0, 4, 1 << 20)
     assert by_count.fetch == [(0, 100), (100, 100), (200, 100), (300, 100)]
     assert by_count.next_begin_offset == 4
@@ -180,7 +180,7 @@ def test_pull_returns_what_to_fetch_limited_by_count_and_bytes(harness: StoreHar
 def test_pull_filters_by_tags_code_and_skips_misses(harness: StoreHarness) -> None:
     store = harness.store
     batch = [DispatchEntry("T", 0, i, 100 * i, 100, 7 if i % 3 == 0 else 8, i) for i in range(40)]
-    store.put_batch(batch)
+    put_entries(store, batch)
     result = store.pull("T", 0, 1, 3, 1 << 20, tags_codes={7})
     assert [u.queue_offset for u in result.units] == [3, 6, 9]
     assert result.next_begin_offset == 10
@@ -194,7 +194,7 @@ def test_pull_filters_by_tags_code_and_skips_misses(harness: StoreHarness) -> No
 def test_queues_and_topics_are_listed(harness: StoreHarness) -> None:
     store = harness.store
     for t, q in [("A", 0), ("A", 3), ("B", 1), ("A", 12)]:
-        store.put_batch(entries(2, topic=t, queue_id=q))
+        put_entries(store, entries(2, topic=t, queue_id=q))
     assert store.list_queues("A") == [0, 3, 12]
     assert store.list_topics() == ["A", "B"]
     store = harness.reopen()
@@ -206,7 +206,7 @@ def test_entries_that_skip_the_consume_queue_still_advance_the_confirmed_offset(
     harness: StoreHarness,
 ) -> None:
     prepared = DispatchEntry("T", 0, 0, 0, 100, 0, 0, sys_flag=sysflag.TRANSACTION_PREPARED_TYPE)
-    assert harness.store.put_batch([prepared], batch_end_offset=180) == 0
+    assert put_entries(harness.store, [prepared], batch_end_offset=180) == 0
     assert harness.store.max_offset("T", 0) == 0
     assert harness.store.flush() == 180
 
@@ -215,17 +215,17 @@ def test_a_gap_in_queue_offsets_is_filled_with_blanks_that_pulls_skip(
     harness: StoreHarness,
 ) -> None:
     store = harness.store
-    store.put_batch(entries(5))
-    store.put_batch(entries(2, start=8))
+    put_entries(store, entries(5))
+    put_entries(store, entries(2, start=8))
     assert store.max_offset("T", 0) == 10
     result = store.pull("T", 0, 4, 32, 1 << 20)
     assert [u.queue_offset for u in result.units] == [4, 8, 9]
     with pytest.raises(InvalidArgument):
-        store.put_batch(entries(1, start=10 + 10_000))
+        put_entries(store, entries(1, start=10 + 10_000))
 
 
 def test_reset_drops_every_queue(harness: StoreHarness) -> None:
-    harness.store.put_batch(entries(10))
+    put_entries(harness.store, entries(10))
     harness.store.flush()
     harness.store.reset(b"x" * 16)
     assert harness.store.store_id == b"x" * 16
@@ -238,7 +238,7 @@ def test_reset_drops_every_queue(harness: StoreHarness) -> None:
 
 def test_bad_topic_names_never_become_paths(harness: StoreHarness) -> None:
     with pytest.raises(InvalidArgument):
-        harness.store.put_batch(entries(1, topic="../etc"))
+        put_entries(harness.store, entries(1, topic="../etc"))
 
 
 # -- time lookups --------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_offset_by_time_follows_rocketmqs_table_clamped_to_the_queue(
 ) -> None:
     # RocksDBConsumeQueueTableTest: units 100..1000, store time = offset * 10. The table's
     # UPPER(1) = 0 is clamped to the queue's minimum, as ConsumeQueueStore does.
-    harness.store.put_batch(entries(901, start=100, time_step=10, phy_base=0))
+    put_entries(harness.store, entries(901, start=100, time_step=10, phy_base=0))
     store = harness.store
     assert store.get_offset_by_time("T", 0, timestamp, Boundary.LOWER) == lower
     assert store.get_offset_by_time("T", 0, timestamp, Boundary.UPPER) == upper
@@ -264,7 +264,7 @@ def test_equal_times_across_a_file_boundary_resolve_to_the_first_and_last(
 ) -> None:
     times = [10] * 40 + [20] * 20 + [30] * 10  # the 20s span units 40..59, files of 50
     batch = [DispatchEntry("T", 0, i, 100 * i, 100, 0, t) for i, t in enumerate(times)]
-    harness.store.put_batch(batch)
+    put_entries(harness.store, batch)
     for reopen in (False, True):
         store = harness.reopen() if reopen else harness.store
         assert store.get_offset_by_time("T", 0, 20, Boundary.LOWER) == 40
@@ -276,7 +276,9 @@ def test_equal_times_across_a_file_boundary_resolve_to_the_first_and_last(
 
 def test_store_times_going_backwards_index_the_running_maximum(harness: StoreHarness) -> None:
     raw = [100, 300, 200, 400, 400, 150, 500]  # indexed: 100 300 300 400 400 400 500
-    harness.store.put_batch([DispatchEntry("T", 0, i, 10 * i, 10, 0, t) for i, t in enumerate(raw)])
+    put_entries(
+        harness.store, [DispatchEntry("T", 0, i, 10 * i, 10, 0, t) for i, t in enumerate(raw)]
+    )
     for reopen in (False, True):
         store = harness.reopen() if reopen else harness.store
         assert [u.store_timestamp_ms for u in store.read_units("T", 0, 0, 10)] == [
@@ -306,7 +308,7 @@ def test_offset_by_time_on_an_unknown_queue_is_zero(harness: StoreHarness) -> No
 
 
 def test_offset_by_time_ignores_units_below_the_minimum(harness: StoreHarness) -> None:
-    harness.store.put_batch(entries(100, time_step=10))
+    put_entries(harness.store, entries(100, time_step=10))
     harness.store.delete_expired(3000)
     assert harness.store.min_offset("T", 0) == 30
     assert harness.store.get_offset_by_time("T", 0, 0, Boundary.LOWER) == 30
