@@ -298,7 +298,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
 
     def _answer(self, result: AppendResult, sequence: int) -> bytes:
         """The AppendResponse's wire bytes, written by the compiled core from the result's
-        columns (formats/append_wire.py; the response serializer passes bytes through,
+        columns (formats/_core_append.pxi; the response serializer passes bytes through,
         rpc/admission.py): filling a message's repeated fields took every number across one
         Python object at a time, then serialized them again."""
         n = len(result.statuses)

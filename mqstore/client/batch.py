@@ -291,7 +291,7 @@ class BatchShare:
 
 @dataclass(slots=True)
 class StoreAnswer:
-    """An AppendResponse as the compiled core reads it from the wire (formats/append_wire.py's
+    """An AppendResponse as the compiled core reads it from the wire (formats/_core_append.pxi's
     read_append_response): its columns as lists at once, where a protobuf message handed each
     number over one Python object at a time (list() of its four columns was a tenth of the
     producer's Python time). `refusals`: (index, status, reason, field) each; `error`: the

@@ -272,7 +272,7 @@ def append_request_wire(
     shares): a MessageBatch per topic, topics in order of first appearance, each topic's shares
     in their order. The answer lists the messages batch after batch: the shares come back in
     that order, each with its messages in a row. The compiled core writes the bytes from the
-    columns (formats/append_wire.py), one copy of each body: a protobuf message filled field by
+    columns (formats/_core_append.pxi), one copy of each body: a protobuf message filled field by
     field copied every body in and again out when serialized."""
     by_topic: dict[str, list[S]] = {}
     for s in shares:

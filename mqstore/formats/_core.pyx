@@ -25,8 +25,9 @@ an included file of its own (the list at the bottom):
                             ids (msgid.py) and their UNIQ_KEY properties (client/batch.py)
     _core_append.pxi        append_request_wire(...), append_response_wire(...),
                             read_append_response(...): the wire bytes of an append and its
-                            answer; share_bounds(...): a producer batch cut into requests
-                            (formats/append_wire.py)
+                            answer (the protobuf runtime is their reference);
+                            share_bounds(...), widest_bytes(...): a producer batch cut into
+                            requests and measured (formats/append_wire.py)
 
 Built by setup.py (pip install, `make setup`) with gcc; the README's "The two commands" says
 what a machine needs.

@@ -1,5 +1,7 @@
-# The wire bytes of an AppendRequest and of an AppendResponse, written from columns
-# (formats/append_wire.py is the reference and says the layout): included by _core.pyx.
+# The wire bytes of an AppendRequest and of an AppendResponse, written from columns, and an
+# AppendResponse read back (the protobuf runtime is their reference: tests/formats/
+# test_append_wire.py); a send_batch cut into shares and its bytes measured
+# (formats/append_wire.py is their reference). Included by _core.pyx.
 
 from cpython.long cimport PyLong_AsLongLong, PyLong_AsUnsignedLongLong
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
@@ -16,15 +18,6 @@ cdef inline Py_ssize_t _wire_varint_len(uint64_t v) noexcept nogil:
         v >>= 7
         n += 1
     return n
-
-
-cdef inline unsigned char *_wire_put_varint(unsigned char *w, uint64_t v) noexcept nogil:
-    while v > 0x7F:
-        w[0] = <unsigned char>((v & 0x7F) | 0x80)
-        v >>= 7
-        w += 1
-    w[0] = <unsigned char>v
-    return w + 1
 
 
 cdef inline int64_t _wire_int(object value, int64_t lo, int64_t hi) except? -1:
@@ -49,10 +42,10 @@ cdef unsigned char *_wire_put_packed(
     """A packed int field whose payload `_wire_packed_len` measured (nothing when it is 0)."""
     if payload == 0:
         return w
-    w = _wire_put_varint(w, field << 3 | WIRE_LEN)
-    w = _wire_put_varint(w, <uint64_t>payload)
+    w += _write_varint(w, field << 3 | WIRE_LEN)
+    w += _write_varint(w, <uint64_t>payload)
     for value in values:
-        w = _wire_put_varint(w, <uint64_t>PyLong_AsLongLong(value))  # checked by _wire_packed_len
+        w += _write_varint(w, <uint64_t>PyLong_AsLongLong(value))  # checked by _wire_packed_len
     return w
 
 
@@ -63,8 +56,8 @@ cdef inline Py_ssize_t _wire_delimited_len(uint32_t field, Py_ssize_t payload) n
 cdef inline unsigned char *_wire_put_delimited(
     unsigned char *w, uint32_t field, const char *data, Py_ssize_t length
 ) noexcept nogil:
-    w = _wire_put_varint(w, field << 3 | WIRE_LEN)
-    w = _wire_put_varint(w, <uint64_t>length)
+    w += _write_varint(w, field << 3 | WIRE_LEN)
+    w += _write_varint(w, <uint64_t>length)
     memcpy(w, data, <size_t>length)
     return w + length
 
@@ -75,8 +68,8 @@ cdef inline Py_ssize_t _wire_scalar_len(uint32_t field, int64_t v) noexcept nogi
 
 cdef inline unsigned char *_wire_put_scalar(unsigned char *w, uint32_t field, uint64_t v) noexcept nogil:
     if v:
-        w = _wire_put_varint(w, field << 3 | WIRE_VARINT)
-        w = _wire_put_varint(w, v)
+        w += _write_varint(w, field << 3 | WIRE_VARINT)
+        w += _write_varint(w, v)
     return w
 
 
@@ -101,7 +94,7 @@ cdef unsigned char *_wire_put_blobs(unsigned char *w, uint32_t field, list blobs
 
 
 def append_request_wire(str producer_id, object sequence, list batches):
-    """append_wire.append_request_wire: an AppendRequest's bytes from each batch's columns
+    """An AppendRequest's bytes from each batch's columns
     (topic, queue ids, bodies, properties, sys flags, born ms), one copy of every body."""
     cdef uint64_t seq = PyLong_AsUnsignedLongLong(sequence)
     cdef Py_ssize_t pid_n, topic_n, total = 0, k, nb = len(batches)
@@ -138,8 +131,8 @@ def append_request_wire(str producer_id, object sequence, list batches):
         w = <unsigned char *>PyBytes_AS_STRING(out)
         for k in range(nb):
             topic_b, queue_ids, bodies, properties, sys_flags, born_ms = batches[k]
-            w = _wire_put_varint(w, 1 << 3 | WIRE_LEN)
-            w = _wire_put_varint(w, <uint64_t>sizes[3 * k])
+            w += _write_varint(w, 1 << 3 | WIRE_LEN)
+            w += _write_varint(w, <uint64_t>sizes[3 * k])
             topic = PyUnicode_AsUTF8AndSize(topic_b, &topic_n)
             if topic_n:
                 w = _wire_put_delimited(w, 1, topic, topic_n)
@@ -169,7 +162,7 @@ def append_response_wire(
     bint duplicate,
     object sequence,
 ):
-    """append_wire.append_response_wire: an AppendResponse's bytes from the result columns."""
+    """An AppendResponse's bytes from the result columns."""
     cdef uint64_t seq = PyLong_AsUnsignedLongLong(sequence)
     cdef Py_ssize_t st_n = _wire_packed_len(statuses, INT32_MIN, INT32_MAX)
     cdef Py_ssize_t off_n = _wire_packed_len(offsets, INT64_MIN, INT64_MAX)
@@ -221,8 +214,8 @@ def append_response_wire(
             + (_wire_delimited_len(3, reason_n) if reason_n else 0)
             + (_wire_delimited_len(4, field_n) if field_n else 0)
         )
-        w = _wire_put_varint(w, 7 << 3 | WIRE_LEN)
-        w = _wire_put_varint(w, <uint64_t>r_n)
+        w += _write_varint(w, 7 << 3 | WIRE_LEN)
+        w += _write_varint(w, <uint64_t>r_n)
         w = _wire_put_scalar(w, 1, <uint64_t>index)
         w = _wire_put_scalar(w, 2, <uint64_t>status)
         if reason_n:
@@ -275,50 +268,27 @@ def share_bounds(
         free(totals)
 
 
-cdef const unsigned char *_wire_get_varint(
-    const unsigned char *p, const unsigned char *end, uint64_t *out
-) except NULL:
-    cdef uint64_t value = 0
-    cdef int shift = 0
-    cdef unsigned char byte
-    while True:
-        if p >= end or shift >= 70:
-            raise ValueError("a truncated or overlong varint")
-        byte = p[0]
-        p += 1
-        if shift < 64:
-            value |= (<uint64_t>(byte & 0x7F)) << shift
-        shift += 7
-        if not byte & 0x80:
-            out[0] = value
-            return p
-
-
 cdef const unsigned char *_wire_next_field(
     const unsigned char *p, const unsigned char *end, uint64_t *field, int *wire_type,
     uint64_t *value, const unsigned char **payload,
 ) except NULL:
     """The field at p: its number, wire type and varint value or payload (length in value);
-    a fixed-width field is stepped over (wire type 1 or 5, nothing read)."""
+    a fixed-width field or a group is stepped over (nothing read)."""
     cdef uint64_t key
-    p = _wire_get_varint(p, end, &key)
+    p = _varint(p, end, &key)
     field[0] = key >> 3
     wire_type[0] = <int>(key & 7)
-    if field[0] == 0:
-        raise ValueError("field number 0")
+    if key > 0xFFFFFFFF or field[0] == 0:
+        raise WireError("a bad tag")
     if wire_type[0] == WIRE_VARINT:
-        return _wire_get_varint(p, end, value)
+        return _varint(p, end, value)
     if wire_type[0] == WIRE_LEN:
-        p = _wire_get_varint(p, end, value)
+        p = _varint(p, end, value)
         if value[0] > <uint64_t>(end - p):
             raise ValueError("a truncated length-delimited field")
         payload[0] = p
         return p + value[0]
-    if wire_type[0] == 1 or wire_type[0] == 5:
-        if (8 if wire_type[0] == 1 else 4) > end - p:
-            raise ValueError("a truncated fixed-width field")
-        return p + (8 if wire_type[0] == 1 else 4)
-    raise ValueError(f"wire type {wire_type[0]} is not read here")
+    return _skip(p, end, wire_type[0], <uint32_t>field[0], 0)  # fixed-width, a group
 
 
 cdef inline object _wire_signed(uint64_t v, int bits):
@@ -337,13 +307,13 @@ cdef int _wire_numbers(
         return 0
     end = payload + value
     while payload < end:
-        payload = _wire_get_varint(payload, end, &v)
+        payload = _varint(payload, end, &v)
         out.append(_wire_signed(v, bits))
     return 0
 
 
 cdef int _wire_merge(list into, const unsigned char *p, const unsigned char *end) except -1:
-    """append_wire._merge: a Refusal's or RequestError's fields into `into`."""
+    """A Refusal's or RequestError's fields into `into`."""
     cdef uint64_t field, value
     cdef int wire_type
     cdef const unsigned char *payload = NULL
@@ -359,7 +329,12 @@ cdef int _wire_merge(list into, const unsigned char *p, const unsigned char *end
 
 
 def read_append_response(bytes data):
-    """append_wire.read_append_response: an AppendResponse's fields from its bytes."""
+    """An AppendResponse's fields from its bytes, as protobuf parses them: a repeated number
+    packed or not, the last of a scalar field, a sub-message's occurrences merged, unknown
+    fields (groups too) skipped. Returns (statuses, commit-log offsets, sizes, queue offsets,
+    store time, store host, refusals as (index, status, reason, field), duplicate, sequence,
+    the request's error as (code, message, field) or None). Malformed bytes, and text that is
+    not UTF-8, raise ValueError."""
     cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(data)
     cdef const unsigned char *end = p + PyBytes_GET_SIZE(data)
     cdef const unsigned char *payload = NULL

@@ -107,7 +107,7 @@ _ENTRY_COLUMNS = (WIRE_TOPIC_INDEX, WIRE_QUEUE_ID, WIRE_QUEUE_OFFSET, WIRE_OFFSE
                   WIRE_TAGS_CODE, WIRE_STORE_TIMESTAMP, WIRE_SYS_FLAG)
 
 
-cdef inline Py_ssize_t _write_varint(unsigned char *out, uint64_t v) noexcept:
+cdef inline Py_ssize_t _write_varint(unsigned char *out, uint64_t v) noexcept nogil:
     """A value as a varint (a negative int32 or int64: 10 bytes); the bytes written."""
     cdef Py_ssize_t n = 0
     while v >= 0x80:
