@@ -76,7 +76,7 @@ from mqstore.spark.jobs.rebuild import (
     log_bounds,
     numbered_keys_df,
     queue_entries_df,
-    queue_entries_of,
+    queue_units_of,
 )
 from mqstore.storage.layout import store_parts
 from mqstore.storage.logreader import list_segments
@@ -257,20 +257,19 @@ def live_queue_columns(
     return QueueColumns.of(parts), gone
 
 
-def expected_queue_columns(expected: derived.QueueImage | None) -> QueueColumns:
-    if expected is None or not expected.rows:
+def expected_queue_columns(expected: derived.QueueUnits | None) -> QueueColumns:
+    if expected is None or not len(expected.phy):
         return QueueColumns.of([])
-    rows = np.asarray(expected.rows, dtype=np.int64).reshape(-1, 4)
-    offsets = expected.first_file_offset + np.arange(len(rows), dtype=np.int64)
-    ok = np.ones(len(rows), dtype=np.bool_)
-    return QueueColumns(offsets, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], ok)
+    offsets = np.arange(expected.first_file_offset, expected.max_offset, dtype=np.int64)
+    ok = np.ones(len(offsets), dtype=np.bool_)
+    return QueueColumns(offsets, expected.phy, expected.size, expected.tags, expected.time, ok)
 
 
 def audit_queue(
     cq_dir: str,
     topic: str,
     queue_id: int,
-    expected: derived.QueueImage | None,
+    expected: derived.QueueUnits | None,
     units_per_file: int,
     end_offset: int,
     out: _Capped,
@@ -446,7 +445,7 @@ def _audit_cqs(log_df: Any, cq_dir: str, upf: int, end: int, report: AuditReport
         topic, qid = str(pdf["topic"].iloc[0]), int(pdf["queueId"].iloc[0])
         where = f"{topic}/{qid}"
         out = _Capped("cq", where)
-        expected = derived.build_queue(queue_entries_of(pdf), upf, where)
+        expected = queue_units_of(pdf, upf, where)
         audit_queue(cq_dir, topic, qid, expected, upf, end, out)
         return out.frame()
 

@@ -43,8 +43,7 @@ from mqstore.formats import index_checkpoint as ck
 from mqstore.formats import index_file as ifmt
 from mqstore.formats import index_hash64, sysflag
 from mqstore.formats.index_checkpoint import FileRecord
-from mqstore.formats.javahash import tags_code
-from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR
+from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR, java_hashes
 from mqstore.spark.jobs import derived
 from mqstore.spark.jobs.common import (
     JobError,
@@ -112,18 +111,19 @@ def queue_entries_df(log_df: Any) -> Any:
              "storeTimestampMs")  # fmt: skip
 
 
-def queue_entries_of(pdf: Any) -> list[derived.QueueEntry]:
-    return [
-        derived.QueueEntry(int(qo), int(phy), int(size), tags_code(tags), int(ts))
-        for qo, phy, size, tags, ts in zip(
-            pdf["queueOffset"],
-            pdf["commitLogOffset"],
-            pdf["totalSize"],
-            pdf["tags"],
-            pdf["storeTimestampMs"],
-            strict=True,
-        )
-    ]
+def queue_units_of(pdf: Any, units_per_file: int, where: str) -> derived.QueueUnits:
+    """The units a queue's dispatch entries (a group of queue_entries_df) make, its tags hashed
+    for the whole group at once (a null or empty TAGS is tags code 0, as javahash.tags_code)."""
+    tags = [t if isinstance(t, str) else "" for t in pdf["tags"]]
+    return derived.build_queue_columns(
+        pdf["queueOffset"].to_numpy(dtype=np.int64),
+        pdf["commitLogOffset"].to_numpy(dtype=np.int64),
+        pdf["totalSize"].to_numpy(dtype=np.int64),
+        java_hashes(tags),
+        pdf["storeTimestampMs"].to_numpy(dtype=np.int64),
+        units_per_file,
+        where,
+    )
 
 
 def index_keys_df(log_df: Any, geometry: derived.IndexGeometry) -> Any:
@@ -215,7 +215,7 @@ def rebuild(
 
             def write_group(pdf: Any) -> Any:
                 topic, qid = str(pdf["topic"].iloc[0]), int(pdf["queueId"].iloc[0])
-                image = derived.build_queue(queue_entries_of(pdf), upf, f"{topic}/{qid}")
+                image = queue_units_of(pdf, upf, f"{topic}/{qid}")
                 files = derived.write_queue(out, topic, qid, image)
                 return pd.DataFrame(
                     [[topic, qid, image.min_offset, image.max_offset, files]],
