@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -36,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pyspark.sql import Window
 from pyspark.sql import functions as sf
 
+from mqstore.errors import check
 from mqstore.formats import index_checkpoint as ck
 from mqstore.formats import index_file as ifmt
 from mqstore.formats import index_hash64, sysflag
@@ -161,10 +162,40 @@ def index_keys_df(log_df: Any, geometry: derived.IndexGeometry) -> Any:
 
 def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) -> Any:
     """Keys with their file number and entry number (1 .. entry_num - 1) in that file: each
-    key's rank in commit-log order, counted by Spark (one sorted window, no Python rows)."""
+    key's rank in commit-log order, counted by Spark in every partition at once, with no
+    shuffle of the keys (a global window sorts them all in one task: 9 s of 21 s of the audit
+    of 1.76 M records).
+
+    A partition of the log is a byte range, so its keys follow those of the partitions below
+    it: one small aggregation counts each partition's keys (and finds its offsets, to order
+    the partitions and check they do not overlap), then a key's rank is the keys of the
+    partitions before its own plus its rank in its partition, sorted there."""
+    del spark  # the session of the DataFrame is enough
     per_file = geometry.keys_per_file
-    seq = sf.row_number().over(Window.orderBy("commitLogOffset", "pos")) - 1
-    numbered = keys_df.withColumn("seq", seq)
+    part = sf.spark_partition_id()
+    counts = (
+        keys_df.groupBy(part.alias("part"))
+        .agg(
+            sf.count(sf.lit(1)).alias("n"),
+            sf.min("commitLogOffset").alias("low"),
+            sf.max("commitLogOffset").alias("high"),
+        )
+        .collect()
+    )
+    ranges = sorted((int(r["low"]), int(r["high"]), int(r["part"]), int(r["n"])) for r in counts)
+    for (_, high, _, _), (low, _, _, _) in itertools.pairwise(ranges):
+        check(high < low, "partitions of the log hold overlapping offsets")
+    base = [0] * (max((r[2] for r in ranges), default=0) + 1)
+    keys_before = 0
+    for _, _, p, n in ranges:
+        base[p] = keys_before
+        keys_before += n
+    # monotonically_increasing_id: the partition id << 33, plus the row's rank in the partition.
+    rank = sf.monotonically_increasing_id() - sf.shiftleft(part.cast("bigint"), 33)
+    first = sf.element_at(sf.array(*[sf.lit(b).cast("bigint") for b in base]), part + 1)
+    numbered = keys_df.sortWithinPartitions("commitLogOffset", "pos").withColumn(
+        "seq", first + rank
+    )
     return numbered.select(
         (sf.col("seq") / per_file).cast("bigint").alias("fileNo"),
         (sf.col("seq") % per_file + 1).cast("int").alias("number"),
