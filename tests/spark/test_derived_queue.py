@@ -17,12 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqstore.errors import InvalidArgument, InvariantViolation
+from mqstore.formats import index_file as ifmt
+from mqstore.formats import index_hash64, keyhash
 from mqstore.formats.cq_time import TIME_BYTES, TIME_MAX_MS, encode_time
 from mqstore.formats.cq_unit import UNIT, UNIT_BYTES
 from mqstore.formats.javahash import tags_code
 from mqstore.spark.jobs import derived, rebuild
 
-pd: Any = importlib.import_module("pandas")
+pa: Any = importlib.import_module("pyarrow")
 UNITS_PER_FILE = 8  # small files: blanks, file starts and gaps over a file in a few entries
 
 
@@ -126,14 +128,35 @@ def test_files_hold_the_bytes_of_the_unit_and_time_encoders(
 
 def test_a_groups_tags_codes_are_tags_code_of_each_tags_string() -> None:
     tags = [None, "", "TagA", "t3", "\u00fc\u975e", "\U0001f600x", "a" * 70]
-    pdf = pd.DataFrame(
+    table = pa.table(
         {
-            "queueOffset": range(len(tags)),
+            "queueOffset": list(range(len(tags))),
             "commitLogOffset": [100 * i for i in range(len(tags))],
             "totalSize": [90] * len(tags),
             "tags": tags,
             "storeTimestampMs": [5] * len(tags),
         }
     )
-    units = rebuild.queue_units_of(pdf, UNITS_PER_FILE, "t/0")
+    units = rebuild.queue_units_of(table, UNITS_PER_FILE, "t/0")
     assert units.tags.tolist() == [tags_code(t) for t in tags]
+
+
+@settings(max_examples=100, deadline=None)
+@given(keys=st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=40))
+def test_an_index_file_of_utf8_keys_is_the_one_of_the_strings(keys: list[str]) -> None:
+    """Utf8Keys (what a task takes from Arrow) give the strings back for exact mode's 64-bit
+    hashes, and put the same entries and slots as keyhash.index_hashes of the strings."""
+    utf8 = derived.Utf8Keys.of(keys)
+    assert utf8.strings() == keys
+    geometry = derived.IndexGeometry(slot_num=7, entry_num=64, exact=True)
+    phys = np.arange(len(keys), dtype=np.int64) * 100
+    image = derived.build_index_file(geometry, utf8, phys, phys + 5)
+    want = bytearray(ifmt.file_bytes(7, 64))
+    header = ifmt.IndexHeader()
+    ifmt.put_keys(want, 7, header, keyhash.index_hashes(keys), phys, phys + 5)
+    want[0 : ifmt.HEADER_BYTES] = ifmt.encode_header(header)
+    assert bytes(image.data) == bytes(want)
+    assert image.companion is not None
+    at = index_hash64.hash_pos(1)
+    wide = keyhash.hashes64(keys).astype(index_hash64.HASH_DTYPE).tobytes()
+    assert bytes(image.companion[at : at + len(wide)]) == wide

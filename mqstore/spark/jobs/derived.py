@@ -29,6 +29,7 @@ that hold wall-clock times.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -333,8 +334,32 @@ class IndexImage:
     first_store_ts_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Utf8Keys:
+    """Index keys as an Arrow string column holds them: UTF-8 bytes back to back (`data`) and
+    one more offset than keys into them, so that a task hashes them without a Python string
+    per key (keyhash.index_hashes_utf8)."""
+
+    data: npt.NDArray[np.uint8]
+    offsets: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, keys: Sequence[str]) -> Utf8Keys:
+        parts = [k.encode("utf-8") for k in keys]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in parts], out=offsets[1:])
+        return cls(np.frombuffer(b"".join(parts), dtype=np.uint8), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def strings(self) -> list[str]:
+        raw = self.data.tobytes()
+        return [raw[a:b].decode("utf-8") for a, b in itertools.pairwise(self.offsets.tolist())]
+
+
 def build_index_file(
-    geometry: IndexGeometry, keys: Sequence[str], phys: np.ndarray, store_ts_ms: np.ndarray
+    geometry: IndexGeometry, keys: Utf8Keys, phys: np.ndarray, store_ts_ms: np.ndarray
 ) -> IndexImage:
     """One file holding `keys` (at most keys_per_file, in order) as the engine writes them."""
     m = len(keys)
@@ -344,15 +369,16 @@ def build_index_file(
     header = ifmt.IndexHeader()
     phys = np.asarray(phys, dtype=np.int64)
     times = np.asarray(store_ts_ms, dtype=np.int64)
-    ifmt.put_keys(data, geometry.slot_num, header, keyhash.index_hashes(keys), phys, times)
+    hashes = keyhash.index_hashes_utf8(keys.data, keys.offsets)
+    ifmt.put_keys(data, geometry.slot_num, header, hashes, phys, times)
     data[0 : ifmt.HEADER_BYTES] = ifmt.encode_header(header)
     companion = None
     if geometry.exact:
         companion = bytearray(index_hash64.file_bytes(geometry.entry_num))
         companion[0 : index_hash64.HEADER_BYTES] = index_hash64.encode_header(geometry.entry_num)
         at = index_hash64.hash_pos(1)
-        hashes = keyhash.hashes64(keys).astype(index_hash64.HASH_DTYPE).tobytes()
-        companion[at : at + len(hashes)] = hashes
+        wide = keyhash.hashes64(keys.strings()).astype(index_hash64.HASH_DTYPE).tobytes()
+        companion[at : at + len(wide)] = wide
     return IndexImage(data, header, companion, int(phys[0]), int(times[0]))
 
 
