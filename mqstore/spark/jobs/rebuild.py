@@ -191,7 +191,9 @@ def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) 
     A partition of the log is a byte range, so its keys follow those of the partitions below
     it: one small aggregation counts each partition's keys (and finds its offsets, to order
     the partitions and check they do not overlap), then a key's rank is the keys of the
-    partitions before its own plus its rank in its partition, sorted there."""
+    partitions before its own plus its rank in its partition, where keys come in commit-log
+    order already (a range is read from its start, and the cache, filters and posexplode keep
+    the order: no sort; build_file_of checks it)."""
     del spark  # the session of the DataFrame is enough
     per_file = geometry.keys_per_file
     part = sf.spark_partition_id()
@@ -215,9 +217,7 @@ def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) 
     # monotonically_increasing_id: the partition id << 33, plus the row's rank in the partition.
     rank = sf.monotonically_increasing_id() - sf.shiftleft(part.cast("bigint"), 33)
     first = sf.element_at(sf.array(*[sf.lit(b).cast("bigint") for b in base]), part + 1)
-    numbered = keys_df.sortWithinPartitions("commitLogOffset", "pos").withColumn(
-        "seq", first + rank
-    )
+    numbered = keys_df.withColumn("seq", first + rank)
     return numbered.select(
         (sf.col("seq") / per_file).cast("bigint").alias("fileNo"),
         (sf.col("seq") % per_file + 1).cast("int").alias("number"),
@@ -230,10 +230,12 @@ def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) 
 def build_file_of(table: Any, geometry: derived.IndexGeometry) -> derived.IndexImage:
     """The index file of a group of numbered_keys_df's rows (one fileNo, as Arrow)."""
     table = table.take(pc.sort_indices(table.column("number")))
+    phys = table.column("commitLogOffset").to_numpy().astype(np.int64)
+    check(bool(np.all(phys[1:] >= phys[:-1])), "index keys numbered out of commit-log order")
     return derived.build_index_file(
         geometry,
         utf8_keys(table.column("key")),
-        table.column("commitLogOffset").to_numpy().astype(np.int64),
+        phys,
         table.column("storeTimestampMs").to_numpy().astype(np.int64),
     )
 
