@@ -17,9 +17,10 @@ How it runs (the byte rules are in derived.py):
   default: a bad record fails the job rather than leave a hole in a queue);
 - consume queues: the entries that get a queue offset are grouped by (topic, queueId); each
   group (one task per queue) writes its unit and time files;
-- index: every key of every indexed message gets its number in commit-log order (a sort and
-  zipWithIndex), which fixes the file it lands in (entry_num - 1 keys a file); each file is
-  built by one task under a temporary name; the driver names them, and writes the checkpoints.
+- index: every key of every indexed message gets its number in commit-log order (its rank in
+  its partition of the log plus the keys of the partitions before it: numbered_keys_df), which
+  fixes the file it lands in (entry_num - 1 keys a file); each file is built by one task under
+  a temporary name; the driver names them, and writes the checkpoints.
 
 The cq output holds only the derived trees and `cq_checkpoint`: consumer-group offsets and
 receive/ack state are not in the log and are not rebuilt.
