@@ -18,6 +18,7 @@ key format (`message_keys`): "topic#UNIQ_KEY", then "topic#token" for each KEYS 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -161,3 +162,24 @@ def jump_shards(hashes: np.ndarray, shard_count: int) -> np.ndarray:
         candidate[active] = ((bucket[active] + 1).astype(np.float64) * quotient).astype(np.int64)
         active = active[candidate[active] < shard_count]
     return bucket
+
+
+def java_hashes_utf8(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """java_hashes of the keys whose UTF-8 bytes are data[offsets[i]:offsets[i + 1]] (the
+    buffers of an Arrow string column): ASCII keys are their own UTF-16 code units, so no
+    Python string is made for them (0.3-0.6 s for 400 k keys)."""
+    m = len(offsets) - 1
+    if m <= 0:
+        return np.zeros(0, dtype=np.int64)
+    codes = np.asarray(data, dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])]
+    if not codes.size or int(codes.max()) < 0x80:
+        return _hash_codes(codes, np.diff(np.asarray(offsets, dtype=np.int64)))
+    raw = bytes(codes)
+    base = int(offsets[0])
+    bounds = (np.asarray(offsets, dtype=np.int64) - base).tolist()
+    return java_hashes([raw[a:b].decode("utf-8") for a, b in itertools.pairwise(bounds)])
+
+
+def index_hashes_utf8(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """index_hashes of keys held as java_hashes_utf8 takes them."""
+    return _index_of_java(java_hashes_utf8(data, offsets))

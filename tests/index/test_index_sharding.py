@@ -81,6 +81,18 @@ def test_batch_java_hash_equals_string_hashcode_for_any_text(keys: list[str]) ->
     assert keyhash.index_hashes(keys).tolist() == [index_key_hash(k) for k in keys]
 
 
+@settings(max_examples=200)
+@given(keys_strategy, st.integers(0, 5))
+def test_hashes_of_utf8_buffers_equal_those_of_the_strings(keys: list[str], skip: int) -> None:
+    """java_hashes_utf8 over an Arrow-style column (bytes back to back, offsets, starting
+    anywhere in the buffer) hashes as java_hashes does the strings."""
+    parts = [k.encode("utf-8") for k in keys]
+    data = np.frombuffer(b"#" * skip + b"".join(parts) + b"tail", dtype=np.uint8)
+    offsets = skip + np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    assert keyhash.java_hashes_utf8(data, offsets).tolist() == keyhash.java_hashes(keys).tolist()
+    assert keyhash.index_hashes_utf8(data, offsets).tolist() == [index_key_hash(k) for k in keys]
+
+
 def test_batch_java_hash_handles_surrogate_pairs_long_keys_and_the_min_value() -> None:
     keys = ["😀", "a😀b", "x" * 5_000, "", "polygenelubricants", "GydZG_", "DESIGNING WORKHOUSES"]
     assert keyhash.java_hashes(keys).tolist() == [java_string_hash(k) for k in keys]

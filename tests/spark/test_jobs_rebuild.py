@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -199,11 +200,28 @@ def test_counts_are_exact_when_the_listing_is_capped() -> None:
     assert sum(1 for f in report.findings if f.kind == "missing") == cap + 1
     assert report.findings[-1].line() == "cq missing t/0: 500 more missing not listed"
     # The same through the frame Spark carries between the tasks and the driver.
-    found, checked = audit._split_checked(list(out.frame().itertuples(index=False)))
+    found, checked = audit._split_checked(list(out.table().to_pandas().itertuples(index=False)))
     assert checked == [("t/0", "")]  # the row saying the queue was checked
     again = audit.AuditReport(findings=found)
     assert [again.count(k) for k in audit.KINDS] == [cap + 500, 0, 3]
     assert f"{cap + 500} missing, 0 extra, 3 mismatched" in audit.summary(again)
+
+
+def test_taking_findings_in_bulk_lists_and_counts_what_adding_one_by_one_does() -> None:
+    """_Capped.take (the checks' loops format only what will be listed) leaves the same
+    findings as add() called for every one, across two loops of one kind too."""
+    cap = audit.FINDINGS_PER_GROUP_MAX
+    one, bulk = audit._Capped("cq", "t/0"), audit._Capped("cq", "t/0")
+    first, second = np.arange(cap - 10), np.arange(cap - 10, cap + 300)
+    for picks in (first, second):
+        for i in picks.tolist():
+            one.add("extra", f"@{i}", "x")
+        for i in bulk.take("extra", picks):
+            bulk.add("extra", f"@{i}", "x")
+    for i in bulk.take("missing", np.arange(0)):
+        bulk.add("missing", f"@{i}", "x")
+    assert bulk.findings() == one.findings()
+    assert bulk.findings()[-1].findings == 300
 
 
 @pytest.mark.parametrize("wrong", ["empty dir", "commit log's dir", "no such dir"])

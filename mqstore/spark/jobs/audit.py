@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -63,6 +62,7 @@ from mqstore.spark.jobs import derived
 from mqstore.spark.jobs.common import (
     JobError,
     add_common_args,
+    arrow_rows,
     log_dir_of,
     read_log,
     run_job,
@@ -76,7 +76,7 @@ from mqstore.spark.jobs.rebuild import (
     log_bounds,
     numbered_keys_df,
     queue_entries_df,
-    queue_entries_of,
+    queue_units_of,
 )
 from mqstore.storage.layout import store_parts
 from mqstore.storage.logreader import list_segments
@@ -103,9 +103,6 @@ LOG_COLUMNS: Final = (
 EXIT_OK: Final = 0
 EXIT_FOUND: Final = 1
 EXIT_USAGE: Final = 2
-
-# pandas ships no type information; imported this way it is Any whatever mypy's settings.
-pd: Any = importlib.import_module("pandas")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +155,14 @@ class _Capped:
         else:
             self.unlisted[kind] += 1
 
+    def take(self, kind: str, picks: npt.NDArray[np.intp]) -> list[int]:
+        """The first of `picks` (findings of `kind` to come, in order) that will be listed; the
+        rest are counted here, not formatted one by one (a lost file: 300 k of them)."""
+        room = max(0, FINDINGS_PER_GROUP_MAX - self.listed[kind])
+        self.unlisted[kind] += max(0, len(picks) - room)
+        listed: list[int] = picks[:room].tolist()
+        return listed
+
     def findings(self) -> list[Finding]:
         out = list(self.rows)
         for kind, n in self.unlisted.items():
@@ -167,13 +172,12 @@ class _Capped:
                 )
         return out
 
-    def frame(self, checked: str = "") -> Any:
-        """The findings as rows, then the CHECKED row of this group (`checked` its detail)."""
+    def table(self, checked: str = "") -> Any:
+        """The findings as an Arrow table of FINDINGS_SCHEMA, then the CHECKED row of this
+        group (`checked` its detail)."""
         done = Finding(self.structure, CHECKED, self.location, checked, 0)
-        return pd.DataFrame(
-            [dataclasses.astuple(f) for f in [*self.findings(), done]],
-            columns=["structure", "kind", "location", "detail", "findings"],
-        )
+        rows = [dataclasses.astuple(f) for f in [*self.findings(), done]]
+        return arrow_rows(rows, FINDINGS_SCHEMA)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,20 +261,19 @@ def live_queue_columns(
     return QueueColumns.of(parts), gone
 
 
-def expected_queue_columns(expected: derived.QueueImage | None) -> QueueColumns:
-    if expected is None or not expected.rows:
+def expected_queue_columns(expected: derived.QueueUnits | None) -> QueueColumns:
+    if expected is None or not len(expected.phy):
         return QueueColumns.of([])
-    rows = np.asarray(expected.rows, dtype=np.int64).reshape(-1, 4)
-    offsets = expected.first_file_offset + np.arange(len(rows), dtype=np.int64)
-    ok = np.ones(len(rows), dtype=np.bool_)
-    return QueueColumns(offsets, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], ok)
+    offsets = np.arange(expected.first_file_offset, expected.max_offset, dtype=np.int64)
+    ok = np.ones(len(offsets), dtype=np.bool_)
+    return QueueColumns(offsets, expected.phy, expected.size, expected.tags, expected.time, ok)
 
 
 def audit_queue(
     cq_dir: str,
     topic: str,
     queue_id: int,
-    expected: derived.QueueImage | None,
+    expected: derived.QueueUnits | None,
     units_per_file: int,
     end_offset: int,
     out: _Capped,
@@ -282,7 +285,7 @@ def audit_queue(
     at = np.searchsorted(live.offsets, want.offsets)
     found = at < len(live.offsets)
     found[found] = live.offsets[at[found]] == want.offsets[found]
-    for i in np.flatnonzero(~found).tolist():
+    for i in out.take("missing", np.flatnonzero(~found)):
         off = int(want.offsets[i])
         where = (
             "invalid in the files (zeroed?): a pull finds no message there"
@@ -298,7 +301,7 @@ def audit_queue(
         | (live.tags[theirs] != want.tags[mine])
     )
     time_differs = ~live.time_ok[theirs] | (live.time[theirs] != want.time[mine])
-    for k in np.flatnonzero(unit_differs | time_differs).tolist():
+    for k in out.take("mismatched", np.flatnonzero(unit_differs | time_differs)):
         i, j = int(mine[k]), int(theirs[k])
         off = int(want.offsets[i])
         wanted = (int(want.phy[i]), int(want.size[i]), int(want.tags[i]))
@@ -310,10 +313,10 @@ def audit_queue(
             out.add("mismatched", f"@{off}", f"time entry {what}, the log says {int(want.time[i])}")
     extra = ~np.isin(live.offsets, want.offsets)
     blank = (live.phy == 0) & (live.size == BLANK_SIZE)
-    for j in np.flatnonzero(extra & ((live.phy < end_offset) | blank)).tolist():
+    for j in out.take("extra", np.flatnonzero(extra & ((live.phy < end_offset) | blank))):
         unit = (int(live.phy[j]), int(live.size[j]), int(live.tags[j]))
         out.add("extra", f"@{int(live.offsets[j])}", f"unit {unit} the log does not imply")
-    for off in np.unique(invalid[~np.isin(invalid, want.offsets)]).tolist():
+    for off in out.take("extra", np.unique(invalid[~np.isin(invalid, want.offsets)])):
         out.add("extra", f"@{off}", "an invalid unit (zeroed?) where the log implies none")
 
 
@@ -352,7 +355,7 @@ def audit_index_file(
     exp_count = expected.header.index_count
     common = min(in_scope, exp_count)
     differs = np.flatnonzero(live_entries[1:common] != exp_entries[1:common]) + 1
-    for number in differs.tolist():
+    for number in out.take("mismatched", differs):
         out.add(
             "mismatched",
             f"#{number}",
@@ -374,7 +377,7 @@ def audit_index_file(
         slots_exp = np.frombuffer(
             bytes(expected.data), dtype=ifmt.SLOT_DTYPE, count=s, offset=ifmt.HEADER_BYTES
         )
-        for slot in np.flatnonzero(slots_live != slots_exp).tolist():
+        for slot in out.take("mismatched", np.flatnonzero(slots_live != slots_exp)):
             out.add(
                 "mismatched",
                 f" slot {slot}",
@@ -442,16 +445,16 @@ def audit(
 
 
 def _audit_cqs(log_df: Any, cq_dir: str, upf: int, end: int, report: AuditReport) -> None:
-    def check_group(pdf: Any) -> Any:
-        topic, qid = str(pdf["topic"].iloc[0]), int(pdf["queueId"].iloc[0])
+    def check_group(key: tuple[Any, Any], table: Any) -> Any:
+        topic, qid = str(key[0].as_py()), int(key[1].as_py())
         where = f"{topic}/{qid}"
         out = _Capped("cq", where)
-        expected = derived.build_queue(queue_entries_of(pdf), upf, where)
+        expected = queue_units_of(table, upf, where)
         audit_queue(cq_dir, topic, qid, expected, upf, end, out)
-        return out.frame()
+        return out.table()
 
     entries = queue_entries_df(log_df)
-    rows = entries.groupBy("topic", "queueId").applyInPandas(check_group, FINDINGS_SCHEMA)
+    rows = entries.groupBy("topic", "queueId").applyInArrow(check_group, FINDINGS_SCHEMA)
     found, checked = _split_checked(rows.collect())
     in_log = {location for location, _ in checked}
     report.queues = len(in_log)
@@ -468,15 +471,15 @@ def _audit_index(
 ) -> None:
     geometry, paths = live_index_files(index_data_dir)
 
-    def check_file(pdf: Any) -> Any:
-        file_no = int(pdf["fileNo"].iloc[0])
+    def check_file(key: tuple[Any], table: Any) -> Any:
+        file_no = int(key[0].as_py())
         path = paths[file_no] if file_no < len(paths) else None
         out = _Capped("index", os.path.basename(path) if path else f"file {file_no} (absent)")
-        audit_index_file(path, build_file_of(pdf, geometry), geometry, end, out)
-        return out.frame(checked=str(file_no))
+        audit_index_file(path, build_file_of(table, geometry), geometry, end, out)
+        return out.table(checked=str(file_no))
 
     numbered = numbered_keys_df(spark, index_keys_df(log_df, geometry), geometry)
-    rows = numbered.groupBy("fileNo").applyInPandas(check_file, FINDINGS_SCHEMA).collect()
+    rows = numbered.groupBy("fileNo").applyInArrow(check_file, FINDINGS_SCHEMA).collect()
     found, checked = _split_checked(rows)
     implied = len(checked)  # files are numbered 0, 1, ... in key order: none is skipped
     report.index_files = len(paths)

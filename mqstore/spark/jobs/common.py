@@ -70,6 +70,10 @@ _ERROR_LINE: Final = re.compile(
 )
 
 
+# pyarrow ships no type information; imported this way it is Any whatever mypy's settings.
+pa: Any = importlib.import_module("pyarrow")
+
+
 class JobError(Exception):
     """A job stops with this line and exit code (usage errors found before Spark starts)."""
 
@@ -162,6 +166,20 @@ def _class_named(dotted: str) -> type | None:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+# The Spark types of the jobs' grouped-map results, as Arrow types (applyInArrow's results).
+_ARROW_TYPES: Final = {"STRING": pa.string(), "INT": pa.int32(), "BIGINT": pa.int64(),
+                       "LONG": pa.int64()}  # fmt: skip
+
+
+def arrow_rows(rows: Sequence[Sequence[Any]], ddl: str) -> pa.Table:
+    """`rows` as the Arrow table of a grouped-map result whose schema is `ddl` ("name TYPE,
+    ..." of the types in _ARROW_TYPES)."""
+    fields = [field.split() for field in ddl.split(",")]
+    schema = pa.schema([(name, _ARROW_TYPES[kind.upper()]) for name, kind in fields])
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(fields)
+    return pa.table([list(c) for c in columns], schema=schema)
 
 
 def log_dir_of(path: str) -> str:

@@ -29,18 +29,20 @@ that hold wall-clock times.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
-from mqstore.errors import InvalidArgument
-from mqstore.formats import cq_checkpoint, index_checkpoint, index_hash64, keyhash
+from mqstore.errors import InvalidArgument, check
+from mqstore.formats import _core, cq_checkpoint, index_checkpoint, index_hash64, keyhash
 from mqstore.formats import index_file as ifmt
 from mqstore.formats.commitlog_checkpoint import decode_meta
-from mqstore.formats.cq_time import TIME_BYTES, clamp_time, encode_time
-from mqstore.formats.cq_unit import BLANK_SIZE, UNIT, UNIT_BYTES
+from mqstore.formats.cq_time import TIME_BYTES, TIME_MAX_MS, clamp_time
+from mqstore.formats.cq_unit import BLANK_SIZE, UNIT_BYTES
 from mqstore.storage.disk import OsDisk, write_atomic
 from mqstore.storage.logreader import STORE_META_FILE
 from mqstore.storage.mapped_file import offset_to_file_name
@@ -71,10 +73,110 @@ class QueueEntry:
     store_timestamp_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class QueueUnits:
+    """A consume queue in memory as columns: the unit (phy, size, tags code) and the indexed
+    time of every queue offset from `first_file_offset` (a file boundary) to `max_offset`,
+    blanks included; `min_offset` is the first offset that holds a message."""
+
+    units_per_file: int
+    first_file_offset: int
+    min_offset: int
+    phy: npt.NDArray[np.int64]
+    size: npt.NDArray[np.int64]
+    tags: npt.NDArray[np.int64]
+    time: npt.NDArray[np.int64]
+
+    @property
+    def max_offset(self) -> int:
+        return self.first_file_offset + len(self.phy)
+
+    def files(self) -> Iterable[tuple[int, bytes, bytes]]:
+        """(first queue offset of the file, unit file bytes, time file bytes) of every file
+        that holds a unit, each whole (zeros after the last unit, as preallocated). The times
+        are already a running maximum, so pack_units (which takes one from 0) keeps them."""
+        per = self.units_per_file
+        for first in range(self.first_file_offset, self.max_offset, per):
+            lo = first - self.first_file_offset
+            hi = min(lo + per, len(self.phy))
+            rows = np.arange(lo, hi, dtype=np.int64)
+            units, times, _ = _core.pack_units(
+                rows, 0, self.phy, self.size, self.tags, self.time, 0
+            )
+            units += bytes((per - (hi - lo)) * UNIT_BYTES)
+            times += bytes((per - (hi - lo)) * TIME_BYTES)
+            yield first, units, times
+
+
+def _no_units(units_per_file: int) -> QueueUnits:
+    empty = np.zeros(0, dtype=np.int64)
+    return QueueUnits(units_per_file, 0, 0, empty, empty, empty, empty)
+
+
+def build_queue_columns(
+    queue_offsets: npt.ArrayLike,
+    phys: npt.ArrayLike,
+    sizes: npt.ArrayLike,
+    tags_codes: npt.ArrayLike,
+    store_ts_ms: npt.ArrayLike,
+    units_per_file: int,
+    where: str = "",
+) -> QueueUnits:
+    """A queue's units from its dispatch entries (in any order), as QueueImage.apply builds
+    them entry by entry (the reference tests pin this to), with numpy over the columns.
+
+    In commit-log order an entry is applied when its queue offset is above the last applied
+    one's and its end above the last applied one's. Records of a log do not overlap, so their
+    ends rise with their offsets and the second test always holds (checked: an overlap is a
+    bug of the reader). The first test then needs no loop: an entry skipped has a queue offset
+    at or below the last applied, so the running maximum over all earlier entries is the one
+    over the applied ones."""
+    order = np.argsort(np.asarray(phys, dtype=np.int64), kind="stable")
+    qo = np.asarray(queue_offsets, dtype=np.int64)[order]
+    phy = np.asarray(phys, dtype=np.int64)[order]
+    size = np.asarray(sizes, dtype=np.int64)[order]
+    if not len(qo):
+        return _no_units(units_per_file)
+    ends = phy + size
+    check(bool(np.all(ends[1:] > ends[:-1])) and int(ends[0]) > -1, f"{where}: overlapping records")
+    before = np.empty_like(qo)
+    before[0] = -1  # an empty queue's next offset is 0
+    np.maximum.accumulate(qo[:-1], out=before[1:])
+    np.maximum(before, -1, out=before)
+    kept = np.flatnonzero(qo > before)
+    if not len(kept):
+        return _no_units(units_per_file)
+    offsets = qo[kept]
+    gaps = offsets[1:] - offsets[:-1] - 1
+    too_far = np.flatnonzero(gaps > units_per_file)
+    if len(too_far):
+        at = int(too_far[0])
+        raise InvalidArgument(
+            f"{where}: entry at queue offset {int(offsets[at + 1])} leaves a gap of "
+            f"{int(gaps[at])} units; cq_svc refuses more than a file of blanks too"
+        )
+    start = int(offsets[0])
+    first = start - start % units_per_file
+    n = int(offsets[-1]) + 1 - first
+    slots = offsets - first
+    out_phy = np.zeros(n, dtype=np.int64)
+    out_size = np.full(n, BLANK_SIZE, dtype=np.int64)
+    out_tags = np.zeros(n, dtype=np.int64)
+    out_time = np.zeros(n, dtype=np.int64)
+    out_phy[slots] = phy[kept]
+    out_size[slots] = size[kept]
+    out_tags[slots] = np.asarray(tags_codes, dtype=np.int64)[order][kept]
+    # Running maximum of the clamped times; a blank holds the time before it (0 at the start).
+    out_time[slots] = np.clip(np.asarray(store_ts_ms, dtype=np.int64)[order][kept], 0, TIME_MAX_MS)
+    np.maximum.accumulate(out_time, out=out_time)
+    return QueueUnits(units_per_file, first, start, out_phy, out_size, out_tags, out_time)
+
+
 @dataclass(slots=True)
 class QueueImage:
-    """A consume queue in memory: units and time entries from `first_file_offset` (a queue
-    offset at a file boundary) to `max_offset`."""
+    """A consume queue built entry by entry, as cq_svc applies them: the plain reference
+    build_queue_columns is pinned to (tests/spark/test_derived_queue.py). Units and time
+    entries from `first_file_offset` (a queue offset at a file boundary) to `max_offset`."""
 
     units_per_file: int
     min_offset: int = 0
@@ -124,21 +226,11 @@ class QueueImage:
             time_ms = max(self.last_time_ms, clamp_time(e.store_timestamp_ms))
             self._append([(e.commit_log_offset, e.size, e.tags_code, time_ms)])
 
-    def files(self) -> Iterable[tuple[int, bytes, bytes]]:
-        """(first queue offset of the file, unit file bytes, time file bytes) of every file
-        that holds a unit, each whole (zeros after the last unit, as preallocated)."""
-        per = self.units_per_file
-        for first in range(self.first_file_offset, self.max_offset, per):
-            units = bytearray(per * UNIT_BYTES)
-            times = bytearray(per * TIME_BYTES)
-            lo = first - self.first_file_offset
-            chunk = self.rows[lo : lo + per]
-            pack_into = UNIT.pack_into
-            for i, (phy, size, tags, t) in enumerate(chunk):
-                pack_into(units, i * UNIT_BYTES, phy, size, tags)
-                unit = bytes(units[i * UNIT_BYTES : (i + 1) * UNIT_BYTES])
-                times[i * TIME_BYTES : (i + 1) * TIME_BYTES] = encode_time(unit, t)
-            yield first, bytes(units), bytes(times)
+    def units(self) -> QueueUnits:
+        if not self.rows:
+            return _no_units(self.units_per_file)
+        cols = np.asarray(self.rows, dtype=np.int64).reshape(-1, 4).T.copy()
+        return QueueUnits(self.units_per_file, self.first_file_offset, self.min_offset, *cols)
 
 
 def build_queue(entries: Iterable[QueueEntry], units_per_file: int, where: str = "") -> QueueImage:
@@ -147,7 +239,7 @@ def build_queue(entries: Iterable[QueueEntry], units_per_file: int, where: str =
     return image
 
 
-def write_queue(cq_dir: str, topic: str, queue_id: int, image: QueueImage) -> int:
+def write_queue(cq_dir: str, topic: str, queue_id: int, image: QueueUnits) -> int:
     """Write a queue's files under a cq_svc data dir; returns the number of files."""
     udir = os.path.join(cq_dir, CQ_UNITS_TREE, topic, str(queue_id))
     tdir = os.path.join(cq_dir, CQ_TIMES_TREE, topic, str(queue_id))
@@ -242,8 +334,32 @@ class IndexImage:
     first_store_ts_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Utf8Keys:
+    """Index keys as an Arrow string column holds them: UTF-8 bytes back to back (`data`) and
+    one more offset than keys into them, so that a task hashes them without a Python string
+    per key (keyhash.index_hashes_utf8)."""
+
+    data: npt.NDArray[np.uint8]
+    offsets: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, keys: Sequence[str]) -> Utf8Keys:
+        parts = [k.encode("utf-8") for k in keys]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in parts], out=offsets[1:])
+        return cls(np.frombuffer(b"".join(parts), dtype=np.uint8), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def strings(self) -> list[str]:
+        raw = self.data.tobytes()
+        return [raw[a:b].decode("utf-8") for a, b in itertools.pairwise(self.offsets.tolist())]
+
+
 def build_index_file(
-    geometry: IndexGeometry, keys: Sequence[str], phys: np.ndarray, store_ts_ms: np.ndarray
+    geometry: IndexGeometry, keys: Utf8Keys, phys: np.ndarray, store_ts_ms: np.ndarray
 ) -> IndexImage:
     """One file holding `keys` (at most keys_per_file, in order) as the engine writes them."""
     m = len(keys)
@@ -253,15 +369,16 @@ def build_index_file(
     header = ifmt.IndexHeader()
     phys = np.asarray(phys, dtype=np.int64)
     times = np.asarray(store_ts_ms, dtype=np.int64)
-    ifmt.put_keys(data, geometry.slot_num, header, keyhash.index_hashes(keys), phys, times)
+    hashes = keyhash.index_hashes_utf8(keys.data, keys.offsets)
+    ifmt.put_keys(data, geometry.slot_num, header, hashes, phys, times)
     data[0 : ifmt.HEADER_BYTES] = ifmt.encode_header(header)
     companion = None
     if geometry.exact:
         companion = bytearray(index_hash64.file_bytes(geometry.entry_num))
         companion[0 : index_hash64.HEADER_BYTES] = index_hash64.encode_header(geometry.entry_num)
         at = index_hash64.hash_pos(1)
-        hashes = keyhash.hashes64(keys).astype(index_hash64.HASH_DTYPE).tobytes()
-        companion[at : at + len(hashes)] = hashes
+        wide = keyhash.hashes64(keys.strings()).astype(index_hash64.HASH_DTYPE).tobytes()
+        companion[at : at + len(wide)] = wide
     return IndexImage(data, header, companion, int(phys[0]), int(times[0]))
 
 

@@ -17,9 +17,10 @@ How it runs (the byte rules are in derived.py):
   default: a bad record fails the job rather than leave a hole in a queue);
 - consume queues: the entries that get a queue offset are grouped by (topic, queueId); each
   group (one task per queue) writes its unit and time files;
-- index: every key of every indexed message gets its number in commit-log order (a sort and
-  zipWithIndex), which fixes the file it lands in (entry_num - 1 keys a file); each file is
-  built by one task under a temporary name; the driver names them, and writes the checkpoints.
+- index: every key of every indexed message gets its number in commit-log order (its rank in
+  its partition of the log plus the keys of the partitions before it: numbered_keys_df), which
+  fixes the file it lands in (entry_num - 1 keys a file); each file is built by one task under
+  a temporary name; the driver names them, and writes the checkpoints.
 
 The cq output holds only the derived trees and `cq_checkpoint`: consumer-group offsets and
 receive/ack state are not in the log and are not rebuilt.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -36,19 +38,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pyspark.sql import Window
+import numpy.typing as npt
 from pyspark.sql import functions as sf
 
+from mqstore.errors import check
 from mqstore.formats import index_checkpoint as ck
 from mqstore.formats import index_file as ifmt
 from mqstore.formats import index_hash64, sysflag
 from mqstore.formats.index_checkpoint import FileRecord
-from mqstore.formats.javahash import tags_code
-from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR
+from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR, java_hashes_utf8
 from mqstore.spark.jobs import derived
 from mqstore.spark.jobs.common import (
     JobError,
     add_common_args,
+    arrow_rows,
     log_dir_of,
     now_ms,
     read_log,
@@ -66,10 +69,12 @@ INDEX_RESULT_SCHEMA = (
     "endTs BIGINT, beginPhy BIGINT, endPhy BIGINT, indexCount INT, entriesCrc BIGINT, "
     "headCrc BIGINT, hash64Crc BIGINT"
 )
-_TMP_PREFIX = "rebuild-"
 
-# pandas ships no type information; imported this way it is Any whatever mypy's settings.
-pd: Any = importlib.import_module("pandas")
+
+# pyarrow ships no type information; imported this way it is Any whatever mypy's settings.
+pa: Any = importlib.import_module("pyarrow")
+pc: Any = importlib.import_module("pyarrow.compute")
+_TMP_PREFIX = "rebuild-"
 
 
 @dataclass(slots=True)
@@ -112,18 +117,37 @@ def queue_entries_df(log_df: Any) -> Any:
              "storeTimestampMs")  # fmt: skip
 
 
-def queue_entries_of(pdf: Any) -> list[derived.QueueEntry]:
-    return [
-        derived.QueueEntry(int(qo), int(phy), int(size), tags_code(tags), int(ts))
-        for qo, phy, size, tags, ts in zip(
-            pdf["queueOffset"],
-            pdf["commitLogOffset"],
-            pdf["totalSize"],
-            pdf["tags"],
-            pdf["storeTimestampMs"],
-            strict=True,
-        )
-    ]
+def utf8_keys(column: Any) -> derived.Utf8Keys:
+    """An Arrow string column (no nulls) as its UTF-8 bytes and offsets, without copying."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    check(array.null_count == 0, "a null among index keys or tags")
+    wide = pa.types.is_large_string(array.type)
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)
+    bounds = offsets[array.offset : array.offset + len(array) + 1].astype(np.int64)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf else np.zeros(0, dtype=np.uint8)
+    return derived.Utf8Keys(data, bounds)
+
+
+def queue_units_of(table: Any, units_per_file: int, where: str) -> derived.QueueUnits:
+    """The units a queue's dispatch entries (a group of queue_entries_df, as Arrow) make, its
+    tags hashed for the whole group at once (a null or empty TAGS is tags code 0, as
+    javahash.tags_code)."""
+    tags = utf8_keys(pc.fill_null(table.column("tags"), ""))
+
+    def ints(name: str) -> npt.NDArray[np.int64]:
+        values: npt.NDArray[np.int64] = table.column(name).to_numpy().astype(np.int64)
+        return values
+
+    return derived.build_queue_columns(
+        ints("queueOffset"),
+        ints("commitLogOffset"),
+        ints("totalSize"),
+        java_hashes_utf8(tags.data, tags.offsets),
+        ints("storeTimestampMs"),
+        units_per_file,
+        where,
+    )
 
 
 def index_keys_df(log_df: Any, geometry: derived.IndexGeometry) -> Any:
@@ -161,10 +185,40 @@ def index_keys_df(log_df: Any, geometry: derived.IndexGeometry) -> Any:
 
 def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) -> Any:
     """Keys with their file number and entry number (1 .. entry_num - 1) in that file: each
-    key's rank in commit-log order, counted by Spark (one sorted window, no Python rows)."""
+    key's rank in commit-log order, counted by Spark in every partition at once, with no
+    shuffle of the keys (a global window sorts them all in one task: 9 s of 21 s of the audit
+    of 1.76 M records).
+
+    A partition of the log is a byte range, so its keys follow those of the partitions below
+    it: one small aggregation counts each partition's keys (and finds its offsets, to order
+    the partitions and check they do not overlap), then a key's rank is the keys of the
+    partitions before its own plus its rank in its partition, where keys come in commit-log
+    order already (a range is read from its start, and the cache, filters and posexplode keep
+    the order: no sort; build_file_of checks it)."""
+    del spark  # the session of the DataFrame is enough
     per_file = geometry.keys_per_file
-    seq = sf.row_number().over(Window.orderBy("commitLogOffset", "pos")) - 1
-    numbered = keys_df.withColumn("seq", seq)
+    part = sf.spark_partition_id()
+    counts = (
+        keys_df.groupBy(part.alias("part"))
+        .agg(
+            sf.count(sf.lit(1)).alias("n"),
+            sf.min("commitLogOffset").alias("low"),
+            sf.max("commitLogOffset").alias("high"),
+        )
+        .collect()
+    )
+    ranges = sorted((int(r["low"]), int(r["high"]), int(r["part"]), int(r["n"])) for r in counts)
+    for (_, high, _, _), (low, _, _, _) in itertools.pairwise(ranges):
+        check(high < low, "partitions of the log hold overlapping offsets")
+    base = [0] * (max((r[2] for r in ranges), default=0) + 1)
+    keys_before = 0
+    for _, _, p, n in ranges:
+        base[p] = keys_before
+        keys_before += n
+    # monotonically_increasing_id: the partition id << 33, plus the row's rank in the partition.
+    rank = sf.monotonically_increasing_id() - sf.shiftleft(part.cast("bigint"), 33)
+    first = sf.element_at(sf.array(*[sf.lit(b).cast("bigint") for b in base]), part + 1)
+    numbered = keys_df.withColumn("seq", first + rank)
     return numbered.select(
         (sf.col("seq") / per_file).cast("bigint").alias("fileNo"),
         (sf.col("seq") % per_file + 1).cast("int").alias("number"),
@@ -174,13 +228,16 @@ def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) 
     )
 
 
-def build_file_of(pdf: Any, geometry: derived.IndexGeometry) -> derived.IndexImage:
-    pdf = pdf.sort_values("number")
+def build_file_of(table: Any, geometry: derived.IndexGeometry) -> derived.IndexImage:
+    """The index file of a group of numbered_keys_df's rows (one fileNo, as Arrow)."""
+    table = table.take(pc.sort_indices(table.column("number")))
+    phys = table.column("commitLogOffset").to_numpy().astype(np.int64)
+    check(bool(np.all(phys[1:] >= phys[:-1])), "index keys numbered out of commit-log order")
     return derived.build_index_file(
         geometry,
-        list(pdf["key"]),
-        np.asarray(pdf["commitLogOffset"], dtype=np.int64),
-        np.asarray(pdf["storeTimestampMs"], dtype=np.int64),
+        utf8_keys(table.column("key")),
+        phys,
+        table.column("storeTimestampMs").to_numpy().astype(np.int64),
     )
 
 
@@ -213,20 +270,18 @@ def rebuild(
             out = os.path.abspath(cq_out)
             upf = units_per_file
 
-            def write_group(pdf: Any) -> Any:
-                topic, qid = str(pdf["topic"].iloc[0]), int(pdf["queueId"].iloc[0])
-                image = derived.build_queue(queue_entries_of(pdf), upf, f"{topic}/{qid}")
+            def write_group(key: tuple[Any, Any], table: Any) -> Any:
+                topic, qid = str(key[0].as_py()), int(key[1].as_py())
+                image = queue_units_of(table, upf, f"{topic}/{qid}")
                 files = derived.write_queue(out, topic, qid, image)
-                return pd.DataFrame(
-                    [[topic, qid, image.min_offset, image.max_offset, files]],
-                    columns=["topic", "queueId", "minOffset", "maxOffset", "files"],
-                )
+                row = [topic, qid, image.min_offset, image.max_offset, files]
+                return arrow_rows([row], CQ_RESULT_SCHEMA)
 
             with progress.step("writing consume queues"):
                 rows = (
                     queue_entries_df(log_df)
                     .groupBy("topic", "queueId")
-                    .applyInPandas(write_group, CQ_RESULT_SCHEMA)
+                    .applyInArrow(write_group, CQ_RESULT_SCHEMA)
                     .collect()
                 )
             report.queues = len(rows)
@@ -256,27 +311,26 @@ def _rebuild_index(
     index_dir = os.path.join(out, derived.INDEX_SUBDIR)
     os.makedirs(index_dir, exist_ok=True)
 
-    def write_file(pdf: Any) -> Any:
-        file_no = int(pdf["fileNo"].iloc[0])
-        image = build_file_of(pdf, geometry)
+    def write_file(key: tuple[Any], table: Any) -> Any:
+        file_no = int(key[0].as_py())
+        image = build_file_of(table, geometry)
         tmp = os.path.join(index_dir, f"{_TMP_PREFIX}{file_no}")
         derived.write_file(tmp, image.data)
         if image.companion is not None:
             derived.write_file(tmp + index_hash64.SUFFIX, image.companion)
         rec = derived.file_record(geometry, image, 0, 0, sealed=False)
         h = image.header
-        return pd.DataFrame(
-            [[file_no, len(pdf), image.start_offset, image.first_store_ts_ms, h.begin_ts_ms,
+        return arrow_rows(
+            [[file_no, len(table), image.start_offset, image.first_store_ts_ms, h.begin_ts_ms,
               h.end_ts_ms, h.begin_phy, h.end_phy, h.index_count, rec.entries_crc,
               rec.head_crc, rec.hash64_crc]],
-            columns=["fileNo", "keys", "startOffset", "firstStoreTs", "beginTs", "endTs",
-                     "beginPhy", "endPhy", "indexCount", "entriesCrc", "headCrc", "hash64Crc"],
+            INDEX_RESULT_SCHEMA,
         )  # fmt: skip
 
     keys_df = index_keys_df(log_df, geometry)
     numbered = numbered_keys_df(spark, keys_df, geometry)
     rows = sorted(
-        numbered.groupBy("fileNo").applyInPandas(write_file, INDEX_RESULT_SCHEMA).collect(),
+        numbered.groupBy("fileNo").applyInArrow(write_file, INDEX_RESULT_SCHEMA).collect(),
         key=lambda r: int(r["fileNo"]),
     )
     names_ms = derived.file_names_ms([int(r["firstStoreTs"]) for r in rows])
