@@ -17,12 +17,14 @@ from chaos.plan import (
     TOPICS,
     TORN_ZERO_BYTES,
     CyclePlan,
+    Plan,
     body_hash,
     make_plan,
     message,
     parse_header,
 )
 from chaos.run import RECOVERY_S_MAX, ChaosConfig, main, run
+from chaos.torn import TornFigures
 from mqstore.client.errors import Unavailable
 from mqstore.client.producer import SendResult
 from mqstore.formats.javahash import java_string_hash
@@ -278,8 +280,25 @@ def test_a_short_async_run_with_torn_tails_keeps_the_followers_equal_to_the_log(
                       zero_bytes=4096, freeze=True, early_thaw=True),
         ),
     )  # fmt: skip
+    # Every run is checked whole. The dangerous case (followers that had confirmed offsets
+    # the cut took away) needs a frozen cycle's tear to land on a tail the followers confirmed
+    # into; a flush just before the tear can leave too little unflushed for that, so the
+    # plan runs again, on a new store, until a run shows it (at most TORN_RUNS_MAX).
+    for attempt in range(TORN_RUNS_MAX):
+        torn = _torn_run(plan, tmp_path / f"run-{attempt}")
+        if torn.confirmed_past_cut >= 1:
+            break
+    assert torn.confirmed_past_cut >= 1, f"not in {TORN_RUNS_MAX} runs"
+
+
+TORN_RUNS_MAX = 3
+
+
+def _torn_run(plan: Plan, root: Path) -> TornFigures:
+    """One chaos run of `plan` with every check of the torn-tail test but the dangerous
+    case's; its torn-tail figures."""
     lines: list[str] = []
-    config = ChaosConfig(seed=SEED, cycles=4, data_dir=tmp_path / "store", flush="async")
+    config = ChaosConfig(seed=SEED, cycles=4, data_dir=root / "store", flush="async")
     report = run(config, plan=plan, say=lines.append)
     output = "\n".join(lines)
     assert report.passed, output
@@ -289,8 +308,6 @@ def test_a_short_async_run_with_torn_tails_keeps_the_followers_equal_to_the_log(
     assert len(torn.tail_checks) == 3 and torn.tail_checks_passed == 3, output
     assert all(t.records > 0 and t.queues > 0 and t.keys > 0 for t in torn.tail_checks), output
     assert torn.cuts >= 1, output  # async flush leaves up to 500 ms of appends unflushed
-    # The dangerous case happened: followers that had confirmed offsets the cut took away.
-    assert torn.confirmed_past_cut >= 1, output
     assert report.lost == 0 and report.corrupt_reads == 0 and report.duplicates == 0
     assert report.sent == report.acknowledged + report.failed + report.no_answer
     # Forfeited acknowledgements are neither read back nor in the log; everything else is.
@@ -301,3 +318,4 @@ def test_a_short_async_run_with_torn_tails_keeps_the_followers_equal_to_the_log(
     assert report.pulled == report.log_records
     assert report.redelivered == 0 and report.gaps == 0
     assert "PASS" in lines
+    return torn
