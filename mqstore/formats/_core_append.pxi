@@ -10,6 +10,7 @@ from libc.stdint cimport INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 cdef enum:
     WIRE_LEN = 2  # length-delimited
     WIRE_VARINT = 0
+# Every field number written here is below 16, so its key is one byte (the core's _field).
 
 
 cdef inline Py_ssize_t _wire_varint_len(uint64_t v) noexcept nogil:
@@ -42,8 +43,7 @@ cdef unsigned char *_wire_put_packed(
     """A packed int field whose payload `_wire_packed_len` measured (nothing when it is 0)."""
     if payload == 0:
         return w
-    w += _write_varint(w, field << 3 | WIRE_LEN)
-    w += _write_varint(w, <uint64_t>payload)
+    w += _field(w, field << 3 | WIRE_LEN, <uint64_t>payload)
     for value in values:
         w += _write_varint(w, <uint64_t>PyLong_AsLongLong(value))  # checked by _wire_packed_len
     return w
@@ -56,8 +56,7 @@ cdef inline Py_ssize_t _wire_delimited_len(uint32_t field, Py_ssize_t payload) n
 cdef inline unsigned char *_wire_put_delimited(
     unsigned char *w, uint32_t field, const char *data, Py_ssize_t length
 ) noexcept nogil:
-    w += _write_varint(w, field << 3 | WIRE_LEN)
-    w += _write_varint(w, <uint64_t>length)
+    w += _field(w, field << 3 | WIRE_LEN, <uint64_t>length)
     memcpy(w, data, <size_t>length)
     return w + length
 
@@ -68,8 +67,7 @@ cdef inline Py_ssize_t _wire_scalar_len(uint32_t field, int64_t v) noexcept nogi
 
 cdef inline unsigned char *_wire_put_scalar(unsigned char *w, uint32_t field, uint64_t v) noexcept nogil:
     if v:
-        w += _write_varint(w, field << 3 | WIRE_VARINT)
-        w += _write_varint(w, v)
+        w += _field(w, field << 3 | WIRE_VARINT, v)
     return w
 
 
@@ -91,6 +89,16 @@ cdef unsigned char *_wire_put_blobs(unsigned char *w, uint32_t field, list blobs
     return w
 
 
+cdef inline Py_ssize_t _refusal_len(
+    int64_t index, int64_t status, Py_ssize_t reason_n, Py_ssize_t field_n
+) noexcept nogil:
+    """The bytes of a Refusal's fields (index, status, reason, field; each left out empty)."""
+    return (
+        _wire_scalar_len(1, index)
+        + _wire_scalar_len(2, status)
+        + (_wire_delimited_len(3, reason_n) if reason_n else 0)
+        + (_wire_delimited_len(4, field_n) if field_n else 0)
+    )
 
 
 def append_request_wire(str producer_id, object sequence, list batches):
@@ -131,8 +139,7 @@ def append_request_wire(str producer_id, object sequence, list batches):
         w = <unsigned char *>PyBytes_AS_STRING(out)
         for k in range(nb):
             topic_b, queue_ids, bodies, properties, sys_flags, born_ms = batches[k]
-            w += _write_varint(w, 1 << 3 | WIRE_LEN)
-            w += _write_varint(w, <uint64_t>sizes[3 * k])
+            w += _field(w, 1 << 3 | WIRE_LEN, <uint64_t>sizes[3 * k])
             topic = PyUnicode_AsUTF8AndSize(topic_b, &topic_n)
             if topic_n:
                 w = _wire_put_delimited(w, 1, topic, topic_n)
@@ -185,13 +192,7 @@ def append_response_wire(
         status = _wire_int(status_o, INT32_MIN, INT32_MAX)
         PyUnicode_AsUTF8AndSize(reason_o, &reason_n)
         PyUnicode_AsUTF8AndSize(field_o, &field_n)
-        r_n = (
-            _wire_scalar_len(1, index)
-            + _wire_scalar_len(2, status)
-            + (_wire_delimited_len(3, reason_n) if reason_n else 0)
-            + (_wire_delimited_len(4, field_n) if field_n else 0)
-        )
-        total += _wire_delimited_len(7, r_n)
+        total += _wire_delimited_len(7, _refusal_len(index, status, reason_n, field_n))
     total += _wire_scalar_len(8, 1 if duplicate else 0) + _wire_scalar_len(9, <int64_t>seq)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
@@ -208,14 +209,8 @@ def append_response_wire(
         status = PyLong_AsLongLong(status_o)
         reason = PyUnicode_AsUTF8AndSize(reason_o, &reason_n)
         field = PyUnicode_AsUTF8AndSize(field_o, &field_n)
-        r_n = (
-            _wire_scalar_len(1, index)
-            + _wire_scalar_len(2, status)
-            + (_wire_delimited_len(3, reason_n) if reason_n else 0)
-            + (_wire_delimited_len(4, field_n) if field_n else 0)
-        )
-        w += _write_varint(w, 7 << 3 | WIRE_LEN)
-        w += _write_varint(w, <uint64_t>r_n)
+        r_n = _refusal_len(index, status, reason_n, field_n)
+        w += _field(w, 7 << 3 | WIRE_LEN, <uint64_t>r_n)
         w = _wire_put_scalar(w, 1, <uint64_t>index)
         w = _wire_put_scalar(w, 2, <uint64_t>status)
         if reason_n:

@@ -118,7 +118,7 @@ cdef inline Py_ssize_t _write_varint(unsigned char *out, uint64_t v) noexcept no
     return n + 1
 
 
-cdef inline Py_ssize_t _field(unsigned char *out, unsigned char key, uint64_t v) noexcept:
+cdef inline Py_ssize_t _field(unsigned char *out, unsigned char key, uint64_t v) noexcept nogil:
     """A field's key, then a value as a varint."""
     out[0] = key
     return 1 + _write_varint(out + 1, v)

@@ -177,7 +177,8 @@ def _bytes_as_they_are(
     serialize: Callable[[Any], bytes] | None,
 ) -> Callable[[Any], bytes] | None:
     """The method's response serializer, passing a response that is bytes already (a frame
-    whose wire bytes a handler wrote itself, commitlog_svc's dispatch frames) through."""
+    whose wire bytes a handler wrote itself: commitlog_svc's dispatch frames and append
+    answers) through."""
     if serialize is None:
         return None
 

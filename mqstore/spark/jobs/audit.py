@@ -438,7 +438,7 @@ def audit(
                 _audit_cqs(scoped, os.path.abspath(cq_dir), units_per_file, end, report)
         if index_dir is not None:
             with progress.step("checking index files"):
-                _audit_index(spark, scoped, os.path.abspath(index_dir), end, report)
+                _audit_index(scoped, os.path.abspath(index_dir), end, report)
     finally:
         cached.unpersist()
     return report
@@ -466,9 +466,7 @@ def _audit_cqs(log_df: Any, cq_dir: str, upf: int, end: int, report: AuditReport
     report.findings.extend(sorted(found, key=lambda f: (f.location, f.kind)))
 
 
-def _audit_index(
-    spark: Any, log_df: Any, index_data_dir: str, end: int, report: AuditReport
-) -> None:
+def _audit_index(log_df: Any, index_data_dir: str, end: int, report: AuditReport) -> None:
     geometry, paths = live_index_files(index_data_dir)
 
     def check_file(key: tuple[Any], table: Any) -> Any:
@@ -478,7 +476,7 @@ def _audit_index(
         audit_index_file(path, build_file_of(table, geometry), geometry, end, out)
         return out.table(checked=str(file_no))
 
-    numbered = numbered_keys_df(spark, index_keys_df(log_df, geometry), geometry)
+    numbered = numbered_keys_df(index_keys_df(log_df, geometry), geometry)
     rows = numbered.groupBy("fileNo").applyInArrow(check_file, FINDINGS_SCHEMA).collect()
     found, checked = _split_checked(rows)
     implied = len(checked)  # files are numbered 0, 1, ... in key order: none is skipped

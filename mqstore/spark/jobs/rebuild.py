@@ -183,7 +183,7 @@ def index_keys_df(log_df: Any, geometry: derived.IndexGeometry) -> Any:
     return out
 
 
-def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) -> Any:
+def numbered_keys_df(keys_df: Any, geometry: derived.IndexGeometry) -> Any:
     """Keys with their file number and entry number (1 .. entry_num - 1) in that file: each
     key's rank in commit-log order, counted by Spark in every partition at once, with no
     shuffle of the keys (a global window sorts them all in one task: 9 s of 21 s of the audit
@@ -195,7 +195,6 @@ def numbered_keys_df(spark: Any, keys_df: Any, geometry: derived.IndexGeometry) 
     partitions before its own plus its rank in its partition, where keys come in commit-log
     order already (a range is read from its start, and the cache, filters and posexplode keep
     the order: no sort; build_file_of checks it)."""
-    del spark  # the session of the DataFrame is enough
     per_file = geometry.keys_per_file
     part = sf.spark_partition_id()
     counts = (
@@ -293,7 +292,7 @@ def rebuild(
         if index_out is not None:
             with progress.step("writing index files"):
                 report.index_files, report.index_keys = _rebuild_index(
-                    spark, log_df, os.path.abspath(index_out), geometry, store_id, report
+                    log_df, os.path.abspath(index_out), geometry, store_id, report
                 )
     finally:
         log_df.unpersist()
@@ -301,7 +300,6 @@ def rebuild(
 
 
 def _rebuild_index(
-    spark: Any,
     log_df: Any,
     out: str,
     geometry: derived.IndexGeometry,
@@ -328,7 +326,7 @@ def _rebuild_index(
         )  # fmt: skip
 
     keys_df = index_keys_df(log_df, geometry)
-    numbered = numbered_keys_df(spark, keys_df, geometry)
+    numbered = numbered_keys_df(keys_df, geometry)
     rows = sorted(
         numbered.groupBy("fileNo").applyInArrow(write_file, INDEX_RESULT_SCHEMA).collect(),
         key=lambda r: int(r["fileNo"]),
