@@ -34,7 +34,6 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from types import FrameType
 
 import grpc
 
@@ -52,6 +51,7 @@ from mqstore.rpc import logs
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.server import READINESS, ServiceHost
+from mqstore.stop_request import StopRequest
 from mqstore.storage import data_mode
 from mqstore.storage.clock import Clock
 from mqstore.storage.disk import Disk
@@ -287,14 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(settings.log_level, settings.log_format, service=SERVICE_NAME)
     # Before anything is created: every file of the store is born private (data_mode.py).
     data_mode.apply(settings.data_dir, settings.data_mode)
-    stop = threading.Event()
-
-    def handle(signum: int, _: FrameType | None) -> None:
-        log.info("signal %s: shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+    stop = StopRequest()
+    stop.install()
     service = CommitLogService(settings)
     service.host.install_reload_signal()
     try:
@@ -305,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     while not stop.wait(0.5):
         pass
+    if stop.signal is not None:
+        log.info("signal %s: shutting down", signal.Signals(stop.signal).name)
     service.stop()
     if not service.clean_exit:
         log.error("the commit log did not close cleanly; the next start recovers its tail")

@@ -46,6 +46,7 @@ from mqstore.client.producer import WINDOW_DEFAULT
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.channel import MAX_MESSAGE_BYTES, make_channel
 from mqstore.rpc.server import server_options
+from mqstore.stop_request import StopRequest
 
 SERVICE = "benchceiling.Ceiling"
 SERVER_THREADS = 8  # the reference's sync server
@@ -116,12 +117,13 @@ def serve(ports_file: str) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = StopRequest()
+    stop.install((signal.SIGTERM,))
     tmp = f"{ports_file}.tmp"
     Path(tmp).write_text(json.dumps({"port": port, "pid": os.getpid()}), encoding="utf-8")
     os.replace(tmp, ports_file)
-    stop.wait()
+    while not stop.wait(3600):
+        pass
     server.stop(grace=1).wait()
 
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import threading
 import time
-from types import FrameType
 
 import click
 
@@ -28,6 +26,7 @@ from mqstore.coordination.etcd_process import EtcdProcess
 from mqstore.errors import InvalidArgument
 from mqstore.launcher import READY_POLL_S, ServiceProcess, last_error
 from mqstore.ports import DEFAULT_PORTS
+from mqstore.stop_request import StopRequest
 from mqstore.storage.data_mode import DATA_MODES, DataMode
 from mqstore.storage.data_mode import apply as apply_data_mode
 
@@ -141,16 +140,11 @@ def up(
     follower_args = _follower_args(secrets, mtls, replica=False)
     replica_args = _follower_args(secrets, mtls, replica=True)
     started: list[ServiceProcess] = []
-    stop = threading.Event()
-
-    def on_signal(signum: int, _: FrameType | None) -> None:
-        stop.set()
-
     # Ctrl-C, a kill, the terminal closed: every way of asking ends in the same clean stop.
     # A death with no chance to stop them (kill -9, a crash) stops them too: each child gets
     # SIGTERM when this process dies (launcher.ends_with_launcher).
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, on_signal)
+    stop = StopRequest()
+    stop.install((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     etcd: EtcdProcess | None = None
     try:
         group_args: list[list[str]] = [[]]
@@ -265,7 +259,7 @@ def _say(text: str, *, err: bool = False) -> None:
 
 
 def _watch(
-    started: list[ServiceProcess], etcd: EtcdProcess | None, logs: str, stop: threading.Event
+    started: list[ServiceProcess], etcd: EtcdProcess | None, logs: str, stop: StopRequest
 ) -> None:
     """Until asked to stop, or a service the store cannot go on without exits."""
     told: set[str] = set()
@@ -289,7 +283,7 @@ def _watch(
                 )
 
 
-def _wait_ready(followers: list[ServiceProcess], stop: threading.Event) -> None:
+def _wait_ready(followers: list[ServiceProcess], stop: StopRequest) -> None:
     """Until each follower is ready (caught up with the commit log), or `up` is asked to
     stop. A replay of a large log can take minutes; it is said on the console once."""
     since = time.monotonic()

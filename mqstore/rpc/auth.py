@@ -76,6 +76,7 @@ from mqstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from mqstore.rpc.admission import ANYONE, Caller
 from mqstore.rpc.channel import AUTHORIZATION_KEY
 from mqstore.rpc.logs import RateLimitedLog
+from mqstore.stop_request import StopRequest
 
 log = logging.getLogger(__name__)
 Metadata = tuple[tuple[str, str | bytes], ...] | None
@@ -463,7 +464,7 @@ class TokensFile:
         self._forced = True
         self._wake.set()
 
-    def watch(self, stopping: threading.Event) -> threading.Thread:
+    def watch(self, stopping: StopRequest) -> threading.Thread:
         """A daemon thread that checks the file every TOKENS_RELOAD_CHECK_S until `stopping`."""
 
         def run() -> None:

@@ -64,6 +64,7 @@ from mqstore.rpc.metrics import MetricsInterceptor, MetricsServer
 from mqstore.rpc.reflection import enable_reflection
 from mqstore.rpc.settings import ServiceSettings
 from mqstore.rpc.streams import StreamCap, StreamCapsInterceptor
+from mqstore.stop_request import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ class ServiceHost:
         self.port = 0
         self.health_port = 0
         self.metrics_port = 0
-        self._stopping = threading.Event()
+        self._stopping = StopRequest()
         self._stopped = threading.Event()
         self._watchdog: threading.Thread | None = None
         # Secrets and certificates are read now, so that a bad file stops the process before
@@ -287,12 +288,8 @@ class ServiceHost:
     # -- stop -----------------------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
-        def handle(signum: int, _: FrameType | None) -> None:
-            log.info("signal %s: shutting down", signal.Signals(signum).name)
-            self._stopping.set()
-
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+        """SIGTERM and SIGINT stop the service (`wait`), SIGHUP reloads the tokens."""
+        self._stopping.install()
         self.install_reload_signal()
 
     def install_reload_signal(self) -> None:
@@ -314,6 +311,8 @@ class ServiceHost:
         """Block until a stop is requested, then shut down in order."""
         while not self._stopping.wait(0.5):
             pass
+        if self._stopping.signal is not None:
+            log.info("signal %s: shutting down", signal.Signals(self._stopping.signal).name)
         self.shutdown()
 
     def shutdown(self) -> None:
