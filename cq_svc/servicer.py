@@ -87,6 +87,7 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl_pb
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2_grpc as pb_grpc
+from mqstore.storage import failpoints
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             response = self._pull_many([args], [offset], context)[0]
             _count_pull(response)
             yield response
+            failpoints.hit("cq.pull_stream.after_answer")
             if (
                 response.status not in _STREAM_GOES_ON
                 or response.next_begin_offset >= response.max_offset

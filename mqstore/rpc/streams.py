@@ -2,11 +2,12 @@
 
 A sync gRPC server runs each call on a thread of its pool (max_workers) and a stream holds that
 thread until it ends, also while its reader is slow: gRPC asks a handler for its next answer
-only once the previous one is written out, which HTTP/2 flow control allows only as fast as the
-reader reads. So a stream holds one answer in memory at a time (each service bounds an answer's
-bytes) and one thread. Without a cap, slow readers take every thread, calls wait behind them and
-every stream holds its answer (docs/cq.md has the figures); with caps that leave workers free
-(each service's settings check it), they cannot.
+only once the previous one is written out, and once the caller's transport holds what it takes
+in unread (more than 5 MiB on loopback, measured), HTTP/2 flow control allows that only as
+fast as the reader reads. So a stream holds one answer in memory at a time (each service
+bounds an answer's bytes) and one thread. Without a cap, slow readers take every thread, calls
+wait behind them and every stream holds its answer (docs/cq.md has the figures); with caps that
+leave workers free (each service's settings check it), they cannot.
 
     StreamCapsInterceptor({"/pkg.Service/Follow": StreamCap(8, "follow streams",
                                                             "follow_streams_max", "pull instead")})

@@ -49,6 +49,8 @@ POINTS: dict[str, str] = {
     # cq_svc/checkpoint.py
     "cq.checkpoint.before_write": "cq_svc is about to write its checkpoint",
     "cq.checkpoint.after_write": "cq_svc wrote its checkpoint",
+    # cq_svc/servicer.py
+    "cq.pull_stream.after_answer": "a pull stream's answer is sent, the next not yet read",
     # cq_svc/acks.py
     "cq.ack.after_append": "ack entries are appended to the journal, not yet synced",
     "cq.ack.fold.after_segments": "a fold wrote the ack segments, not yet the meta",

@@ -8,6 +8,7 @@ dispatch entries of real appends, as in test_pull_blob.py."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +19,12 @@ import pytest
 from mqstore.launcher import ServiceProcess
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as cl_grpc
 from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
+from mqstore.storage import failpoints
 from tests.cq_svc.logs import append, start_commitlog
 from tests.cq_svc.support import ApiHarness, rpc_error
 
 MESSAGES = 50
+WAIT_S = 30.0  # the longest a held stream waits at its failpoint
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +126,21 @@ def test_bad_input_is_invalid_argument(
 
 
 def test_past_the_open_streams_limit_a_stream_is_refused_until_one_ends(api: ApiHarness) -> None:
-    open_streams = [api.stub.PullStream(request(0, max_messages=1), timeout=30) for _ in range(2)]
-    for stream in open_streams:
-        next(stream)  # each holds a slot while unread answers wait
-    code, message, _ = rpc_error(lambda: list(api.stub.PullStream(request(0), timeout=30)))
+    # A stream holds its slot while its reader is slow; the caller's transport takes in several
+    # MiB unread first, so the two streams are held at a failpoint after their first answer.
+    gate = threading.Event()
+
+    def hold(_: str) -> None:
+        gate.wait(WAIT_S)
+
+    with failpoints.armed("cq.pull_stream.after_answer", hold):
+        open_streams = [
+            api.stub.PullStream(request(0, max_messages=1), timeout=30) for _ in range(2)
+        ]
+        for stream in open_streams:
+            next(stream)
+        code, message, _ = rpc_error(lambda: list(api.stub.PullStream(request(0), timeout=30)))
+        gate.set()
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "pull streams" in message
     open_streams[0].cancel()
     for answer in open_streams[1]:
