@@ -1,6 +1,6 @@
 """The consume-queue store interface, and the pull decision both stores share.
 
-    CqStore (Protocol)
+    CqStore (Protocol), StoreBase (what both share: checkpoint file, bounds reads, pull)
     ├── FileCqStore     file_store.py   RocketMQ's unit files + time companions (default)
     └── RocksCqStore    rocks_store.py  RocketMQ's RocksDB layout (§8) on rocksdict
 
@@ -17,7 +17,9 @@ it covers is flushed.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -25,10 +27,17 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from cq_svc import checkpoint
+from cq_svc.config import CqConfig
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
+from mqstore.errors import InvalidArgument
 from mqstore.formats import _core
+from mqstore.formats.cq_checkpoint import CqCheckpoint
 from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import UNIT_BYTES, Unit
+from mqstore.limits import TOPIC_PATTERN
+from mqstore.storage.clock import Clock, SystemClock
+from mqstore.storage.disk import Disk, OsDisk
 
 
 class PullStatus(enum.StrEnum):
@@ -217,6 +226,91 @@ class CqStore(Protocol):
     def list_queues(self, topic: str) -> list[int]: ...
 
     def list_topics(self) -> list[str]: ...
+
+
+Key = tuple[str, int]
+
+
+class StoreBase:
+    """What the two stores share: their settings, checkpoint file and applied offset, and the
+    reads answered from a queue's bounds and its PullSource."""
+
+    def __init__(
+        self, config: CqConfig, *, disk: Disk | None = None, clock: Clock | None = None
+    ) -> None:
+        self.config = config
+        self.disk: Disk = disk if disk is not None else OsDisk()
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._lock = threading.RLock()
+        self._ckpt = CqCheckpoint()
+        self._applied = 0  # end of the newest frame given to put_columns
+        self._min_phy = 0  # the commit log's minimum, as last told
+
+    @property
+    def store_id(self) -> bytes:
+        return self._ckpt.store_id
+
+    @property
+    def applied_offset(self) -> int:
+        return self._applied
+
+    def _save_checkpoint(self, confirmed_offset: int) -> None:
+        self._ckpt = dataclasses.replace(
+            self._ckpt,
+            confirmed_offset=confirmed_offset,
+            min_commit_log_offset=self._min_phy,
+            written_at_ms=self.clock.now_ms(),
+        )
+        checkpoint.save(self.disk, self.config.data_dir, self._ckpt)
+
+    def _bounds(self, key: Key) -> tuple[int, int, int] | None:
+        """The queue's (min offset, max offset, newest unit's end in the log); None when the
+        store does not know it."""
+        raise NotImplementedError
+
+    def _pull_source(self, key: Key) -> PullSource:
+        raise NotImplementedError
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        bounds = self._bounds((topic, queue_id))
+        return bounds[0] if bounds is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        bounds = self._bounds((topic, queue_id))
+        return bounds[1] if bounds is not None else 0
+
+    def get_last_offset(self, topic: str, queue_id: int) -> int:
+        bounds = self._bounds((topic, queue_id))
+        if bounds is None or bounds[1] <= bounds[0]:
+            return -1
+        return bounds[2]
+
+    def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        tags_codes: Iterable[int] = (),
+    ) -> PullResult:
+        with self._lock:
+            return decide_pull(
+                self._pull_source((topic, queue_id)),
+                offset,
+                max_messages,
+                max_bytes,
+                tags_codes,
+                max_filter_bytes=self.config.max_filter_bytes,
+                pull_bytes_cap=self.config.pull_bytes_cap,
+            )
+
+
+def check_queue_name(key: Key) -> None:
+    topic, qid = key
+    # Topics become directory names: the limits module's pattern keeps "../" out.
+    if not TOPIC_PATTERN.match(topic) or qid < 0:
+        raise InvalidArgument(f"bad topic or queue id {topic!r}/{qid}", field="topic")
 
 
 def put_entries(
