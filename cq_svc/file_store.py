@@ -33,11 +33,12 @@ from cq_svc.store import (
     RecoveryReport,
     StoreBase,
     UnitRun,
+    check_gap,
     check_queue_name,
     plain_run_start,
 )
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
-from mqstore.errors import InvalidArgument, check
+from mqstore.errors import check
 from mqstore.formats import _core
 from mqstore.formats.cq_checkpoint import CqCheckpoint
 from mqstore.formats.cq_time import Boundary, clamp_time, search_offset_by_time
@@ -258,25 +259,11 @@ class FileCqStore(StoreBase):
         return written
 
     def _fill_gap(self, fq: FileQueue, offset: int) -> None:
-        st = fq.state
-        gap = offset - st.max_offset
         if not fq.units.files:
             fq.start_at(offset)
             return
-        if gap > self.config.units_per_file:
-            raise InvalidArgument(
-                f"{fq.topic}/{fq.queue_id}: entry at queue offset {offset} leaves a gap of {gap} "
-                "units after the queue's end; refusing to fill more than a file of blanks",
-                field="queue_offset",
-            )
-        log.error(
-            "[BUG] %s/%d: logic queue order maybe wrong: expected %d, got %d; %d blank units",
-            fq.topic,
-            fq.queue_id,
-            st.max_offset,
-            offset,
-            gap,
-        )
+        key = (fq.topic, fq.queue_id)
+        check_gap(key, fq.state.max_offset, offset, self.config.units_per_file)
         fq.fill_blanks_to(offset)
 
     def truncate_dirty(self, phy_offset: int) -> int:
@@ -351,7 +338,7 @@ class FileCqStore(StoreBase):
             if fq is None:
                 return []
             offset = max(offset, fq.state.min_offset)
-            return fq.read_units(offset, max_units, one_file=False) or []
+            return fq.read_units(offset, max_units) or []
 
     def get_offset_by_time(
         self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER

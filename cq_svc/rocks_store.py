@@ -19,7 +19,7 @@ What differs from the file store, and why:
 
 from __future__ import annotations
 
-import logging
+import bisect
 import os
 import time
 from collections import OrderedDict
@@ -37,19 +37,18 @@ from cq_svc.store import (
     RecoveryReport,
     StoreBase,
     UnitRun,
+    check_gap,
     check_queue_name,
     plain_run_start,
 )
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
-from mqstore.errors import InvalidArgument, check
+from mqstore.errors import check
 from mqstore.formats.cq_checkpoint import CqCheckpoint
 from mqstore.formats.cq_time import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
 from mqstore.formats.cq_unit import BLANK_SIZE, Unit
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock
 from mqstore.storage.disk import Disk
-
-log = logging.getLogger(__name__)
 
 OFFSET_CF = "offset"
 # Units read per multi-get when iterating: one round trip into RocksDB for a pull.
@@ -236,13 +235,6 @@ class RocksCqStore(StoreBase):
             return None
         return Unit(offset, *L.UNIT_VALUE.unpack(raw))
 
-    def _units(self, st: _QState, offset: int, count: int) -> list[Unit]:
-        """Consecutive units from `offset`, stopping at the first missing row (multiGet)."""
-        unpack = L.UNIT_VALUE.unpack
-        return [
-            Unit(offset + i, *unpack(raw)) for i, raw in enumerate(self._values(st, offset, count))
-        ]
-
     def _values(self, st: _QState, offset: int, count: int) -> list[bytes]:
         """The unit rows' values (L.UNIT_VALUE) from `offset`, up to the first missing row."""
         out: list[bytes] = []
@@ -267,13 +259,7 @@ class RocksCqStore(StoreBase):
         return u.commit_log_offset
 
     def _first_at_or_above(self, st: _QState, lo: int, hi: int, phy_floor: int) -> int:
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._phy(st, mid) < phy_floor:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return bisect.bisect_left(range(hi), phy_floor, lo, hi, key=lambda o: self._phy(st, o))
 
     def _correct_min(self, key: Key, st: _QState, min_phy: int) -> None:
         """getMinCqOffset's correction (§8.5), written back as the min row."""
@@ -378,7 +364,6 @@ class RocksCqStore(StoreBase):
     def _apply(
         self, key: Key, st: _QState, group: list[DispatchEntry], wb: rocksdict.WriteBatch
     ) -> tuple[int, tuple[int, int, int, int]]:
-        topic, qid = key
         expect = st.max_offset
         min_offset = st.min_offset
         last_end = st.last_phy_end
@@ -395,14 +380,7 @@ class RocksCqStore(StoreBase):
                 if fresh and written == 0:
                     min_offset = e.queue_offset  # initializeWithOffset: the queue starts here
                 else:
-                    gap = e.queue_offset - expect
-                    if gap > self.config.units_per_file:
-                        raise InvalidArgument(
-                            f"{topic}/{qid}: gap of {gap} units at queue offset "
-                            f"{e.queue_offset}; refusing to fill it",
-                            field="queue_offset",
-                        )
-                    log.error("[BUG] %s/%d: %d blank units before %d", topic, qid, gap, expect)
+                    check_gap(key, expect, e.queue_offset, self.config.units_per_file)
                     blank = pack(0, BLANK_SIZE, 0, last_time)
                     for off in range(expect, e.queue_offset):
                         wb.put(L.unit_key(prefix, off), blank)
@@ -514,7 +492,8 @@ class RocksCqStore(StoreBase):
             if st is None:
                 return []
             offset = max(offset, st.min_offset)
-            return self._units(st, offset, min(max_units, st.max_offset - offset))
+            values = self._values(st, offset, min(max_units, st.max_offset - offset))
+            return [Unit(offset + i, *L.UNIT_VALUE.unpack(raw)) for i, raw in enumerate(values)]
 
     def get_offset_by_time(
         self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER

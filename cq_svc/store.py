@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -87,11 +88,6 @@ class UnitColumns:
             np.concatenate([p.phy for p in parts]),
             np.concatenate([p.size for p in parts]),
             np.concatenate([p.tags for p in parts]),
-        )
-
-    def select(self, rows: IntArray | slice) -> UnitColumns:
-        return UnitColumns(
-            self.queue_offset[rows], self.phy[rows], self.size[rows], self.tags[rows]
         )
 
     def units(self) -> list[Unit]:
@@ -228,6 +224,8 @@ class CqStore(Protocol):
     def list_topics(self) -> list[str]: ...
 
 
+log = logging.getLogger(__name__)
+
 Key = tuple[str, int]
 
 
@@ -311,6 +309,25 @@ def check_queue_name(key: Key) -> None:
     # Topics become directory names: the limits module's pattern keeps "../" out.
     if not TOPIC_PATTERN.match(topic) or qid < 0:
         raise InvalidArgument(f"bad topic or queue id {topic!r}/{qid}", field="topic")
+
+
+def check_gap(key: Key, expect: int, offset: int, units_per_file: int) -> None:
+    """An entry at `offset` past the queue's next offset `expect`: the caller fills the gap
+    with blank units, after this logs it; more than a file of blanks is refused."""
+    gap = offset - expect
+    if gap > units_per_file:
+        raise InvalidArgument(
+            f"{key[0]}/{key[1]}: entry at queue offset {offset} leaves a gap of {gap} units "
+            "after the queue's end; refusing to fill more than a file of blanks",
+            field="queue_offset",
+        )
+    log.error(
+        "[BUG] %s/%d: logic queue order maybe wrong: expected %d, got %d; %d blank units",
+        *key,
+        expect,
+        offset,
+        gap,
+    )
 
 
 def put_entries(
