@@ -29,9 +29,9 @@ from cq_svc import checkpoint
 from cq_svc.config import CqConfig
 from cq_svc.queue_files import FileQueue, QueueState
 from cq_svc.store import (
+    CqStore,
     Key,
     RecoveryReport,
-    StoreBase,
     UnitRun,
     check_gap,
     check_queue_name,
@@ -50,7 +50,7 @@ from mqstore.storage.disk import Disk
 log = logging.getLogger(__name__)
 
 
-class FileCqStore(StoreBase):
+class FileCqStore(CqStore):
     def __init__(
         self, config: CqConfig, *, disk: Disk | None = None, clock: Clock | None = None
     ) -> None:

@@ -33,9 +33,9 @@ from cq_svc import checkpoint
 from cq_svc import rocks_layout as L  # noqa: N812 (the layout module, read as a prefix)
 from cq_svc.config import CqConfig
 from cq_svc.store import (
+    CqStore,
     Key,
     RecoveryReport,
-    StoreBase,
     UnitRun,
     check_gap,
     check_queue_name,
@@ -78,7 +78,7 @@ class _QState:
         self.min_phy_seen = -1  # the log minimum this state's min_offset was corrected for
 
 
-class RocksCqStore(StoreBase):
+class RocksCqStore(CqStore):
     def __init__(
         self, config: CqConfig, *, disk: Disk | None = None, clock: Clock | None = None
     ) -> None:

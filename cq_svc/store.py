@@ -1,6 +1,6 @@
 """The consume-queue store interface, and the pull decision both stores share.
 
-    CqStore (Protocol), StoreBase (what both share: checkpoint file, bounds reads, pull)
+    CqStore (ABC)       the interface, and what both share (checkpoint file, bounds, pull)
     ├── FileCqStore     file_store.py   RocketMQ's unit files + time companions (default)
     └── RocksCqStore    rocks_store.py  RocketMQ's RocksDB layout (§8) on rocksdict
 
@@ -21,6 +21,7 @@ import dataclasses
 import enum
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -147,91 +148,14 @@ class RecoveryReport:
     duration_ms: float = 0.0
 
 
-class CqStore(Protocol):
-    # -- life cycle --
-    def open(self) -> RecoveryReport:
-        """Load and recover (for the file store: each queue's last 3 files)."""
-
-    def close(self, *, flush: bool = True) -> None:
-        """Flush everything, write the checkpoint, release files. With flush=False (a flush
-        failed before: retrying it could vouch for pages the kernel dropped) only release."""
-
-    # -- the start-up handshake --
-    @property
-    def store_id(self) -> bytes:
-        """The commit log this store follows (empty until the first handshake)."""
-
-    def reset(self, store_id: bytes) -> None:
-        """The commit log was replaced: drop every queue, follow `store_id` from scratch."""
-
-    @property
-    def confirmed_offset(self) -> int:
-        """Everything below this commit-log offset is applied and durable."""
-
-    @property
-    def applied_offset(self) -> int:
-        """End of the newest entry given to put_columns (not necessarily durable yet): at least
-        the confirmed offset, and what the start-up handshake compares with the log's end."""
-
-    def advance_applied(self, offset: int) -> None:
-        """Count everything below `offset` as applied (nothing below it will be dispatched)."""
-
-    # -- writes --
-    def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
-        """Apply a dispatch frame (in commit-log order); entries already applied are skipped.
-        `batch_end_offset` is where the frame ends in the log (default: the last entry's end).
-        Returns the number of units written."""
-
-    def truncate_dirty(self, phy_offset: int) -> int:
-        """Drop every unit pointing at or beyond `phy_offset`; returns units dropped."""
-
-    def correct_min_offset(self, min_commit_log_offset: int) -> None: ...
-
-    def delete_expired(self, min_commit_log_offset: int) -> int:
-        """Delete what only points below the commit log's minimum; returns files/ranges."""
-
-    def flush(self, least_pages: int = 0) -> int:
-        """Flush; with least_pages 0 also advance the checkpoint. Returns the confirmed
-        offset."""
-
-    # -- reads --
-    def min_offset(self, topic: str, queue_id: int) -> int: ...
-
-    def max_offset(self, topic: str, queue_id: int) -> int: ...
-
-    def get_last_offset(self, topic: str, queue_id: int) -> int:
-        """Commit-log end of the queue's newest unit, or -1."""
-
-    def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[Unit]:
-        """Units from `offset` (possibly spanning files); [] beyond what is stored."""
-
-    def get_offset_by_time(
-        self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER
-    ) -> int: ...
-
-    def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int,
-        max_bytes: int,
-        tags_codes: Iterable[int] = (),
-    ) -> PullResult: ...
-
-    def list_queues(self, topic: str) -> list[int]: ...
-
-    def list_topics(self) -> list[str]: ...
-
-
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
 
 
-class StoreBase:
-    """What the two stores share: their settings, checkpoint file and applied offset, and the
-    reads answered from a queue's bounds and its PullSource."""
+class CqStore(ABC):
+    """The store interface, and what both stores share: their settings, checkpoint file and
+    applied offset, and the reads answered from a queue's bounds and its PullSource."""
 
     def __init__(
         self, config: CqConfig, *, disk: Disk | None = None, clock: Clock | None = None
@@ -244,13 +168,40 @@ class StoreBase:
         self._applied = 0  # end of the newest frame given to put_columns
         self._min_phy = 0  # the commit log's minimum, as last told
 
+    # -- life cycle --
+    @abstractmethod
+    def open(self) -> RecoveryReport:
+        """Load and recover (for the file store: each queue's last 3 files)."""
+
+    @abstractmethod
+    def close(self, *, flush: bool = True) -> None:
+        """Flush everything, write the checkpoint, release files. With flush=False (a flush
+        failed before: retrying it could vouch for pages the kernel dropped) only release."""
+
+    # -- the start-up handshake --
     @property
     def store_id(self) -> bytes:
+        """The commit log this store follows (empty until the first handshake)."""
         return self._ckpt.store_id
+
+    @abstractmethod
+    def reset(self, store_id: bytes) -> None:
+        """The commit log was replaced: drop every queue, follow `store_id` from scratch."""
+
+    @property
+    @abstractmethod
+    def confirmed_offset(self) -> int:
+        """Everything below this commit-log offset is applied and durable."""
 
     @property
     def applied_offset(self) -> int:
+        """End of the newest entry given to put_columns (not necessarily durable yet): at least
+        the confirmed offset, and what the start-up handshake compares with the log's end."""
         return self._applied
+
+    @abstractmethod
+    def advance_applied(self, offset: int) -> None:
+        """Count everything below `offset` as applied (nothing below it will be dispatched)."""
 
     def _save_checkpoint(self, confirmed_offset: int) -> None:
         self._ckpt = dataclasses.replace(
@@ -261,13 +212,37 @@ class StoreBase:
         )
         checkpoint.save(self.disk, self.config.data_dir, self._ckpt)
 
+    # -- writes --
+    @abstractmethod
+    def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
+        """Apply a dispatch frame (in commit-log order); entries already applied are skipped.
+        `batch_end_offset` is where the frame ends in the log (default: the last entry's end).
+        Returns the number of units written."""
+
+    @abstractmethod
+    def truncate_dirty(self, phy_offset: int) -> int:
+        """Drop every unit pointing at or beyond `phy_offset`; returns units dropped."""
+
+    @abstractmethod
+    def correct_min_offset(self, min_commit_log_offset: int) -> None: ...
+
+    @abstractmethod
+    def delete_expired(self, min_commit_log_offset: int) -> int:
+        """Delete what only points below the commit log's minimum; returns files/ranges."""
+
+    @abstractmethod
+    def flush(self, least_pages: int = 0) -> int:
+        """Flush; with least_pages 0 also advance the checkpoint. Returns the confirmed
+        offset."""
+
+    # -- reads --
+    @abstractmethod
     def _bounds(self, key: Key) -> tuple[int, int, int] | None:
         """The queue's (min offset, max offset, newest unit's end in the log); None when the
         store does not know it."""
-        raise NotImplementedError
 
-    def _pull_source(self, key: Key) -> PullSource:
-        raise NotImplementedError
+    @abstractmethod
+    def _pull_source(self, key: Key) -> PullSource: ...
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         bounds = self._bounds((topic, queue_id))
@@ -278,10 +253,20 @@ class StoreBase:
         return bounds[1] if bounds is not None else 0
 
     def get_last_offset(self, topic: str, queue_id: int) -> int:
+        """Commit-log end of the queue's newest unit, or -1."""
         bounds = self._bounds((topic, queue_id))
         if bounds is None or bounds[1] <= bounds[0]:
             return -1
         return bounds[2]
+
+    @abstractmethod
+    def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[Unit]:
+        """Units from `offset` (possibly spanning files); [] beyond what is stored."""
+
+    @abstractmethod
+    def get_offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER
+    ) -> int: ...
 
     def pull(
         self,
@@ -302,6 +287,12 @@ class StoreBase:
                 max_filter_bytes=self.config.max_filter_bytes,
                 pull_bytes_cap=self.config.pull_bytes_cap,
             )
+
+    @abstractmethod
+    def list_queues(self, topic: str) -> list[int]: ...
+
+    @abstractmethod
+    def list_topics(self) -> list[str]: ...
 
 
 def check_queue_name(key: Key) -> None:
