@@ -21,54 +21,44 @@ queue (queue_files.py's table: units at or beyond C are cut), then correct min o
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
 
 from cq_svc import checkpoint
 from cq_svc.config import CqConfig
 from cq_svc.queue_files import FileQueue, QueueState
 from cq_svc.store import (
-    PullResult,
+    CqStore,
+    Key,
     RecoveryReport,
     UnitRun,
-    decide_pull,
+    check_gap,
+    check_queue_name,
     plain_run_start,
 )
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
-from mqstore.errors import InvalidArgument, check
+from mqstore.errors import check
 from mqstore.formats import _core
 from mqstore.formats.cq_checkpoint import CqCheckpoint
 from mqstore.formats.cq_time import Boundary, clamp_time, search_offset_by_time
 from mqstore.formats.cq_unit import UNIT_BYTES, Unit
-from mqstore.limits import TOPIC_PATTERN
 from mqstore.storage import failpoints
-from mqstore.storage.clock import Clock, SystemClock
-from mqstore.storage.disk import Disk, OsDisk
+from mqstore.storage.clock import Clock
+from mqstore.storage.disk import Disk
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, int]
 
-
-class FileCqStore:
+class FileCqStore(CqStore):
     def __init__(
         self, config: CqConfig, *, disk: Disk | None = None, clock: Clock | None = None
     ) -> None:
-        self.config = config
-        self.disk: Disk = disk if disk is not None else OsDisk()
-        self.clock: Clock = clock if clock is not None else SystemClock()
+        super().__init__(config, disk=disk, clock=clock)
         self._states: dict[Key, QueueState] = {}
         self._open: OrderedDict[Key, FileQueue] = OrderedDict()
         self._open_maps = 0
         self._unflushed: set[Key] = set()  # evicted while dirty (flushed at the checkpoint)
-        self._lock = threading.RLock()
-        self._ckpt = CqCheckpoint()
-        self._applied = 0  # end of the newest frame given to put_columns
-        self._min_phy = 0
         self._opened = False
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -124,16 +114,8 @@ class FileCqStore:
             self._opened = False
 
     @property
-    def store_id(self) -> bytes:
-        return self._ckpt.store_id
-
-    @property
     def confirmed_offset(self) -> int:
         return self._ckpt.confirmed_offset
-
-    @property
-    def applied_offset(self) -> int:
-        return self._applied
 
     @property
     def open_map_count(self) -> int:
@@ -157,8 +139,8 @@ class FileCqStore:
                 self.disk.remove_tree(f"{self.config.data_dir}/{tree}")
             self._applied = 0
             self._min_phy = 0
-            self._ckpt = CqCheckpoint(store_id=store_id, written_at_ms=0)
-            self._write_checkpoint()
+            self._ckpt = CqCheckpoint(store_id=store_id)
+            self._save_checkpoint(0)
 
     # -- queues and the LRU ---------------------------------------------------------------------
 
@@ -177,7 +159,7 @@ class FileCqStore:
         if state is None:
             if not create:
                 return None
-            _check_topic(key)
+            check_queue_name(key)
             state = QueueState()
             self._states[key] = state
             fq = self._new_queue(key, state)
@@ -277,25 +259,11 @@ class FileCqStore:
         return written
 
     def _fill_gap(self, fq: FileQueue, offset: int) -> None:
-        st = fq.state
-        gap = offset - st.max_offset
         if not fq.units.files:
             fq.start_at(offset)
             return
-        if gap > self.config.units_per_file:
-            raise InvalidArgument(
-                f"{fq.topic}/{fq.queue_id}: entry at queue offset {offset} leaves a gap of {gap} "
-                "units after the queue's end; refusing to fill more than a file of blanks",
-                field="queue_offset",
-            )
-        log.error(
-            "[BUG] %s/%d: logic queue order maybe wrong: expected %d, got %d; %d blank units",
-            fq.topic,
-            fq.queue_id,
-            st.max_offset,
-            offset,
-            gap,
-        )
+        key = (fq.topic, fq.queue_id)
+        check_gap(key, fq.state.max_offset, offset, self.config.units_per_file)
         fq.fill_blanks_to(offset)
 
     def truncate_dirty(self, phy_offset: int) -> int:
@@ -314,8 +282,7 @@ class FileCqStore:
                 self._recount(fq, before)
             self._applied = min(self._applied, phy_offset)
             if self._ckpt.confirmed_offset > phy_offset:
-                self._ckpt = _replace(self._ckpt, confirmed_offset=phy_offset)
-                self._write_checkpoint()
+                self._save_checkpoint(phy_offset)
         return dropped
 
     def correct_min_offset(self, min_commit_log_offset: int) -> None:
@@ -356,31 +323,14 @@ class FileCqStore:
                         fq.close(flush=True)
                 self._unflushed.clear()
             if least_pages == 0 and applied != self._ckpt.confirmed_offset:
-                self._ckpt = _replace(self._ckpt, confirmed_offset=applied)
-                self._write_checkpoint()
+                self._save_checkpoint(applied)
             return self._ckpt.confirmed_offset
-
-    def _write_checkpoint(self) -> None:
-        self._ckpt = _replace(
-            self._ckpt, min_commit_log_offset=self._min_phy, written_at_ms=self.clock.now_ms()
-        )
-        checkpoint.save(self.disk, self.config.data_dir, self._ckpt)
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def min_offset(self, topic: str, queue_id: int) -> int:
-        state = self._states.get((topic, queue_id))
-        return state.min_offset if state is not None else 0
-
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        state = self._states.get((topic, queue_id))
-        return state.max_offset if state is not None else 0
-
-    def get_last_offset(self, topic: str, queue_id: int) -> int:
-        state = self._states.get((topic, queue_id))
-        if state is None or state.max_offset <= state.min_offset:
-            return -1
-        return state.last_phy_end
+    def _bounds(self, key: Key) -> tuple[int, int, int] | None:
+        st = self._states.get(key)  # no lock: a flush round holds it, and these are ints
+        return (st.min_offset, st.max_offset, st.last_phy_end) if st is not None else None
 
     def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[Unit]:
         with self._lock:
@@ -388,7 +338,7 @@ class FileCqStore:
             if fq is None:
                 return []
             offset = max(offset, fq.state.min_offset)
-            return fq.read_units(offset, max_units, one_file=False) or []
+            return fq.read_units(offset, max_units) or []
 
     def get_offset_by_time(
         self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER
@@ -405,25 +355,8 @@ class FileCqStore:
             )
             return min(max(found, st.min_offset), st.max_offset)
 
-    def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int,
-        max_bytes: int,
-        tags_codes: Iterable[int] = (),
-    ) -> PullResult:
-        with self._lock:
-            return decide_pull(
-                _FilePullSource(self, (topic, queue_id)),
-                offset,
-                max_messages,
-                max_bytes,
-                tags_codes,
-                max_filter_bytes=self.config.max_filter_bytes,
-                pull_bytes_cap=self.config.pull_bytes_cap,
-            )
+    def _pull_source(self, key: Key) -> _FilePullSource:
+        return _FilePullSource(self, key)
 
     def list_queues(self, topic: str) -> list[int]:
         return sorted(q for t, q in list(self._states) if t == topic)
@@ -435,7 +368,6 @@ class FileCqStore:
 class _FilePullSource:
     def __init__(self, store: FileCqStore, key: Key) -> None:
         self._store = store
-        self._key = key
         self._fq = store._queue(key, create=False)
 
     def bounds(self) -> tuple[int, int]:
@@ -456,14 +388,3 @@ class _FilePullSource:
     @property
     def units_per_file(self) -> int:
         return self._store.config.units_per_file
-
-
-def _check_topic(key: Key) -> None:
-    topic, qid = key
-    # Topics become directory names: the limits module's pattern keeps "../" out.
-    if not TOPIC_PATTERN.match(topic) or qid < 0:
-        raise InvalidArgument(f"bad topic or queue id {topic!r}/{qid}", field="topic")
-
-
-def _replace(ckpt: CqCheckpoint, **changes: int) -> CqCheckpoint:
-    return dataclasses.replace(ckpt, **changes)  # type: ignore[arg-type]

@@ -66,16 +66,12 @@ class LocalReads:
         that cannot be read (a volume half shared) misses, and the tail records take over."""
         return self.active and not self._missed
 
-    def read(self, offsets: IntArray, sizes: IntArray) -> tuple[bytes, CheckedRecords] | None:
-        """The records at (offsets[i], sizes[i]) back to back, each checked, and their fields as
-        the check read them; None: read them through the commit log."""
-        return self.check(offsets, sizes, self.copy(offsets, sizes))
-
     def copy(self, offsets: IntArray, sizes: IntArray) -> bytes | None:
-        """read's first half: the bytes copied out of the segments, unchecked (a page not in
-        memory makes it wait for the disk: the servicer calls it outside its CPU section);
-        None when inactive or not answerable here. Nothing is counted or noted until `check`,
-        so that several copies then several checks note their outcomes in the checks' order."""
+        """A read's first half: the records at (offsets[i], sizes[i]) copied out of the segments
+        back to back, unchecked (a page not in memory makes it wait for the disk: the servicer
+        calls it outside its CPU section); None when inactive or not answerable here. Nothing
+        is counted or noted until `check`, so that several copies then several checks note
+        their outcomes in the checks' order."""
         if not self.active:
             return None
         return self.log.read(offsets, sizes)
@@ -83,8 +79,9 @@ class LocalReads:
     def check(
         self, offsets: IntArray, sizes: IntArray, blob: bytes | None
     ) -> tuple[bytes, CheckedRecords] | None:
-        """read's second half: `copy`'s bytes checked record by record (a copy that failed
-        is a miss)."""
+        """A read's second half: `copy`'s bytes checked record by record (a copy that failed
+        is a miss), and their fields as the check read them; None: read them through the
+        commit log."""
         if not self.active:
             return None
         if blob is None or len(blob) != int(sizes.sum()):

@@ -34,6 +34,7 @@ zeroed (MappedFileQueue.truncate_dirty_files), so stale units can never be read 
 
 from __future__ import annotations
 
+import bisect
 import logging
 import mmap
 import os
@@ -140,12 +141,6 @@ class FileQueue:
         if least_pages == 0:
             self.dirty = False
             self.state.flushed_offset = self.state.max_offset
-
-    def destroy(self) -> None:
-        self.units.destroy()
-        self.times.destroy()
-        for mfq in (self.units, self.times):
-            self._disk.remove_tree(mfq.store_path)
 
     # -- recovery -------------------------------------------------------------------------------
 
@@ -338,10 +333,10 @@ class FileQueue:
 
         return checked, raw_bisect
 
-    def read_units(self, offset: int, max_units: int, *, one_file: bool) -> list[Unit] | None:
-        """Units from `offset` (below max), in one file when `one_file`, with their indexed
-        times; None when no file holds `offset` (RocketMQ's iterateFrom returning null)."""
-        runs = self._unit_runs(offset, max_units, one_file=one_file)
+    def read_units(self, offset: int, max_units: int) -> list[Unit] | None:
+        """Units from `offset` (below max, across files) with their indexed times; None when no
+        file holds `offset` (RocketMQ's iterateFrom returning null)."""
+        runs = self._unit_runs(offset, max_units, one_file=False)
         if runs is None:
             return None
         out: list[Unit] = []
@@ -468,17 +463,15 @@ class FileQueue:
 
     # -- truncation, min offset, deletion -------------------------------------------------------
 
+    def _phy(self, offset: int) -> int:
+        """The commit-log offset the unit at `offset` points at; -1 for a blank."""
+        phy, size = self.phy_at(offset)
+        return -1 if _is_blank(phy, size) else phy
+
     def first_at_or_above(self, lo: int, hi: int, phy_floor: int) -> int:
         """Smallest offset in [lo, hi) whose unit points at or above `phy_floor` (blanks count
         as below), or hi. Units are in commit-log order, so this is a binary search."""
-        while lo < hi:
-            mid = (lo + hi) // 2
-            phy, size = self.phy_at(mid)
-            if _is_blank(phy, size) or phy < phy_floor:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return bisect.bisect_left(range(hi), phy_floor, lo, hi, key=self._phy)
 
     def truncate_dirty(self, phy_offset: int) -> int:
         """truncateDirtyLogicFiles: drop every unit pointing at or beyond `phy_offset`.
@@ -489,8 +482,7 @@ class FileQueue:
         lo = self.units.min_offset() // UNIT_BYTES
         if st.max_offset <= lo:
             return 0
-        phy, size = self.phy_at(st.max_offset - 1)
-        if not _is_blank(phy, size) and phy < phy_offset:
+        if 0 <= self._phy(st.max_offset - 1) < phy_offset:
             return 0
         cut = self.first_at_or_above(lo, st.max_offset, phy_offset)
         dropped = st.max_offset - cut
@@ -522,15 +514,12 @@ class FileQueue:
         if not self.has_offset(st.max_offset - 1):
             st.min_offset = st.max_offset  # its file was deleted: only an empty file is left
             return
-        phy, size = self.phy_at(st.max_offset - 1)
-        if _is_blank(phy, size) or phy < min_phy:
+        if self._phy(st.max_offset - 1) < min_phy:
             st.min_offset = st.max_offset
             return
         lo = max(st.min_offset, self.units.min_offset() // UNIT_BYTES)
-        if lo == st.min_offset:
-            phy, size = self.phy_at(lo)
-            if not _is_blank(phy, size) and phy >= min_phy:
-                return
+        if lo == st.min_offset and self._phy(lo) >= min_phy:
+            return
         st.min_offset = self.first_at_or_above(lo, st.max_offset, min_phy)
 
     def delete_expired(self, min_phy: int) -> int:

@@ -19,13 +19,11 @@ What differs from the file store, and why:
 
 from __future__ import annotations
 
-import dataclasses
-import logging
+import bisect
 import os
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -35,25 +33,23 @@ from cq_svc import checkpoint
 from cq_svc import rocks_layout as L  # noqa: N812 (the layout module, read as a prefix)
 from cq_svc.config import CqConfig
 from cq_svc.store import (
-    PullResult,
+    CqStore,
+    Key,
     RecoveryReport,
     UnitRun,
-    decide_pull,
+    check_gap,
+    check_queue_name,
     plain_run_start,
 )
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
-from mqstore.errors import InvalidArgument, check
+from mqstore.errors import check
 from mqstore.formats.cq_checkpoint import CqCheckpoint
 from mqstore.formats.cq_time import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
 from mqstore.formats.cq_unit import BLANK_SIZE, Unit
-from mqstore.limits import TOPIC_PATTERN
 from mqstore.storage import failpoints
-from mqstore.storage.clock import Clock, SystemClock
-from mqstore.storage.disk import Disk, OsDisk
+from mqstore.storage.clock import Clock
+from mqstore.storage.disk import Disk
 
-log = logging.getLogger(__name__)
-
-Key = tuple[str, int]
 OFFSET_CF = "offset"
 # Units read per multi-get when iterating: one round trip into RocksDB for a pull.
 _RANGE_CHUNK = 1024
@@ -82,23 +78,17 @@ class _QState:
         self.min_phy_seen = -1  # the log minimum this state's min_offset was corrected for
 
 
-class RocksCqStore:
+class RocksCqStore(CqStore):
     def __init__(
         self, config: CqConfig, *, disk: Disk | None = None, clock: Clock | None = None
     ) -> None:
-        self.config = config
-        self.disk: Disk = disk if disk is not None else OsDisk()
-        self.clock: Clock = clock if clock is not None else SystemClock()
+        super().__init__(config, disk=disk, clock=clock)
         self.path = os.path.join(config.data_dir, "cq_rocksdb")
         self._db: rocksdict.Rdict | None = None
         self._offset_cf: rocksdict.Rdict | None = None
         self._offset_handle: object = None
         self._cache: OrderedDict[Key, _QState] = OrderedDict()
-        self._lock = threading.RLock()
-        self._ckpt = CqCheckpoint()
-        self._applied = 0
         self._confirmed = 0
-        self._min_phy = 0
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -165,16 +155,8 @@ class RocksCqStore:
         return cf
 
     @property
-    def store_id(self) -> bytes:
-        return self._ckpt.store_id
-
-    @property
     def confirmed_offset(self) -> int:
         return self._confirmed
-
-    @property
-    def applied_offset(self) -> int:
-        return self._applied
 
     def advance_applied(self, offset: int) -> None:
         """Nothing below `offset` will ever be dispatched (the log's minimum): count it as
@@ -183,13 +165,21 @@ class RocksCqStore:
             if offset <= self._applied:
                 return
             wb = rocksdict.WriteBatch(raw_mode=True)
-            wb.put(
-                L.CHECKPOINT_KEY,
-                L.CHECKPOINT_VALUE.pack(offset),
-                self._offset_handle,  # type: ignore[arg-type]
-            )
+            self._put_checkpoint(wb, offset)
             self._db_().write(wb)
             self._applied = offset
+
+    def _put_checkpoint(self, wb: rocksdict.WriteBatch, applied: int) -> None:
+        handle: Any = self._offset_handle
+        wb.put(L.CHECKPOINT_KEY, L.CHECKPOINT_VALUE.pack(applied), handle)
+
+    def _put_offset(
+        self, wb: rocksdict.WriteBatch, key: Key, kind: bytes, phy: int, offset: int
+    ) -> None:
+        """The queue's min or max row (`kind` L.MIN or L.MAX) into `wb`."""
+        topic, qid = key
+        handle: Any = self._offset_handle
+        wb.put(L.offset_key(topic, kind, qid), L.OFFSET_VALUE.pack(phy, offset), handle)
 
     def reset(self, store_id: bytes) -> None:
         with self._lock:
@@ -201,16 +191,7 @@ class RocksCqStore:
             self._applied = self._confirmed = 0
             self._min_phy = 0
             self._ckpt = CqCheckpoint(store_id=store_id)
-            self._write_checkpoint_file()
-
-    def _write_checkpoint_file(self) -> None:
-        self._ckpt = dataclasses.replace(
-            self._ckpt,
-            confirmed_offset=self._confirmed,
-            min_commit_log_offset=self._min_phy,
-            written_at_ms=self.clock.now_ms(),
-        )
-        checkpoint.save(self.disk, self.config.data_dir, self._ckpt)
+            self._save_checkpoint(self._confirmed)
 
     # -- per-queue state ------------------------------------------------------------------------
 
@@ -221,10 +202,8 @@ class RocksCqStore:
             if st is None:
                 if not create:
                     return None
-                topic, qid = key
-                if not TOPIC_PATTERN.match(topic) or qid < 0:
-                    raise InvalidArgument(f"bad topic or queue id {topic!r}/{qid}", field="topic")
-                st = _QState(L.queue_prefix(topic, qid))
+                check_queue_name(key)
+                st = _QState(L.queue_prefix(*key))
             self._cache[key] = st
             while len(self._cache) > self.config.rocksdb_queue_cache_max:
                 self._cache.popitem(last=False)
@@ -256,13 +235,6 @@ class RocksCqStore:
             return None
         return Unit(offset, *L.UNIT_VALUE.unpack(raw))
 
-    def _units(self, st: _QState, offset: int, count: int) -> list[Unit]:
-        """Consecutive units from `offset`, stopping at the first missing row (multiGet)."""
-        unpack = L.UNIT_VALUE.unpack
-        return [
-            Unit(offset + i, *unpack(raw)) for i, raw in enumerate(self._values(st, offset, count))
-        ]
-
     def _values(self, st: _QState, offset: int, count: int) -> list[bytes]:
         """The unit rows' values (L.UNIT_VALUE) from `offset`, up to the first missing row."""
         out: list[bytes] = []
@@ -287,13 +259,7 @@ class RocksCqStore:
         return u.commit_log_offset
 
     def _first_at_or_above(self, st: _QState, lo: int, hi: int, phy_floor: int) -> int:
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._phy(st, mid) < phy_floor:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return bisect.bisect_left(range(hi), phy_floor, lo, hi, key=lambda o: self._phy(st, o))
 
     def _correct_min(self, key: Key, st: _QState, min_phy: int) -> None:
         """getMinCqOffset's correction (§8.5), written back as the min row."""
@@ -322,8 +288,7 @@ class RocksCqStore:
         """Under the lock: write the batch with the new applied offset, then move the states
         of the queues it touched (only once the write went through)."""
         end = max(end, self._applied)
-        handle = self._offset_handle
-        wb.put(L.CHECKPOINT_KEY, L.CHECKPOINT_VALUE.pack(end), handle)  # type: ignore[arg-type]
+        self._put_checkpoint(wb, end)
         self._db_().write(wb)
         for st, new_min, new_max, last_end, last_time in pending:
             st.min_offset, st.max_offset = new_min, new_max
@@ -368,18 +333,12 @@ class RocksCqStore:
         unchanged = (st.min_offset, st.max_offset, st.last_phy_end, st.last_time_ms)
         if start == len(rows):
             return 0, unchanged
-        topic, qid = key
-        handle = self._offset_handle
         taken = rows[start:]
         m = len(taken)
         first = st.max_offset
         if st.max_offset == 0 and st.min_offset == 0:
             # A fresh queue's min row (`_apply` writes it with the queue's first unit).
-            wb.put(
-                L.offset_key(topic, L.MIN, qid),
-                L.OFFSET_VALUE.pack(int(phys[start]), first),
-                handle,  # type: ignore[arg-type]
-            )
+            self._put_offset(wb, key, L.MIN, int(phys[start]), first)
         stamps = np.clip(columns.store_timestamps_ms[taken], 0, TIME_MAX_MS)
         values = np.empty(m, dtype=_UNIT_VALUE_DTYPE)
         values["phy"] = phys[start:]
@@ -397,11 +356,7 @@ class RocksCqStore:
                 value_bytes[i * width : (i + 1) * width],
             )
         last_phy = int(phys[-1])
-        wb.put(
-            L.offset_key(topic, L.MAX, qid),
-            L.OFFSET_VALUE.pack(last_phy, first + m - 1),
-            handle,  # type: ignore[arg-type]
-        )
+        self._put_offset(wb, key, L.MAX, last_phy, first + m - 1)
         last_time = int(values["time"][-1])
         last_end = last_phy + int(columns.sizes[int(rows[-1])])
         return m, (st.min_offset, first + m, last_end, last_time)
@@ -409,8 +364,6 @@ class RocksCqStore:
     def _apply(
         self, key: Key, st: _QState, group: list[DispatchEntry], wb: rocksdict.WriteBatch
     ) -> tuple[int, tuple[int, int, int, int]]:
-        topic, qid = key
-        handle = self._offset_handle
         expect = st.max_offset
         min_offset = st.min_offset
         last_end = st.last_phy_end
@@ -427,24 +380,13 @@ class RocksCqStore:
                 if fresh and written == 0:
                     min_offset = e.queue_offset  # initializeWithOffset: the queue starts here
                 else:
-                    gap = e.queue_offset - expect
-                    if gap > self.config.units_per_file:
-                        raise InvalidArgument(
-                            f"{topic}/{qid}: gap of {gap} units at queue offset "
-                            f"{e.queue_offset}; refusing to fill it",
-                            field="queue_offset",
-                        )
-                    log.error("[BUG] %s/%d: %d blank units before %d", topic, qid, gap, expect)
+                    check_gap(key, expect, e.queue_offset, self.config.units_per_file)
                     blank = pack(0, BLANK_SIZE, 0, last_time)
                     for off in range(expect, e.queue_offset):
                         wb.put(L.unit_key(prefix, off), blank)
                 expect = e.queue_offset
             if fresh and written == 0:
-                wb.put(
-                    L.offset_key(topic, L.MIN, qid),
-                    L.OFFSET_VALUE.pack(e.commit_log_offset, expect),
-                    handle,  # type: ignore[arg-type]
-                )
+                self._put_offset(wb, key, L.MIN, e.commit_log_offset, expect)
             last_time = max(last_time, clamp_time(e.store_timestamp_ms))
             wb.put(
                 L.unit_key(prefix, expect),
@@ -455,11 +397,7 @@ class RocksCqStore:
             expect += 1
             written += 1
         if written:
-            wb.put(
-                L.offset_key(topic, L.MAX, qid),
-                L.OFFSET_VALUE.pack(last_phy, expect - 1),
-                handle,  # type: ignore[arg-type]
-            )
+            self._put_offset(wb, key, L.MAX, last_phy, expect - 1)
         return written, (min_offset, expect, last_end, last_time)
 
     def truncate_dirty(self, phy_offset: int) -> int:
@@ -467,45 +405,20 @@ class RocksCqStore:
         points at or beyond `phy_offset`. Unit rows above max stay until overwritten."""
         dropped = 0
         with self._lock:
-            ocf = self._ocf()
             wb = rocksdict.WriteBatch(raw_mode=True)
-            handle = self._offset_handle
-            it = ocf.iter()
-            it.seek_to_first()
-            touched: list[Key] = []
-            while it.valid():
-                k = it.key()
-                if k != L.CHECKPOINT_KEY:
-                    topic, kind, qid = L.decode_offset_key(k)
-                    if kind == L.MAX and L.OFFSET_VALUE.unpack(it.value())[0] >= phy_offset:
-                        touched.append((topic, qid))
-                it.next()
-            del it
+            touched = [key for key, last_phy in self._max_rows() if last_phy >= phy_offset]
             for key in touched:
                 self._cache.pop(key, None)
                 st = self._load_state(key)
                 assert st is not None
                 cut = self._first_at_or_above(st, st.min_offset, st.max_offset, phy_offset)
                 dropped += st.max_offset - cut
-                topic, qid = key
                 last_phy = self._phy(st, cut - 1) if cut > 0 else -1
-                wb.put(
-                    L.offset_key(topic, L.MAX, qid),
-                    L.OFFSET_VALUE.pack(last_phy, cut - 1),
-                    handle,  # type: ignore[arg-type]
-                )
+                self._put_offset(wb, key, L.MAX, last_phy, cut - 1)
                 if st.min_offset > cut:
-                    wb.put(
-                        L.offset_key(topic, L.MIN, qid),
-                        L.OFFSET_VALUE.pack(0, cut),
-                        handle,  # type: ignore[arg-type]
-                    )
+                    self._put_offset(wb, key, L.MIN, 0, cut)
             self._applied = min(self._applied, phy_offset)
-            wb.put(
-                L.CHECKPOINT_KEY,
-                L.CHECKPOINT_VALUE.pack(self._applied),
-                handle,  # type: ignore[arg-type]
-            )
+            self._put_checkpoint(wb, self._applied)
             self._db_().write(wb)
             for key in touched:
                 self._cache.pop(key, None)
@@ -517,7 +430,7 @@ class RocksCqStore:
         with self._lock:
             if min_commit_log_offset > self._min_phy:
                 self._min_phy = min_commit_log_offset
-                self._write_checkpoint_file()
+                self._save_checkpoint(self._confirmed)
 
     def delete_expired(self, min_commit_log_offset: int) -> int:
         """Correct every queue's min and delete its unit rows below it; returns queues that
@@ -525,7 +438,7 @@ class RocksCqStore:
         self.correct_min_offset(min_commit_log_offset)
         cleaned = 0
         with self._lock:
-            for key in self._all_queues():
+            for key in [key for key, _ in self._max_rows()]:
                 st = self._state(key, create=False)
                 if st is None or st.min_offset == 0:
                     continue
@@ -541,8 +454,8 @@ class RocksCqStore:
                 del first
         return cleaned
 
-    def _all_queues(self) -> list[Key]:
-        keys: list[Key] = []
+    def _max_rows(self) -> Iterator[tuple[Key, int]]:
+        """Every queue, with the commit-log offset of its newest unit (its max row)."""
         it = self._ocf().iter()
         it.seek_to_first()
         while it.valid():
@@ -550,9 +463,8 @@ class RocksCqStore:
             if k != L.CHECKPOINT_KEY:
                 topic, kind, qid = L.decode_offset_key(k)
                 if kind == L.MAX:
-                    keys.append((topic, qid))
+                    yield (topic, qid), L.OFFSET_VALUE.unpack(it.value())[0]
             it.next()
-        return keys
 
     def flush(self, least_pages: int = 0) -> int:
         """Sync the WAL; the checkpoint row written with the newest batch becomes durable with
@@ -569,22 +481,10 @@ class RocksCqStore:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def min_offset(self, topic: str, queue_id: int) -> int:
+    def _bounds(self, key: Key) -> tuple[int, int, int] | None:
         with self._lock:
-            st = self._state((topic, queue_id), create=False)
-            return st.min_offset if st is not None else 0
-
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        with self._lock:
-            st = self._state((topic, queue_id), create=False)
-            return st.max_offset if st is not None else 0
-
-    def get_last_offset(self, topic: str, queue_id: int) -> int:
-        with self._lock:
-            st = self._state((topic, queue_id), create=False)
-            if st is None or st.max_offset <= st.min_offset:
-                return -1
-            return st.last_phy_end
+            st = self._state(key, create=False)
+            return (st.min_offset, st.max_offset, st.last_phy_end) if st is not None else None
 
     def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[Unit]:
         with self._lock:
@@ -592,7 +492,8 @@ class RocksCqStore:
             if st is None:
                 return []
             offset = max(offset, st.min_offset)
-            return self._units(st, offset, min(max_units, st.max_offset - offset))
+            values = self._values(st, offset, min(max_units, st.max_offset - offset))
+            return [Unit(offset + i, *L.UNIT_VALUE.unpack(raw)) for i, raw in enumerate(values)]
 
     def get_offset_by_time(
         self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER
@@ -613,25 +514,8 @@ class RocksCqStore:
             )
             return min(max(found, st.min_offset), st.max_offset)
 
-    def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int,
-        max_bytes: int,
-        tags_codes: Iterable[int] = (),
-    ) -> PullResult:
-        with self._lock:
-            return decide_pull(
-                _RocksPullSource(self, self._state((topic, queue_id), create=False)),
-                offset,
-                max_messages,
-                max_bytes,
-                tags_codes,
-                max_filter_bytes=self.config.max_filter_bytes,
-                pull_bytes_cap=self.config.pull_bytes_cap,
-            )
+    def _pull_source(self, key: Key) -> _RocksPullSource:
+        return _RocksPullSource(self, self._state(key, create=False))
 
     def list_queues(self, topic: str) -> list[int]:
         prefix = topic.encode()
@@ -649,7 +533,7 @@ class RocksCqStore:
 
     def list_topics(self) -> list[str]:
         with self._lock:
-            return sorted({t for t, _ in self._all_queues()})
+            return sorted({topic for (topic, _), _ in self._max_rows()})
 
 
 class _RocksPullSource:

@@ -218,10 +218,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         long poll does: at most pull_streams_max at once (RESOURCE_EXHAUSTED beyond, taken
         before this runs: settings.stream_caps), each at most pull_stream_batches_max answers
         long, each answer at most stream_answer_bytes_max of records."""
-        s = self.settings
-        if request.max_batches < 0:
-            raise InvalidArgument("max_batches must not be negative", field="max_batches")
-        batches = min(request.max_batches or s.pull_stream_batches_max, s.pull_stream_batches_max)
+        top = self.settings.pull_stream_batches_max
+        batches = _limit(request.max_batches, top, top, "max_batches")
         args = self._stream_args(request.pull)
         offset = request.pull.offset
         for _ in range(batches):
@@ -255,12 +253,12 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 f"a follow names at most {s.follow_queues_max} queues, not {len(pulls)}",
                 field="pulls",
             )
-        if request.max_batches < 0:
-            raise InvalidArgument("max_batches must not be negative", field="max_batches")
+        batches = _limit(
+            request.max_batches, s.follow_batches_max, s.follow_batches_max, "max_batches"
+        )
         keys = [(p.topic, p.queue_id) for p in pulls]
         if len(set(keys)) != len(keys):
             raise InvalidArgument("a follow names each queue once", field="pulls")
-        batches = min(request.max_batches or s.follow_batches_max, s.follow_batches_max)
         idle_s = self._long_poll_s(request.long_poll_ms, context)
         args = [self._stream_args(p) for p in pulls]
         offsets = [p.offset for p in pulls]
@@ -421,9 +419,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             groups = []
             for group in _read_groups(found, taken_found, self.settings.pull_bytes_max):
                 taken = [started[k][1].taken for k in group]
-                phy = taken[0].phy if len(taken) == 1 else np.concatenate([t.phy for t in taken])
-                size = taken[0].size if len(taken) == 1 else np.concatenate([t.size for t in taken])
-                groups.append((group, taken, phy, size))
+                joined = UnitColumns.concat(taken)
+                groups.append((group, taken, joined.phy, joined.size))
         answers = self.sources.pulls.answers([(phy, size) for _, _, phy, size in groups], context)
         for (group, taken, _, _), answer in zip(groups, answers, strict=True):
             with CPU_SECTION:
@@ -520,14 +517,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 got.removed += 1  # RocketMQ steps over removed messages too
             else:
                 self.sources.log.raise_if_cut(unit.commit_log_offset)
-                metrics.READ_RECORDS.labels("corrupt").inc()
-                log.error(
-                    "%s/%d@%d: the commit log refuses the record at %d as corrupt",
-                    topic,
-                    queue_id,
-                    unit.queue_offset,
-                    unit.commit_log_offset,
-                )
+                _count_corrupt(topic, queue_id, unit)
                 if a.report_bad:
                     got.bad = _bad_record(unit)
                     got.next_begin = unit.queue_offset + 1
@@ -815,14 +805,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 except Unavailable:
                     self._release(group, topic, queue_id, got)
                     raise
-                metrics.READ_RECORDS.labels("corrupt").inc()
-                log.error(
-                    "%s/%d@%d: the commit log refuses the record at %d as corrupt",
-                    topic,
-                    queue_id,
-                    d.queue_offset,
-                    r.unit.commit_log_offset,
-                )
+                _count_corrupt(topic, queue_id, r.unit)
                 if report_bad:
                     bad = response.bad_records.add()
                     bad.CopyFrom(_bad_record(r.unit))
@@ -989,6 +972,17 @@ def _bad_record(unit: Unit) -> pb.BadRecord:
             f"the commit log refuses the record at {unit.commit_log_offset} ({unit.size} bytes) "
             "as damaged: it fails its checks and is never served"
         ),
+    )
+
+
+def _count_corrupt(topic: str, queue_id: int, unit: Unit) -> None:
+    metrics.READ_RECORDS.labels("corrupt").inc()
+    log.error(
+        "%s/%d@%d: the commit log refuses the record at %d as corrupt",
+        topic,
+        queue_id,
+        unit.queue_offset,
+        unit.commit_log_offset,
     )
 
 

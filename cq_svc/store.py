@@ -1,6 +1,6 @@
 """The consume-queue store interface, and the pull decision both stores share.
 
-    CqStore (Protocol)
+    CqStore (ABC)       the interface, and what both share (checkpoint file, bounds, pull)
     ├── FileCqStore     file_store.py   RocketMQ's unit files + time companions (default)
     └── RocksCqStore    rocks_store.py  RocketMQ's RocksDB layout (§8) on rocksdict
 
@@ -17,7 +17,11 @@ it covers is flushed.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import logging
+import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -25,10 +29,17 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from cq_svc import checkpoint
+from cq_svc.config import CqConfig
 from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
+from mqstore.errors import InvalidArgument
 from mqstore.formats import _core
+from mqstore.formats.cq_checkpoint import CqCheckpoint
 from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import UNIT_BYTES, Unit
+from mqstore.limits import TOPIC_PATTERN
+from mqstore.storage.clock import Clock, SystemClock
+from mqstore.storage.disk import Disk, OsDisk
 
 
 class PullStatus(enum.StrEnum):
@@ -78,11 +89,6 @@ class UnitColumns:
             np.concatenate([p.phy for p in parts]),
             np.concatenate([p.size for p in parts]),
             np.concatenate([p.tags for p in parts]),
-        )
-
-    def select(self, rows: IntArray | slice) -> UnitColumns:
-        return UnitColumns(
-            self.queue_offset[rows], self.phy[rows], self.size[rows], self.tags[rows]
         )
 
     def units(self) -> list[Unit]:
@@ -142,11 +148,32 @@ class RecoveryReport:
     duration_ms: float = 0.0
 
 
-class CqStore(Protocol):
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+class CqStore(ABC):
+    """The store interface, and what both stores share: their settings, checkpoint file and
+    applied offset, and the reads answered from a queue's bounds and its PullSource."""
+
+    def __init__(
+        self, config: CqConfig, *, disk: Disk | None = None, clock: Clock | None = None
+    ) -> None:
+        self.config = config
+        self.disk: Disk = disk if disk is not None else OsDisk()
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._lock = threading.RLock()
+        self._ckpt = CqCheckpoint()
+        self._applied = 0  # end of the newest frame given to put_columns
+        self._min_phy = 0  # the commit log's minimum, as last told
+
     # -- life cycle --
+    @abstractmethod
     def open(self) -> RecoveryReport:
         """Load and recover (for the file store: each queue's last 3 files)."""
 
+    @abstractmethod
     def close(self, *, flush: bool = True) -> None:
         """Flush everything, write the checkpoint, release files. With flush=False (a flush
         failed before: retrying it could vouch for pages the kernel dropped) only release."""
@@ -155,11 +182,14 @@ class CqStore(Protocol):
     @property
     def store_id(self) -> bytes:
         """The commit log this store follows (empty until the first handshake)."""
+        return self._ckpt.store_id
 
+    @abstractmethod
     def reset(self, store_id: bytes) -> None:
         """The commit log was replaced: drop every queue, follow `store_id` from scratch."""
 
     @property
+    @abstractmethod
     def confirmed_offset(self) -> int:
         """Everything below this commit-log offset is applied and durable."""
 
@@ -167,39 +197,73 @@ class CqStore(Protocol):
     def applied_offset(self) -> int:
         """End of the newest entry given to put_columns (not necessarily durable yet): at least
         the confirmed offset, and what the start-up handshake compares with the log's end."""
+        return self._applied
 
+    @abstractmethod
     def advance_applied(self, offset: int) -> None:
         """Count everything below `offset` as applied (nothing below it will be dispatched)."""
 
+    def _save_checkpoint(self, confirmed_offset: int) -> None:
+        self._ckpt = dataclasses.replace(
+            self._ckpt,
+            confirmed_offset=confirmed_offset,
+            min_commit_log_offset=self._min_phy,
+            written_at_ms=self.clock.now_ms(),
+        )
+        checkpoint.save(self.disk, self.config.data_dir, self._ckpt)
+
     # -- writes --
+    @abstractmethod
     def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
         """Apply a dispatch frame (in commit-log order); entries already applied are skipped.
         `batch_end_offset` is where the frame ends in the log (default: the last entry's end).
         Returns the number of units written."""
 
+    @abstractmethod
     def truncate_dirty(self, phy_offset: int) -> int:
         """Drop every unit pointing at or beyond `phy_offset`; returns units dropped."""
 
+    @abstractmethod
     def correct_min_offset(self, min_commit_log_offset: int) -> None: ...
 
+    @abstractmethod
     def delete_expired(self, min_commit_log_offset: int) -> int:
         """Delete what only points below the commit log's minimum; returns files/ranges."""
 
+    @abstractmethod
     def flush(self, least_pages: int = 0) -> int:
         """Flush; with least_pages 0 also advance the checkpoint. Returns the confirmed
         offset."""
 
     # -- reads --
-    def min_offset(self, topic: str, queue_id: int) -> int: ...
+    @abstractmethod
+    def _bounds(self, key: Key) -> tuple[int, int, int] | None:
+        """The queue's (min offset, max offset, newest unit's end in the log); None when the
+        store does not know it."""
 
-    def max_offset(self, topic: str, queue_id: int) -> int: ...
+    @abstractmethod
+    def _pull_source(self, key: Key) -> PullSource: ...
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        bounds = self._bounds((topic, queue_id))
+        return bounds[0] if bounds is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        bounds = self._bounds((topic, queue_id))
+        return bounds[1] if bounds is not None else 0
 
     def get_last_offset(self, topic: str, queue_id: int) -> int:
         """Commit-log end of the queue's newest unit, or -1."""
+        bounds = self._bounds((topic, queue_id))
+        if bounds is None or bounds[1] <= bounds[0]:
+            return -1
+        return bounds[2]
 
+    @abstractmethod
     def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[Unit]:
         """Units from `offset` (possibly spanning files); [] beyond what is stored."""
 
+    @abstractmethod
     def get_offset_by_time(
         self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER
     ) -> int: ...
@@ -212,11 +276,49 @@ class CqStore(Protocol):
         max_messages: int,
         max_bytes: int,
         tags_codes: Iterable[int] = (),
-    ) -> PullResult: ...
+    ) -> PullResult:
+        with self._lock:
+            return decide_pull(
+                self._pull_source((topic, queue_id)),
+                offset,
+                max_messages,
+                max_bytes,
+                tags_codes,
+                max_filter_bytes=self.config.max_filter_bytes,
+                pull_bytes_cap=self.config.pull_bytes_cap,
+            )
 
+    @abstractmethod
     def list_queues(self, topic: str) -> list[int]: ...
 
+    @abstractmethod
     def list_topics(self) -> list[str]: ...
+
+
+def check_queue_name(key: Key) -> None:
+    topic, qid = key
+    # Topics become directory names: the limits module's pattern keeps "../" out.
+    if not TOPIC_PATTERN.match(topic) or qid < 0:
+        raise InvalidArgument(f"bad topic or queue id {topic!r}/{qid}", field="topic")
+
+
+def check_gap(key: Key, expect: int, offset: int, units_per_file: int) -> None:
+    """An entry at `offset` past the queue's next offset `expect`: the caller fills the gap
+    with blank units, after this logs it; more than a file of blanks is refused."""
+    gap = offset - expect
+    if gap > units_per_file:
+        raise InvalidArgument(
+            f"{key[0]}/{key[1]}: entry at queue offset {offset} leaves a gap of {gap} units "
+            "after the queue's end; refusing to fill more than a file of blanks",
+            field="queue_offset",
+        )
+    log.error(
+        "[BUG] %s/%d: logic queue order maybe wrong: expected %d, got %d; %d blank units",
+        *key,
+        expect,
+        offset,
+        gap,
+    )
 
 
 def put_entries(

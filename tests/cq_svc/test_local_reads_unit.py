@@ -10,6 +10,7 @@ import numpy as np
 from cq_svc.local_reads import LocalReads
 from mqstore.formats.commitlog_checkpoint import StoreMeta, encode_meta
 from mqstore.formats.record import encode_record
+from mqstore.formats.record_columns import CheckedRecords
 from mqstore.storage.logreader import COMMITLOG_SUBDIR, STORE_META_FILE
 from mqstore.storage.mapped_file import offset_to_file_name
 
@@ -19,6 +20,13 @@ SEGMENT_BYTES = 4096
 
 def _arr(values: list[int]) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
+
+
+def _read(
+    local: LocalReads, offsets: np.ndarray, sizes: np.ndarray
+) -> tuple[bytes, CheckedRecords] | None:
+    """As the servicer reads (record_sources.SegmentFiles): the copy, then its check."""
+    return local.check(offsets, sizes, local.copy(offsets, sizes))
 
 
 def _store(root: Path, *, segments: bool) -> bytes:
@@ -35,10 +43,10 @@ def _store(root: Path, *, segments: bool) -> bytes:
 def test_a_matching_store_with_readable_segments_serves(tmp_path: Path) -> None:
     record = _store(tmp_path, segments=True)
     local = LocalReads(str(tmp_path))
-    assert local.read(_arr([0]), _arr([len(record)])) is None  # not before a handshake
+    assert _read(local, _arr([0]), _arr([len(record)])) is None  # not before a handshake
     local.on_handshake(STORE, 0)
     assert local.active and local.serving
-    got = local.read(_arr([0]), _arr([len(record)]))
+    got = _read(local, _arr([0]), _arr([len(record)]))
     assert got is not None
     blob, checked = got
     assert blob == record
@@ -48,7 +56,7 @@ def test_a_matching_store_with_readable_segments_serves(tmp_path: Path) -> None:
     assert local.serving
     local.on_handshake(b"X" * 16, 0)  # another log now: nothing from these files
     assert not local.active and not local.serving
-    assert local.read(_arr([0]), _arr([len(record)])) is None
+    assert _read(local, _arr([0]), _arr([len(record)])) is None
 
 
 def test_store_meta_without_readable_segments_gives_the_tail_back(tmp_path: Path) -> None:
@@ -56,7 +64,7 @@ def test_store_meta_without_readable_segments_gives_the_tail_back(tmp_path: Path
     local = LocalReads(str(tmp_path))
     local.on_handshake(STORE, 0)
     assert local.active and local.serving  # nothing read yet
-    assert local.read(_arr([0]), _arr([len(record)])) is None
+    assert _read(local, _arr([0]), _arr([len(record)])) is None
     assert local.active and not local.serving  # the frames should bring records again
     local.on_handshake(STORE, 0)
     assert local.serving
@@ -70,7 +78,7 @@ def test_a_damaged_record_is_refused_and_a_record_elsewhere_is_not_served(tmp_pa
     data = bytearray(path.read_bytes())
     data[len(record) - 10] ^= 0x01  # inside the record
     path.write_bytes(bytes(data))
-    assert local.read(_arr([0]), _arr([len(record)])) is None
+    assert _read(local, _arr([0]), _arr([len(record)])) is None
 
 
 def test_copies_then_checks_note_the_last_checks_outcome(tmp_path: Path) -> None:
@@ -88,4 +96,4 @@ def test_copies_then_checks_note_the_last_checks_outcome(tmp_path: Path) -> None
     assert local.check(here, size, copies[0]) is not None
     assert local.check(nowhere, size, copies[1]) is None
     assert not local.serving
-    assert local.read(here, size) is not None and local.serving  # a hit serves again
+    assert _read(local, here, size) is not None and local.serving  # a hit serves again
