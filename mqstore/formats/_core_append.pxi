@@ -265,10 +265,11 @@ def share_bounds(
 
 cdef const unsigned char *_wire_next_field(
     const unsigned char *p, const unsigned char *end, uint64_t *field, int *wire_type,
-    uint64_t *value, const unsigned char **payload,
+    uint64_t *value, const unsigned char **payload, int depth,
 ) except NULL:
     """The field at p: its number, wire type and varint value or payload (length in value);
-    a fixed-width field or a group is stepped over (nothing read)."""
+    a fixed-width field or a group is stepped over (nothing read). `depth`: how deep in
+    sub-messages p is (protobuf's nesting limit counts them and groups alike)."""
     cdef uint64_t key
     p = _varint(p, end, &key)
     field[0] = key >> 3
@@ -283,7 +284,7 @@ cdef const unsigned char *_wire_next_field(
             raise ValueError("a truncated length-delimited field")
         payload[0] = p
         return p + value[0]
-    return _skip(p, end, wire_type[0], <uint32_t>field[0], 0)  # fixed-width, a group
+    return _skip(p, end, wire_type[0], <uint32_t>field[0], depth)  # fixed-width, a group
 
 
 cdef inline object _wire_signed(uint64_t v, int bits):
@@ -313,7 +314,7 @@ cdef int _wire_merge(list into, const unsigned char *p, const unsigned char *end
     cdef int wire_type
     cdef const unsigned char *payload = NULL
     while p < end:
-        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload)
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload, 1)
         if field < 1 or field > <uint64_t>len(into):
             continue
         if type(into[field - 1]) is int and wire_type == WIRE_VARINT:
@@ -342,7 +343,7 @@ def read_append_response(bytes data):
     cdef list error = None
     cdef list refusal
     while p < end:
-        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload)
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload, 0)
         if 1 <= field <= 4 and (wire_type == WIRE_VARINT or wire_type == WIRE_LEN):
             if field == 1:
                 _wire_numbers(statuses, wire_type, value, payload, 32)
@@ -404,7 +405,7 @@ cdef tuple _wire_batch(const unsigned char *p, const unsigned char *end):
     cdef list queue_ids = [], bodies = [], properties = [], sys_flags = []
     cdef object sys_flag = 0, flag = 0, born_ms = 0, reconsume = 0, prepared = 0
     while p < end:
-        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload)
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload, 1)
         if wire_type == WIRE_LEN:
             if field == 3:
                 bodies.append(PyBytes_FromStringAndSize(<const char *>payload, <Py_ssize_t>value))
@@ -459,7 +460,7 @@ def read_append_request(bytes data):
     cdef str producer_id = ""
     cdef object sequence = 0
     while p < end:
-        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload)
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload, 0)
         if wire_type == WIRE_LEN:
             if field == 1:
                 batches.append(_wire_batch(payload, payload + value))

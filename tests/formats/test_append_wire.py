@@ -5,6 +5,8 @@ plain-Python references (formats/append_wire.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
@@ -365,3 +367,28 @@ def test_read_append_request_refuses_what_protobuf_refuses(bad: bytes) -> None:
         pb.AppendRequest.FromString(bad)
     with pytest.raises(ValueError):
         _core.read_append_request(bad)
+
+
+def _groups(depth: int) -> bytes:
+    """`depth` nested groups of an unknown field (20)."""
+    return _varint(20 << 3 | 3) * depth + _varint(20 << 3 | 4) * depth
+
+
+@pytest.mark.parametrize("depth", [99, 100, 101])
+def test_groups_nest_as_deep_as_protobuf_lets_them_in_a_sub_message_too(depth: int) -> None:
+    """Protobuf's nesting limit counts sub-messages and groups alike: a batch, a refusal or a
+    request error holds one group fewer than the top level."""
+    cases: list[tuple[Callable[[bytes], object], Callable[[bytes], object], bytes]] = [
+        (pb.AppendRequest.FromString, _core.read_append_request, _groups(depth)),
+        (pb.AppendRequest.FromString, _core.read_append_request, _delimited(1, _groups(depth))),
+        (pb.AppendResponse.FromString, _core.read_append_response, _delimited(7, _groups(depth))),
+        (pb.AppendResponse.FromString, _core.read_append_response, _delimited(10, _groups(depth))),
+    ]
+    for parse, read, wire in cases:
+        try:
+            parse(wire)
+        except DecodeError:
+            with pytest.raises(ValueError):
+                read(wire)
+        else:
+            read(wire)
