@@ -38,6 +38,7 @@ from collections.abc import Sequence
 import grpc
 
 from commitlog_svc import metrics
+from commitlog_svc.append_request import add_servicer_to_server
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.replica import ReplicaLog
 from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings
@@ -49,7 +50,6 @@ from mqstore.errors import CoordinatorUnavailable, MqstoreError
 from mqstore.formats.record import pack_host
 from mqstore.rpc import logs
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
-from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from mqstore.rpc.server import READINESS, ServiceHost
 from mqstore.stop_request import StopRequest
 from mqstore.storage import data_mode
@@ -212,7 +212,7 @@ class CommitLogService:
 
     def _register(self, server: grpc.Server) -> list[str]:
         assert self.servicer is not None
-        pb_grpc.add_CommitLogServicer_to_server(self.servicer, server)
+        add_servicer_to_server(self.servicer, server)
         return [pb.DESCRIPTOR.services_by_name["CommitLog"].full_name]
 
     def _floor(self) -> int:

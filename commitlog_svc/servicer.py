@@ -1,7 +1,8 @@
 """The CommitLog gRPC service over the engine (commitlog.py) and the subscriber registry.
 
 Append / AppendStream. A request's batches become the engine's columnar MessageBatch as they
-are (lists of the proto's columns); an empty born_host means the caller's address. Results go
+are (the columns the compiled core read from the request bytes: append_request.py); an empty
+born_host means the caller's address. Results go
 back column by column; refusals are sparse. What is an error and what is a status:
 
     request-level problems (no batches, an empty batch, columns of different lengths, a
@@ -64,6 +65,7 @@ import numpy as np
 
 from commitlog_svc import metrics
 from commitlog_svc.append_checks import refuse_unreadable, with_refusals, without
+from commitlog_svc.append_request import AppendRequestColumns
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.dispatch_scan import DispatchScan, WireFrame, frame_of_runs, scan_dispatch
 from commitlog_svc.frame_cache import FrameCache
@@ -234,7 +236,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             host = self._peers[peer] = peer_host(peer)
         return host
 
-    def _batches(self, request: pb.AppendRequest, peer: bytes) -> list[MessageBatch]:
+    def _batches(self, request: AppendRequestColumns, peer: bytes) -> list[MessageBatch]:
         if not request.batches:
             raise InvalidArgument("an append needs at least one batch", field="batches")
         out = []
@@ -243,7 +245,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             n = len(b.bodies)
             if n == 0:
                 raise InvalidArgument(f"batch {i} has no messages", field=f"batches[{i}].bodies")
-            props = list(b.properties) if b.properties else None
+            props = b.properties or None
             reserved = _reserved_in(props) if props is not None else None
             if reserved is not None:
                 raise InvalidArgument(
@@ -253,10 +255,10 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             born = parse_host(b.born_host, field=f"batches[{i}].born_host") if b.born_host else peer
             batch = MessageBatch(
                 topic=b.topic,
-                queue_ids=list(b.queue_ids),
-                bodies=list(b.bodies),
+                queue_ids=b.queue_ids,
+                bodies=b.bodies,
                 properties=props,
-                sys_flags=list(b.sys_flags) if b.sys_flags else None,
+                sys_flags=b.sys_flags or None,
                 sys_flag=b.sys_flag,
                 flag=b.flag,
                 born_timestamp_ms=b.born_timestamp_ms,
@@ -279,7 +281,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             )
         return out
 
-    def _start(self, request: pb.AppendRequest, peer: bytes) -> PendingAppend:
+    def _start(self, request: AppendRequestColumns, peer: bytes) -> PendingAppend:
         batches = self._batches(request, peer)
         producer = (request.producer_id, request.sequence) if request.producer_id else None
         refused = refuse_unreadable(batches, self._limits.body_bytes_max)
@@ -338,14 +340,14 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
         )
 
     def Append(  # type: ignore[override]
-        self, request: pb.AppendRequest, context: grpc.ServicerContext
+        self, request: AppendRequestColumns, context: grpc.ServicerContext
     ) -> bytes:
         self._wait_started()
         pending = self._start(request, self._peer(context))
         return self._answer(self.engine.finish_append(pending), request.sequence)
 
     def AppendStream(  # type: ignore[override]
-        self, request_iterator: Iterator[pb.AppendRequest], context: grpc.ServicerContext
+        self, request_iterator: Iterator[AppendRequestColumns], context: grpc.ServicerContext
     ) -> Iterator[bytes | pb.AppendResponse]:
         if self._draining.is_set():
             raise Unavailable("the commit log is shutting down")
@@ -388,7 +390,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
 
     def _read_stream(
         self,
-        requests: Iterator[pb.AppendRequest],
+        requests: Iterator[AppendRequestColumns],
         peer: bytes,
         window: queue.Queue[_StreamItem],
         stream: _Stream,

@@ -267,4 +267,11 @@ def read_append_response(
     int,
     tuple[int, str, str] | None,
 ]: ...
+def read_append_request(
+    data: bytes,
+) -> tuple[
+    list[tuple[str, list[int], list[bytes], list[bytes], list[int], int, int, int, str, int, int]],
+    str,
+    int,
+]: ...
 def widest_bytes(items: list[Any]) -> int: ...

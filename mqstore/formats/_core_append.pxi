@@ -265,10 +265,11 @@ def share_bounds(
 
 cdef const unsigned char *_wire_next_field(
     const unsigned char *p, const unsigned char *end, uint64_t *field, int *wire_type,
-    uint64_t *value, const unsigned char **payload,
+    uint64_t *value, const unsigned char **payload, int depth,
 ) except NULL:
     """The field at p: its number, wire type and varint value or payload (length in value);
-    a fixed-width field or a group is stepped over (nothing read)."""
+    a fixed-width field or a group is stepped over (nothing read). `depth`: how deep in
+    sub-messages p is (protobuf's nesting limit counts them and groups alike)."""
     cdef uint64_t key
     p = _varint(p, end, &key)
     field[0] = key >> 3
@@ -283,7 +284,7 @@ cdef const unsigned char *_wire_next_field(
             raise ValueError("a truncated length-delimited field")
         payload[0] = p
         return p + value[0]
-    return _skip(p, end, wire_type[0], <uint32_t>field[0], 0)  # fixed-width, a group
+    return _skip(p, end, wire_type[0], <uint32_t>field[0], depth)  # fixed-width, a group
 
 
 cdef inline object _wire_signed(uint64_t v, int bits):
@@ -313,7 +314,7 @@ cdef int _wire_merge(list into, const unsigned char *p, const unsigned char *end
     cdef int wire_type
     cdef const unsigned char *payload = NULL
     while p < end:
-        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload)
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload, 1)
         if field < 1 or field > <uint64_t>len(into):
             continue
         if type(into[field - 1]) is int and wire_type == WIRE_VARINT:
@@ -342,7 +343,7 @@ def read_append_response(bytes data):
     cdef list error = None
     cdef list refusal
     while p < end:
-        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload)
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload, 0)
         if 1 <= field <= 4 and (wire_type == WIRE_VARINT or wire_type == WIRE_LEN):
             if field == 1:
                 _wire_numbers(statuses, wire_type, value, payload, 32)
@@ -387,3 +388,84 @@ def widest_bytes(list items):
         if n > widest:
             widest = n
     return widest
+
+
+cdef str _wire_text(const unsigned char *payload, uint64_t length):
+    """A string field's text; bytes that are no UTF-8 raise ValueError, as protobuf refuses
+    them (proto3 strings are checked)."""
+    return (<const char *>payload)[:length].decode("utf-8")
+
+
+cdef tuple _wire_batch(const unsigned char *p, const unsigned char *end):
+    """One MessageBatch's fields as protobuf parses them (read_append_request)."""
+    cdef const unsigned char *payload = NULL
+    cdef uint64_t field, value
+    cdef int wire_type
+    cdef str topic = "", born_host = ""
+    cdef list queue_ids = [], bodies = [], properties = [], sys_flags = []
+    cdef object sys_flag = 0, flag = 0, born_ms = 0, reconsume = 0, prepared = 0
+    while p < end:
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload, 1)
+        if wire_type == WIRE_LEN:
+            if field == 3:
+                bodies.append(PyBytes_FromStringAndSize(<const char *>payload, <Py_ssize_t>value))
+            elif field == 4:
+                properties.append(
+                    PyBytes_FromStringAndSize(<const char *>payload, <Py_ssize_t>value)
+                )
+            elif field == 2:
+                _wire_numbers(queue_ids, wire_type, value, payload, 32)
+            elif field == 5:
+                _wire_numbers(sys_flags, wire_type, value, payload, 32)
+            elif field == 1:
+                topic = _wire_text(payload, value)
+            elif field == 9:
+                born_host = _wire_text(payload, value)
+        elif wire_type == WIRE_VARINT:
+            if field == 2:
+                queue_ids.append(<int32_t>(<uint32_t>value))
+            elif field == 5:
+                sys_flags.append(<int32_t>(<uint32_t>value))
+            elif field == 6:
+                sys_flag = <int32_t>(<uint32_t>value)
+            elif field == 7:
+                flag = <int32_t>(<uint32_t>value)
+            elif field == 8:
+                born_ms = <int64_t>value
+            elif field == 10:
+                reconsume = <int32_t>(<uint32_t>value)
+            elif field == 11:
+                prepared = <int64_t>value
+    return (
+        topic, queue_ids, bodies, properties, sys_flags, sys_flag, flag, born_ms, born_host,
+        reconsume, prepared,
+    )
+
+
+def read_append_request(bytes data):
+    """An AppendRequest's fields from its bytes, as protobuf parses them, straight into the
+    columns a MessageBatch takes (no protobuf message, no copy of a repeated field into a
+    list): a repeated number packed or not, the last of a scalar field, each batch its own,
+    unknown fields (groups too) and known ones of another wire type skipped. Returns
+    (batches, producer id, sequence); a batch is (topic, queue ids, bodies, properties,
+    sys flags, sys flag, flag, born ms, born host, reconsume times, prepared tx offset), its
+    repeated fields lists (empty when absent). Malformed bytes, and text that is not UTF-8,
+    raise ValueError."""
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef const unsigned char *end = p + PyBytes_GET_SIZE(data)
+    cdef const unsigned char *payload = NULL
+    cdef uint64_t field, value
+    cdef int wire_type
+    cdef list batches = []
+    cdef str producer_id = ""
+    cdef object sequence = 0
+    while p < end:
+        p = _wire_next_field(p, end, &field, &wire_type, &value, &payload, 0)
+        if wire_type == WIRE_LEN:
+            if field == 1:
+                batches.append(_wire_batch(payload, payload + value))
+            elif field == 2:
+                producer_id = _wire_text(payload, value)
+        elif wire_type == WIRE_VARINT and field == 3:
+            sequence = value
+    return batches, producer_id, sequence

@@ -5,6 +5,8 @@ plain-Python references (formats/append_wire.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
@@ -209,3 +211,184 @@ def test_read_append_response_takes_damaged_answers_as_protobuf_does(
         wire[at % len(wire)] = byte
         del wire[cut % (len(wire) + 1) :]
     test_read_append_response_takes_any_bytes_as_protobuf_does.hypothesis.inner_test(bytes(wire))  # type: ignore[attr-defined]
+
+
+def _varint(v: int) -> bytes:
+    v &= (1 << 64) - 1
+    out = bytearray()
+    while v >= 0x80:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _delimited(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+# Fields no AppendRequest or MessageBatch has (or a known number of another wire type, which
+# protobuf skips as unknown too): varints, fixed widths, blobs and groups.
+UNKNOWN = st.one_of(
+    st.tuples(st.integers(12, 500), UINT64).map(lambda f: _varint(f[0] << 3) + _varint(f[1])),
+    st.tuples(st.integers(12, 500), st.binary(min_size=8, max_size=8)).map(
+        lambda f: _varint(f[0] << 3 | 1) + f[1]
+    ),
+    st.tuples(st.integers(12, 500), st.binary(max_size=8)).map(lambda f: _delimited(*f)),
+    st.tuples(st.integers(12, 500), UINT64).map(
+        lambda f: _varint(f[0] << 3 | 3) + _varint(7 << 3) + _varint(f[1]) + _varint(f[0] << 3 | 4)
+    ),
+    st.sampled_from([b"\x18\x05", b"\x30\x01", b"\x1d\x00\x00\x00\x00", b"\x42\x00"]),
+)
+
+
+@st.composite
+def batch_parts(draw: st.DrawFn) -> bytes:
+    """One MessageBatch field's bytes as a sender may write it: any fields, repeated ones
+    unpacked too, scalars more than once (the last wins), unknown fields between."""
+    parts: list[bytes] = []
+    for _ in range(draw(st.integers(1, 3))):
+        n = draw(st.integers(0, 6))
+        parts.append(
+            pb.MessageBatch(
+                topic=draw(TEXT),
+                queue_ids=draw(st.lists(INT32, max_size=n)),
+                bodies=draw(st.lists(BLOB, max_size=n)),
+                properties=draw(st.lists(BLOB, max_size=n)),
+                sys_flags=draw(st.lists(INT32, max_size=n)),
+                sys_flag=draw(INT32),
+                flag=draw(INT32),
+                born_timestamp_ms=draw(INT64),
+                born_host=draw(TEXT),
+                reconsume_times=draw(INT32),
+                prepared_tx_offset=draw(INT64),
+            ).SerializeToString()
+        )
+    for value in draw(st.lists(INT64, max_size=3)):  # unpacked queue ids and sys flags
+        parts.append(_varint(draw(st.sampled_from([2, 5])) << 3) + _varint(value))
+    for value in draw(st.lists(UINT64, max_size=3)):  # a scalar of any width: int32 truncates
+        field = draw(st.sampled_from([6, 7, 8, 10, 11]))
+        parts.append(_varint(field << 3) + _varint(value))
+    parts += draw(st.lists(UNKNOWN, max_size=3))
+    return _delimited(1, b"".join(draw(st.permutations(parts))))
+
+
+@st.composite
+def request_wires(draw: st.DrawFn) -> bytes:
+    parts = draw(st.lists(batch_parts(), max_size=4))
+    for _ in range(draw(st.integers(0, 2))):
+        parts.append(
+            pb.AppendRequest(producer_id=draw(TEXT), sequence=draw(UINT64)).SerializeToString()
+        )
+    parts += draw(st.lists(UNKNOWN, max_size=3))
+    return b"".join(draw(st.permutations(parts)))
+
+
+def _request_columns(parsed: pb.AppendRequest) -> tuple[object, ...]:
+    batches = [
+        (
+            b.topic,
+            list(b.queue_ids),
+            list(b.bodies),
+            list(b.properties),
+            list(b.sys_flags),
+            b.sys_flag,
+            b.flag,
+            b.born_timestamp_ms,
+            b.born_host,
+            b.reconsume_times,
+            b.prepared_tx_offset,
+        )
+        for b in parsed.batches
+    ]
+    return batches, parsed.producer_id, parsed.sequence
+
+
+@settings(max_examples=500, deadline=None)
+@given(wire=request_wires())
+def test_read_append_request_is_protobufs(wire: bytes) -> None:
+    assert _core.read_append_request(wire) == _request_columns(pb.AppendRequest.FromString(wire))
+
+
+@settings(max_examples=300, deadline=None)
+@given(producer_id=TEXT, sequence=UINT64, batches=st.lists(wire_batches(), max_size=4))
+def test_read_append_request_reads_what_the_sdk_writes(
+    producer_id: str, sequence: int, batches: list[Batch]
+) -> None:
+    wire = _core.append_request_wire(producer_id, sequence, batches)
+    read, read_producer, read_sequence = _core.read_append_request(wire)
+    assert (read_producer, read_sequence) == (producer_id, sequence)
+    assert [(b[0], b[1], b[2], b[3], b[4], b[7]) for b in read] == batches
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.binary(max_size=80))
+def test_read_append_request_takes_any_bytes_as_protobuf_does(data: bytes) -> None:
+    try:
+        expected = _request_columns(pb.AppendRequest.FromString(data))
+    except DecodeError:
+        with pytest.raises(ValueError):
+            _core.read_append_request(data)
+        return
+    assert _core.read_append_request(data) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    wire=request_wires(),
+    cut=st.integers(0, 1 << 16),
+    at=st.integers(0, 1 << 16),
+    byte=st.integers(0, 255),
+)
+def test_read_append_request_takes_damaged_requests_as_protobuf_does(
+    wire: bytes, cut: int, at: int, byte: int
+) -> None:
+    damaged = bytearray(wire)
+    if damaged:
+        damaged[at % len(damaged)] = byte
+        del damaged[cut % (len(damaged) + 1) :]
+    test_read_append_request_takes_any_bytes_as_protobuf_does.hypothesis.inner_test(bytes(damaged))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"\x12\x02\xc3\x28",  # a producer id that is no UTF-8
+        b"\x0a\x03\x0a\x01\xff",  # a topic that is no UTF-8
+        b"\x0a\x03\x4a\x01\xff",  # a born host that is no UTF-8
+        b"\x0a\x02\x12\x01",  # a batch cut short
+        b"\x0a\x03\x12\x01\x80",  # packed queue ids ending in a varint's middle
+        b"\x0c",  # a group's end with no start
+        b"\x0a\x01\x0c",  # the same inside a batch
+    ],
+)
+def test_read_append_request_refuses_what_protobuf_refuses(bad: bytes) -> None:
+    with pytest.raises(DecodeError):
+        pb.AppendRequest.FromString(bad)
+    with pytest.raises(ValueError):
+        _core.read_append_request(bad)
+
+
+def _groups(depth: int) -> bytes:
+    """`depth` nested groups of an unknown field (20)."""
+    return _varint(20 << 3 | 3) * depth + _varint(20 << 3 | 4) * depth
+
+
+@pytest.mark.parametrize("depth", [99, 100, 101])
+def test_groups_nest_as_deep_as_protobuf_lets_them_in_a_sub_message_too(depth: int) -> None:
+    """Protobuf's nesting limit counts sub-messages and groups alike: a batch, a refusal or a
+    request error holds one group fewer than the top level."""
+    cases: list[tuple[Callable[[bytes], object], Callable[[bytes], object], bytes]] = [
+        (pb.AppendRequest.FromString, _core.read_append_request, _groups(depth)),
+        (pb.AppendRequest.FromString, _core.read_append_request, _delimited(1, _groups(depth))),
+        (pb.AppendResponse.FromString, _core.read_append_response, _delimited(7, _groups(depth))),
+        (pb.AppendResponse.FromString, _core.read_append_response, _delimited(10, _groups(depth))),
+    ]
+    for parse, read, wire in cases:
+        try:
+            parse(wire)
+        except DecodeError:
+            with pytest.raises(ValueError):
+                read(wire)
+        else:
+            read(wire)
