@@ -459,13 +459,13 @@ class CommitLog:
         self._ack_gate = gate
 
     @property
+    def writable(self) -> bool:
+        return self._refusal() is None
+
+    @property
     def warmed_bytes(self) -> int:
         """Bytes of segments faulted in ahead of the writes so far (see storage/warmer.py)."""
         return self._warmer.warmed_bytes if self._warmer is not None else 0
-
-    @property
-    def writable(self) -> bool:
-        return self._refusal() is None
 
     @property
     def disk_full(self) -> bool:
@@ -988,20 +988,11 @@ class CommitLog:
             mf.release()
         return isinstance(found, (Record, Blank))
 
-    def read_records(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        """Raw bytes of whole records, each (offset, size) checked to be one intact record;
-        the first range that is not raises (read_many's errors)."""
-        out = []
-        for got in self.read_many(ranges):
-            if isinstance(got, MqstoreError):
-                raise got
-            out.append(got)
-        return out
-
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | MqstoreError]:
-        """read_records for many ranges at once, each answered on its own: the raw record, or
-        OutOfRange (expired, not written yet, past readable data), DataLoss (its segment was
-        deleted under the read) or CorruptRecord. read_blob's answer, cut into records."""
+        """Raw bytes of whole records, each (offset, size) checked to be one intact record and
+        answered on its own: the raw record, or OutOfRange (expired, not written yet, past
+        readable data), DataLoss (its segment was deleted under the read) or CorruptRecord.
+        read_blob's answer, cut into records."""
         blob, served, errors = self.read_blob([o for o, _ in ranges], [z for _, z in ranges])
         out: list[bytes | MqstoreError] = list(split_records(blob, served))
         for i, error in errors.items():

@@ -364,8 +364,9 @@ def test_bad_record_in_a_file_before_the_scan_start_is_not_scanned_but_reads_as_
     assert report.corrupt == []
     with pytest.raises(CorruptRecord):
         log.read_record(stored[victim].offset)
-    with pytest.raises(CorruptRecord):
-        log.read_records([(stored[victim].offset, stored[victim].size)])
+    assert isinstance(
+        log.read_many([(stored[victim].offset, stored[victim].size)])[0], CorruptRecord
+    )
     assert log.read_record(stored[victim + 1].offset).body == stored[victim + 1].message.body
     log.close()
 

@@ -81,8 +81,7 @@ def test_expired_leading_files_are_deleted_and_min_offset_advances() -> None:
                 log.read_record(s.offset)
     with pytest.raises(OutOfRange):
         log.read(0, 10)
-    with pytest.raises(OutOfRange):
-        log.read_records([(old[0].offset, old[0].size)])
+    assert isinstance(log.read_many([(old[0].offset, old[0].size)])[0], OutOfRange)
     with pytest.raises(OutOfRange):
         log.scan(0)
     log.close()
