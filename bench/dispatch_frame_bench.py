@@ -26,9 +26,9 @@ from commitlog_svc.append_frames import AppendedRun, DispatchProperties, RunSlic
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig
 from commitlog_svc.dispatch_scan import frame_of_runs, scan_dispatch
-from commitlog_svc.messages import MessageIn
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import pack_host
+from mqstore.formats.record_batch import MessageBatch
 
 RECORD_BYTES = 200  # about what a message of a 100-byte body and three properties takes
 RUNS = 15
@@ -56,14 +56,15 @@ def _log(n: int) -> CommitLog:
     log = CommitLog(CommitLogConfig.for_tests(tempfile.mkdtemp(), file_bytes=1 << 24))
     log.open()
     messages = [
-        MessageIn(
+        MessageBatch(
             topic="topic-a",
-            queue_id=i % 8,
-            body=b"x" * 100,
-            properties=encode_properties(
-                {"TAGS": "tagA", "KEYS": f"order-{i:08d}", "UNIQ_KEY": f"{i:032X}"}
-            ),
-            sys_flag=0,
+            queue_ids=[i % 8],
+            bodies=[b"x" * 100],
+            properties=[
+                encode_properties(
+                    {"TAGS": "tagA", "KEYS": f"order-{i:08d}", "UNIQ_KEY": f"{i:032X}"}
+                )
+            ],
             born_host=pack_host("10.0.0.1", 4242),
             born_timestamp_ms=i,
         )

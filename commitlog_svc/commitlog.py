@@ -41,7 +41,7 @@ from commitlog_svc.append_frames import (
 )
 from commitlog_svc.config import CommitLogConfig, FlushMode
 from commitlog_svc.flush import FlushService
-from commitlog_svc.messages import AppendResult, MessageIn, PendingAppend, PutStatus
+from commitlog_svc.messages import AppendResult, PendingAppend, PutStatus
 from commitlog_svc.producer_recovery import lower_queue_offsets, rebuild_from_tags
 from commitlog_svc.producers import (
     TAG_BYTES_MAX,
@@ -93,7 +93,6 @@ from mqstore.formats.record_batch import (
     EncodedBatch,
     MessageBatch,
     QueueTable,
-    batches_from_messages,
     table_to_pairs,
     undo_queue_offsets,
 )
@@ -166,18 +165,6 @@ def skip_non_record(
     resume = mf.file_size if resume < 0 else resume
     base = mf.file_from_offset
     return CorruptRange(base + pos, base + resume, reason), resume
-
-
-def _as_batches(
-    messages: MessageBatch | Sequence[MessageBatch | MessageIn],
-) -> Sequence[MessageBatch]:
-    if isinstance(messages, MessageBatch):
-        return (messages,)
-    if all(isinstance(m, MessageBatch) for m in messages):
-        return messages  # type: ignore[return-value]
-    if any(isinstance(m, MessageBatch) for m in messages):
-        raise InvalidArgument("mix of MessageBatch and MessageIn in one append")
-    return batches_from_messages(messages)  # type: ignore[arg-type]
 
 
 class CommitLog:
@@ -459,13 +446,13 @@ class CommitLog:
         self._ack_gate = gate
 
     @property
+    def writable(self) -> bool:
+        return self._refusal() is None
+
+    @property
     def warmed_bytes(self) -> int:
         """Bytes of segments faulted in ahead of the writes so far (see storage/warmer.py)."""
         return self._warmer.warmed_bytes if self._warmer is not None else 0
-
-    @property
-    def writable(self) -> bool:
-        return self._refusal() is None
 
     @property
     def disk_full(self) -> bool:
@@ -576,26 +563,22 @@ class CommitLog:
 
     # -- appends --------------------------------------------------------------------------------
 
-    def append(self, message: MessageIn) -> AppendResult:
-        return self.append_batch((message,))
-
     def append_batch(
         self,
-        messages: MessageBatch | Sequence[MessageBatch | MessageIn],
+        messages: MessageBatch | Sequence[MessageBatch],
         *,
         producer: tuple[str, int] | None = None,
     ) -> AppendResult:
         """Store messages in order; one status per message. Refused messages change nothing;
         the others are written together in one segment and published together.
 
-        The fast form is a columnar `MessageBatch` (or several); a sequence of `MessageIn`
-        objects is grouped into batches first. `producer` = (producer id, sequence) makes the
-        append idempotent (see producers.py)."""
+        Messages come as columnar `MessageBatch`es (one, or several in order). `producer` =
+        (producer id, sequence) makes the append idempotent (see producers.py)."""
         return self.finish_append(self.start_append(messages, producer=producer))
 
     def start_append(
         self,
-        messages: MessageBatch | Sequence[MessageBatch | MessageIn],
+        messages: MessageBatch | Sequence[MessageBatch],
         *,
         producer: tuple[str, int] | None = None,
     ) -> PendingAppend:
@@ -605,7 +588,7 @@ class CommitLog:
         refuse = self._refuse_appends
         if refuse is not None:
             raise refuse()
-        batches = _as_batches(messages)
+        batches = (messages,) if isinstance(messages, MessageBatch) else messages
         count = sum(len(b) for b in batches)
         if count == 0:
             return PendingAppend(AppendResult(statuses=[], store_host=self._store_host), -1)
@@ -988,20 +971,11 @@ class CommitLog:
             mf.release()
         return isinstance(found, (Record, Blank))
 
-    def read_records(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        """Raw bytes of whole records, each (offset, size) checked to be one intact record;
-        the first range that is not raises (read_many's errors)."""
-        out = []
-        for got in self.read_many(ranges):
-            if isinstance(got, MqstoreError):
-                raise got
-            out.append(got)
-        return out
-
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | MqstoreError]:
-        """read_records for many ranges at once, each answered on its own: the raw record, or
-        OutOfRange (expired, not written yet, past readable data), DataLoss (its segment was
-        deleted under the read) or CorruptRecord. read_blob's answer, cut into records."""
+        """Raw bytes of whole records, each (offset, size) checked to be one intact record and
+        answered on its own: the raw record, or OutOfRange (expired, not written yet, past
+        readable data), DataLoss (its segment was deleted under the read) or CorruptRecord.
+        read_blob's answer, cut into records."""
         blob, served, errors = self.read_blob([o for o, _ in ranges], [z for _, z in ranges])
         out: list[bytes | MqstoreError] = list(split_records(blob, served))
         for i, error in errors.items():

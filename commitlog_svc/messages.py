@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 
 from mqstore.formats.msgid import offset_msg_id
 
-LOCALHOST_V4 = b"\x7f\x00\x00\x01\x00\x00\x00\x00"
-
 
 class PutStatus(enum.IntEnum):
     """RocketMQ's PutMessageStatus, plus FLUSH_DISK_FAILED (a flush failed: not durable).
@@ -31,22 +29,6 @@ class PutStatus(enum.IntEnum):
     def stored(self) -> bool:
         """The bytes were written (though maybe not durably): the offsets are real."""
         return self in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT, PutStatus.FLUSH_DISK_FAILED)
-
-
-@dataclass(slots=True)
-class MessageIn:
-    """A message as a producer hands it over; the store assigns offsets and the store time."""
-
-    topic: str
-    queue_id: int
-    body: bytes
-    properties: bytes = b""  # encoded with mqstore.formats.properties.encode_properties
-    flag: int = 0
-    sys_flag: int = 0
-    born_timestamp_ms: int = 0
-    born_host: bytes = LOCALHOST_V4
-    reconsume_times: int = 0
-    prepared_tx_offset: int = 0
 
 
 @dataclass(slots=True)

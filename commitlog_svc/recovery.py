@@ -75,7 +75,6 @@ class RecoveryReport:
     end_offset: int = 0
     durable_offset: int = 0  # F: the checkpoint's flushed offset (0 without one)
     records_scanned: int = 0
-    bytes_scanned: int = 0
     truncated_bytes: int = 0  # dirty tail cut (an estimate when it ran into zeroed space)
     durable_bytes_lost: int = 0  # of which below F: corruption, not a torn write
     corrupt: list[CorruptRange] = field(default_factory=list)
@@ -245,7 +244,6 @@ def recover(
             end = mf.file_end_offset
         index += 1
     read_ahead.stop()
-    report.bytes_scanned = end - report.start_offset
 
     if cut_at >= 0:
         end = cut_at

@@ -203,7 +203,6 @@ def _records_end(
 class CheckedChunk:
     """What a chunk holds, once it passed every check."""
 
-    records_end: int  # offset after its last record (where a blank starts, if it has one)
     next_offset: int  # the follower's end once it is stored
     blank: bool
     queue_offsets: QueueTable  # each queue's next offset as its records raise it
@@ -242,7 +241,6 @@ def check_chunk(data: bytes, offset: int, file_bytes: int) -> CheckedChunk:
             "(a chunk ends between requests)",
         )
     return CheckedChunk(
-        records_end=offset + end,
         next_offset=offset - pos_in_file + file_bytes if blank else offset + len(data),
         blank=blank,
         queue_offsets=table,

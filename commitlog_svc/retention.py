@@ -39,7 +39,6 @@ CLOCK_LEAP_TOLERANCE_MS = 10 * 60_000
 
 @dataclass(frozen=True, slots=True)
 class RetentionReport:
-    usage_ratio: float
     disk_full: bool
     clean_immediately: bool
     triggered: bool
@@ -109,5 +108,5 @@ class RetentionPolicy:
                     queue.min_offset(),
                 )
         return RetentionReport(
-            ratio, disk_full, clean_immediately, triggered, deleted, floor_offset, age_paused
+            disk_full, clean_immediately, triggered, deleted, floor_offset, age_paused
         )

@@ -67,7 +67,6 @@ class FollowerLink:
         self._security = security
         self._idle_s = idle_s
         self.commit_offset = 0  # the highest the leader announced
-        self.chunks = 0
         self._applied = threading.Condition()  # notified after each chunk: the acker sends
 
     def _durable(self) -> int:
@@ -165,7 +164,6 @@ class FollowerLink:
             tuple(Epoch(e, s) for e, s in zip(epochs.epochs, epochs.starts, strict=True)),
         )
         self._log.append_replicated(chunk)
-        self.chunks += 1
         with self._applied:
             self._applied.notify_all()
 

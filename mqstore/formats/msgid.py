@@ -30,9 +30,6 @@ from mqstore.errors import InvalidArgument
 from mqstore.formats import _core
 
 _OFFSET = struct.Struct(">q")
-# Unsigned: the ms since the month start pass 2**31 on the 25th day (RocketMQ writes the same
-# 4 bytes from a Java int cast).
-_UNIQ_TAIL = struct.Struct(">IH")
 
 _HEX = re.compile(r"[0-9A-Fa-f]+")
 
@@ -122,14 +119,3 @@ def _month_of(now_ms: int) -> tuple[int, int]:
     else:
         nxt = start_dt.replace(month=start_dt.month + 1)
     return start, int(nxt.timestamp() * 1000)
-
-
-def uniq_id_time_ms(uniq_id: str, now_ms: int) -> int:
-    """The approximate creation time of a unique id made within the month before `now_ms`."""
-    raw = bytes.fromhex(uniq_id)
-    diff, _ = _UNIQ_TAIL.unpack_from(raw, len(raw) - 6)
-    start = _month_start_ms(now_ms)
-    if start + diff > now_ms:  # made last month
-        prev = _month_start_ms(start - 1)
-        return int(prev + diff)
-    return int(start + diff)

@@ -231,10 +231,6 @@ def unpack_host(raw: Buffer) -> tuple[str, int]:
     return str(ipaddress.ip_address(raw[:-4])), port
 
 
-def is_v6_host(host: bytes) -> bool:
-    return len(host) == IPV6_HOST_BYTES
-
-
 # ---------------------------------------------------------------------------------------------
 # Encoding
 
@@ -461,7 +457,7 @@ def encode_record(
         born_host=born_host,
         reconsume_times=reconsume_times,
         prepared_tx_offset=prepared_tx_offset,
-        store_host_v6=is_v6_host(store_host),
+        store_host_v6=len(store_host) == IPV6_HOST_BYTES,
         limits=limits,
         record_crc=record_crc,
     )
@@ -808,12 +804,6 @@ def field_spans(raw: Buffer) -> list[tuple[str, int, int]]:
     if crc_at < props_end:
         spans.append((RECORD_CRC, crc_at, props_end))
     return [(name, min(a, total), min(b, total)) for name, a, b in spans]
-
-
-def store_timestamp_position(sys_flag: int) -> int:
-    """`CommitLog.pickupStoreTimestamp`: where STORETIMESTAMP sits for this born-host size."""
-    born, _ = host_bytes_for_flag(sys_flag)
-    return BORN_HOST_POS + born
 
 
 # ---------------------------------------------------------------------------------------------

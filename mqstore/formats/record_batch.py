@@ -28,7 +28,7 @@ import itertools
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from mqstore.errors import InvalidArgument, MessageIllegal
 from mqstore.formats import _core, sysflag
@@ -97,56 +97,6 @@ class MessageBatch:
                 raise InvalidArgument(
                     f"{name} has {len(column)} entries for {n} bodies", field=name
                 )
-
-
-class MessageFields(Protocol):
-    """One message as an object (commitlog_svc.messages.MessageIn has these fields)."""
-
-    topic: str
-    queue_id: int
-    body: bytes
-    properties: bytes
-    flag: int
-    sys_flag: int
-    born_timestamp_ms: int
-    born_host: bytes
-    reconsume_times: int
-    prepared_tx_offset: int
-
-
-def batches_from_messages(messages: Sequence[MessageFields]) -> list[MessageBatch]:
-    """Group consecutive messages that share a topic and the batch-wide fields."""
-    out: list[MessageBatch] = []
-    current: MessageBatch | None = None
-    for m in messages:
-        if (
-            current is None
-            or m.topic != current.topic
-            or m.flag != current.flag
-            or m.born_timestamp_ms != current.born_timestamp_ms
-            or m.born_host != current.born_host
-            or m.reconsume_times != current.reconsume_times
-            or m.prepared_tx_offset != current.prepared_tx_offset
-        ):
-            current = MessageBatch(
-                topic=m.topic,
-                queue_ids=[],
-                bodies=[],
-                properties=[],
-                sys_flags=[],
-                flag=m.flag,
-                born_timestamp_ms=m.born_timestamp_ms,
-                born_host=m.born_host,
-                reconsume_times=m.reconsume_times,
-                prepared_tx_offset=m.prepared_tx_offset,
-            )
-            out.append(current)
-        current.queue_ids.append(m.queue_id)
-        current.bodies.append(m.body)
-        assert current.properties is not None and current.sys_flags is not None
-        current.properties.append(m.properties)
-        current.sys_flags.append(m.sys_flag)
-    return out
 
 
 @dataclass(slots=True)

@@ -19,9 +19,10 @@ import pytest
 
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig
-from commitlog_svc.messages import MessageIn, PutStatus
+from commitlog_svc.messages import PutStatus
 from mqstore.formats import sysflag
 from mqstore.formats.properties import encode_properties
+from tests.commitlog.message_in import MessageIn, as_batches
 
 from .segments import (
     Msg,
@@ -111,7 +112,7 @@ def our_log(tmp_path: Path) -> OurLog:
     written = []
     try:
         for msg, props in our_messages():
-            result = log.append(msg)
+            result = log.append_batch(as_batches([msg]))
             assert result.statuses == [PutStatus.PUT_OK], result.reasons
             written.append(
                 Written(
@@ -365,12 +366,14 @@ def test_the_tools_read_beside_a_running_store_without_its_lock(tmp_path: Path) 
     log.open()
     try:
         for i in range(12):
-            assert log.append(MessageIn("Live", 0, f"m{i}".encode())).ok
+            assert log.append_batch(as_batches([MessageIn("Live", 0, f"m{i}".encode())])).ok
         done = run("log", "verify", tmp_path / "live" / "commitlog")
         assert done.returncode == 0, done.stderr
         assert "12 records" in done.stdout
         assert len(dump(tmp_path / "live")) == 12
-        assert log.append(MessageIn("Live", 0, b"after")).ok  # the store is unaffected
+        assert log.append_batch(
+            as_batches([MessageIn("Live", 0, b"after")])
+        ).ok  # the store is unaffected
     finally:
         log.close()
 

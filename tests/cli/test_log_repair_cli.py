@@ -12,7 +12,7 @@ from pathlib import Path
 
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig
-from commitlog_svc.messages import MessageIn
+from tests.commitlog.message_in import MessageIn, as_batches
 
 FILE_BYTES = 4096  # CommitLogConfig.for_tests
 
@@ -32,7 +32,9 @@ def store(data: Path) -> CommitLog:
     log = CommitLog(CommitLogConfig.for_tests(str(data)))
     log.open()
     for i in range(60):
-        log.append_batch([MessageIn(topic="T", queue_id=0, body=bytes([65 + i % 26]) * 100)])
+        log.append_batch(
+            as_batches([MessageIn(topic="T", queue_id=0, body=bytes([65 + i % 26]) * 100)])
+        )
     assert log.max_offset > 2 * FILE_BYTES
     return log
 

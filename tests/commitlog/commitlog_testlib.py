@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig
-from commitlog_svc.messages import AppendResult, MessageIn, PutStatus
+from commitlog_svc.messages import AppendResult, PutStatus
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import Record
 from mqstore.storage.clock import Clock
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import offset_to_file_name
 from mqstore.storage.simdisk import CrashMode, SimDisk
+from tests.commitlog.message_in import MessageIn, as_batches
 
 TOPIC = "TopicTest"
 BODY_POS = 88
@@ -112,14 +113,14 @@ def append_each(log: CommitLog, messages: Sequence[MessageIn]) -> list[Stored]:
     """Append one message per call; every append must be PUT_OK."""
     out: list[Stored] = []
     for m in messages:
-        result = log.append(m)
+        result = log.append_batch(as_batches([m]))
         assert result.statuses == [PutStatus.PUT_OK], (result.statuses, result.reasons)
         out.extend(stored_from(result, [m]))
     return out
 
 
 def append_batch_ok(log: CommitLog, messages: Sequence[MessageIn]) -> list[Stored]:
-    result = log.append_batch(messages)
+    result = log.append_batch(as_batches(messages))
     assert result.ok, (result.statuses, result.reasons)
     return stored_from(result, messages)
 

@@ -337,8 +337,7 @@ def test_zeroed_page_in_the_last_segment_loses_only_the_records_it_touches(
     with pytest.raises(CorruptRecord):
         log.read_record(first_lost.offset)
     for i in touched:
-        with pytest.raises(CorruptRecord):
-            log.read_records([(stored[i].offset, stored[i].size)])
+        assert isinstance(log.read_many([(stored[i].offset, stored[i].size)])[0], CorruptRecord)
     assert log.queue_offsets() == next_queue_offsets(stored)
     assert_appends_resume(log, stored)
     log.close()
@@ -469,8 +468,7 @@ def test_bit_flip_in_a_durable_middle_record(
             (victim.offset, victim.end)
         ]
         assert _scan_offsets(log) == [s.offset for s in others]
-        with pytest.raises(CorruptRecord):
-            log.read_records([(victim.offset, victim.size)])
+        assert isinstance(log.read_many([(victim.offset, victim.size)])[0], CorruptRecord)
         with pytest.raises(CorruptRecord):
             log.read_record(victim.offset)
     else:

@@ -13,7 +13,6 @@ from commitlog_testlib import flip_bit, open_log, write_at
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig
 from commitlog_svc.dispatch_scan import scan_dispatch
-from commitlog_svc.messages import MessageIn
 from mqstore.dispatch import entry_from_record
 from mqstore.errors import InvalidArgument
 from mqstore.formats import sysflag
@@ -27,6 +26,7 @@ from mqstore.formats.properties import (
 from mqstore.formats.record import RECORD_CRC_BYTES, pack_host
 from mqstore.rpc.dispatch_codec import encode_dispatch
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
+from tests.commitlog.message_in import MessageIn, as_batches
 
 V6_BORN = pack_host("2001:db8::1", 4242)
 LONG_TOPIC = "%RETRY%" + "g" * 150  # over 127 characters: a V2 record
@@ -78,7 +78,7 @@ def varied_messages(rng: random.Random, count: int) -> list[MessageIn]:
 def fill(log: CommitLog, seed: int, batches: int = 12) -> None:
     rng = random.Random(seed)
     for _ in range(batches):
-        result = log.append_batch(varied_messages(rng, rng.randint(1, 6)))
+        result = log.append_batch(as_batches(varied_messages(rng, rng.randint(1, 6))))
         assert result.ok, result.reasons
 
 

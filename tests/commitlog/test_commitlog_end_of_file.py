@@ -23,8 +23,8 @@ from commitlog_testlib import (
 )
 
 from commitlog_svc.config import CommitLogConfig
-from commitlog_svc.messages import MessageIn
 from mqstore.formats.record import BLANK_MAGIC
+from tests.commitlog.message_in import MessageIn
 
 FILE = 4096
 OVERHEAD = 112  # 91 + the 1-byte topic "T", no properties but the 20-byte record CRC

@@ -29,10 +29,11 @@ from commitlog_testlib import (
 
 from commitlog_svc.commitlog import DISK_FULL_RETRY_MS, CommitLog
 from commitlog_svc.config import FlushMode
-from commitlog_svc.messages import MessageIn, PutStatus
+from commitlog_svc.messages import PutStatus
 from mqstore.storage import failpoints
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import SimDisk
+from tests.commitlog.message_in import MessageIn, as_batches
 
 FILE = 4096
 WAIT_S = 10.0  # generous bound for a background thread to do what it was woken for
@@ -71,11 +72,11 @@ def test_sync_flush_failure_answers_flush_disk_failed_then_refuses_writes(fault:
     acked = append_each(log, [message(i) for i in range(5)])
     disk.inject(fault, errno.EIO, path_contains="commitlog")
 
-    result = log.append(message(5))
+    result = log.append_batch(as_batches([message(5)]))
     assert result.statuses == [PutStatus.FLUSH_DISK_FAILED]  # never PUT_OK
     assert result.offsets[0] == acked[-1].end  # written, but not durable
     _wait_for(lambda: not log.writable, "writes to stop")
-    refused = log.append(message(6))
+    refused = log.append_batch(as_batches([message(6)]))
     assert refused.statuses == [PutStatus.SERVICE_NOT_AVAILABLE]
     assert refused.offsets == [-1]
     # reads keep working; dispatch (confirm offset = flushed) never shows the failed record
@@ -92,7 +93,7 @@ def test_sync_flush_failure_answers_flush_disk_failed_then_refuses_writes(fault:
     assert report is not None and not report.clean_exit
     for s in acked:
         assert log.read_record(s.offset).body == s.message.body
-    assert log.append(message(7)).ok
+    assert log.append_batch(as_batches([message(7)])).ok
     log.close()
 
 
@@ -107,7 +108,7 @@ def test_async_flush_failure_stops_writes_and_leaves_the_store_unclean() -> None
     assert flusher is not None
     flusher.wake()
     _wait_for(lambda: not log.writable, "writes to stop")
-    assert log.append(message(5)).statuses == [PutStatus.SERVICE_NOT_AVAILABLE]
+    assert log.append_batch(as_batches([message(5)])).statuses == [PutStatus.SERVICE_NOT_AVAILABLE]
     assert log.read_record(stored[0].offset).body == stored[0].message.body
     log.close()
     assert disk.exists("/store/abort")
@@ -126,7 +127,7 @@ def test_disk_full_at_segment_creation_changes_nothing_and_clears_when_space_ret
     end, table = log.max_offset, log.queue_offsets()
     segments = disk.listdir("/store/commitlog")
 
-    result = log.append(message(28))
+    result = log.append_batch(as_batches([message(28)]))
     assert result.statuses == [PutStatus.CREATE_MAPPED_FILE_FAILED]
     assert result.offsets == [-1] and result.queue_offsets == [-1]
     assert log.disk_full and not log.writable
@@ -139,13 +140,17 @@ def test_disk_full_at_segment_creation_changes_nothing_and_clears_when_space_ret
     # refused outright for DISK_FULL_RETRY_MS, even a message that would fit the current file;
     # still as "disk full" (CREATE_MAPPED_FILE_FAILED), never as a closed store
     small = MessageIn(TOPIC, 0, b"s")
-    refused = log.append(small)
+    refused = log.append_batch(as_batches([small]))
     assert refused.statuses == [PutStatus.CREATE_MAPPED_FILE_FAILED]
     assert refused.reasons[0].startswith("disk full")
     clock.advance(DISK_FULL_RETRY_MS)
-    assert log.append(message(28)).statuses == [PutStatus.CREATE_MAPPED_FILE_FAILED]
+    assert log.append_batch(as_batches([message(28)])).statuses == [
+        PutStatus.CREATE_MAPPED_FILE_FAILED
+    ]
     assert log.max_offset == end and log.queue_offsets() == table
-    assert log.append(message(28)).statuses == [PutStatus.CREATE_MAPPED_FILE_FAILED]
+    assert log.append_batch(as_batches([message(28)])).statuses == [
+        PutStatus.CREATE_MAPPED_FILE_FAILED
+    ]
 
     disk.capacity_bytes = 1 << 30
     clock.advance(DISK_FULL_RETRY_MS)
@@ -176,7 +181,7 @@ def test_checkpoint_write_on_a_full_disk_does_not_stop_appends_once_space_return
         _wait_quietly(lambda: flusher.failure is not None, 1.0)  # the round's outcome
         disk.capacity_bytes = 1 << 30
         clock.advance(DISK_FULL_RETRY_MS)
-        assert log.append(message(2)).ok
+        assert log.append_batch(as_batches([message(2)])).ok
     finally:
         log.close()
 
@@ -201,7 +206,7 @@ def test_write_lock_busy_past_the_bound_is_os_page_cache_busy_and_changes_nothin
     holder.start()
     try:
         assert held.wait(WAIT_S)
-        result = log.append_batch([message(3), message(4)])
+        result = log.append_batch(as_batches([message(3), message(4)]))
         assert result.statuses == [PutStatus.OS_PAGE_CACHE_BUSY] * 2
         assert result.offsets == [-1, -1]
     finally:
@@ -238,7 +243,7 @@ def test_every_sync_put_ok_follows_a_flush_covering_its_bytes() -> None:
     for i in range(150):
         batch = [message(i * 10 + k) for k in range(rng.randint(1, 3))]
         before = len(trace)
-        result = log.append_batch(batch)
+        result = log.append_batch(as_batches(batch))
         window = trace[before:]
         assert result.ok, result.statuses
         for s in stored_from(result, batch):
@@ -268,7 +273,7 @@ def test_concurrent_sync_appends_acknowledged_are_durable() -> None:
                 MessageIn(TOPIC, worker, f"{worker}-{i}-{k}".encode())
                 for k in range(rng.randint(1, 3))
             ]
-            result = log.append_batch(batch)
+            result = log.append_batch(as_batches(batch))
             assert result.ok, result.statuses
             acked[worker].extend(stored_from(result, batch))
 
@@ -304,7 +309,7 @@ def test_sync_append_not_durable_within_the_timeout_is_flush_disk_timeout() -> N
         gate.wait(WAIT_S)
 
     with failpoints.armed("commitlog.before_flush", on_flush_thread_of(log, hang)):
-        result = log.append(message(3))
+        result = log.append_batch(as_batches([message(3)]))
         gate.set()
     assert result.statuses == [PutStatus.FLUSH_DISK_TIMEOUT]
     assert result.statuses[0].stored
@@ -315,7 +320,7 @@ def test_sync_append_not_durable_within_the_timeout_is_flush_disk_timeout() -> N
     log = open_log("/store", disk=disk, flush=FlushMode.SYNC)
     assert log.max_offset == result.end_offset
     assert log.read_record(result.offsets[0]).body == message(3).body
-    assert log.append(message(4)).ok
+    assert log.append_batch(as_batches([message(4)])).ok
     log.close()
 
 
@@ -328,7 +333,7 @@ def test_sync_flush_group_commit_acknowledges_concurrent_appends(tmp_path: Path)
     def producer(worker: int) -> None:
         for i in range(25):
             m = MessageIn(TOPIC, worker, f"{worker}-{i}".encode())
-            r = log.append(m)
+            r = log.append_batch(as_batches([m]))
             assert r.ok, r.statuses
             results[worker].extend(stored_from(r, [m]))
 

@@ -21,7 +21,7 @@ from commitlog_testlib import (
 
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import FlushMode
-from commitlog_svc.messages import AppendResult, MessageIn, PutStatus
+from commitlog_svc.messages import AppendResult, PutStatus
 from commitlog_svc.producer_recovery import rebuild_from_tags
 from commitlog_svc.producers import ProducerTable, decode_tag, encode_tag
 from mqstore.errors import FailedPrecondition, InvalidArgument
@@ -34,6 +34,7 @@ from mqstore.formats.properties import decode_properties, encode_properties
 from mqstore.formats.record import MAGIC_POS
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import CrashMode, SimDisk
+from tests.commitlog.message_in import MessageIn, as_batches
 
 
 def request(seq: int, size: int = 3, body_bytes: int = 60) -> list[MessageIn]:
@@ -130,15 +131,15 @@ def test_loading_a_snapshot_drops_requests_recovery_cut_and_rewinds_the_sequence
 
 def test_a_retry_is_a_duplicate_and_a_bad_producer_id_is_refused(tmp_path: Path) -> None:
     log = open_log(tmp_path)
-    first = log.append_batch(request(1), producer=("p", 1))
+    first = log.append_batch(as_batches(request(1)), producer=("p", 1))
     assert first.ok and not first.duplicate
-    retry = log.append_batch(request(1), producer=("p", 1))
+    retry = log.append_batch(as_batches(request(1)), producer=("p", 1))
     assert retry.duplicate and same(first, retry)
     assert len(scan_all(log)) == 3
     with pytest.raises(InvalidArgument):
-        log.append_batch(request(2), producer=("", 2))
+        log.append_batch(as_batches(request(2)), producer=("", 2))
     with pytest.raises(InvalidArgument):
-        log.append_batch(request(2), producer=("p", -1))
+        log.append_batch(as_batches(request(2)), producer=("p", -1))
     log.close()
 
 
@@ -146,23 +147,24 @@ def test_retries_after_kill_9_are_rebuilt_from_the_tagged_records(tmp_path: Path
     # No checkpoint after open: every request must be found again from its record's tag.
     log = open_log(tmp_path, checkpoint_interval_ms=NEVER_MS)
     firsts = {
-        seq: log.append_batch(request(seq), producer=(f"p{seq % 2}", seq)) for seq in range(6)
+        seq: log.append_batch(as_batches(request(seq)), producer=(f"p{seq % 2}", seq))
+        for seq in range(6)
     }
     end = log.max_offset
     kill(log)
     log = reopen(log)
     for seq, first in firsts.items():
-        retry = log.append_batch(request(seq), producer=(f"p{seq % 2}", seq))
+        retry = log.append_batch(as_batches(request(seq)), producer=(f"p{seq % 2}", seq))
         assert retry.duplicate and same(first, retry), seq
     assert log.max_offset == end
     with pytest.raises(FailedPrecondition):
-        log.append_batch(request(0), producer=("p0", 1))  # behind p0's last (4)
+        log.append_batch(as_batches(request(0)), producer=("p0", 1))  # behind p0's last (4)
     log.close()
 
 
 def test_retries_after_a_clean_restart_come_from_the_checkpoint_snapshot(tmp_path: Path) -> None:
     log = open_log(tmp_path)
-    first = log.append_batch(request(1), producer=("p", 1))
+    first = log.append_batch(as_batches(request(1)), producer=("p", 1))
     end = log.max_offset
     log.close()
     # The final checkpoint vouches for everything (F = end): the table comes from its snapshot,
@@ -171,7 +173,7 @@ def test_retries_after_a_clean_restart_come_from_the_checkpoint_snapshot(tmp_pat
     assert ckpt.flushed_offset == end
     assert ckpt.producers == [ProducerEntry("p", 1, [ProducerRequest(1, 3, 0, end)])]
     log = reopen(log)
-    retry = log.append_batch(request(1), producer=("p", 1))
+    retry = log.append_batch(as_batches(request(1)), producer=("p", 1))
     assert retry.duplicate and same(first, retry)
     log.close()
 
@@ -181,11 +183,11 @@ def test_a_tag_that_pushes_its_carrier_over_the_limit_is_stored_untagged(tmp_pat
     log = open_log(tmp_path, file_bytes=1 << 20)
     near_limit = encode_properties({"P": "x" * (32_767 - 20 - 10)})  # 20: the record CRC
     messages = [MessageIn("T", 0, b"a", near_limit), MessageIn("T", 0, b"b", b"")]
-    first = log.append_batch(messages, producer=("p", 1))
+    first = log.append_batch(as_batches(messages), producer=("p", 1))
     assert first.ok
     carried = [decode_properties(r.properties).get("MQS_PSEQ") for r in scan_all(log)]
     assert carried == [None, None]
-    assert log.append_batch(messages, producer=("p", 1)).duplicate
+    assert log.append_batch(as_batches(messages), producer=("p", 1)).duplicate
     log.close()
 
 
@@ -202,7 +204,7 @@ def test_after_a_power_loss_each_request_is_stored_once_whether_or_not_it_surviv
                    producer_requests_max=30)  # fmt: skip
     sizes = {seq: rng.randint(1, 8) for seq in range(30)}
     for seq, size in sizes.items():
-        assert log.append_batch(request(seq, size, body_bytes=rng.randint(10, 300)),
+        assert log.append_batch(as_batches(request(seq, size, body_bytes=rng.randint(10, 300))),
                                 producer=("p", seq)).ok  # fmt: skip
         if rng.random() < 0.2:
             log._flusher.flush_now()  # part of it reaches the disk
@@ -213,7 +215,7 @@ def test_after_a_power_loss_each_request_is_stored_once_whether_or_not_it_surviv
     for seq, count in survived.items():
         assert count == sizes[seq], f"request {seq} survived in part: {count} of {sizes[seq]}"
     for seq, size in sizes.items():
-        retry = log.append_batch(request(seq, size), producer=("p", seq))
+        retry = log.append_batch(as_batches(request(seq, size)), producer=("p", seq))
         assert retry.ok
         assert retry.duplicate == (seq in survived), seq
     assert _requests_in(log) == sizes, "every request exactly once"
@@ -225,8 +227,8 @@ def test_a_request_torn_by_a_crash_is_cut_whole_so_its_retry_stores_it_once() ->
     disk = SimDisk(clock_ms=clock.now_ms)
     log = open_log("/store", disk=disk, clock=clock, checkpoint_interval_ms=NEVER_MS,
                    flush_interval_ms=NEVER_MS)  # fmt: skip
-    before = log.append_batch(request(0, 2), producer=("p", 0))
-    torn = log.append_batch(request(1, 4), producer=("p", 1))
+    before = log.append_batch(as_batches(request(0, 2)), producer=("p", 0))
+    torn = log.append_batch(as_batches(request(1, 4)), producer=("p", 1))
     table = log.queue_offsets()
     # The crash tears the request's last record (above the durable offset): its first three
     # records survive, the fourth does not.
@@ -236,12 +238,12 @@ def test_a_request_torn_by_a_crash_is_cut_whole_so_its_retry_stores_it_once() ->
     assert log.max_offset == torn.offsets[0], "the whole request is cut, not its last record"
     assert _requests_in(log) == {0: 2}
     assert log.queue_offsets() == next_queue_offsets_before(table, torn)
-    retry = log.append_batch(request(1, 4), producer=("p", 1))
+    retry = log.append_batch(as_batches(request(1, 4)), producer=("p", 1))
     assert not retry.duplicate and retry.offsets == torn.offsets
     assert retry.queue_offsets == torn.queue_offsets
     assert _requests_in(log) == {0: 2, 1: 4}
-    assert log.append_batch(request(0, 2), producer=("p", 0)).duplicate
-    assert same(before, log.append_batch(request(0, 2), producer=("p", 0)))
+    assert log.append_batch(as_batches(request(0, 2)), producer=("p", 0)).duplicate
+    assert same(before, log.append_batch(as_batches(request(0, 2)), producer=("p", 0)))
     log.close()
 
 
@@ -272,7 +274,7 @@ def test_refusal_statuses_inside_a_request_survive_in_its_tag(tmp_path: Path) ->
         message(1),
         MessageIn("T", 0, b"y", encode_properties({"P": "z" * 33_000})),
     ]
-    first = log.append_batch(messages, producer=("p", 4))
+    first = log.append_batch(as_batches(messages), producer=("p", 4))
     assert first.statuses == [
         PutStatus.MESSAGE_ILLEGAL,
         PutStatus.PUT_OK,
@@ -280,7 +282,7 @@ def test_refusal_statuses_inside_a_request_survive_in_its_tag(tmp_path: Path) ->
     ]
     kill(log)
     log = reopen(log)
-    retry = log.append_batch(messages, producer=("p", 4))
+    retry = log.append_batch(as_batches(messages), producer=("p", 4))
     assert retry.duplicate and same(first, retry)
     log.close()
 
@@ -306,7 +308,7 @@ def _tag_walk_case(tmp_path: Path, damage: str) -> tuple[list[int], int, list[in
     """Requests 0-2 (3 records each) in one segment, `damage` done to their bytes; the requests
     rebuild_from_tags remembers, what it returns, and where each request begins."""
     log = open_log(tmp_path, checkpoint_interval_ms=NEVER_MS)
-    results = [log.append_batch(request(seq), producer=("p", seq)) for seq in range(3)]
+    results = [log.append_batch(as_batches(request(seq)), producer=("p", seq)) for seq in range(3)]
     end = log.max_offset
     data = bytearray(log.queue.files[0].read_buf[:end])
     log.close()

@@ -14,10 +14,11 @@ import pytest
 from commitlog_testlib import TOPIC, append_each, message, open_log, placed_at, stored_from
 
 from commitlog_svc.commitlog import CommitLog
-from commitlog_svc.messages import MessageIn, PutStatus
+from commitlog_svc.messages import PutStatus
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import MAGIC_V1, MAGIC_V2
 from mqstore.limits import MessageLimits
+from tests.commitlog.message_in import MessageIn, as_batches
 
 BIG_FILE = 8 << 20  # room for a 4 MiB body with a 127-byte topic and 32767 bytes of properties
 BODY_MAX = 4 * 1024 * 1024
@@ -33,10 +34,10 @@ def _props_of(nbytes: int) -> bytes:
 def _assert_refusal_consumes_nothing(
     log: CommitLog, message_in: MessageIn, status: PutStatus
 ) -> None:
-    assert log.append(MessageIn(TOPIC, 0, b"before")).ok
+    assert log.append_batch(as_batches([MessageIn(TOPIC, 0, b"before")])).ok
     end = log.max_offset
     table = log.queue_offsets()
-    result = log.append(message_in)
+    result = log.append_batch(as_batches([message_in]))
     assert result.statuses == [status], result.reasons
     assert result.offsets == [-1] and result.queue_offsets == [-1]
     assert result.reasons[0]
@@ -44,7 +45,7 @@ def _assert_refusal_consumes_nothing(
     assert log.queue_offsets() == table
     # the next good message takes the place the refused one did not
     good = MessageIn(TOPIC, 0, b"after")
-    after = log.append(good)
+    after = log.append_batch(as_batches([good]))
     assert after.ok
     assert after.offsets == [placed_at(end, after.sizes[0], log.config.file_bytes)]
     assert after.queue_offsets == [table.get((TOPIC, 0), 0)]
@@ -171,7 +172,7 @@ def test_batch_mixing_refused_and_good_messages_stores_the_good_ones_consecutive
         MessageIn(TOPIC, 70_000, b"b"),
         MessageIn(TOPIC, 2, b"good 2"),
     ]
-    result = log.append_batch(batch)
+    result = log.append_batch(as_batches(batch))
     ok, illegal, props = (
         PutStatus.PUT_OK,
         PutStatus.MESSAGE_ILLEGAL,
@@ -199,12 +200,12 @@ def test_batch_larger_than_a_segment_is_refused_whole(tmp_path: Path) -> None:
     append_each(log, [message(0)])
     end, table = log.max_offset, log.queue_offsets()
     batch = [message(i) for i in range(1, 25)]  # 24 records of ~221 bytes > 4 KiB
-    result = log.append_batch(batch)
+    result = log.append_batch(as_batches(batch))
     assert result.statuses == [PutStatus.MESSAGE_ILLEGAL] * len(batch)
     assert set(result.offsets) == {-1} and set(result.queue_offsets) == {-1}
     assert log.max_offset == end and _taken(log) == table
     # a single record larger than a segment, though within the body limit, likewise
-    result = log.append(MessageIn(TOPIC, 0, b"b" * 5_000))
+    result = log.append_batch(as_batches([MessageIn(TOPIC, 0, b"b" * 5_000)]))
     assert result.statuses == [PutStatus.MESSAGE_ILLEGAL]
     assert log.max_offset == end and _taken(log) == table
     [after] = append_each(log, [message(1)])
@@ -216,10 +217,10 @@ def test_batch_of_batch_messages_max_is_stored_and_one_more_is_refused_whole(
     tmp_path: Path,
 ) -> None:
     log = open_log(tmp_path, limits=MessageLimits(batch_messages_max=4))
-    stored = log.append_batch([MessageIn(TOPIC, 0, b"m") for _ in range(4)])
+    stored = log.append_batch(as_batches([MessageIn(TOPIC, 0, b"m") for _ in range(4)]))
     assert stored.ok
     end, table = log.max_offset, log.queue_offsets()
-    result = log.append_batch([MessageIn(TOPIC, 0, b"m") for _ in range(5)])
+    result = log.append_batch(as_batches([MessageIn(TOPIC, 0, b"m") for _ in range(5)]))
     assert result.statuses == [PutStatus.MESSAGE_ILLEGAL] * 5
     assert log.max_offset == end and log.queue_offsets() == table
     log.close()
@@ -228,7 +229,7 @@ def test_batch_of_batch_messages_max_is_stored_and_one_more_is_refused_whole(
 def test_default_batch_limit_refuses_10001_messages(tmp_path: Path) -> None:
     log = open_log(tmp_path)
     assert log.config.limits.batch_messages_max == 10_000
-    result = log.append_batch([MessageIn(TOPIC, 0, b"") for _ in range(10_001)])
+    result = log.append_batch(as_batches([MessageIn(TOPIC, 0, b"") for _ in range(10_001)]))
     assert set(result.statuses) == {PutStatus.MESSAGE_ILLEGAL}
     assert len(result.statuses) == 10_001
     assert log.max_offset == 0 and log.queue_offsets() == {}
@@ -237,7 +238,7 @@ def test_default_batch_limit_refuses_10001_messages(tmp_path: Path) -> None:
 
 def test_empty_batch_changes_nothing(tmp_path: Path) -> None:
     log = open_log(tmp_path)
-    result = log.append_batch([])
+    result = log.append_batch(as_batches([]))
     assert result.statuses == [] and result.ok
     assert log.max_offset == 0 and log.queue_offsets() == {}
     log.close()
@@ -247,7 +248,7 @@ def test_refused_batch_leaves_no_queue_behind(tmp_path: Path) -> None:
     log = open_log(tmp_path)
     append_each(log, [message(0, queue_id=0)])
     table = log.queue_offsets()
-    result = log.append_batch([message(i, queue_id=7) for i in range(1, 25)])
+    result = log.append_batch(as_batches([message(i, queue_id=7) for i in range(1, 25)]))
     assert result.status is PutStatus.MESSAGE_ILLEGAL
     try:
         assert log.queue_offsets() == table

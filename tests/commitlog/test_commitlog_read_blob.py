@@ -36,11 +36,11 @@ from hypothesis import strategies as st
 
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import FlushMode
-from commitlog_svc.messages import MessageIn
 from mqstore.errors import CorruptRecord, DataLoss, InvalidArgument, MqstoreError, OutOfRange
 from mqstore.formats.record import Record, read_record
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import SimDisk
+from tests.commitlog.message_in import MessageIn
 
 FILE = 4096
 RESERVED_MS = 72 * 3_600_000

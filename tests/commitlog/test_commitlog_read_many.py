@@ -1,5 +1,5 @@
 """CommitLog.read_many: many (offset, size) ranges across segments in one call, each answered
-on its own (the record, or the error a lone read_records would raise), nothing damaged
+on its own (the record, or the error a read of that range alone gives), nothing damaged
 served. Segments are 4 KiB, so 60 messages span several."""
 
 from __future__ import annotations

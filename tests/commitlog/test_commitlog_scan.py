@@ -28,6 +28,7 @@ from commitlog_svc.config import FlushMode
 from mqstore.storage import failpoints
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import SimDisk
+from tests.commitlog.message_in import as_batches
 
 FILE = 4096
 WAIT_S = 10.0
@@ -182,7 +183,9 @@ def test_sync_scan_shows_nothing_before_it_is_durable() -> None:
 
     results = []
     with failpoints.armed("commitlog.before_flush", on_flush_thread_of(log, hold)):
-        writer = threading.Thread(target=lambda: results.append(log.append(message(3))))
+        writer = threading.Thread(
+            target=lambda: results.append(log.append_batch(as_batches([message(3)])))
+        )
         writer.start()
         try:
             assert hit.wait(WAIT_S)

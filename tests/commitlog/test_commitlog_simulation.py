@@ -31,13 +31,13 @@ from commitlog_testlib import Stored, open_log, reopen, sim_crash, stored_from
 
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import FlushMode
-from commitlog_svc.messages import MessageIn
 from mqstore.errors import MqstoreError
 from mqstore.formats.commitlog_checkpoint import decode_checkpoint
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import Record
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import CrashMode, SimDisk
+from tests.commitlog.message_in import MessageIn, as_batches
 
 DATA_DIR = "/sim"
 FILE = 4096
@@ -96,7 +96,7 @@ class Sim:
 
     def append(self) -> None:
         batch = [self.new_message() for _ in range(self.rng.randint(1, 4))]
-        result = self.log.append_batch(batch)
+        result = self.log.append_batch(as_batches(batch))
         self.history.append(f"append {len(batch)} -> {result.status.name} at {result.offsets}")
         if not result.ok:
             self.fail(f"append refused: {result.statuses} {result.reasons}")

@@ -9,9 +9,9 @@ from pathlib import Path
 from commitlog_testlib import append_each, message, open_log, reopen, segment_path
 
 from commitlog_svc.commitlog import _last_record_in
-from commitlog_svc.messages import MessageIn
 from mqstore.formats.record import MAGIC_V1_BYTES, MAGIC_V2_BYTES, Record
 from mqstore.storage.clock import ManualClock
+from tests.commitlog.message_in import MessageIn
 
 FILE = 4096
 

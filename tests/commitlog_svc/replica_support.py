@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from commitlog_svc.config import CommitLogConfig, FlushMode
-from commitlog_svc.messages import MessageIn, PutStatus
+from commitlog_svc.messages import PutStatus
 from commitlog_svc.replica import ReplicaLog
 from commitlog_svc.replica_chunk import Chunk
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record_batch import table_to_pairs
 from mqstore.storage.disk import Disk
+from tests.commitlog.message_in import MessageIn, as_batches
 
 FILE_BYTES = 4096
 TOPICS = ("orders", "audit")
@@ -105,7 +106,7 @@ class Producers:
             pid = rng.choice(sorted(self.sequences))
             self.sequences[pid] += rng.randrange(1, 3)
             producer = (pid, self.sequences[pid])
-        result = log.append_batch(batch, producer=producer)
+        result = log.append_batch(as_batches(batch), producer=producer)
         assert all(s is PutStatus.PUT_OK for s in result.statuses), result.reasons
 
 

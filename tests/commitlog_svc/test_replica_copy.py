@@ -26,6 +26,7 @@ from mqstore.errors import (
 )
 from mqstore.formats.record import Blank, scan_run
 from mqstore.history import Epoch, LogHistory
+from tests.commitlog.message_in import as_batches
 from tests.commitlog_svc.replica_support import (
     FILE_BYTES,
     QUIET,
@@ -112,7 +113,9 @@ def test_a_chunk_is_whole_records_within_its_bound_and_its_limit(tmp_path: Path)
     rng = random.Random(11)
     boundaries = [0]
     for i in range(80):
-        result = lead.append_batch([message(rng, i + j) for j in range(rng.randrange(1, 4))])
+        result = lead.append_batch(
+            as_batches([message(rng, i + j) for j in range(rng.randrange(1, 4))])
+        )
         boundaries.append(result.offsets[-1] + result.sizes[-1])
     offset = 0
     while offset < lead.max_offset:
@@ -148,7 +151,7 @@ def test_a_chunk_never_ends_inside_an_idempotent_request(tmp_path: Path) -> None
         batch = [
             message(rng, sequence * 100 + j, body_bytes=150) for j in range(rng.randrange(1, 9))
         ]
-        result = lead.append_batch(batch, producer=("p", sequence))
+        result = lead.append_batch(as_batches(batch), producer=("p", sequence))
         assert result.ok
         requests[result.offsets[0]] = result.offsets[-1] + result.sizes[-1]
     ends = {0, *requests, *requests.values()}
@@ -175,7 +178,7 @@ def test_the_end_of_segment_blank_moves_the_follower_to_the_next_segment(tmp_pat
     rng = random.Random(1)
     records_end = 0
     while lead.max_offset < FILE_BYTES:
-        result = lead.append(message(rng, 0, body_bytes=500))
+        result = lead.append_batch(as_batches([message(rng, 0, body_bytes=500)]))
         if result.offsets[0] < FILE_BYTES:
             records_end = result.offsets[0] + result.sizes[0]
     # A bound that holds the first segment's records but not its blank.
@@ -195,14 +198,14 @@ def test_a_promoted_follower_answers_a_retried_request_as_a_duplicate(tmp_path: 
     follower = follower_of(lead, tmp_path / "follower")
     rng = random.Random(2)
     batch = [message(rng, j) for j in range(4)]
-    first = lead.append_batch(batch, producer=("checkout-1", 41))
+    first = lead.append_batch(as_batches(batch), producer=("checkout-1", 41))
     assert first.ok and not first.duplicate
     for i in range(20):
-        lead.append(message(rng, 100 + i))
+        lead.append_batch(as_batches([message(rng, 100 + i)]))
     copy(lead, follower, max_bytes=700)
     lead.close()
     assert follower.become_leader(2) == follower.end_offset
-    retry = follower.append_batch(batch, producer=("checkout-1", 41))
+    retry = follower.append_batch(as_batches(batch), producer=("checkout-1", 41))
     assert retry.duplicate
     assert retry.offsets == first.offsets and retry.queue_offsets == first.queue_offsets
     assert follower.max_offset == follower.end_offset  # nothing stored twice
@@ -210,7 +213,7 @@ def test_a_promoted_follower_answers_a_retried_request_as_a_duplicate(tmp_path: 
     follower.close()
     again = reopen(follower)
     again.become_leader(3)
-    assert again.append_batch(batch, producer=("checkout-1", 41)).duplicate
+    assert again.append_batch(as_batches(batch), producer=("checkout-1", 41)).duplicate
 
 
 def test_a_follower_refuses_producers_appends_naming_the_leader(tmp_path: Path) -> None:
@@ -218,23 +221,23 @@ def test_a_follower_refuses_producers_appends_naming_the_leader(tmp_path: Path) 
     follower = follower_of(lead, tmp_path / "follower")
     rng = random.Random(3)
     with pytest.raises(NotLeader, match="not known here yet"):
-        follower.append(message(rng, 0))
+        follower.append_batch(as_batches([message(rng, 0)]))
     follower.become_follower("broker-a:7100")
     with pytest.raises(NotLeader, match="broker-a:7100") as refused:
-        follower.append_batch([message(rng, 1)], producer=("p", 1))
+        follower.append_batch(as_batches([message(rng, 1)]), producer=("p", 1))
     assert refused.value.leader == "broker-a:7100"
     assert follower.end_offset == 0
     # A leader that steps down refuses them too, from then on.
-    assert lead.append(message(rng, 2)).ok
+    assert lead.append_batch(as_batches([message(rng, 2)])).ok
     lead.become_follower("broker-b:7100")
     with pytest.raises(NotLeader):
-        lead.append(message(rng, 3))
+        lead.append_batch(as_batches([message(rng, 3)]))
 
 
 def test_a_leader_refuses_replicated_bytes(tmp_path: Path) -> None:
     lead = leader(tmp_path / "leader")
     other = leader(tmp_path / "other")
-    other.append(message(random.Random(4), 0))
+    other.append_batch(as_batches([message(random.Random(4), 0)]))
     with pytest.raises(NotFollower):
         lead.append_replicated(other.read_chunk(0))
     with pytest.raises(NotFollower):
@@ -247,7 +250,7 @@ def test_replicated_bytes_start_exactly_at_the_followers_end(tmp_path: Path) -> 
     follower = follower_of(lead, tmp_path / "follower")
     rng = random.Random(5)
     for i in range(5):
-        lead.append(message(rng, i, body_bytes=100))
+        lead.append_batch(as_batches([message(rng, i, body_bytes=100)]))
     copy(lead, follower, max_bytes=300, chunks_max=1)
     at = follower.end_offset
     ahead = lead.read_chunk(at, max_bytes=300)
@@ -265,7 +268,7 @@ def test_replicated_bytes_start_exactly_at_the_followers_end(tmp_path: Path) -> 
 def test_a_replica_opens_without_beginning_an_epoch(tmp_path: Path) -> None:
     """A follower's epochs are its leader's; a single-replica store begins one at every open."""
     lead = leader(tmp_path / "leader", epoch=4)
-    lead.append(message(random.Random(6), 0))
+    lead.append_batch(as_batches([message(random.Random(6), 0)]))
     follower = follower_of(lead, tmp_path / "follower")
     copy(lead, follower)
     assert follower.history == LogHistory([(4, 0)])
@@ -284,7 +287,7 @@ def test_a_replica_opens_without_beginning_an_epoch(tmp_path: Path) -> None:
 def test_a_promoted_replica_begins_the_given_epoch_at_its_end(tmp_path: Path) -> None:
     lead = leader(tmp_path / "leader", epoch=3)
     for i in range(10):
-        lead.append(message(random.Random(i), i))
+        lead.append_batch(as_batches([message(random.Random(i), i)]))
     follower = follower_of(lead, tmp_path / "follower")
     copy(lead, follower)
     end = follower.end_offset
@@ -314,7 +317,7 @@ def test_an_empty_replica_adopts_the_groups_store_id_and_a_full_one_is_refused(
     follower.close()
     assert reopen(follower).store_id == lead.store_id  # durable
     stranger = leader(tmp_path / "stranger")
-    stranger.append(message(random.Random(8), 0))
+    stranger.append_batch(as_batches([message(random.Random(8), 0)]))
     stranger.become_follower()
     with pytest.raises(StoreIdMismatch, match="holds"):
         stranger.adopt_store_id(lead.store_id)
@@ -326,7 +329,7 @@ def test_wait_durable_returns_once_the_followers_own_flush_covers_the_bytes(
 ) -> None:
     lead = leader(tmp_path / "leader")
     for i in range(30):
-        lead.append(message(random.Random(i), i))
+        lead.append_batch(as_batches([message(random.Random(i), i)]))
     synced = follower_of(lead, tmp_path / "sync", flush=FlushMode.SYNC)
     copy(lead, synced)
     assert synced.wait_durable(synced.end_offset, 20.0) == synced.end_offset
@@ -369,11 +372,11 @@ def test_a_chunk_carries_the_epochs_that_cover_it(tmp_path: Path) -> None:
     lead = leader(tmp_path / "leader", epoch=2)
     rng = random.Random(12)
     for i in range(5):
-        lead.append(message(rng, i, body_bytes=200))
+        lead.append_batch(as_batches([message(rng, i, body_bytes=200)]))
     middle = lead.end_offset
     lead.become_leader(5)
     for i in range(5):
-        lead.append(message(rng, i, body_bytes=200))
+        lead.append_batch(as_batches([message(rng, i, body_bytes=200)]))
     assert lead.end_offset < FILE_BYTES  # one segment: one chunk holds it all
     assert lead.read_chunk(0).epochs == (Epoch(2, 0), Epoch(5, middle))
     assert lead.read_chunk(0, limit_offset=middle).epochs == (Epoch(2, 0), Epoch(5, middle))

@@ -22,6 +22,7 @@ from mqstore.errors import ChunkRefused, HistoryMismatch, InvalidArgument
 from mqstore.formats.properties import RECORD_CRC
 from mqstore.formats.record import Blank, encode_blank, field_spans, read_record, scan_run
 from mqstore.history import Epoch
+from tests.commitlog.message_in import as_batches
 from tests.commitlog_svc.replica_support import (
     FILE_BYTES,
     assert_same_log,
@@ -90,11 +91,13 @@ def pair(tmp_path: Path, **overrides: Any) -> tuple[ReplicaLog, ReplicaLog, Chun
     lead = leader(tmp_path / "leader", **overrides)
     rng = random.Random(1)
     for i in range(4):
-        lead.append(message(rng, i, body_bytes=60))
+        lead.append_batch(as_batches([message(rng, i, body_bytes=60)]))
     follower = follower_of(lead, tmp_path / "follower", **overrides)
     copy(lead, follower)
     lead.become_leader(2)
-    lead.append_batch([message(rng, 10 + i, body_bytes=60) for i in range(3)], producer=("p", 1))
+    lead.append_batch(
+        as_batches([message(rng, 10 + i, body_bytes=60) for i in range(3)]), producer=("p", 1)
+    )
     chunk = lead.read_chunk(follower.end_offset)
     assert chunk.epochs[-1] == Epoch(2, follower.end_offset)
     return lead, follower, chunk
@@ -217,11 +220,15 @@ def _sample_chunk() -> tuple[bytes, int]:
     with tempfile.TemporaryDirectory() as root:
         lead = leader(f"{root}/leader")
         rng = random.Random(3)
-        lead.append_batch([message(rng, i, body_bytes=40) for i in range(3)], producer=("p", 1))
-        lead.append(message(rng, 9, body_bytes=40))
-        lead.append_batch([message(rng, i, body_bytes=40) for i in range(2)], producer=("q", 5))
+        lead.append_batch(
+            as_batches([message(rng, i, body_bytes=40) for i in range(3)]), producer=("p", 1)
+        )
+        lead.append_batch(as_batches([message(rng, 9, body_bytes=40)]))
+        lead.append_batch(
+            as_batches([message(rng, i, body_bytes=40) for i in range(2)]), producer=("q", 5)
+        )
         while lead.max_offset < FILE_BYTES:
-            lead.append(message(rng, 10, body_bytes=700))
+            lead.append_batch(as_batches([message(rng, 10, body_bytes=700)]))
         chunk = lead.read_chunk(0)
         close_all()
     assert chunk.next_offset == FILE_BYTES
@@ -263,7 +270,7 @@ def test_a_refused_chunk_at_a_segments_start_creates_no_segment(tmp_path: Path) 
     lead = leader(tmp_path / "leader")
     rng = random.Random(6)
     while lead.max_offset < FILE_BYTES:
-        lead.append(message(rng, 0, body_bytes=600))
+        lead.append_batch(as_batches([message(rng, 0, body_bytes=600)]))
     follower = follower_of(lead, tmp_path / "follower")
     while follower.end_offset < FILE_BYTES:
         follower.append_replicated(lead.read_chunk(follower.end_offset))

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from commitlog_svc.messages import MessageIn
 from commitlog_svc.replica import ReplicaLog
 from commitlog_svc.replica_chunk import LogStart
 from mqstore.errors import InvalidArgument
@@ -22,6 +21,7 @@ from mqstore.storage import failpoints
 from mqstore.storage.simdisk import CrashMode, SimDisk
 from tests.commitlog.commitlog_testlib import kill
 from tests.commitlog.commitlog_testlib import sim_crash as power_loss
+from tests.commitlog.message_in import MessageIn, as_batches
 from tests.commitlog_svc.replica_support import (
     FILE_BYTES,
     QUIET,
@@ -117,17 +117,19 @@ def test_the_producer_table_after_a_cut_is_the_one_of_the_log_below_it(tmp_path:
     rng = random.Random(4)
     below = []
     for sequence in range(1, 9):
-        below.append(old.append_batch([message_for(rng, sequence)], producer=("p", sequence)))
+        below.append(
+            old.append_batch(as_batches([message_for(rng, sequence)]), producer=("p", sequence))
+        )
     cut = old.end_offset
     for sequence in range(9, 14):  # past the cut: they push 6, 7, 8 out of the window
-        old.append_batch([message_for(rng, sequence)], producer=("p", sequence))
+        old.append_batch(as_batches([message_for(rng, sequence)]), producer=("p", sequence))
     assert [r.sequence for r in producers_of(old)["p"][1]] == [11, 12, 13]
     old.become_follower()
     old.truncate(cut)
     last, requests = producers_of(old)["p"]
     assert last == 8 and [r.sequence for r in requests] == [6, 7, 8]
     old.become_leader(2)
-    retry = old.append_batch([message_for(rng, 7)], producer=("p", 7))
+    retry = old.append_batch(as_batches([message_for(rng, 7)]), producer=("p", 7))
     assert retry.duplicate and retry.offsets == below[6].offsets
 
 
@@ -137,7 +139,7 @@ def message_for(rng: random.Random, i: int) -> MessageIn:
 
 def test_a_cut_inside_a_record_is_refused(tmp_path: Path) -> None:
     old = leader(tmp_path / "old")
-    result = old.append_batch([message_for(random.Random(1), i) for i in range(3)])
+    result = old.append_batch(as_batches([message_for(random.Random(1), i) for i in range(3)]))
     old.become_follower()
     with pytest.raises(InvalidArgument, match="record boundary"):
         old.truncate(result.offsets[1] + 5)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig
-from commitlog_svc.messages import MessageIn
 from mqstore.formats import sysflag
 from mqstore.formats.properties import encode_properties
 from mqstore.testing.cluster import TEST_SEGMENT_BYTES, Cluster, start_all
+from tests.commitlog.message_in import MessageIn, as_batches
 
 ZLIB = sysflag.COMPRESSED | sysflag.COMPRESSION_ZLIB
 POISONED_TOPIC = "Poisoned"
@@ -42,13 +42,17 @@ def write_with_the_engine(data_dir: Path) -> dict[int, int]:
     try:
         for queue_id in POISONED_QUEUES:
             for i, body in enumerate(POISON_BODIES):
-                result = engine.append(
-                    MessageIn(
-                        POISONED_TOPIC,
-                        queue_id,
-                        body,
-                        properties=encode_properties({"TAGS": "t"}),
-                        sys_flag=ZLIB if i == POISON_AT else 0,
+                result = engine.append_batch(
+                    as_batches(
+                        [
+                            MessageIn(
+                                POISONED_TOPIC,
+                                queue_id,
+                                body,
+                                properties=encode_properties({"TAGS": "t"}),
+                                sys_flag=ZLIB if i == POISON_AT else 0,
+                            )
+                        ]
                     )
                 )
                 assert result.ok, result.reasons

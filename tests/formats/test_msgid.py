@@ -15,7 +15,6 @@ from mqstore.formats.msgid import (
     UniqIdGenerator,
     decode_offset_msg_id,
     offset_msg_id,
-    uniq_id_time_ms,
 )
 from mqstore.formats.record import pack_host
 
@@ -167,19 +166,6 @@ def test_a_backwards_clock_step_inside_the_month_moves_the_time_field_back() -> 
     assert second != first
 
 
-def test_uniq_id_time_ms_recovers_the_creation_time_in_this_month() -> None:
-    made = utc_ms(2024, 3, 10, 11, 0, 0) + 17
-    uid = UniqIdGenerator(clock_ms=lambda: made).next_id()
-    assert uniq_id_time_ms(uid, made) == made
-    assert uniq_id_time_ms(uid, utc_ms(2024, 3, 20)) == made
-
-
-def test_uniq_id_time_ms_of_an_id_made_last_month() -> None:
-    made = utc_ms(2024, 1, 20, 8, 0, 0)
-    uid = UniqIdGenerator(clock_ms=lambda: made).next_id()
-    assert uniq_id_time_ms(uid, utc_ms(2024, 2, 3)) == made
-
-
 @pytest.mark.parametrize("day", [25, 28, 31])
 def test_uniq_ids_can_be_made_late_in_the_month(day: int) -> None:
     made = utc_ms(2024, 1, day, 23, 59, 59)
@@ -187,7 +173,6 @@ def test_uniq_ids_can_be_made_late_in_the_month(day: int) -> None:
     assert len(uid) == 32
     # RocketMQ writes (int)(now - monthStart), and reads the 4 bytes back as unsigned.
     assert time_field(uid) == made - utc_ms(2024, 1, 1)
-    assert uniq_id_time_ms(uid, made) == made
 
 
 def test_generator_refuses_an_ip_that_is_not_4_or_16_bytes() -> None:

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from mqstore.errors import InvalidArgument
 from mqstore.formats import sysflag
 from mqstore.formats.record import (
+    IPV6_HOST_BYTES,
     Record,
     encode_record,
-    is_v6_host,
     pack_host,
     prepare_message,
     read_record,
@@ -121,7 +121,7 @@ def reference(
                     born_host=batch.born_host,
                     reconsume_times=batch.reconsume_times,
                     prepared_tx_offset=batch.prepared_tx_offset,
-                    store_host_v6=is_v6_host(store_host),
+                    store_host_v6=len(store_host) == IPV6_HOST_BYTES,
                     limits=limits,
                     record_crc=record_crc,
                 )

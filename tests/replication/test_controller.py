@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from commitlog_svc.messages import MessageIn, PutStatus
+from commitlog_svc.messages import PutStatus
 from commitlog_svc.replication import membership
 from commitlog_svc.replication.controller import ReplicaController, ReplicationSettings, Role
 from mqstore.coordination.etcd import EtcdCoordinator
@@ -25,6 +25,7 @@ from mqstore.errors import FailedPrecondition, NotEnoughReplicas, NotLeader
 from mqstore.rpc.errors import ErrorInterceptor
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
+from tests.commitlog.message_in import MessageIn, as_batches
 from tests.commitlog_svc.replica_support import assert_same_log, replica
 from tests.coordination.test_etcd_coordinator import raw_client
 
@@ -152,7 +153,9 @@ def settled(nodes: list[Node], members: int) -> Callable[[], bool]:
 
 
 def append(node: Node, i: int) -> PutStatus:
-    result = node.log.append_batch([MessageIn(topic="T", queue_id=i % 4, body=b"m%d" % i)])
+    result = node.log.append_batch(
+        as_batches([MessageIn(topic="T", queue_id=i % 4, body=b"m%d" % i)])
+    )
     return result.statuses[0]
 
 
