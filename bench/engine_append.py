@@ -6,8 +6,6 @@ Workloads (bodies of 100 B and 1 KiB, batches of 1,000 messages, one producer th
 - raw:        a preallocated file, mapped, each record = 24-byte header packed with pack_into +
               the payload copied in (the loop of reference/performance-limits.md §4a). No CRC.
 - async:      CommitLog.append_batch with flush=async (interval flush in the background).
-- async+pool: the same with the transient store pool (writes to pooled buffers, committed
-              every 200 ms).
 - sync:       flush=sync (group commit: each batch returns once its bytes are flushed).
 
 Messages are built before the clock starts, as a producer would hand them over (topic, queue,
@@ -141,11 +139,6 @@ def main(argv: list[str] | None = None) -> int:
             with_crc = median_of(args.runs, functools.partial(loop, crc=True))
             variants: dict[str, dict[str, object]] = {
                 "async": {"flush": FlushMode.ASYNC},
-                "async+pool": {
-                    "flush": FlushMode.ASYNC,
-                    "transient_pool": True,
-                    "transient_pool_buffers": 2,
-                },
                 "sync": {"flush": FlushMode.SYNC},
             }
             rows.append(("raw mmap loop", body_bytes, raw, raw, touched))

@@ -104,7 +104,6 @@ from mqstore.storage.log_repair import repair_hint
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.mapped_file_queue import MappedFileQueue, ShortSegment, ShortSegmentError
 from mqstore.storage.segment_reads import copy_runs
-from mqstore.storage.transient_pool import TransientStorePool
 from mqstore.storage.warmer import SegmentWarmer
 
 log = logging.getLogger(__name__)
@@ -179,10 +178,7 @@ class CommitLog:
         self.disk: Disk = disk if disk is not None else OsDisk()
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._files = StoreFiles(self.disk, config.data_dir)
-        pool = None
-        if config.transient_pool:
-            pool = TransientStorePool(config.transient_pool_buffers, config.file_bytes)
-        self.queue = MappedFileQueue(self.disk, config.commitlog_dir, config.file_bytes, pool=pool)
+        self.queue = MappedFileQueue(self.disk, config.commitlog_dir, config.file_bytes)
         self._store_host = config.store_host
         self._limits = config.limits
         self._put_lock = threading.Lock()
@@ -220,7 +216,7 @@ class CommitLog:
         self._corrupt_starts: dict[int, str] = {}
         self._producers = ProducerTable(config.producers_max, config.producer_requests_max)
         # Notified whenever the confirm offset may have moved (an append under async flush, a
-        # flush, a pool commit) and on close: dispatch waits on it instead of polling.
+        # flush) and on close: dispatch waits on it instead of polling.
         self._progress = threading.Condition()
         # Notified after every write, flushed or not (a leader's feed to its followers).
         self._written = threading.Condition()
@@ -269,7 +265,6 @@ class CommitLog:
                 if mf.file_end_offset > result.report.start_offset:
                     mf.flushed_position = 0
             self.queue.flushed_where = result.report.start_offset
-            self.queue.committed_where = end
             self.queue.flush(0)
             self.queue.flushed_where = end
             self._open_history(meta, end)
@@ -287,7 +282,6 @@ class CommitLog:
             checkpoint=self._checkpoint,
             on_failure=self._on_flush_failure,
             after_flush=self._after_flush,
-            after_commit=self._notify_progress,
         )
         self._flusher.start()
         self._warmer = SegmentWarmer(self.queue, self.config.warm_ahead_bytes)
@@ -410,7 +404,7 @@ class CommitLog:
 
     @property
     def max_offset(self) -> int:
-        """End of readable data (committed data with the transient pool)."""
+        """End of readable data."""
         return self.queue.max_offset()
 
     @property
@@ -659,7 +653,7 @@ class CommitLog:
             self._put_lock.release()
         if end >= 0:
             self._notify_written()
-        if end >= 0 and self.config.flush is FlushMode.ASYNC and self.queue.pool is None:
+        if end >= 0 and self.config.flush is FlushMode.ASYNC:
             self._notify_progress()  # visible now; under sync flush, once flushed
         return PendingAppend(result, end)
 

@@ -34,12 +34,6 @@ class CommitLogConfig:
     # Sync flush: an append not durable within this is answered FLUSH_DISK_TIMEOUT.
     sync_flush_timeout_ms: int = 5_000
 
-    # Transient store pool (async only): appends land in pooled buffers, committed every
-    # commit_interval_ms. 5 buffers of a segment each, as RocketMQ.
-    transient_pool: bool = False
-    transient_pool_buffers: int = 5
-    commit_interval_ms: int = 200
-
     # OS_PAGE_CACHE_BUSY: an append that waited this long for the write lock is refused, so a
     # stalled disk turns into back-pressure rather than an unbounded queue of waiting threads.
     put_lock_timeout_ms: int = 1_000
@@ -82,8 +76,6 @@ class CommitLogConfig:
     def __post_init__(self) -> None:
         if self.file_bytes < 4096 or self.file_bytes % 4096:
             raise InvalidArgument("file_bytes must be a positive multiple of 4096")
-        if self.transient_pool and self.flush is FlushMode.SYNC:
-            raise InvalidArgument("the transient store pool works with async flush only")
         # A record must fit in a file next to the end-of-file blank.
         smallest = 91 + END_FILE_MIN_BLANK_BYTES
         if self.file_bytes < smallest:
@@ -117,7 +109,6 @@ class CommitLogConfig:
             "flush_interval_ms": 20,
             "flush_thorough_interval_ms": 100,
             "checkpoint_interval_ms": 50,
-            "commit_interval_ms": 10,
             "sync_flush_timeout_ms": 2_000,
             "warm_ahead_bytes": 0,
         }

@@ -1,12 +1,11 @@
-"""The flush thread: group commit (sync), interval flush (async), pool commits, checkpoints.
+"""The flush thread: group commit (sync), interval flush (async), checkpoints.
 
-One thread does every commit and flush of the commit log, so positions only ever move forward
-from one place. What it does each round:
+One thread does every flush of the commit log, so positions only ever move forward from one
+place. What it does each round:
 
     mode    trigger                               work
     sync    an append waits on an offset           flush(0) of everything written; wake waiters
     async   every flush_interval_ms                flush(least_pages), least 0 when thorough
-    pool    every commit_interval_ms               commit(0): pooled buffers into the file
     both    every checkpoint_interval_ms           the checkpoint callback (flushes, then writes)
 
 A flush that raises stops everything: the failure is recorded, every waiting append is answered
@@ -41,20 +40,17 @@ class FlushService:
         checkpoint: Callable[[], None],
         on_failure: Callable[[BaseException], None],
         after_flush: Callable[[float], None] | None = None,
-        after_commit: Callable[[], None] | None = None,
     ) -> None:
         """`after_flush(seconds)` runs after every flush (its duration: msync of the dirty
-        range, which is fsync of that range) and `after_commit()` after every pool commit; the
-        store uses them to wake dispatch and to feed the latency histogram."""
+        range, which is fsync of that range); the store uses it to wake dispatch and to feed
+        the latency histogram."""
         self._queue = queue
         self._after_flush = after_flush
-        self._after_commit = after_commit
         self._config = config
         self._clock = clock
         self._checkpoint = checkpoint
         self._on_failure = on_failure
         self._sync = config.flush is FlushMode.SYNC
-        self._pool = queue.pool is not None
         self._cond = threading.Condition()
         # One flush at a time: the thread's rounds, and flush_now from another thread (a
         # replica's truncation). Re-entrant: a round's checkpoint calls flush_now.
@@ -66,7 +62,6 @@ class FlushService:
         now = clock.monotonic_ms()
         self._next_flush = now + config.flush_interval_ms
         self._next_thorough = now + config.flush_thorough_interval_ms
-        self._next_commit = now + config.commit_interval_ms
         self._next_checkpoint = now + config.checkpoint_interval_ms
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -126,16 +121,12 @@ class FlushService:
             return True
         if now >= self._next_checkpoint:
             return True
-        if not self._sync and now >= self._next_flush:
-            return True
-        return self._pool and now >= self._next_commit
+        return not self._sync and now >= self._next_flush
 
     def _next_deadline(self) -> float:
         deadline = self._next_checkpoint
         if not self._sync:
             deadline = min(deadline, self._next_flush)
-        if self._pool:
-            deadline = min(deadline, self._next_commit)
         return deadline
 
     def _run(self) -> None:
@@ -161,12 +152,6 @@ class FlushService:
 
     def _round(self, now: float) -> None:
         config = self._config
-        if self._pool and now >= self._next_commit:
-            with self._flush_lock:
-                self._queue.commit(0)
-            self._next_commit = now + config.commit_interval_ms
-            if self._after_commit is not None:
-                self._after_commit()
         if self._sync:
             if self._requested > self._queue.flushed_where:
                 self._flush(0)
@@ -196,13 +181,8 @@ class FlushService:
             self._after_flush(took)
 
     def flush_now(self) -> None:
-        """Commit and flush everything (used by the checkpoint and on shutdown)."""
-        with self._flush_lock:
-            if self._pool:
-                self._queue.commit(0)
-                if self._after_commit is not None:
-                    self._after_commit()
-            self._flush(0)
+        """Flush everything (used by the checkpoint and on shutdown)."""
+        self._flush(0)
 
     @property
     def alive(self) -> bool:

@@ -326,7 +326,7 @@ class ReplicaLog(CommitLog):
         if self.config.flush is FlushMode.SYNC:
             assert self._flusher is not None
             self._flusher.request(new_end)
-        elif self.queue.pool is None:
+        else:
             self._notify_progress()
         return new_end
 
@@ -534,7 +534,7 @@ class ReplicaLog(CommitLog):
             self._write_checkpoint(start.offset, start.queue_offsets, start.producers)
             failpoints.hit("replica.start.after_checkpoint")
             self.queue.create_file(start.offset)
-            self.queue.flushed_where = self.queue.committed_where = start.offset
+            self.queue.flushed_where = start.offset
             self._flusher.truncated(start.offset)
             self._queue_offsets = table
             self._producers.load(start.producers, end_offset=start.taken_at)

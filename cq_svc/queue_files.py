@@ -564,4 +564,3 @@ def _set_end(mfq: MappedFileQueue, end: int, flushed: int) -> None:
             mf.flushed_position = max(0, flushed - mf.file_from_offset)
     mfq.files = keep
     mfq.flushed_where = flushed
-    mfq.committed_where = end

@@ -48,9 +48,6 @@ class Region(Protocol):
     def flush(self, start: int, end: int) -> None:
         """Make bytes [start, end) durable (rounded out to whole pages)."""
 
-    def write_through(self, pos: int, data: bytes | memoryview) -> None:
-        """Write via the file, not the map (the transient pool's commit). Visible in `buf`."""
-
     def zero(self, start: int, end: int) -> None:
         """Zero [start, end); durable only after a flush covering it."""
 
@@ -237,7 +234,7 @@ class _OsRegion:
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        self._fd = -1  # opened on the first write_through or zero
+        self._fd = -1  # opened on the first zero
         # The mapping's address, for madvise. The ctypes view is dropped at once so that it
         # does not pin the map; callers only populate while they hold the file open.
         view = ctypes.c_char.from_buffer(self._mm)
@@ -262,8 +259,7 @@ class _OsRegion:
         end = min(self._size, end)
         if end <= start:
             return
-        # msync(MS_SYNC) is fsync of the range on Linux: it writes back dirty pages however
-        # they were dirtied, through the map or by write_through's pwrite.
+        # msync(MS_SYNC) is fsync of the range on Linux: it writes back the dirty pages.
         if _MSYNC is None:
             self._mm.flush(start, end - start)
             return
@@ -272,9 +268,6 @@ class _OsRegion:
         if _MSYNC(self._address + start, end - start, _MS_SYNC) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"msync of {self._path}: {os.strerror(err)}")
-
-    def write_through(self, pos: int, data: bytes | memoryview) -> None:
-        os.pwrite(self._file(), data, pos)
 
     def zero(self, start: int, end: int) -> None:
         end = min(end, self._size)

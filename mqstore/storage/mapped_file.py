@@ -4,14 +4,10 @@
     {dir}/00000000001073741824      bytes [file_size, 2*file_size) ...
 
 Names are the start offset as 20 zero-padded decimal digits (RocketMQ's offset2FileName). A file
-is preallocated before it is mapped (see disk.py). Three positions move forward through it:
+is preallocated before it is mapped (see disk.py). Two positions move forward through it:
 
-    0 ........ flushed ........ committed ........ wrote ........ file_size
-               durable          visible to         written by
-                                readers            the appender
-
-Without a transient pool, committed == wrote (writes land in the map). With one, writes land in
-a pooled in-memory buffer and `commit()` copies them into the file.
+    0 ........ flushed ........ wrote ........ file_size
+               durable          written by the appender (into the map) and visible to readers
 
 Deletion while read: a reader `hold()`s the file; `destroy()` unlinks it at once (a mapping
 outlives its name) and unmaps only when the last holder has released it.
@@ -47,7 +43,6 @@ class MappedFile:
         path: str,
         file_size: int,
         *,
-        write_buffer: bytearray | None = None,
         loaded: bool = False,
     ) -> None:
         offset = file_name_to_offset(os.path.basename(path))
@@ -58,17 +53,15 @@ class MappedFile:
         self.file_from_offset = offset
         self._disk = disk
         self._region: Region = disk.map(path, file_size)
-        self._write_buffer = write_buffer
         # A loaded file counts as full until recovery says where its data ends (RocketMQ does
         # the same, and recovery then truncates).
         start = file_size if loaded else 0
         self.wrote_position = start
-        self.committed_position = start
         self.flushed_position = start
         # Store time of the newest record appended; RocketMQ keeps it for its checkpoint.
         self.store_timestamp_ms = 0
-        # Lowest position rewritten below the committed/flushed marks (write_at): commit and
-        # flush start there, so a rewrite of old bytes is made durable too.
+        # Lowest position rewritten below the flushed mark (write_at): the flush starts there,
+        # so a rewrite of old bytes is made durable too.
         self._rewritten_from = file_size
         self._refs = 1
         self._available = True
@@ -79,8 +72,8 @@ class MappedFile:
 
     @property
     def write_buf(self) -> mmap.mmap | bytearray:
-        """Where the appender writes: the pooled buffer if any, else the map."""
-        return self._write_buffer if self._write_buffer is not None else self._region.buf
+        """Where the appender writes: the map."""
+        return self._region.buf
 
     @property
     def read_buf(self) -> mmap.mmap | bytearray:
@@ -88,12 +81,8 @@ class MappedFile:
         return self._region.buf
 
     @property
-    def uses_write_buffer(self) -> bool:
-        return self._write_buffer is not None
-
-    @property
     def read_position(self) -> int:
-        return self.committed_position if self._write_buffer is not None else self.wrote_position
+        return self.wrote_position
 
     @property
     def file_end_offset(self) -> int:
@@ -111,8 +100,6 @@ class MappedFile:
         """The appender wrote `nbytes` at `wrote_position` of `write_buf`: publish them."""
         check(self.wrote_position + nbytes <= self.file_size, "append past the end of file")
         self.wrote_position += nbytes
-        if self._write_buffer is None:
-            self.committed_position = self.wrote_position
 
     def append_bytes(self, data: bytes | bytearray | memoryview) -> bool:
         """Append raw bytes; False (and nothing written) if they do not fit."""
@@ -125,7 +112,7 @@ class MappedFile:
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
         """Overwrite bytes already inside the written region (consume-queue blanks); the next
-        commit and flush cover them even when they lie below the committed/flushed marks."""
+        flush covers them even when they lie below the flushed mark."""
         check(pos >= 0 and pos + len(data) <= self.file_size, "write outside the file")
         self.write_buf[pos : pos + len(data)] = data
         self._rewritten_from = min(self._rewritten_from, pos)
@@ -134,26 +121,20 @@ class MappedFile:
         """A loaded file's data ends at `pos` (recovery): every mark moves there."""
         check(0 <= pos <= self.file_size, f"position {pos} outside the file")
         self.wrote_position = pos
-        self.committed_position = pos
         self.flushed_position = pos
 
     def truncate_to(self, pos: int) -> None:
-        """Cut the data at `pos`: what was not yet committed or flushed below it stays so."""
+        """Cut the data at `pos`: what was not yet flushed below it stays so."""
         check(0 <= pos <= self.file_size, f"position {pos} outside the file")
         self.wrote_position = pos
-        self.committed_position = min(self.committed_position, pos)
         self.flushed_position = min(self.flushed_position, pos)
-        if self._write_buffer is None:
-            self.committed_position = pos
 
     def zero_from(self, pos: int) -> None:
         """Destroy everything at and after `pos` (a truncated tail must never be read again)."""
         self._region.zero(pos, self.file_size)
-        if self._write_buffer is not None:
-            self._write_buffer[pos:] = bytes(self.file_size - pos)
         self._region.flush(pos, self.file_size)
 
-    # -- commit and flush -----------------------------------------------------------------------
+    # -- flush --------------------------------------------------------------------------------
 
     def _able(self, done: int, target: int, least_pages: int) -> bool:
         if target <= done:
@@ -162,52 +143,20 @@ class MappedFile:
             return True
         return (target // PAGE_BYTES) - (done // PAGE_BYTES) >= least_pages
 
-    def commit(self, least_pages: int) -> int:
-        """Copy pooled bytes into the file; returns the committed position."""
-        buf = self._write_buffer
-        if buf is None:
-            return self.wrote_position
-        wrote = self.wrote_position
-        rewritten = self._rewritten_from < self.committed_position
-        if (rewritten or self._able(self.committed_position, wrote, least_pages)) and self.hold():
-            try:
-                start = min(self.committed_position, self._rewritten_from)
-                start -= start % PAGE_BYTES
-                self._region.write_through(start, memoryview(buf)[start:wrote])
-                self.committed_position = wrote
-                # The flush must now cover the rewritten bytes too: they reached the file.
-                self.flushed_position = min(self.flushed_position, start)
-                self._rewritten_from = self.file_size
-            finally:
-                self.release()
-        return self.committed_position
-
     def flush(self, least_pages: int) -> int:
         """Make the readable bytes durable; returns the flushed position. Raises OSError when
         the disk refuses (the caller must then stop acknowledging writes)."""
-        target = self.read_position
-        pooled = self._write_buffer is not None
-        rewritten = not pooled and self._rewritten_from < self.flushed_position
+        target = self.wrote_position
+        rewritten = self._rewritten_from < self.flushed_position
         if (rewritten or self._able(self.flushed_position, target, least_pages)) and self.hold():
             try:
-                start = self.flushed_position
-                if not pooled:
-                    start = min(start, self._rewritten_from)
-                    self._rewritten_from = self.file_size
+                start = min(self.flushed_position, self._rewritten_from)
+                self._rewritten_from = self.file_size
                 self._region.flush(start, target)
                 self.flushed_position = target
             finally:
                 self.release()
         return self.flushed_position
-
-    def release_write_buffer(self, *, force: bool = False) -> bytearray | None:
-        """Hand the pooled buffer back once everything in it is committed to the file (or,
-        with `force`, because the file is going away)."""
-        buf = self._write_buffer
-        if buf is not None and (force or self.committed_position >= self.file_size):
-            self._write_buffer = None
-            return buf
-        return None
 
     def populate(self, start: int, end: int) -> bool:
         """Fault [start, end) in ahead of the writer (see Region.populate)."""
@@ -274,5 +223,5 @@ class MappedFile:
     def __repr__(self) -> str:
         return (
             f"MappedFile({os.path.basename(self.path)}, wrote={self.wrote_position}, "
-            f"committed={self.committed_position}, flushed={self.flushed_position})"
+            f"flushed={self.flushed_position})"
         )

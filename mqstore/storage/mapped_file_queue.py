@@ -36,7 +36,6 @@ from mqstore.errors import StorageError, check
 from mqstore.storage import failpoints
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import MappedFile, file_name_to_offset, offset_to_file_name
-from mqstore.storage.transient_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 
@@ -68,22 +67,13 @@ class ShortSegment:
 
 
 class MappedFileQueue:
-    def __init__(
-        self,
-        disk: Disk,
-        store_path: str,
-        file_size: int,
-        *,
-        pool: TransientStorePool | None = None,
-    ) -> None:
+    def __init__(self, disk: Disk, store_path: str, file_size: int) -> None:
         check(file_size > 0, "file_size must be positive")
         self.disk = disk
         self.store_path = store_path
         self.file_size = file_size
-        self.pool = pool
         self.files: list[MappedFile] = []
         self.flushed_where = 0
-        self.committed_where = 0
         self._mutate = threading.Lock()
 
     # -- load -----------------------------------------------------------------------------------
@@ -210,8 +200,7 @@ class MappedFileQueue:
                 self.disk.fsync_dir(self.store_path)
             self.disk.create(path, self.file_size)
             failpoints.hit("segment.after_create")
-            buffer = self.pool.borrow() if self.pool is not None else None
-            mf = MappedFile(self.disk, path, self.file_size, write_buffer=buffer)
+            mf = MappedFile(self.disk, path, self.file_size)
             self.files = [*self.files, mf]
             return mf
 
@@ -242,17 +231,9 @@ class MappedFileQueue:
         return first.file_from_offset if first is not None else 0
 
     def max_offset(self) -> int:
-        """End of readable data: the first file not readable to its end decides (with a
-        transient pool, a full file may still hold uncommitted bytes when the next exists)."""
-        files = self.files
-        if not files:
-            return 0
-        if self.pool is not None:
-            for mf in self._files_from(self.committed_where):
-                if mf.read_position < mf.file_size:
-                    return mf.file_from_offset + mf.read_position
-        last = files[-1]
-        return last.file_from_offset + last.read_position
+        """End of readable data: the end of what the last file holds."""
+        last = self.last_file()
+        return last.file_from_offset + last.read_position if last is not None else 0
 
     def max_wrote_offset(self) -> int:
         last = self.last_file()
@@ -261,20 +242,7 @@ class MappedFileQueue:
     def roll_next_file(self, offset: int) -> int:
         return offset + self.file_size - offset % self.file_size
 
-    # -- commit and flush -----------------------------------------------------------------------
-
-    def commit(self, least_pages: int) -> bool:
-        """Commit pooled bytes of every file from `committed_where` on; True if it advanced."""
-        before = self.committed_where
-        for mf in self._files_from(before):
-            committed = mf.commit(least_pages)
-            self.committed_where = mf.file_from_offset + committed
-            buffer = mf.release_write_buffer()
-            if buffer is not None and self.pool is not None:
-                self.pool.give_back(buffer)
-            if committed < mf.file_size:
-                break
-        return self.committed_where > before
+    # -- flush --------------------------------------------------------------------------------
 
     def flush(self, least_pages: int) -> bool:
         """Flush every file from `flushed_where` to the readable end; True if it advanced.
@@ -312,27 +280,19 @@ class MappedFileQueue:
                     mf.truncate_to(pos)
                     keep.append(mf)
                 else:
-                    self._destroy(mf)
+                    mf.destroy()
                     removed = True
             self.files = keep
             if removed:
                 self.disk.fsync_dir(self.store_path)
             self.flushed_where = min(self.flushed_where, offset)
-            self.committed_where = min(self.committed_where, offset)
-
-    def _destroy(self, mf: MappedFile) -> None:
-        """Delete a file, handing its pooled buffer (if any) back to the pool."""
-        buffer = mf.release_write_buffer(force=True)
-        if buffer is not None and self.pool is not None:
-            self.pool.give_back(buffer)
-        mf.destroy()
 
     def delete_last_mapped_file(self) -> None:
         with self._mutate:
             last = self.last_file()
             if last is None:
                 return
-            self._destroy(last)
+            last.destroy()
             self.files = self.files[:-1]
             self.disk.fsync_dir(self.store_path)
 
@@ -390,7 +350,7 @@ class MappedFileQueue:
             return 0
         with self._mutate:
             for mf in doomed:
-                self._destroy(mf)
+                mf.destroy()
                 failpoints.hit("segment.after_delete")
                 if on_delete is not None:
                     on_delete(mf)
@@ -410,9 +370,8 @@ class MappedFileQueue:
         """Delete every file (a store being wiped)."""
         with self._mutate:
             for mf in self.files:
-                self._destroy(mf)
+                mf.destroy()
             self.files = []
             self.flushed_where = 0
-            self.committed_where = 0
             if self.disk.isdir(self.store_path):
                 self.disk.fsync_dir(self.store_path)

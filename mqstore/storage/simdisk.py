@@ -93,10 +93,6 @@ class _SimRegion:
         ino.mtime_ms = self._disk.clock_ms()
         self._disk._record("flush", self._path, start, end)
 
-    def write_through(self, pos: int, data: bytes | memoryview) -> None:
-        self._disk._maybe_fail("write", self._path)
-        self._inode.live[pos : pos + len(data)] = data
-
     def zero(self, start: int, end: int) -> None:
         end = min(end, len(self._inode.live))
         if end > start:

@@ -86,11 +86,10 @@ def test_file_from_offset_and_end_come_from_the_name(disk: Disk, store_dir: str)
 
 def test_new_file_starts_empty_with_all_positions_at_zero(disk: Disk, store_dir: str) -> None:
     mf = new_file(disk, store_dir)
-    assert (mf.wrote_position, mf.committed_position, mf.flushed_position) == (0, 0, 0)
+    assert (mf.wrote_position, mf.flushed_position) == (0, 0)
     assert mf.read_position == 0
     assert mf.remaining() == FOUR_PAGES
     assert not mf.is_full()
-    assert not mf.uses_write_buffer
     mf.close()
 
 
@@ -102,8 +101,6 @@ def test_append_bytes_writes_at_the_wrote_position_and_makes_them_readable(
     assert mf.append_bytes(first)
     assert mf.append_bytes(second)
     assert mf.wrote_position == 150
-    # Without a transient pool, what is written is at once committed and readable.
-    assert mf.committed_position == 150
     assert mf.read_position == 150
     assert mf.read(0, 150) == first + second
     assert mf.read(100, 50) == second
@@ -183,11 +180,11 @@ def test_set_positions_outside_the_file_raises_invariant_violation(
     mf.close()
 
 
-def test_set_positions_moves_all_three_positions(disk: Disk, store_dir: str) -> None:
+def test_set_positions_moves_both_positions(disk: Disk, store_dir: str) -> None:
     mf = new_file(disk, store_dir, size=1024)
     mf.append_bytes(pattern(500))
     mf.set_positions(123)
-    assert (mf.wrote_position, mf.committed_position, mf.flushed_position) == (123, 123, 123)
+    assert (mf.wrote_position, mf.flushed_position) == (123, 123)
     mf.close()
 
 
@@ -198,11 +195,7 @@ def test_a_loaded_file_counts_as_full_until_set_positions(disk: Disk, store_dir:
     first.close()
     loaded = MappedFile(disk, first.path, 1024, loaded=True)
     assert loaded.is_full()
-    assert (loaded.wrote_position, loaded.committed_position, loaded.flushed_position) == (
-        1024,
-        1024,
-        1024,
-    )
+    assert (loaded.wrote_position, loaded.flushed_position) == (1024, 1024)
     assert loaded.read(0, 300) == pattern(300)
     loaded.set_positions(300)
     assert not loaded.is_full()
@@ -345,12 +338,11 @@ def test_a_memoryview_of_read_buf_stays_valid_after_destroy(disk: Disk, store_di
     view.release()
 
 
-def test_flush_and_commit_of_a_destroyed_file_do_nothing(disk: Disk, store_dir: str) -> None:
+def test_flush_of_a_destroyed_file_does_nothing(disk: Disk, store_dir: str) -> None:
     mf = new_file(disk, store_dir)
     mf.append_bytes(pattern(100))
     mf.destroy()
     assert mf.flush(0) == 0
-    assert mf.commit(0) == 100  # no pool: committed is the wrote position
 
 
 def test_destroy_twice_and_close_after_destroy_are_harmless(disk: Disk, store_dir: str) -> None:

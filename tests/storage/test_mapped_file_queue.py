@@ -67,7 +67,6 @@ def test_empty_queue_has_no_files_and_zero_offsets(disk: Disk, store_dir: str) -
     assert queue.find_mapped_file_by_offset(0, return_first_on_not_found=True) is None
     assert (queue.min_offset(), queue.max_offset(), queue.max_wrote_offset()) == (0, 0, 0)
     assert not queue.flush(0)
-    assert not queue.commit(0)
 
 
 def test_get_last_mapped_file_creates_files_named_by_20_digit_offsets(
@@ -448,15 +447,6 @@ def test_flush_moves_flushed_where_across_file_boundaries_in_one_call(
     assert not queue.flush(0)  # nothing new
 
 
-def test_commit_moves_committed_where_across_file_boundaries_without_a_pool(
-    disk: Disk, store_dir: str
-) -> None:
-    queue = new_queue(disk, store_dir)
-    append_stream(queue, pattern(2 * FS + 5))
-    assert queue.commit(0)
-    assert queue.committed_where == 2 * FS + 5
-
-
 def test_flush_with_least_pages_flushes_full_files_and_stops_at_a_short_tail(
     disk: Disk, store_dir: str
 ) -> None:
@@ -516,21 +506,15 @@ def test_truncate_dirty_files_deletes_later_files_and_zeroes_the_cut_file(
     data = pattern(4 * FS + 500)
     append_stream(queue, data)
     queue.flush(0)
-    queue.commit(0)
     cut = FS + 100
     queue.truncate_dirty_files(cut)
     assert [mf.file_from_offset for mf in queue.files] == [0, FS]
     assert disk.listdir(store_dir) == [offset_to_file_name(0), offset_to_file_name(FS)]
     held = queue.files[1]
-    assert (held.wrote_position, held.committed_position, held.flushed_position) == (
-        100,
-        100,
-        100,
-    )
+    assert (held.wrote_position, held.flushed_position) == (100, 100)
     assert queue.files[0].wrote_position == FS
     assert queue.max_offset() == cut
     assert queue.flushed_where == cut
-    assert queue.committed_where == cut
     # The bytes after the cut read as zeros, in memory and on disk.
     assert bytes(held.read_buf[:FS]) == data[FS:cut] + bytes(FS - 100)
     assert disk.read(held.path) == data[FS:cut] + bytes(FS - 100)

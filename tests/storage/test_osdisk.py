@@ -118,16 +118,6 @@ def test_zero_on_a_mapped_region_reads_as_zeros(tmp_path: Path, start: int, end:
     region.close()
 
 
-def test_write_through_is_visible_in_the_map(tmp_path: Path) -> None:
-    disk = OsDisk()
-    path = str(tmp_path / "f")
-    disk.create(path, PAGE_BYTES)
-    region = disk.map(path, PAGE_BYTES)
-    region.write_through(100, b"through")
-    assert bytes(region.buf[100:107]) == b"through"
-    region.close()
-
-
 def test_usage_counts_as_df_does_reserved_blocks_excluded(tmp_path: Path) -> None:
     # df's Use% (and RocketMQ's ratio): used / (used + available to this user).
     total, used = OsDisk().usage(str(tmp_path))
