@@ -160,7 +160,7 @@ def skip_non_record(
     if isinstance(found, Blank) and found.total_size == mf.file_size - pos:
         return None, mf.file_size
     reason = found.reason if isinstance(found, Bad) else "blank of the wrong size"
-    resume = find_next_record(mf.read_buf, pos, readable, mf.file_from_offset)
+    resume = find_next_record(mf.buf, pos, readable, mf.file_from_offset)
     resume = mf.file_size if resume < 0 else resume
     base = mf.file_from_offset
     return CorruptRange(base + pos, base + resume, reason), resume
@@ -372,7 +372,7 @@ class CommitLog:
             if clean:
                 try:
                     flusher.flush_now()
-                    end = self.queue.max_wrote_offset()
+                    end = self.queue.max_offset()
                     self._write_checkpoint(end, table_to_pairs(self._queue_offsets))
                     self._files.remove_abort()
                 except Exception:
@@ -708,7 +708,7 @@ class CommitLog:
             encoded.relocate(mf.file_from_offset)
         self._disk_full_until_ms = 0.0
         pos = mf.wrote_position
-        mf.write_buf[pos : pos + nbytes] = encoded.blob
+        mf.buf[pos : pos + nbytes] = encoded.blob
         mf.store_timestamp_ms = store_ts
         mf.advance(nbytes)
         self._newest_store_ts = store_ts
@@ -865,7 +865,7 @@ class CommitLog:
         remaining = mf.remaining()
         if remaining > 0:
             pos = mf.wrote_position
-            mf.write_buf[pos : pos + END_FILE_MIN_BLANK_BYTES] = encode_blank(remaining)
+            mf.buf[pos : pos + END_FILE_MIN_BLANK_BYTES] = encode_blank(remaining)
             mf.advance(remaining)
         return nxt
 
@@ -900,7 +900,7 @@ class CommitLog:
             raise InvalidArgument(f"size must be positive, got {size}", field="size")
         mf = self._file_at(offset)
         pos = offset - mf.file_from_offset
-        if pos + size > mf.read_position:
+        if pos + size > mf.wrote_position:
             raise OutOfRange(f"range [{offset}, {offset + size}) runs past readable data")
         return mf.read(pos, size)
 
@@ -918,9 +918,9 @@ class CommitLog:
         try:
             pos = offset - mf.file_from_offset
             found = read_record(
-                mf.read_buf, pos, mf.read_position, check_crc=True, expected_offset=offset
+                mf.buf, pos, mf.wrote_position, check_crc=True, expected_offset=offset
             )
-            own_offset = _holds_own_offset(mf.read_buf, pos, mf.read_position, offset)
+            own_offset = _holds_own_offset(mf.buf, pos, mf.wrote_position, offset)
         finally:
             mf.release()
         if isinstance(found, Record):
@@ -959,7 +959,7 @@ class CommitLog:
         try:
             pos = offset - mf.file_from_offset
             found = read_record(
-                mf.read_buf, pos, mf.read_position, check_crc=True, expected_offset=offset
+                mf.buf, pos, mf.wrote_position, check_crc=True, expected_offset=offset
             )
         finally:
             mf.release()
@@ -1039,7 +1039,7 @@ class CommitLog:
                 group = members
                 begin = off[group] - mf.file_from_offset
                 end = begin + size[group]
-                readable = end <= mf.read_position
+                readable = end <= mf.wrote_position
                 if not readable.all():
                     for i in members[~readable].tolist():
                         at, nbytes = int(off[i]), int(size[i])
@@ -1047,7 +1047,7 @@ class CommitLog:
                     group, begin, end = members[readable], begin[readable], end[readable]
                     if not len(group):
                         continue
-                pieces.extend(copy_runs(mf.read_buf, begin, end))
+                pieces.extend(copy_runs(mf.buf, begin, end))
                 served[group] = size[group]
         finally:
             for mf in held.values():
@@ -1123,8 +1123,8 @@ class CommitLog:
         check_crc: bool,
     ) -> tuple[int, int]:
         base = mf.file_from_offset
-        buf = mf.read_buf
-        readable = mf.read_position
+        buf = mf.buf
+        readable = mf.wrote_position
         limit = min(readable, end - base)
         records = batch.records
         pos = offset - base
@@ -1157,7 +1157,7 @@ class CommitLog:
         to it durable, then write the checkpoint that vouches for it."""
         with self._checkpoint_lock:
             with self._put_lock:
-                wrote = self.queue.max_wrote_offset()
+                wrote = self.queue.max_offset()
                 if wrote == self._last_checkpoint_offset:
                     return
                 table = table_to_pairs(self._queue_offsets)
@@ -1252,8 +1252,8 @@ class CommitLog:
             if mf.file_from_offset >= end or not mf.hold():
                 continue
             try:
-                limit = min(end - mf.file_from_offset, mf.read_position)
-                found = _last_record_in(mf.read_buf, limit, mf.file_from_offset, mf.file_size)
+                limit = min(end - mf.file_from_offset, mf.wrote_position)
+                found = _last_record_in(mf.buf, limit, mf.file_from_offset, mf.file_size)
             finally:
                 mf.release()
             if found is not None:

@@ -150,12 +150,12 @@ class _Walk:
     def file(self, mf: MappedFile, offset: int, end: int) -> int:
         """Walk `mf` from `offset` up to `end` at most: where the walk goes on."""
         base = mf.file_from_offset
-        readable = mf.read_position
+        readable = mf.wrote_position
         limit = min(readable, end - base)
         pos = offset - base
         while pos < limit and self.entries < self.max_records and self.taken < self.max_bytes:
             why, pos, taken, entries, columns, keys = dispatch_columns(
-                mf.read_buf,
+                mf.buf,
                 pos,
                 limit,
                 readable,
@@ -174,9 +174,7 @@ class _Walk:
             self.taken += taken
             if why != DISPATCH_RECORD:
                 break  # the limit, a bound, or a record past the limit (the next call's)
-            found = read_record(
-                mf.read_buf, pos, readable, check_crc=True, expected_offset=base + pos
-            )
+            found = read_record(mf.buf, pos, readable, check_crc=True, expected_offset=base + pos)
             if isinstance(found, Record):  # the two disagree: a bug in the compiled core
                 raise InvariantViolation(f"dispatch_columns refused the record at {base + pos}")
             corrupt, pos = skip_non_record(mf, pos, readable, found)

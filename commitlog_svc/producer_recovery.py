@@ -43,8 +43,8 @@ def rebuild_from_tags(
         base = mf.file_from_offset
         if mf.file_end_offset <= start or base >= end:
             continue
-        buf = mf.read_buf
-        pos, hi = max(start - base, 0), min(end - base, mf.read_position)
+        buf = mf.buf
+        pos, hi = max(start - base, 0), min(end - base, mf.wrote_position)
         while 0 <= pos < hi:
             requests, partial, stop = tagged_requests(buf, pos, hi, base, check_crc=True)
             for producer_id, request in requests:
@@ -70,9 +70,9 @@ def lower_queue_offsets(queue: MappedFileQueue, table: QueueTable, start: int, e
         if mf.file_end_offset <= start or base >= end:
             continue
         hi = min(end - base, mf.file_size)
-        starts, _ = _core.chain(mf.read_buf, max(start - base, 0), hi, base)
+        starts, _ = _core.chain(mf.buf, max(start - base, 0), hi, base)
         for at in starts.tolist():
-            found = read_record(mf.read_buf, at, hi, check_crc=False)
+            found = read_record(mf.buf, at, hi, check_crc=False)
             if isinstance(found, Record) and sysflag.gets_queue_offset(found.sys_flag):
                 queues = table.setdefault(found.topic, {})
                 queues[found.queue_id] = min(

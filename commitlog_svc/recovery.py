@@ -104,7 +104,7 @@ def _apply(table: QueueTable, record: Record) -> None:
 
 def _data_end_hint(mf: MappedFile, pos: int) -> int:
     """How far non-zero bytes may reach after `pos` (for the truncated-bytes figure)."""
-    buf = mf.read_buf
+    buf = mf.buf
     end = mf.file_size
     step = 4096
     last = pos
@@ -174,7 +174,7 @@ def recover(
     while index < len(files):
         mf = files[index]
         base = mf.file_from_offset
-        buf = mf.read_buf
+        buf = mf.buf
         size = mf.file_size
         pos = 0
         next_file = False
@@ -282,11 +282,11 @@ def _rebuild_table(files: list[MappedFile], end: int, snapshot: QueueTable) -> Q
         pos = 0
         while pos < limit:
             pos, _, stop = scan_run_fast(
-                mf.read_buf, pos, limit, mf.file_from_offset, check_crc=False, queue_table=table
+                mf.buf, pos, limit, mf.file_from_offset, check_crc=False, queue_table=table
             )
             if stop is None or isinstance(stop, Blank):
                 break
-            found = find_next_record(mf.read_buf, pos, limit, mf.file_from_offset)
+            found = find_next_record(mf.buf, pos, limit, mf.file_from_offset)
             if isinstance(stop, Bad) and stop.record is not None:
                 _apply(table, stop.record)
             if found < 0:
@@ -313,7 +313,7 @@ class _ReadAhead:
     def __init__(self, files: list[MappedFile]) -> None:
         # Real files only: a simulated disk's segment is a bytearray, already in memory.
         self._paths = [
-            (mf.path, mf.file_size) if isinstance(mf.read_buf, mmap.mmap) else None for mf in files
+            (mf.path, mf.file_size) if isinstance(mf.buf, mmap.mmap) else None for mf in files
         ]
         self._walking = 0
         self._stopped = False
@@ -361,23 +361,23 @@ class _ReadAhead:
 
 
 def _has_data(mf: MappedFile) -> bool:
-    return bool(mf.read_buf[0:8] != bytes(8))
+    return bool(mf.buf[0:8] != bytes(8))
 
 
 def _resync(files: list[MappedFile], index: int, pos: int) -> tuple[int, int] | None:
     """Where the next valid record after a bad one at files[index]:pos starts, if anywhere."""
     mf = files[index]
-    found = find_next_record(mf.read_buf, pos, mf.file_size, mf.file_from_offset)
+    found = find_next_record(mf.buf, pos, mf.file_size, mf.file_from_offset)
     if found >= 0:
         return index, found
     for later in range(index + 1, len(files)):
         nxt = files[later]
         first = read_record(
-            nxt.read_buf, 0, nxt.file_size, check_crc=True, expected_offset=nxt.file_from_offset
+            nxt.buf, 0, nxt.file_size, check_crc=True, expected_offset=nxt.file_from_offset
         )
         if isinstance(first, Record):
             return later, 0
-        found = find_next_record(nxt.read_buf, 0, nxt.file_size, nxt.file_from_offset)
+        found = find_next_record(nxt.buf, 0, nxt.file_size, nxt.file_from_offset)
         if found >= 0:
             return later, found
     return None

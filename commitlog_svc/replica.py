@@ -250,7 +250,7 @@ class ReplicaLog(CommitLog):
             closed = limit >= mf.file_end_offset
             data_end = mf.file_size if closed else limit - base
             end, blank = chunk_end(
-                mf.read_buf, pos, data_end, base, mf.file_size, max_bytes, closed=closed
+                mf.buf, pos, data_end, base, mf.file_size, max_bytes, closed=closed
             )
             data = mf.read(pos, end - pos)
         finally:
@@ -287,7 +287,7 @@ class ReplicaLog(CommitLog):
         return self.flushed_offset
 
     def _end(self) -> int:
-        return self.queue.max_wrote_offset()
+        return self.queue.max_offset()
 
     def append_replicated(self, chunk: Chunk) -> int:
         """Store a chunk of the leader's log at this log's end; returns the new end.
@@ -368,7 +368,7 @@ class ReplicaLog(CommitLog):
     def _store(self, mf: MappedFile, data: bytes, checked: CheckedChunk) -> None:
         """Write a checked chunk at the end of `mf` and publish it, with the tables."""
         pos = mf.wrote_position
-        mf.write_buf[pos : pos + len(data)] = data
+        mf.buf[pos : pos + len(data)] = data
         # The blank spans the rest of the segment, zeros already (segments are created so).
         mf.advance(mf.file_size - pos if checked.blank else len(data))
         for topic, queues in checked.queue_offsets.items():
@@ -490,8 +490,8 @@ class ReplicaLog(CommitLog):
             if base >= offset or not mf.hold():
                 continue
             try:
-                hi = min(offset - base, mf.read_position)
-                requests, _, _ = tagged_requests(mf.read_buf, 0, hi, base)
+                hi = min(offset - base, mf.wrote_position)
+                requests, _, _ = tagged_requests(mf.buf, 0, hi, base)
             finally:
                 mf.release()
             for producer_id, request in reversed(requests):

@@ -880,7 +880,7 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
             min_offset=engine.min_offset,
             max_offset=high,
             confirm_offset=engine.confirm_offset,
-            flush_behind_bytes=max(0, engine.queue.max_wrote_offset() - engine.flushed_offset),
+            flush_behind_bytes=max(0, engine.queue.max_offset() - engine.flushed_offset),
         )
         # One statvfs a scrape: what retention's disk-full check sees (retention.py).
         values.disk_total_bytes, values.disk_used_bytes = engine.disk.usage(engine.queue.store_path)

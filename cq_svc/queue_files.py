@@ -166,9 +166,7 @@ class FileQueue:
         end_bytes = files[start].file_from_offset
         last_end = -1
         for mf in files[start:]:
-            walked, file_last_end = count_valid(
-                mf.read_buf, 0, mf.file_size, below_phy=confirmed_offset
-            )
+            walked, file_last_end = count_valid(mf.buf, 0, mf.file_size, below_phy=confirmed_offset)
             if file_last_end >= 0:
                 if file_last_end < last_end:
                     break
@@ -194,7 +192,7 @@ class FileQueue:
             if mf.file_end_offset <= offset_bytes:
                 continue
             start = max(0, offset_bytes - mf.file_from_offset)
-            walked, _ = count_valid(mf.read_buf, start, mf.file_size)
+            walked, _ = count_valid(mf.buf, start, mf.file_size)
             n += walked // UNIT_BYTES
         return n
 
@@ -215,13 +213,13 @@ class FileQueue:
                 log.error("%s/%d: time files missing; rebuilding them", *self._name())
             times.destroy()
             scan_from = first_unit
-        while times.max_wrote_offset() < end * TIME_BYTES:
+        while times.max_offset() < end * TIME_BYTES:
             last = times.last_file()
             start = front if last is None else last.file_end_offset
             mf = times.create_file(start)
             mf.set_positions(min(mf.file_size, end * TIME_BYTES - start))
             mf.flushed_position = 0
-        times.flushed_where = min(times.flushed_where, times.max_wrote_offset())
+        times.flushed_where = min(times.flushed_where, times.max_offset())
         scan_from = max(scan_from, first_unit)
         repaired = self._check_times(scan_from, end, now_ms)
         if repaired:
@@ -269,11 +267,11 @@ class FileQueue:
 
     def _unit_bytes(self, offset: int) -> bytes:
         mf, pos = self._locate(self.units, offset, UNIT_BYTES)
-        return bytes(mf.read_buf[pos : pos + UNIT_BYTES])
+        return bytes(mf.buf[pos : pos + UNIT_BYTES])
 
     def _time_bytes(self, offset: int) -> bytes:
         mf, pos = self._locate(self.times, offset, TIME_BYTES)
-        return bytes(mf.read_buf[pos : pos + TIME_BYTES])
+        return bytes(mf.buf[pos : pos + TIME_BYTES])
 
     def _write_time(self, offset: int, t: int) -> None:
         mf, pos = self._locate(self.times, offset, TIME_BYTES)
@@ -281,7 +279,7 @@ class FileQueue:
 
     def phy_at(self, offset: int) -> tuple[int, int]:
         mf, pos = self._locate(self.units, offset, UNIT_BYTES)
-        phy, size, _ = UNIT.unpack_from(mf.read_buf, pos)
+        phy, size, _ = UNIT.unpack_from(mf.buf, pos)
         return phy, size
 
     def time_at(self, offset: int) -> int:
@@ -319,14 +317,12 @@ class FileQueue:
             units, times = pair(offset)
             u = offset * UNIT_BYTES - units.file_from_offset
             t = offset * TIME_BYTES - times.file_from_offset
-            found = decode_time(
-                units.read_buf[u : u + UNIT_BYTES], times.read_buf[t : t + TIME_BYTES]
-            )
+            found = decode_time(units.buf[u : u + UNIT_BYTES], times.buf[t : t + TIME_BYTES])
             return self.time_at(offset) if found is None else found
 
         def time_file(n: int) -> tuple[mmap.mmap | bytearray, int]:
             times = pair(n * per_file)[1]
-            return times.read_buf, times.file_from_offset // TIME_BYTES
+            return times.buf, times.file_from_offset // TIME_BYTES
 
         def raw_bisect(lo: int, hi: int, target_ms: int, right: bool) -> int:
             return bisect_stored_files(time_file, per_file, lo, hi, target_ms, right=right)
@@ -345,7 +341,7 @@ class FileQueue:
             n = len(units)
             tmf, tpos = self._locate(self.times, start, TIME_BYTES)
             # A time is the top 48 bits of its 8-byte entry.
-            times = np.frombuffer(tmf.read_buf[tpos : tpos + n * TIME_BYTES], dtype=">u8")
+            times = np.frombuffer(tmf.buf[tpos : tpos + n * TIME_BYTES], dtype=">u8")
             out.extend(
                 map(
                     Unit,
@@ -384,7 +380,7 @@ class FileQueue:
             stop_units = min(end - offset, left, (mf.file_size - pos) // UNIT_BYTES)
             if stop_units > 0:
                 # A slice of the mapped file is a copy: the file may be unmapped once we return.
-                runs.append((offset, mf.read_buf[pos : pos + stop_units * UNIT_BYTES]))
+                runs.append((offset, mf.buf[pos : pos + stop_units * UNIT_BYTES]))
                 left -= stop_units
             offset += stop_units
             if one_file or offset >= end:
@@ -543,7 +539,7 @@ class FileQueue:
 
 
 def _first_unit_ok(mf: MappedFile, confirmed_offset: int) -> bool:
-    phy, size, _ = UNIT.unpack_from(mf.read_buf, 0)
+    phy, size, _ = UNIT.unpack_from(mf.buf, 0)
     return _is_blank(phy, size) or (phy >= 0 and size > 0 and phy < confirmed_offset)
 
 

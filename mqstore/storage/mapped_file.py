@@ -71,18 +71,9 @@ class MappedFile:
     # -- buffers --------------------------------------------------------------------------------
 
     @property
-    def write_buf(self) -> mmap.mmap | bytearray:
-        """Where the appender writes: the map."""
+    def buf(self) -> mmap.mmap | bytearray:
+        """The map: the appender writes into it, readers read it below `wrote_position`."""
         return self._region.buf
-
-    @property
-    def read_buf(self) -> mmap.mmap | bytearray:
-        """Where readers read; valid below `read_position`."""
-        return self._region.buf
-
-    @property
-    def read_position(self) -> int:
-        return self.wrote_position
 
     @property
     def file_end_offset(self) -> int:
@@ -97,7 +88,7 @@ class MappedFile:
     # -- writing --------------------------------------------------------------------------------
 
     def advance(self, nbytes: int) -> None:
-        """The appender wrote `nbytes` at `wrote_position` of `write_buf`: publish them."""
+        """The appender wrote `nbytes` at `wrote_position` of `buf`: publish them."""
         check(self.wrote_position + nbytes <= self.file_size, "append past the end of file")
         self.wrote_position += nbytes
 
@@ -106,7 +97,7 @@ class MappedFile:
         pos = self.wrote_position
         if pos + len(data) > self.file_size:
             return False
-        self.write_buf[pos : pos + len(data)] = data
+        self.buf[pos : pos + len(data)] = data
         self.advance(len(data))
         return True
 
@@ -114,7 +105,7 @@ class MappedFile:
         """Overwrite bytes already inside the written region (consume-queue blanks); the next
         flush covers them even when they lie below the flushed mark."""
         check(pos >= 0 and pos + len(data) <= self.file_size, "write outside the file")
-        self.write_buf[pos : pos + len(data)] = data
+        self.buf[pos : pos + len(data)] = data
         self._rewritten_from = min(self._rewritten_from, pos)
 
     def set_positions(self, pos: int) -> None:
@@ -172,9 +163,9 @@ class MappedFile:
     def read(self, pos: int, size: int) -> bytes:
         """A copy of `size` bytes at `pos`; OutOfRange beyond the readable position, DataLoss if
         the file was deleted before the hold."""
-        if pos < 0 or size < 0 or pos + size > self.read_position:
+        if pos < 0 or size < 0 or pos + size > self.wrote_position:
             raise OutOfRange(
-                f"read [{pos}, {pos + size}) beyond readable {self.read_position} in {self.path}"
+                f"read [{pos}, {pos + size}) beyond readable {self.wrote_position} in {self.path}"
             )
         if not self.hold():
             raise DataLoss(f"{self.path} was deleted")

@@ -233,10 +233,6 @@ class MappedFileQueue:
     def max_offset(self) -> int:
         """End of readable data: the end of what the last file holds."""
         last = self.last_file()
-        return last.file_from_offset + last.read_position if last is not None else 0
-
-    def max_wrote_offset(self) -> int:
-        last = self.last_file()
         return last.file_from_offset + last.wrote_position if last is not None else 0
 
     def roll_next_file(self, offset: int) -> int:
@@ -330,12 +326,12 @@ class MappedFileQueue:
             if not mf.hold():
                 doomed.append(mf)  # no longer available: nothing to lose
                 continue
-            if mf.read_position < self.file_size:
+            if mf.wrote_position < self.file_size:
                 mf.release()
                 break  # not full: its last unit is not written yet (RocketMQ stops too)
             try:
                 pos = self.file_size - unit_size
-                value = int.from_bytes(mf.read_buf[pos : pos + _I64_BYTES], "big", signed=True)
+                value = int.from_bytes(mf.buf[pos : pos + _I64_BYTES], "big", signed=True)
             finally:
                 mf.release()
             if value >= offset:

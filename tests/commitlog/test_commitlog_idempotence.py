@@ -294,9 +294,9 @@ class _Segment:
     """The attributes rebuild_from_tags reads of a mapped file, over plain bytes."""
 
     def __init__(self, data: bytearray) -> None:
-        self.read_buf = data
+        self.buf = data
         self.file_from_offset = 0
-        self.read_position = self.file_end_offset = len(data)
+        self.wrote_position = self.file_end_offset = len(data)
 
 
 class _Queue:
@@ -310,7 +310,7 @@ def _tag_walk_case(tmp_path: Path, damage: str) -> tuple[list[int], int, list[in
     log = open_log(tmp_path, checkpoint_interval_ms=NEVER_MS)
     results = [log.append_batch(as_batches(request(seq)), producer=("p", seq)) for seq in range(3)]
     end = log.max_offset
-    data = bytearray(log.queue.files[0].read_buf[:end])
+    data = bytearray(log.queue.files[0].buf[:end])
     log.close()
     if damage == "framing inside request 1":  # its second record's magic
         data[results[1].offsets[1] + MAGIC_POS] ^= 0xFF

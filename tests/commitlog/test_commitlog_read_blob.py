@@ -94,7 +94,7 @@ def _read_live(disk: SimDisk, log: CommitLog, offset: int, nbytes: int) -> bytes
     mf = log.queue.find_mapped_file_by_offset(offset)
     assert mf is not None
     pos = offset - mf.file_from_offset
-    return bytes(mf.read_buf[pos : pos + nbytes])
+    return bytes(mf.buf[pos : pos + nbytes])
 
 
 def lone_read(log: CommitLog, offset: int, size: int) -> bytes | type[MqstoreError]:

@@ -37,7 +37,7 @@ def append_stream(queue: MappedFileQueue, data: bytes) -> None:
 
 def queue_bytes(queue: MappedFileQueue) -> bytes:
     """The readable bytes of every file, concatenated in offset order."""
-    return b"".join(mf.read(0, mf.read_position) for mf in queue.files)
+    return b"".join(mf.read(0, mf.wrote_position) for mf in queue.files)
 
 
 def make_full_files(queue: MappedFileQueue, count: int) -> None:

@@ -87,7 +87,6 @@ def test_file_from_offset_and_end_come_from_the_name(disk: Disk, store_dir: str)
 def test_new_file_starts_empty_with_all_positions_at_zero(disk: Disk, store_dir: str) -> None:
     mf = new_file(disk, store_dir)
     assert (mf.wrote_position, mf.flushed_position) == (0, 0)
-    assert mf.read_position == 0
     assert mf.remaining() == FOUR_PAGES
     assert not mf.is_full()
     mf.close()
@@ -101,10 +100,9 @@ def test_append_bytes_writes_at_the_wrote_position_and_makes_them_readable(
     assert mf.append_bytes(first)
     assert mf.append_bytes(second)
     assert mf.wrote_position == 150
-    assert mf.read_position == 150
     assert mf.read(0, 150) == first + second
     assert mf.read(100, 50) == second
-    assert bytes(mf.read_buf[0:150]) == first + second
+    assert bytes(mf.buf[0:150]) == first + second
     mf.close()
 
 
@@ -115,7 +113,7 @@ def test_append_bytes_refuses_data_that_does_not_fit_and_writes_nothing(
     assert mf.append_bytes(pattern(1000))
     assert not mf.append_bytes(pattern(25, 9))
     assert mf.wrote_position == 1000
-    assert bytes(mf.read_buf[1000:1024]) == bytes(24)
+    assert bytes(mf.buf[1000:1024]) == bytes(24)
     # Exactly what remains still fits, and the file is then full.
     assert mf.append_bytes(pattern(24, 3))
     assert mf.is_full()
@@ -129,7 +127,7 @@ def test_append_bytes_bigger_than_the_whole_file_is_refused(disk: Disk, store_di
     mf = new_file(disk, store_dir, size=1024)
     assert not mf.append_bytes(pattern(1025))
     assert mf.wrote_position == 0
-    assert bytes(mf.read_buf[:1024]) == bytes(1024)
+    assert bytes(mf.buf[:1024]) == bytes(1024)
     mf.close()
 
 
@@ -140,7 +138,7 @@ def test_write_at_outside_the_file_raises_invariant_violation(
     mf = new_file(disk, store_dir, size=1024)
     with pytest.raises(InvariantViolation):
         mf.write_at(pos, pattern(length))
-    assert bytes(mf.read_buf[:1024]) == bytes(1024)
+    assert bytes(mf.buf[:1024]) == bytes(1024)
     mf.close()
 
 
@@ -155,7 +153,7 @@ def test_write_at_overwrites_inside_the_file_without_moving_positions(
     expected = bytearray(pattern(200))
     expected[10:15] = b"\xff" * 5
     assert mf.read(0, 200) == bytes(expected)
-    assert bytes(mf.read_buf[1000:1024]) == b"\x07" * 24
+    assert bytes(mf.buf[1000:1024]) == b"\x07" * 24
     mf.close()
 
 
@@ -305,7 +303,7 @@ def test_a_held_file_stays_readable_after_destroy(disk: Disk, store_dir: str) ->
     assert not disk.exists(mf.path)
     assert os.path.basename(mf.path) not in disk.listdir(store_dir)
     # ... but the holder still reads the bytes through the mapping.
-    assert bytes(mf.read_buf[: len(data)]) == data
+    assert bytes(mf.buf[: len(data)]) == data
     assert not mf.available
     mf.release()
 
@@ -327,11 +325,11 @@ def test_read_of_a_destroyed_file_raises_data_loss(disk: Disk, store_dir: str) -
         mf.read(0, 3)
 
 
-def test_a_memoryview_of_read_buf_stays_valid_after_destroy(disk: Disk, store_dir: str) -> None:
+def test_a_memoryview_of_buf_stays_valid_after_destroy(disk: Disk, store_dir: str) -> None:
     mf = new_file(disk, store_dir)
     data = pattern(PAGE + 1)
     mf.append_bytes(data)
-    view = memoryview(mf.read_buf)
+    view = memoryview(mf.buf)
     mf.destroy()  # unmapping is refused while the view exists; the bytes stay readable
     assert not disk.exists(mf.path)
     assert bytes(view[: len(data)]) == data
@@ -373,7 +371,7 @@ def test_zero_from_makes_the_tail_read_as_zeros(disk: Disk, store_dir: str, cut:
     mf.append_bytes(data)
     mf.flush(0)
     mf.zero_from(cut)
-    assert bytes(mf.read_buf[:FOUR_PAGES]) == data[:cut] + bytes(FOUR_PAGES - cut)
+    assert bytes(mf.buf[:FOUR_PAGES]) == data[:cut] + bytes(FOUR_PAGES - cut)
     assert disk.read(mf.path) == data[:cut] + bytes(FOUR_PAGES - cut)
     mf.close()
 

@@ -65,7 +65,7 @@ def test_empty_queue_has_no_files_and_zero_offsets(disk: Disk, store_dir: str) -
     assert queue.get_last_mapped_file(0, create=False) is None
     assert queue.find_mapped_file_by_offset(0) is None
     assert queue.find_mapped_file_by_offset(0, return_first_on_not_found=True) is None
-    assert (queue.min_offset(), queue.max_offset(), queue.max_wrote_offset()) == (0, 0, 0)
+    assert (queue.min_offset(), queue.max_offset()) == (0, 0)
     assert not queue.flush(0)
 
 
@@ -140,7 +140,6 @@ def test_append_fixed_messages_across_many_files(disk: Disk, store_dir: str) -> 
         assert mf.append_bytes(pattern(MSG, seed=i))
     assert len(queue.files) == count * MSG // FS
     assert queue.max_offset() == count * MSG
-    assert queue.max_wrote_offset() == count * MSG
     assert queue.min_offset() == 0
     assert queue.flush(0)
     assert queue.flushed_where == count * MSG
@@ -233,7 +232,7 @@ def test_create_file_replaces_a_stray_file_not_vouched_for_by_load(
     region.close()
     mf = queue.get_last_mapped_file(0)
     assert mf is not None and mf.path == stray
-    assert bytes(mf.read_buf[0:4]) == bytes(4)
+    assert bytes(mf.buf[0:4]) == bytes(4)
 
 
 def test_disk_full_on_create_leaves_the_queue_unchanged() -> None:
@@ -380,7 +379,7 @@ def test_loaded_files_count_as_full_until_set_positions(disk: Disk, store_dir: s
     queue.shutdown()
     loaded = reload(disk, store_dir)
     assert len(loaded.files) == 3
-    assert all(mf.is_full() and mf.read_position == FS for mf in loaded.files)
+    assert all(mf.is_full() and mf.wrote_position == FS for mf in loaded.files)
     assert loaded.max_offset() == 3 * FS
     # Recovery then says where the data ends.
     last = loaded.files[-1]
@@ -516,7 +515,7 @@ def test_truncate_dirty_files_deletes_later_files_and_zeroes_the_cut_file(
     assert queue.max_offset() == cut
     assert queue.flushed_where == cut
     # The bytes after the cut read as zeros, in memory and on disk.
-    assert bytes(held.read_buf[:FS]) == data[FS:cut] + bytes(FS - 100)
+    assert bytes(held.buf[:FS]) == data[FS:cut] + bytes(FS - 100)
     assert disk.read(held.path) == data[FS:cut] + bytes(FS - 100)
     # The next append continues at the cut, into the same file.
     mf = queue.get_last_mapped_file(0)
@@ -570,7 +569,7 @@ def test_truncate_of_loaded_files_zeroes_the_stale_tail(disk: Disk, store_dir: s
     loaded = reload(disk, store_dir)
     loaded.truncate_dirty_files(FS + 30)
     assert queue_bytes(loaded) == data[: FS + 30]
-    assert bytes(loaded.files[1].read_buf[:FS]) == data[FS : FS + 30] + bytes(FS - 30)
+    assert bytes(loaded.files[1].buf[:FS]) == data[FS : FS + 30] + bytes(FS - 30)
 
 
 def test_truncation_survives_crash_drop_on_the_simulated_disk() -> None:
@@ -800,7 +799,7 @@ def test_a_held_file_stays_readable_while_retention_deletes_it(disk: Disk, store
     assert delete_by_time(queue, clean_immediately=True) == 2
     assert not disk.exists(reader_file.path)
     assert queue.find_mapped_file_by_offset(0) is None
-    assert bytes(reader_file.read_buf[:FS]) == pattern(FS, seed=0)
+    assert bytes(reader_file.buf[:FS]) == pattern(FS, seed=0)
     assert not reader_file.hold()
     reader_file.release()
 
@@ -812,10 +811,10 @@ def test_delete_by_offset_of_a_held_file_unlinks_it_and_the_holder_keeps_reading
     lives until the holder releases it (mapped_file.py docstring)."""
     queue = unit_files(disk, store_dir, [100, 200, 300])
     held = queue.files[0]
-    expected = bytes(held.read_buf[:CQ_FS])
+    expected = bytes(held.buf[:CQ_FS])
     assert held.hold()
     assert queue.delete_expired_file_by_offset(150, UNIT) == 1
     assert not disk.exists(held.path)
-    assert bytes(held.read_buf[:CQ_FS]) == expected
+    assert bytes(held.buf[:CQ_FS]) == expected
     held.release()
     assert queue.min_offset() == CQ_FS

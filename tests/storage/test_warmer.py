@@ -33,8 +33,8 @@ def test_populate_leaves_written_and_unwritten_bytes_as_they_were(tmp_path: obje
     assert mf.append_bytes(data)
     if not mf.populate(0, FILE_BYTES):
         pytest.skip("this kernel has no MADV_POPULATE_WRITE")
-    assert bytes(mf.read_buf[:10_000]) == data
-    assert bytes(mf.read_buf[10_000:2_000_000]) == bytes(1_990_000)
+    assert bytes(mf.buf[:10_000]) == data
+    assert bytes(mf.buf[10_000:2_000_000]) == bytes(1_990_000)
     queue.shutdown()
 
 
@@ -51,7 +51,7 @@ def test_the_warmer_keeps_a_window_ahead_of_the_write_position_and_follows_new_f
     warmer.start()
     try:
         assert _wait_for(lambda: warmer.warmed_bytes >= ahead)
-        first.write_buf[0 : FILE_BYTES - 8] = b"\x01" * (FILE_BYTES - 8)
+        first.buf[0 : FILE_BYTES - 8] = b"\x01" * (FILE_BYTES - 8)
         first.advance(FILE_BYTES - 8)
         first.append_bytes(bytes(8))
         assert first.is_full()
