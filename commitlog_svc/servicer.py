@@ -2,8 +2,8 @@
 
 Append / AppendStream. A request's batches become the engine's columnar MessageBatch as they
 are (the columns the compiled core read from the request bytes: append_request.py); an empty
-born_host means the caller's address. Results go
-back column by column; refusals are sparse. What is an error and what is a status:
+born_host means the caller's address. Results go back column by column; refusals are sparse.
+What is an error and what is a status:
 
     request-level problems (no batches, an empty batch, columns of different lengths, a
       born_host that does not parse, the reserved MQS_PSEQ or __CRC32# property, too many messages)
