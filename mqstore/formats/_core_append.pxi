@@ -308,6 +308,12 @@ cdef int _wire_numbers(
     return 0
 
 
+cdef str _wire_text(const unsigned char *payload, uint64_t length):
+    """A string field's text; bytes that are no UTF-8 raise ValueError, as protobuf refuses
+    them (proto3 strings are checked)."""
+    return (<const char *>payload)[:length].decode("utf-8")
+
+
 cdef int _wire_merge(list into, const unsigned char *p, const unsigned char *end) except -1:
     """A Refusal's or RequestError's fields into `into`."""
     cdef uint64_t field, value
@@ -320,7 +326,7 @@ cdef int _wire_merge(list into, const unsigned char *p, const unsigned char *end
         if type(into[field - 1]) is int and wire_type == WIRE_VARINT:
             into[field - 1] = _wire_signed(value, 32)
         elif type(into[field - 1]) is str and wire_type == WIRE_LEN:
-            into[field - 1] = (<const char *>payload)[:value].decode("utf-8")
+            into[field - 1] = _wire_text(payload, value)
     return 0
 
 
@@ -388,12 +394,6 @@ def widest_bytes(list items):
         if n > widest:
             widest = n
     return widest
-
-
-cdef str _wire_text(const unsigned char *payload, uint64_t length):
-    """A string field's text; bytes that are no UTF-8 raise ValueError, as protobuf refuses
-    them (proto3 strings are checked)."""
-    return (<const char *>payload)[:length].decode("utf-8")
 
 
 cdef tuple _wire_batch(const unsigned char *p, const unsigned char *end):
