@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.environ import DISK_PRESSURE_OFF
+
 _SESSION_CONFIG = tempfile.mkdtemp(prefix="mqstore-test-config-")
 # `make test` runs two pytest-xdist workers (-n 2 --dist loadgroup). The tests of these
 # directories run one after another in one worker, beside the other worker's light tests and
@@ -23,6 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
     gets a directory of its own before anything starts, so that processes started once for many
     tests (a SparkSession's JVM and its Python workers) never read the user's ~/.config."""
     os.environ["XDG_CONFIG_HOME"] = _SESSION_CONFIG
+    os.environ.update(DISK_PRESSURE_OFF)  # every store a test starts (tests/environ.py)
     os.environ.pop("MQSTORE_CONFIG_DIR", None)
     os.environ.pop("MQSTORE_CONTEXT", None)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import signal
 import socket
@@ -30,6 +29,7 @@ from mqstore.client.admin import Admin
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.testing.cluster import Cluster
 from tests.client.conftest import settings_for, start_cluster
+from tests.environ import environ_without
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 60.0
@@ -81,7 +81,7 @@ class Store:
 
 
 def _client_env(c: Cluster) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    env = environ_without("MQSTORE_")
     env.update(
         MQSTORE_COMMITLOG=c.commitlog.target,
         MQSTORE_CQ=c.followers["cq"].target,

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from mqstore.client import ClientSettings, contexts
+from tests.environ import environ_without
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def mq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    base = environ_without("MQSTORE_")
     return subprocess.run(
         [sys.executable, "-m", "mqstore.cli", *args],
         env={**base, **(env or {})},

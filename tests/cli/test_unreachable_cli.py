@@ -9,7 +9,6 @@ said only that the commit log did not take the messages; a plaintext client at a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from mqstore.cli.options import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE
 from mqstore.testing.cluster import Cluster
 from tests.client.reach import Secrets, free_address, plain, secrets, secure
+from tests.environ import environ_without
 
 __all__ = ["plain", "secrets", "secure"]  # fixtures, used by name
 
@@ -33,7 +33,7 @@ RUN_TIMEOUT_S = 60.0
 
 def mqstore(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """The command with no MQSTORE_* from the environment, and how long it took."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MQSTORE_", "GRPC_"))}
+    env = environ_without("MQSTORE_", "GRPC_")
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "mqstore.cli", "--timeout", PATIENT_TIMEOUT_S, *args],

@@ -24,6 +24,7 @@ from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as pb
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc as pb_grpc
 from tests.deploy.manifest_checks import Manifests, prestop_switchover
 from tests.e2e.support import start_up
+from tests.environ import environ_without
 
 UP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 90.0
@@ -101,7 +102,7 @@ def _run_hook(m: Manifests, ordinal: int, replica: str) -> subprocess.CompletedP
     assert own == "127.0.0.1:7100", hook.command  # what the pod asks: itself
     command = [replica if word == own else word for word in hook.command]
     bin_dir = str(Path(sys.executable).parent)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    base = environ_without("MQSTORE_")
     env = {**base, **m.env("commitlog", ordinal), "PATH": bin_dir + os.pathsep + base["PATH"]}
     return subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=hook.bound_s, check=False

@@ -17,7 +17,6 @@ so the list cannot outlive the docs.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.environ import environ_without
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted(
@@ -195,11 +196,7 @@ def test_the_commands_of_a_doc_work_as_written(doc: str, tmp_path: Path) -> None
         else:
             steps.append({"doc": doc, "line": c.line, "command": c.text, "kind": c.kind})
     venv_bin = str(REPO / ".venv" / "bin")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MQSTORE_", "PYTEST", "PYSPARK", "SPARK_", "VIRTUAL_ENV"))
-    }
+    env = environ_without("MQSTORE_", "PYTEST", "PYSPARK", "SPARK_", "VIRTUAL_ENV")
     env.update(
         PATH=f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
         VIRTUAL_ENV=str(REPO / ".venv"),

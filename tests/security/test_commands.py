@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import signal
 import stat
@@ -22,6 +21,7 @@ from mqstore.client import Admin, ClientSettings, Consumer, Producer
 from mqstore.client.errors import Unauthenticated
 from mqstore.rpc.auth import TokenTable
 from tests.e2e.support import start_up
+from tests.environ import environ_without
 
 pytestmark = pytest.mark.timeout(120)
 START_S = 90.0
@@ -82,7 +82,7 @@ def test_token_new_refuses_a_scope_outside_the_grammar() -> None:
 
 
 def _without_mqstore_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    return environ_without("MQSTORE_")
 
 
 def test_up_secure_runs_a_store_that_a_client_reaches_with_the_printed_environment(

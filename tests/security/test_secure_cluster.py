@@ -6,7 +6,6 @@ a service's log."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from mqstore.rpc.channel import make_channel
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2 as cl
 from mqstore.rpc.gen.commitlog.v1 import commitlog_pb2_grpc
 from mqstore.testing.cluster import Cluster
+from tests.environ import environ_without
 
 from .conftest import Material, client_settings
 
@@ -102,7 +102,7 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "mqstore.cli", *args],
         check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")} | env,
+        env=environ_without("MQSTORE_") | env,
         capture_output=True,
         text=True,
         timeout=60,
