@@ -59,14 +59,16 @@ class _QState:
     __slots__ = (
         "last_phy_end",
         "last_time_ms",
+        "max_key",
         "max_offset",
         "min_offset",
         "min_phy_seen",
         "prefix",
     )
 
-    def __init__(self, prefix: bytes) -> None:
-        self.prefix = prefix
+    def __init__(self, key: Key) -> None:
+        self.prefix = L.queue_prefix(*key)  # of its unit rows' keys
+        self.max_key = L.offset_key(key[0], L.MAX, key[1])  # its max row's key
         self.min_offset = 0
         self.max_offset = 0
         self.last_phy_end = -1
@@ -199,7 +201,7 @@ class RocksCqStore(CqStore):
                 if not create:
                     return None
                 check_queue_name(key)
-                st = _QState(L.queue_prefix(*key))
+                st = _QState(key)
             self._cache[key] = st
             while len(self._cache) > self.config.rocksdb_queue_cache_max:
                 self._cache.popitem(last=False)
@@ -215,7 +217,7 @@ class RocksCqStore(CqStore):
         raw: Any = self._ocf().get(keys)
         if raw[0] is None:
             return None
-        st = _QState(L.queue_prefix(topic, qid))
+        st = _QState(key)
         st.max_offset = L.OFFSET_VALUE.unpack(raw[0])[1] + 1
         st.min_offset = L.OFFSET_VALUE.unpack(raw[1])[1] if raw[1] is not None else 0
         st.min_offset = min(st.min_offset, st.max_offset)
@@ -322,6 +324,8 @@ class RocksCqStore(CqStore):
             )
             rows, bounds = runs.rows.tolist(), runs.bounds.tolist()
             phys, sizes = columns.commit_log_offsets.tolist(), columns.sizes.tolist()
+            offset_cf: Any = self._offset_handle
+            put, pack_offset = wb.put, L.OFFSET_VALUE.pack
             for r, (key, st) in enumerate(zip(runs.keys, states, strict=True)):
                 lo, hi = bounds[r] + starts[r], bounds[r + 1]
                 if starts[r] < 0:
@@ -337,12 +341,11 @@ class RocksCqStore(CqStore):
                 if first == 0 and st.min_offset == 0:
                     # A fresh queue's min row (`_apply` writes it with the queue's first unit).
                     self._put_offset(wb, key, L.MIN, phys[rows[lo]], first)
-                self._put_offset(wb, key, L.MAX, phys[last], first + n - 1)
+                put(st.max_key, pack_offset(phys[last], first + n - 1), offset_cf)
                 pending.append(
                     (st, st.min_offset, first + n, phys[last] + sizes[last], last_times[r])
                 )
                 written += n
-            put = wb.put
             for k, v in zip(keys, values, strict=True):
                 put(k, v)
             self._commit(wb, pending, end)
