@@ -3,9 +3,11 @@
     python -m bench.cq_bench                 # 1, 1,000 and 100,000 queues
     python -m bench.cq_bench --quick         # 1, 100 and 2,000 queues, fewer units
     python -m bench.cq_bench --million       # also: RocksDB with 1,000,000 queues, memory
+    python -m bench.cq_bench --queues 1,2000 --units 20000 --apply-only   # docs/cq.md's A/B
 
 What is measured, per store and queue count (real files under a temporary directory):
-- apply: units applied per second, dispatch batches of 1,024 entries spread over the queues;
+- apply: units applied per second, dispatch batches of 1,024 entries spread over the queues,
+  each given to put_columns as columns built before the clock starts (what the sink hands it);
 - pull32 / pull1000: pull decisions per second (the engine's part of a pull: range checks and
   the unit scan; message bytes are the commit log's) of up to 32 and 1,000 units;
 - time: offset-for-timestamp lookups per second (LOWER and UPPER alternately);
@@ -32,7 +34,7 @@ from bench.meters import status_kib
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import make_store
 from cq_svc.store import CqStore, put_entries
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.formats.cq_time import Boundary
 
 BATCH = 1024
@@ -75,7 +77,15 @@ def timed(fn: Callable[[], int]) -> float:
     return ops / max(time.perf_counter() - start, 1e-9)
 
 
-def run_case(kind: StoreKind, queues: int, units: int, probes: int) -> dict[str, float]:
+def run_case(
+    kind: StoreKind,
+    queues: int,
+    units: int,
+    probes: int,
+    *,
+    apply_only: bool = False,
+    warm: bool = False,
+) -> dict[str, float]:
     root = tempfile.mkdtemp(prefix="cq_bench_")
     try:
         config = CqConfig(
@@ -87,14 +97,23 @@ def run_case(kind: StoreKind, queues: int, units: int, probes: int) -> dict[str,
         store: CqStore = make_store(config)
         store.open()
         batch = make_entries(queues, units)
+        first = queues if warm else 0
+        if warm:  # every queue made (its files created) before the clock starts
+            store.put_columns(DispatchColumns.from_entries(batch[:first]))
+        frames = [
+            DispatchColumns.from_entries(batch[i : i + BATCH]) for i in range(first, units, BATCH)
+        ]
 
         def apply() -> int:
-            for i in range(0, len(batch), BATCH):
-                put_entries(store, batch[i : i + BATCH])
+            for frame in frames:
+                store.put_columns(frame)
             store.flush()
-            return len(batch)
+            return sum(len(frame) for frame in frames)
 
         result = {"apply": timed(apply)}
+        if apply_only:
+            store.close()
+            return result | {"pull32": math.nan, "pull1000": math.nan, "time": math.nan}
         rng = random.Random(1)
         per_queue = max(1, units // queues)
         keys = [(f"Topic{q % 8}", q) for q in range(queues)]
@@ -176,8 +195,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="scaled down (seconds, not minutes)")
     parser.add_argument("--million", action="store_true", help="RocksDB with 1,000,000 queues")
     parser.add_argument("--stores", default="file,rocksdb")
+    parser.add_argument("--queues", help="queue counts, e.g. 1,2000 (instead of the presets)")
+    parser.add_argument("--units", type=int, default=20_000, help="units per case with --queues")
+    parser.add_argument("--apply-only", action="store_true", help="measure applying only")
+    parser.add_argument("--warm", action="store_true", help="create the queues before timing")
     args = parser.parse_args()
-    if args.quick:
+    if args.queues:
+        cases = [(int(q), args.units) for q in args.queues.split(",")]
+        probes = 2_000
+    elif args.quick:
         cases = [(1, 20_000), (100, 20_000), (2_000, 20_000)]
         probes = 2_000
     else:
@@ -190,7 +216,7 @@ def main() -> None:
     )
     for queues, units in cases:
         for kind in kinds:
-            r = run_case(kind, queues, units, probes)
+            r = run_case(kind, queues, units, probes, apply_only=args.apply_only, warm=args.warm)
             print(
                 f"{kind.value:8} {queues:>8,} {units:>8,} {r['apply']:>10,.0f} "
                 f"{r['pull32']:>10,.0f} {r['pull1000']:>11,.0f} {r['time']:>9,.0f}",

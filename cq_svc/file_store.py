@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
 from collections import OrderedDict
 
 from cq_svc import checkpoint
@@ -35,19 +36,20 @@ from cq_svc.store import (
     UnitRun,
     check_gap,
     check_queue_name,
-    plain_run_start,
 )
-from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import check
 from mqstore.formats import _core
 from mqstore.formats.cq_checkpoint import CqCheckpoint
-from mqstore.formats.cq_time import Boundary, clamp_time, search_offset_by_time
+from mqstore.formats.cq_time import TIME_BYTES, Boundary, clamp_time, search_offset_by_time
 from mqstore.formats.cq_unit import UNIT_BYTES, Unit
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock
 from mqstore.storage.disk import Disk
 
 log = logging.getLogger(__name__)
+
+_FRESH = QueueState()  # what a queue not seen before starts from (never written to)
 
 
 class FileCqStore(CqStore):
@@ -191,46 +193,52 @@ class FileCqStore(CqStore):
     # -- writes ---------------------------------------------------------------------------------
 
     def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
-        """Each queue's run packed and appended at once (one write per file it touches); a run
-        that is not plain (a gap, a replay that overlaps the queue's end) goes entry by entry
-        through `_apply`, the reference tests/cq/test_apply_columns.py pins the packing to."""
+        """The core packs every queue's run of the frame in one call (_core.pack_runs), and
+        each run is appended to its queue (one write per file it touches); a run that is not
+        plain (a gap, a replay that overlaps the queue's end) goes entry by entry through
+        `_apply`, the reference tests/cq/test_apply_columns.py pins the packing to."""
         end = columns.end_offset(batch_end_offset)
         runs = columns.queue_runs()
         written = 0
         with self._lock:
-            for run in runs:
-                key = (run.topic, run.queue_id)
+            state = array("q")
+            for key in runs.keys:
+                st = self._states.get(key, _FRESH)
+                state.extend((st.max_offset, st.last_phy_end, st.last_time_ms))
+            starts, last_times, units, times = _core.pack_runs(
+                runs.rows,
+                runs.bounds,
+                columns.queue_offsets,
+                columns.commit_log_offsets,
+                columns.sizes,
+                columns.tags_codes,
+                columns.store_timestamps_ms,
+                state,
+            )
+            rows, bounds = runs.rows.tolist(), runs.bounds.tolist()
+            phys, sizes = columns.commit_log_offsets.tolist(), columns.sizes.tolist()
+            unit_view, time_view = memoryview(units), memoryview(times)
+            for r, key in enumerate(runs.keys):
                 fq = self._queue(key, create=True)
                 assert fq is not None
                 before = fq.map_count
-                written += self._apply_run(fq, columns, run.rows)
+                lo, hi = bounds[r] + starts[r], bounds[r + 1]
+                if starts[r] < 0:
+                    written += self._apply(fq, [columns[i] for i in rows[bounds[r] : hi]])
+                elif lo < hi:
+                    fq.append_packed(
+                        unit_view[lo * UNIT_BYTES : hi * UNIT_BYTES],
+                        time_view[lo * TIME_BYTES : hi * TIME_BYTES],
+                        phys[rows[hi - 1]],
+                        sizes[rows[hi - 1]],
+                        last_times[r],
+                    )
+                    written += hi - lo
                 self._recount(fq, before)
                 self._evict(keep=key)
             self._applied = max(self._applied, end)
         failpoints.hit("cq.after_put")
         return written
-
-    def _apply_run(self, fq: FileQueue, columns: DispatchColumns, rows: Column) -> int:
-        st = fq.state
-        start = plain_run_start(rows, columns, st.max_offset, st.last_phy_end)
-        if start is None:
-            return self._apply(fq, [columns[i] for i in rows.tolist()])
-        if start == len(rows):
-            return 0
-        units, times, last_time = _core.pack_units(
-            rows,
-            start,
-            columns.commit_log_offsets,
-            columns.sizes,
-            columns.tags_codes,
-            columns.store_timestamps_ms,
-            st.last_time_ms,
-        )
-        last = int(rows[-1])
-        fq.append_packed(
-            units, times, int(columns.commit_log_offsets[last]), int(columns.sizes[last]), last_time
-        )
-        return len(rows) - start
 
     def _apply(self, fq: FileQueue, group: list[DispatchEntry]) -> int:
         st = fq.state

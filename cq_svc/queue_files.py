@@ -415,10 +415,15 @@ class FileQueue:
         self.append_packed(b"".join(units), b"".join(times), last_phy, last_size, last_time_ms)
 
     def append_packed(
-        self, units: bytes, times: bytes, last_phy: int, last_size: int, last_time_ms: int
+        self,
+        units: bytes | memoryview,
+        times: bytes | memoryview,
+        last_phy: int,
+        last_size: int,
+        last_time_ms: int,
     ) -> None:
         """Append a run of packed units and their time entries (back to back; the last unit's
-        phy and size and indexed time), a file at a time: _core.pack_units packs a plain run,
+        phy and size and indexed time), a file at a time: _core.pack_runs packs a plain run,
         append() any other rows."""
         n = len(units) // UNIT_BYTES
         stamps = memoryview(times)

@@ -22,11 +22,11 @@ from __future__ import annotations
 import bisect
 import os
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import rocksdict
 
 from cq_svc import checkpoint
@@ -39,12 +39,12 @@ from cq_svc.store import (
     UnitRun,
     check_gap,
     check_queue_name,
-    plain_run_start,
 )
-from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import check
+from mqstore.formats import _core
 from mqstore.formats.cq_checkpoint import CqCheckpoint
-from mqstore.formats.cq_time import TIME_MAX_MS, Boundary, clamp_time, search_offset_by_time
+from mqstore.formats.cq_time import Boundary, clamp_time, search_offset_by_time
 from mqstore.formats.cq_unit import BLANK_SIZE, Unit
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock
@@ -53,24 +53,22 @@ from mqstore.storage.disk import Disk
 OFFSET_CF = "offset"
 # Units read per multi-get when iterating: one round trip into RocksDB for a pull.
 _RANGE_CHUNK = 1024
-# rocks_layout.UNIT_VALUE as a numpy record, and the queue offset of a unit key.
-_UNIT_VALUE_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8"), ("time", ">i8")])
-assert _UNIT_VALUE_DTYPE.itemsize == L.UNIT_VALUE.size
-_OFFSET_BYTES = 8
 
 
 class _QState:
     __slots__ = (
         "last_phy_end",
         "last_time_ms",
+        "max_key",
         "max_offset",
         "min_offset",
         "min_phy_seen",
         "prefix",
     )
 
-    def __init__(self, prefix: bytes) -> None:
-        self.prefix = prefix
+    def __init__(self, key: Key) -> None:
+        self.prefix = L.queue_prefix(*key)  # of its unit rows' keys
+        self.max_key = L.offset_key(key[0], L.MAX, key[1])  # its max row's key
         self.min_offset = 0
         self.max_offset = 0
         self.last_phy_end = -1
@@ -203,7 +201,7 @@ class RocksCqStore(CqStore):
                 if not create:
                     return None
                 check_queue_name(key)
-                st = _QState(L.queue_prefix(*key))
+                st = _QState(key)
             self._cache[key] = st
             while len(self._cache) > self.config.rocksdb_queue_cache_max:
                 self._cache.popitem(last=False)
@@ -219,7 +217,7 @@ class RocksCqStore(CqStore):
         raw: Any = self._ocf().get(keys)
         if raw[0] is None:
             return None
-        st = _QState(L.queue_prefix(topic, qid))
+        st = _QState(key)
         st.max_offset = L.OFFSET_VALUE.unpack(raw[0])[1] + 1
         st.min_offset = L.OFFSET_VALUE.unpack(raw[1])[1] if raw[1] is not None else 0
         st.min_offset = min(st.min_offset, st.max_offset)
@@ -296,70 +294,63 @@ class RocksCqStore(CqStore):
         self._applied = end
 
     def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
-        """Each queue's run packed at once into the one WriteBatch; a run that is not plain (a
-        gap, a fresh queue starting above 0, a replay that overlaps the queue's end) goes entry
-        by entry through `_apply`, the reference tests/cq/test_apply_columns.py pins the
-        packing to."""
+        """The core packs every queue's run of the frame, keys and values, in one call
+        (_core.pack_runs) for the one WriteBatch; a run that is not plain (a gap, a fresh
+        queue starting above 0, a replay that overlaps the queue's end) goes entry by entry
+        through `_apply`, the reference tests/cq/test_apply_columns.py pins the packing to."""
         end = columns.end_offset(batch_end_offset)
         runs = columns.queue_runs()
         written = 0
         with self._lock:
             wb = rocksdict.WriteBatch(raw_mode=True)
             pending: list[tuple[_QState, int, int, int, int]] = []
-            for run in runs:
-                key = (run.topic, run.queue_id)
+            states: list[_QState] = []
+            state = array("q")
+            for key in runs.keys:
                 st = self._state(key, create=True)
                 assert st is not None
-                n, new = self._apply_run(key, st, columns, run.rows, wb)
-                if n:
-                    written += n
-                    pending.append((st, *new))
+                states.append(st)
+                state.extend((st.max_offset, st.last_phy_end, st.last_time_ms))
+            starts, last_times, keys, values = _core.pack_runs(
+                runs.rows,
+                runs.bounds,
+                columns.queue_offsets,
+                columns.commit_log_offsets,
+                columns.sizes,
+                columns.tags_codes,
+                columns.store_timestamps_ms,
+                state,
+                [st.prefix for st in states],
+            )
+            rows, bounds = runs.rows.tolist(), runs.bounds.tolist()
+            phys, sizes = columns.commit_log_offsets.tolist(), columns.sizes.tolist()
+            offset_cf: Any = self._offset_handle
+            put, pack_offset = wb.put, L.OFFSET_VALUE.pack
+            for r, (key, st) in enumerate(zip(runs.keys, states, strict=True)):
+                lo, hi = bounds[r] + starts[r], bounds[r + 1]
+                if starts[r] < 0:
+                    group = [columns[i] for i in rows[bounds[r] : hi]]
+                    n, new = self._apply(key, st, group, wb)
+                    if n:
+                        written += n
+                        pending.append((st, *new))
+                    continue
+                if lo == hi:
+                    continue
+                first, n, last = st.max_offset, hi - lo, rows[hi - 1]
+                if first == 0 and st.min_offset == 0:
+                    # A fresh queue's min row (`_apply` writes it with the queue's first unit).
+                    self._put_offset(wb, key, L.MIN, phys[rows[lo]], first)
+                put(st.max_key, pack_offset(phys[last], first + n - 1), offset_cf)
+                pending.append(
+                    (st, st.min_offset, first + n, phys[last] + sizes[last], last_times[r])
+                )
+                written += n
+            for k, v in zip(keys, values, strict=True):
+                put(k, v)
             self._commit(wb, pending, end)
         failpoints.hit("cq.after_put")
         return written
-
-    def _apply_run(
-        self,
-        key: Key,
-        st: _QState,
-        columns: DispatchColumns,
-        rows: Column,
-        wb: rocksdict.WriteBatch,
-    ) -> tuple[int, tuple[int, int, int, int]]:
-        phys = columns.commit_log_offsets[rows]
-        start = plain_run_start(rows, columns, st.max_offset, st.last_phy_end)
-        if start is None:
-            return self._apply(key, st, [columns[i] for i in rows.tolist()], wb)
-        unchanged = (st.min_offset, st.max_offset, st.last_phy_end, st.last_time_ms)
-        if start == len(rows):
-            return 0, unchanged
-        taken = rows[start:]
-        m = len(taken)
-        first = st.max_offset
-        if st.max_offset == 0 and st.min_offset == 0:
-            # A fresh queue's min row (`_apply` writes it with the queue's first unit).
-            self._put_offset(wb, key, L.MIN, int(phys[start]), first)
-        stamps = np.clip(columns.store_timestamps_ms[taken], 0, TIME_MAX_MS)
-        values = np.empty(m, dtype=_UNIT_VALUE_DTYPE)
-        values["phy"] = phys[start:]
-        values["size"] = columns.sizes[taken]
-        values["tags"] = columns.tags_codes[taken]
-        values["time"] = np.maximum.accumulate(np.maximum(stamps, st.last_time_ms))
-        value_bytes = values.tobytes()
-        offset_bytes = np.arange(first, first + m, dtype=">i8").tobytes()
-        prefix = st.prefix
-        put = wb.put
-        width = L.UNIT_VALUE.size
-        for i in range(m):
-            put(
-                prefix + offset_bytes[i * _OFFSET_BYTES : (i + 1) * _OFFSET_BYTES],
-                value_bytes[i * width : (i + 1) * width],
-            )
-        last_phy = int(phys[-1])
-        self._put_offset(wb, key, L.MAX, last_phy, first + m - 1)
-        last_time = int(values["time"][-1])
-        last_end = last_phy + int(columns.sizes[int(rows[-1])])
-        return m, (st.min_offset, first + m, last_end, last_time)
 
     def _apply(
         self, key: Key, st: _QState, group: list[DispatchEntry], wb: rocksdict.WriteBatch

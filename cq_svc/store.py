@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from cq_svc import checkpoint
 from cq_svc.config import CqConfig
-from mqstore.dispatch import Column, DispatchColumns, DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument
 from mqstore.formats import _core
 from mqstore.formats.cq_checkpoint import CqCheckpoint
@@ -326,24 +326,6 @@ def put_entries(
 ) -> int:
     """put_columns for an entry list (tests and benchmarks build entries)."""
     return store.put_columns(DispatchColumns.from_entries(entries), batch_end_offset)
-
-
-def plain_run_start(
-    rows: Column, columns: DispatchColumns, expect: int, last_end: int
-) -> int | None:
-    """Where a queue's run (`rows` of `columns`) starts to be written, when the run is plain;
-    None when it is not (then the stores apply it entry by entry).
-
-    Entry by entry, a store skips an entry that ends at or below the queue's newest end or
-    whose queue offset is below the queue's next one (applied before), fills a gap before an
-    offset above it, and writes the others. A run is plain when, after a prefix of skipped
-    entries, every entry is written with neither a gap nor a skip: queue offsets counting up
-    by one from `expect` and ends strictly increasing. Returns the first written row (len:
-    none is). Compiled: formats/_core_frames.pxi."""
-    start = _core.plain_start(
-        rows, columns.queue_offsets, columns.commit_log_offsets, columns.sizes, expect, last_end
-    )
-    return None if start < 0 else start
 
 
 class PullSource(Protocol):

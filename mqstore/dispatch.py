@@ -80,12 +80,19 @@ DISPATCH_LINGER_MS_MAX = 1_000
 
 
 @dataclass(frozen=True, slots=True)
-class QueueRun:
-    """The rows of a frame that go to one consume queue, in frame (commit-log) order."""
+class QueueRuns:
+    """The rows of a frame that go to a consume queue, grouped by queue: run r is queue keys[r]
+    and rows[bounds[r]:bounds[r + 1]], in frame (commit-log) order."""
 
-    topic: str
-    queue_id: int
+    keys: list[tuple[str, int]]
+    bounds: Column
     rows: Column
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def run(self, r: int) -> Column:
+        return self.rows[self.bounds[r] : self.bounds[r + 1]]
 
 
 class DispatchColumns(Sequence[DispatchEntry]):
@@ -265,11 +272,13 @@ class DispatchColumns(Sequence[DispatchEntry]):
         pairs = set(zip(self.topic_indexes.tolist(), self.queue_ids.tolist(), strict=True))
         return {(self.topics[t], q) for t, q in pairs}
 
-    def queue_runs(self) -> list[QueueRun]:
+    def queue_runs(self) -> QueueRuns:
         """The rows that go to a consume queue, grouped by (topic, queue) in the order each
         queue first appears, each group in frame order (what a dict of lists filled entry by
         entry gives; compiled: formats/_core_frames.pxi)."""
-        runs = _core.queue_runs(self.topic_indexes, self.queue_ids, self.sys_flags)
-        return [
-            QueueRun(self.topics[t], q, np.frombuffer(rows, dtype=np.int64)) for t, q, rows in runs
-        ]
+        keys, bounds, rows = _core.queue_runs(self.topic_indexes, self.queue_ids, self.sys_flags)
+        return QueueRuns(
+            [(self.topics[t], q) for t, q in keys],
+            np.frombuffer(bounds, dtype=np.int64),
+            np.frombuffer(rows, dtype=np.int64),
+        )

@@ -1,7 +1,8 @@
 """Types of the compiled record core (mqstore/formats/_core.pyx)."""
 
+from array import array
 from collections.abc import Iterable
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -84,19 +85,35 @@ def encode(
 
 def time_entries_ok(units: Buffer, entries: Buffer) -> bytearray: ...
 
-Int64s = npt.NDArray[np.int64] | Buffer  # int64 columns, native order
+Int64s = npt.NDArray[np.int64] | Buffer | array[int]  # int64 columns, native order
 
 def queue_runs(
     topic_indexes: Int64s, queue_ids: Int64s, sys_flags: Int64s
-) -> list[tuple[int, int, bytearray]]: ...
-def plain_start(
+) -> tuple[list[tuple[int, int]], bytearray, bytearray]: ...
+@overload
+def pack_runs(
     rows: Int64s,
+    bounds: Int64s,
     queue_offsets: Int64s,
     offsets: Int64s,
     sizes: Int64s,
-    expect: int,
-    last_end: int,
-) -> int: ...
+    tags_codes: Int64s,
+    store_timestamps_ms: Int64s,
+    state: Int64s,
+    prefixes: None = None,
+) -> tuple[list[int], list[int], bytes, bytes]: ...
+@overload
+def pack_runs(
+    rows: Int64s,
+    bounds: Int64s,
+    queue_offsets: Int64s,
+    offsets: Int64s,
+    sizes: Int64s,
+    tags_codes: Int64s,
+    store_timestamps_ms: Int64s,
+    state: Int64s,
+    prefixes: list[bytes],
+) -> tuple[list[int], list[int], list[bytes], list[bytes]]: ...
 def pack_units(
     rows: Int64s,
     start: int,

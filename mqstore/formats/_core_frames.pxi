@@ -2,16 +2,18 @@
 #
 #   queue_runs(topic_indexes, queue_ids, sys_flags)     the rows that take a queue offset,
 #                                                       grouped by (topic, queue)
-#   plain_start(rows, queue_offsets, offsets, sizes,    where a queue's run starts to be
-#               expect, last_end)                       written (-1: not plain)
-#   pack_units(rows, start, offsets, sizes, tags,       the run's 20-byte units and 8-byte time
+#   pack_runs(rows, bounds, queue_offsets, offsets,     for every queue's run at once: where
+#             sizes, tags, stamps, state, prefixes)     it starts to be written (-1: not plain)
+#                                                       and its units with their times, laid
+#                                                       out for the file or the RocksDB store
+#   pack_units(rows, start, offsets, sizes, tags,       a run's 20-byte units and 8-byte time
 #              stamps, last_time)                       entries (cq_unit.py, cq_time.py)
 #   time_entries_ok(units, entries)                     which stored time entries pass their
 #                                                       check (the audit)
 #
 # The columns are int64 buffers of one length (a decoded DispatchColumns' numpy arrays); `rows`
-# an int64 buffer of row numbers. The Python reference (tests/cq/frames_reference.py) is what
-# the tests pin these to.
+# an int64 buffer of row numbers. The Python references in tests/cq/test_apply_columns.py are
+# what the tests pin these to.
 
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from libc.stdlib cimport free, malloc, realloc
@@ -98,7 +100,8 @@ cdef int _check_rows(const int64_t *rows, Py_ssize_t m, Py_ssize_t n) except -1:
 def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
     """The rows that go to a consume queue (transaction type NOT or COMMIT), grouped by (topic
     index, queue id) in the order each queue first appears, each group in frame order:
-    [(topic index, queue id, rows as native int64 bytes)]."""
+    ([(topic index, queue id)], bounds, rows), bounds and rows native int64 bytearrays, group
+    r being rows[bounds[r]:bounds[r + 1]]."""
     cdef _Columns cols = _Columns()
     cdef Py_ssize_t n = len(topic_indexes)
     cdef const int64_t *ti
@@ -116,9 +119,9 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
     cdef int64_t *run_ti = NULL
     cdef int64_t *run_qi = NULL
     cdef list out = []
-    cdef list bufs
-    cdef bytearray rows
+    cdef bytearray rows, bounds
     cdef int64_t *dst
+    cdef int64_t *bd
     try:
         ti = cols.take(topic_indexes, n)
         qi = cols.take(queue_ids, n)
@@ -161,16 +164,18 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
                 r = slot_run[at]
             row_run[i] = r
             run_count[r] += 1
-        bufs = []
+        bounds = PyByteArray_FromStringAndSize(NULL, (runs + 1) * 8)
+        bd = <int64_t *>(<char *>bounds)
+        bd[0] = 0
         for r in range(runs):
-            rows = bytearray(run_count[r] * 8)
-            bufs.append(rows)
-            run_fill[r] = 0
-            out.append((run_ti[r], run_qi[r], rows))
+            out.append((run_ti[r], run_qi[r]))
+            bd[r + 1] = bd[r] + run_count[r]
+            run_fill[r] = bd[r]
+        rows = PyByteArray_FromStringAndSize(NULL, bd[runs] * 8)
+        dst = <int64_t *>(<char *>rows)
         for i in range(n):
             r = row_run[i]
             if r >= 0:
-                dst = <int64_t *>(<char *>(<bytearray>bufs[r]))
                 dst[run_fill[r]] = i
                 run_fill[r] += 1
     finally:
@@ -183,54 +188,161 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
         free(run_ti)
         free(run_qi)
         free(run_fill)
-    return out
+    return out, bounds, rows
 
 
-def plain_start(
+cdef Py_ssize_t _plain_start(
+    const int64_t *rw, Py_ssize_t m, const int64_t *qo, const int64_t *ph, const int64_t *sz,
+    int64_t expect, int64_t last_end,
+) noexcept nogil:
+    """Where a queue's run rw[:m] starts to be written when it is plain, -1 when it is not
+    (then it is applied entry by entry, its gaps filled and its replays skipped). An entry is
+    skipped when it ends at or below `last_end` or its queue offset is below `expect`; the run
+    is plain when, after a prefix of skipped entries, the queue offsets count up by one from
+    `expect` and the ends strictly increase. m: nothing is written."""
+    cdef Py_ssize_t k = 0, j
+    cdef int64_t row, prev_end
+    while k < m:
+        row = rw[k]
+        if ph[row] + sz[row] > last_end and qo[row] >= expect:
+            break
+        k += 1
+    if k == m:
+        return m
+    row = rw[k]
+    if qo[row] != expect:
+        return -1
+    prev_end = ph[row] + sz[row]
+    for j in range(k + 1, m):
+        row = rw[j]
+        if qo[row] != expect + (j - k) or ph[row] + sz[row] <= prev_end:
+            return -1
+        prev_end = ph[row] + sz[row]
+    return k
+
+
+cdef int64_t _pack_rows(
+    const int64_t *rw, Py_ssize_t count, const int64_t *ph, const int64_t *sz,
+    const int64_t *tg, const int64_t *ts, int64_t last_time,
+    unsigned char *u, Py_ssize_t stride, unsigned char *tm,
+) noexcept nogil:
+    """The units (offset, size, tags code: 20 bytes big-endian) of rows rw[:count] at `u`,
+    `stride` bytes apart, each with its indexed time (the running maximum of the clamped store
+    times, from `last_time`): as a time entry at `tm` (u48 and the low 16 bits of
+    CRC32C(unit + those 6 bytes), 8 bytes apart) or, `tm` NULL, as an int64 right after its
+    unit (rocks_layout.UNIT_VALUE). Returns the last indexed time."""
+    cdef Py_ssize_t j
+    cdef int64_t row, t
+    cdef unsigned char check[UNIT_SIZE + TIME_STORED]
+    cdef uint32_t c
+    for j in range(count):
+        row = rw[j]
+        _put_be(u, <uint64_t>ph[row], 8)
+        _put_be(u + 8, <uint64_t>sz[row], 4)
+        _put_be(u + 12, <uint64_t>tg[row], 8)
+        t = min(max(ts[row], 0), TIME_MAX)
+        if t > last_time:
+            last_time = t
+        if tm == NULL:
+            _put_be(u + UNIT_SIZE, <uint64_t>last_time, 8)
+        else:
+            memcpy(check, u, UNIT_SIZE)
+            _put_be(check + UNIT_SIZE, <uint64_t>last_time, TIME_STORED)
+            c = _crc32c(check, UNIT_SIZE + TIME_STORED)
+            memcpy(tm, check + UNIT_SIZE, TIME_STORED)
+            _put_be(tm + TIME_STORED, c & 0xFFFF, 2)
+            tm += TIME_ENTRY_BYTES
+        u += stride
+    return last_time
+
+
+def pack_runs(
     object rows,
+    object bounds,
     object queue_offsets,
     object offsets,
     object sizes,
-    int64_t expect,
-    int64_t last_end,
+    object tags_codes,
+    object store_timestamps_ms,
+    object state,
+    list prefixes=None,
 ):
-    """Where a queue's run starts to be written when it is plain, -1 when it is not (then it
-    is applied entry by entry, its gaps filled and its replays skipped). An entry is skipped
-    when it ends at or below `last_end` or its queue offset is below `expect`; the run is
-    plain when, after a prefix of skipped entries, the queue offsets count up by one from
-    `expect` and the ends strictly increase. len(rows): nothing is written."""
+    """Every queue's run of a frame at once (run r: rows[bounds[r]:bounds[r + 1]], its queue's
+    next offset, newest end and indexed time state[3r:3r + 3]): where the run starts to be
+    written when it is plain, -1 when it is not (_plain_start), and the units of the rows
+    written from there with their indexed times (_pack_rows). Returns (starts, last indexed
+    times, a, b), two ints per run and, for the file store (`prefixes` None), a = the units and
+    b = the time entries as bytes, each written row's at its place in `rows` (20 and 8 bytes a
+    row; a plain run's written rows back to back), or, for RocksDB (`prefixes`: each run's
+    queue key prefix), a = the unit keys (prefix + queue offset, big-endian) and b = the
+    values (rocks_layout.UNIT_VALUE) of the written rows, as lists of bytes."""
     cdef _Columns cols = _Columns()
     cdef const int64_t *rw
+    cdef const int64_t *bd
     cdef const int64_t *qo
     cdef const int64_t *ph
     cdef const int64_t *sz
-    cdef Py_ssize_t m, n = len(queue_offsets), k = 0, j
-    cdef int64_t row, prev_end
+    cdef const int64_t *tg
+    cdef const int64_t *ts
+    cdef const int64_t *sv
+    cdef Py_ssize_t m, runs, n = len(queue_offsets), r, s, j, lo, hi, plen
+    cdef int64_t last_time
+    cdef list starts = [], last_times = [], keys = [], values = []
+    cdef bytes units = b"", times = b"", prefix, key
+    cdef unsigned char *u = NULL
+    cdef unsigned char *tm = NULL
+    cdef unsigned char value[UNIT_SIZE + 8]
     try:
         m = _rows_of(rows, cols, &rw)
+        runs = _rows_of(bounds, cols, &bd) - 1
         qo = cols.take(queue_offsets, n)
         ph = cols.take(offsets, n)
         sz = cols.take(sizes, n)
+        tg = cols.take(tags_codes, n)
+        ts = cols.take(store_timestamps_ms, n)
+        sv = cols.take(state, 3 * runs)
         _check_rows(rw, m, n)
-        while k < m:
-            row = rw[k]
-            if ph[row] + sz[row] > last_end and qo[row] >= expect:
-                break
-            k += 1
-        if k == m:
-            return m
-        row = rw[k]
-        if qo[row] != expect:
-            return -1
-        prev_end = ph[row] + sz[row]
-        for j in range(k + 1, m):
-            row = rw[j]
-            if qo[row] != expect + (j - k) or ph[row] + sz[row] <= prev_end:
-                return -1
-            prev_end = ph[row] + sz[row]
-        return k
+        if runs < 0 or bd[0] != 0 or bd[runs] != m:
+            raise ValueError(f"bounds of {runs + 1} for {m} rows")
+        for r in range(runs):
+            if bd[r] > bd[r + 1]:
+                raise ValueError(f"run {r} of bounds {bd[r]}..{bd[r + 1]}")
+        if prefixes is None:
+            units = PyBytes_FromStringAndSize(NULL, m * UNIT_SIZE)
+            times = PyBytes_FromStringAndSize(NULL, m * TIME_ENTRY_BYTES)
+            u = <unsigned char *>PyBytes_AS_STRING(units)
+            tm = <unsigned char *>PyBytes_AS_STRING(times)
+        elif len(prefixes) != runs:
+            raise ValueError(f"{len(prefixes)} key prefixes for {runs} runs")
+        for r in range(runs):
+            lo, hi = bd[r], bd[r + 1]
+            s = _plain_start(rw + lo, hi - lo, qo, ph, sz, sv[3 * r], sv[3 * r + 1])
+            last_time = sv[3 * r + 2]
+            if s >= 0 and prefixes is None:
+                lo += s
+                last_time = _pack_rows(rw + lo, hi - lo, ph, sz, tg, ts, last_time,
+                                       u + lo * UNIT_SIZE, UNIT_SIZE, tm + lo * TIME_ENTRY_BYTES)
+            elif s >= 0:
+                prefix = prefixes[r]
+                if prefix is None:
+                    raise TypeError(f"run {r}: no key prefix")
+                plen = len(prefix)
+                for j in range(hi - lo - s):
+                    last_time = _pack_rows(rw + lo + s + j, 1, ph, sz, tg, ts, last_time,
+                                           value, 0, NULL)
+                    values.append(PyBytes_FromStringAndSize(<char *>value, UNIT_SIZE + 8))
+                    key = PyBytes_FromStringAndSize(NULL, plen + 8)
+                    memcpy(PyBytes_AS_STRING(key), <char *>prefix, plen)
+                    _put_be(<unsigned char *>PyBytes_AS_STRING(key) + plen,
+                            <uint64_t>(sv[3 * r] + j), 8)
+                    keys.append(key)
+            starts.append(s)
+            last_times.append(last_time)
     finally:
         cols.release()
+    if prefixes is None:
+        return starts, last_times, units, times
+    return starts, last_times, keys, values
 
 
 def pack_units(
@@ -242,23 +354,18 @@ def pack_units(
     object store_timestamps_ms,
     int64_t last_time,
 ):
-    """The consume-queue units (offset, size, tags code: 20 bytes big-endian) of rows[start:]
-    and their time entries (the running maximum of the clamped store times, from `last_time`,
-    as u48 and the low 16 bits of CRC32C(unit + those 6 bytes)): (units, times, the last
-    indexed time)."""
+    """The consume-queue units of rows[start:] and their time entries (_pack_rows): (units,
+    times, the last indexed time)."""
     cdef _Columns cols = _Columns()
     cdef const int64_t *rw
     cdef const int64_t *ph
     cdef const int64_t *sz
     cdef const int64_t *tg
     cdef const int64_t *ts
-    cdef Py_ssize_t m, n = len(offsets), j, count
-    cdef int64_t row, t
+    cdef Py_ssize_t m, n = len(offsets), count
     cdef bytes units, times
     cdef unsigned char *u
     cdef unsigned char *tm
-    cdef unsigned char check[UNIT_SIZE + TIME_STORED]
-    cdef uint32_t c
     try:
         m = _rows_of(rows, cols, &rw)
         ph = cols.take(offsets, n)
@@ -274,25 +381,7 @@ def pack_units(
         u = <unsigned char *>PyBytes_AS_STRING(units)
         tm = <unsigned char *>PyBytes_AS_STRING(times)
         with nogil:
-            for j in range(count):
-                row = rw[start + j]
-                _put_be(u, <uint64_t>ph[row], 8)
-                _put_be(u + 8, <uint64_t>sz[row], 4)
-                _put_be(u + 12, <uint64_t>tg[row], 8)
-                t = ts[row]
-                if t < 0:
-                    t = 0
-                if t > TIME_MAX:
-                    t = TIME_MAX
-                if t > last_time:
-                    last_time = t
-                memcpy(check, u, UNIT_SIZE)
-                _put_be(check + UNIT_SIZE, <uint64_t>last_time, TIME_STORED)
-                c = _crc32c(check, UNIT_SIZE + TIME_STORED)
-                memcpy(tm, check + UNIT_SIZE, TIME_STORED)
-                _put_be(tm + TIME_STORED, c & 0xFFFF, 2)
-                u += UNIT_SIZE
-                tm += TIME_ENTRY_BYTES
+            last_time = _pack_rows(rw + start, count, ph, sz, tg, ts, last_time, u, UNIT_SIZE, tm)
     finally:
         cols.release()
     return units, times, last_time

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import make_store
 from cq_svc.rocks_store import OFFSET_CF
-from cq_svc.store import CqStore, plain_run_start
+from cq_svc.store import CqStore
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument
 from mqstore.formats import _core
@@ -89,6 +89,15 @@ def _bounds(store: CqStore) -> list[tuple[str, int, int, int, int]]:
     ]
 
 
+_pack_runs = _core.pack_runs
+
+
+def _no_run_plain(*args: Any) -> tuple[Any, ...]:
+    """_core.pack_runs finding no run plain: the stores apply every run through `_apply`."""
+    starts, *rest = _pack_runs(*args)
+    return ([-1] * len(starts), *rest)
+
+
 def apply_both_ways(kind: StoreKind, root: str, stream: Stream, **overrides: object) -> None:
     """Apply the stream to two stores, entry by entry to one (no run counts as plain) and
     packed to the other; assert they agree after every frame and on disk at the end."""
@@ -100,10 +109,9 @@ def apply_both_ways(kind: StoreKind, root: str, stream: Stream, **overrides: obj
         for i, frame in enumerate(stream.frames):
             results: list[tuple[str, object]] = []
             for store, packed in ((by_entries, False), (by_columns, True)):
-                module = sys.modules[type(store).__module__]
-                plain = module.plain_run_start if packed else lambda *_: None
+                pack = _core.pack_runs if packed else _no_run_plain
                 try:
-                    with mock.patch.object(module, "plain_run_start", plain):
+                    with mock.patch.object(_core, "pack_runs", pack):
                         n = store.put_columns(decode_columns(frame), frame.next_offset)
                     results.append(("ok", n))
                 except InvalidArgument as exc:  # refused alike (a gap wider than a file)
@@ -224,7 +232,7 @@ def test_packed_units_and_times_are_the_bytes_of_one_at_a_time(
     `_apply` writes unit by unit, times clamped to 48 bits and kept from going down."""
     order = data.draw(st.permutations(range(len(rows))))
     start = data.draw(st.integers(0, len(rows)))
-    columns = [_int64([r[j] for r in rows]) for j in range(4)]
+    columns: list[Any] = [_int64([r[j] for r in rows]) for j in range(4)]
     got = _core.pack_units(_int64(list(order)), start, *columns, last_time)
     assert got == reference_pack([rows[i] for i in order[start:]], last_time)
 
@@ -255,11 +263,17 @@ def test_the_compiled_time_check_is_decode_times_verdict(
 
 
 def test_pack_units_refuses_rows_outside_the_frame_and_short_columns() -> None:
-    cols = [_int64([1, 2]) for _ in range(4)]
+    cols: list[Any] = [_int64([1, 2]) for _ in range(4)]
     with pytest.raises(IndexError):
         _core.pack_units(_int64([0, 2]), 0, *cols, 0)
     with pytest.raises(IndexError):
-        _core.plain_start(_int64([-1]), cols[0], cols[1], cols[2], 0, 0)
+        _core.pack_runs(_int64([-1]), _int64([0, 1]), *cols, cols[0], _int64([0, 0, 0]))
+    with pytest.raises(ValueError, match="bounds"):
+        _core.pack_runs(_int64([0, 1]), _int64([0, 1]), *cols, cols[0], _int64([0, 0, 0]))
+    with pytest.raises(ValueError, match="int64 rows"):  # a run without its state
+        _core.pack_runs(_int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _int64([0, 0, 0]))
+    with pytest.raises(ValueError, match="1 key prefixes for 2 runs"):
+        _core.pack_runs(_int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _int64([0] * 6), [b""])
     with pytest.raises(ValueError, match="int64 rows"):
         _core.pack_units(_int64([0, 1]), 0, cols[0], _int64([1]), cols[2], cols[3], 0)
     with pytest.raises(ValueError, match="start 3 of 2"):
@@ -271,7 +285,11 @@ def test_pack_units_refuses_rows_outside_the_frame_and_short_columns() -> None:
 def reference_plain_start(
     queue_offsets: list[int], end_offsets: list[int], expect: int, last_end: int
 ) -> int | None:
-    """plain_run_start as it was written on lists (the specification)."""
+    """Where a run starts to be written when it is plain, on lists (the specification):
+    entry by entry, `_apply` skips an entry that ends at or below the queue's newest end or
+    whose queue offset is below the queue's next one, fills a gap before an offset above it,
+    and writes the others. A run is plain when, after a prefix of skipped entries, every entry
+    is written with neither a gap nor a skip. len: none is; None: not plain."""
     n = len(queue_offsets)
     k = 0
     while k < n and not (end_offsets[k] > last_end and queue_offsets[k] >= expect):
@@ -288,12 +306,19 @@ def reference_plain_start(
 
 
 def _plain(offsets: list[int], ends: list[int], expect: int, last_end: int) -> int | None:
-    """plain_run_start of a run laid out as a frame's rows, sizes 1 (phy = end - 1)."""
+    """_core.pack_runs's start of a frame of one run, sizes 1 (phy = end - 1)."""
     n = len(offsets)
-    columns = DispatchColumns.from_entries(
-        [DispatchEntry("T", 0, q, e - 1, 1, 0, 0) for q, e in zip(offsets, ends, strict=True)]
+    cols: list[Any] = [
+        _int64(offsets),
+        _int64([e - 1 for e in ends]),
+        _int64([1] * n),
+        _int64([0] * n),
+    ]
+    state = _int64([expect, last_end, 0])
+    starts, *_ = _core.pack_runs(
+        np.arange(n, dtype=np.int64), _int64([0, n]), *cols, cols[3], state
     )
-    return plain_run_start(np.arange(n, dtype=np.int64), columns, expect, last_end)
+    return None if starts[0] < 0 else starts[0]
 
 
 @pytest.mark.parametrize(
@@ -345,3 +370,85 @@ def test_the_compiled_plain_check_is_the_reference_on_any_run(
     ends = list(itertools.accumulate(grows[: len(steps)], initial=200))[1:]
     want = reference_plain_start(offsets, ends, expect, last_end)
     assert _plain(offsets, ends, expect, last_end) == want
+
+
+def reference_pack_runs(
+    runs: list[list[int]],
+    rows: list[tuple[int, int, int, int, int]],
+    state: list[tuple[int, int, int]],
+    prefixes: list[bytes] | None,
+) -> tuple[list[int], list[int], list[bytes], list[bytes]]:
+    """_core.pack_runs run by run on lists: rows (queue offset, phy, size, tags, store time);
+    the written rows' units and time entries (file store), or keys and values (RocksDB)."""
+    starts, last_times, a, b = [], [], [], []
+    for r, run in enumerate(runs):
+        expect, last_end, last_time = state[r]
+        qo = [rows[i][0] for i in run]
+        start = reference_plain_start(qo, [rows[i][1] + rows[i][2] for i in run], expect, last_end)
+        for j, i in enumerate(run[start:] if start is not None else []):
+            _, phy, size, tags, ts = rows[i]
+            last_time = max(last_time, clamp_time(ts))
+            unit = encode_units([(phy, size, tags)])
+            if prefixes is None:
+                a.append(unit)
+                b.append(encode_time(unit, last_time))
+            else:
+                a.append(prefixes[r] + (expect + j).to_bytes(8, "big"))
+                b.append(unit + last_time.to_bytes(8, "big"))
+        starts.append(-1 if start is None else start)
+        last_times.append(last_time)
+    return starts, last_times, a, b
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    queues=st.lists(st.integers(0, 3), max_size=40),
+    steps=st.lists(st.sampled_from([1, 1, 1, 1, 0, 2, -1]), min_size=40, max_size=40),
+    grows=st.lists(st.sampled_from([240, 240, 100, 0, -300]), min_size=40, max_size=40),
+    stamps=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=40, max_size=40),
+    state=st.lists(
+        st.tuples(st.integers(0, 4), st.sampled_from([-1, 0, 480, 10**9]), st.integers(0, 99)),
+        min_size=4,
+        max_size=4,
+    ),
+    rocks=st.booleans(),
+)
+def test_packed_runs_are_the_reference_run_by_run(
+    queues: list[int],
+    steps: list[int],
+    grows: list[int],
+    stamps: list[int],
+    state: list[tuple[int, int, int]],
+    rocks: bool,
+) -> None:
+    """A frame of runs of up to 4 queues (gaps, repeats, ends going back, replayed prefixes):
+    _core.pack_runs gives, run by run, the start and bytes of the list reference, laid out for
+    either store."""
+    next_qo = [2, 0, 1, 3]
+    rows = []
+    phy = 1_000
+    for i, q in enumerate(queues):
+        next_qo[q] += steps[i]
+        phy += grows[i]
+        rows.append((next_qo[q], phy, 100, i * 7 - 50, stamps[i]))
+    by_queue: dict[int, list[int]] = {}
+    for i, q in enumerate(queues):
+        by_queue.setdefault(q, []).append(i)
+    runs = list(by_queue.values())
+    run_state = [state[q] for q in by_queue]
+    prefixes = [b"Q%d/" % q for q in by_queue] if rocks else None
+    bounds = list(itertools.accumulate((len(run) for run in runs), initial=0))
+    order = [i for run in runs for i in run]
+    columns: list[Any] = [_int64([row[j] for row in rows]) for j in range(5)]
+    flat_state = _int64([v for s in run_state for v in s])
+    got = _core.pack_runs(_int64(order), _int64(bounds), *columns, flat_state, prefixes)
+    want = reference_pack_runs(runs, rows, run_state, prefixes)
+    assert got[:2] == want[:2]
+    if rocks:
+        assert got[2:] == want[2:]
+        return
+    written = [
+        p for r, s in enumerate(got[0]) if s >= 0 for p in range(bounds[r] + s, bounds[r + 1])
+    ]
+    assert [got[2][p * 20 : p * 20 + 20] for p in written] == want[2]
+    assert [got[3][p * 8 : p * 8 + 8] for p in written] == want[3]
