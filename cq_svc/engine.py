@@ -3,8 +3,7 @@
     engine = CqEngine(config)            # nothing touched yet
     engine.open()                        # recover the store, load group offsets
     engine.handshake(store_id, min, truncate, history)  # the start-up handshake (DESIGN.md)
-    engine.apply(entries, batch_end)     # dispatch batches, in order
-    engine.apply_columns(columns, end)   # the same for a frame as columns (the sink's way)
+    engine.apply_columns(columns, end)   # dispatch frames as columns, in order
     engine.close()                       # flush, checkpoint, fold journals
 
 The flush thread, every `flush_interval_ms`:
@@ -38,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cq_svc.acks import AckManager, Delivery
@@ -47,7 +46,7 @@ from cq_svc.errors import ReceiptExpired
 from cq_svc.file_store import FileCqStore
 from cq_svc.group_offsets import GroupKey, GroupOffsets
 from cq_svc.store import CqStore, PullResult, RecoveryReport
-from mqstore.dispatch import DispatchColumns, DispatchEntry
+from mqstore.dispatch import DispatchColumns
 from mqstore.errors import Unavailable
 from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import Unit
@@ -249,9 +248,6 @@ class CqEngine:
         return self.store.delete_expired(min_offset)
 
     # -- dispatch -------------------------------------------------------------------------------
-
-    def apply(self, entries: Sequence[DispatchEntry], batch_end_offset: int = -1) -> int:
-        return self.apply_columns(DispatchColumns.from_entries(entries), batch_end_offset)
 
     def apply_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
         if self.failure is not None:

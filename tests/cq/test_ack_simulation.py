@@ -14,7 +14,7 @@ from cq_svc.engine import CqEngine
 from cq_svc.errors import ReceiptExpired
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import SimDisk
-from tests.cq.support import entries
+from tests.cq.support import apply, entries
 
 G = "g"
 MESSAGES = 120
@@ -36,7 +36,7 @@ def test_ack_state_matches_the_model_across_crashes(seed: int) -> None:
     rng = random.Random(seed)
     disk, clock = SimDisk(), ManualClock()
     engine = start(disk, clock)
-    engine.apply(entries(MESSAGES))
+    apply(engine, entries(MESSAGES))
     engine.store.flush()
     # offset -> (delivery count, deadline ms); acked offsets are in `acked`
     inflight: dict[int, tuple[int, int]] = {}

@@ -18,7 +18,7 @@ from mqstore.errors import CorruptFile
 from mqstore.storage import failpoints
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import SimDisk
-from tests.cq.support import entries
+from tests.cq.support import apply, entries
 
 DATA = "/d"
 G = "g1"
@@ -46,7 +46,7 @@ class World:
         self.engine = self.start()
 
     def load(self, n: int) -> None:
-        self.engine.apply(entries(n))
+        apply(self.engine, entries(n))
         self.engine.store.flush()
 
     def receive(self, n: int, invisible_ms: int = 1000) -> list[tuple[int, int]]:
@@ -154,7 +154,7 @@ def test_an_idle_queue_is_folded_and_dropped_from_memory(world: World) -> None:
     world.engine.ack(G, "T", 0, [(0, 1), (2, 1)])
     world.clock.advance(world.config.ack_idle_ms)
     assert world.engine.acks.fold_idle() == 1
-    assert world.engine.acks.open_count == 0
+    assert not world.engine.acks._open
     assert world.disk.read(f"{ACK_DIR}/journal") == b""
     world.clock.advance(1000)
     assert world.receive(10)[:2] == [(1, 2), (3, 2)]
