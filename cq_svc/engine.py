@@ -37,18 +37,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cq_svc.acks import AckManager, Delivery
 from cq_svc.config import AckFlush, CqConfig, StoreKind
-from cq_svc.errors import ReceiptExpired
 from cq_svc.file_store import FileCqStore
 from cq_svc.group_offsets import GroupKey, GroupOffsets
-from cq_svc.store import CqStore, PullResult, RecoveryReport
+from cq_svc.store import CqStore, RecoveryReport
 from mqstore.dispatch import DispatchColumns
 from mqstore.errors import Unavailable
-from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import Unit
 from mqstore.group_lag import queue_lag
 from mqstore.history import LogHistory
@@ -254,24 +252,6 @@ class CqEngine:
             raise Unavailable(f"a flush failed ({self.failure!r}); restart to recover")
         return self.store.put_columns(columns, batch_end_offset)
 
-    # -- reads ----------------------------------------------------------------------------------
-
-    def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int = 32,
-        max_bytes: int = 4 << 20,
-        tags_codes: Iterable[int] = (),
-    ) -> PullResult:
-        return self.store.pull(topic, queue_id, offset, max_messages, max_bytes, tags_codes)
-
-    def offset_for_time(
-        self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER
-    ) -> int:
-        return self.store.get_offset_by_time(topic, queue_id, timestamp_ms, boundary)
-
     # -- groups ---------------------------------------------------------------------------------
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
@@ -344,15 +324,6 @@ class CqEngine:
         if nothing:
             self.acks.ack(key, nothing)  # delivered just now: never stale
         return out
-
-    def ack(self, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]) -> int:
-        """Acknowledge receipts; returns the committed offset after. Raises ReceiptExpired
-        naming the first stale receipt, after acknowledging every current one."""
-        committed, stale = self.acks.ack((group, topic, queue_id), receipts)
-        if stale:
-            offset, count = stale[0]
-            raise ReceiptExpired(group, topic, queue_id, offset, f"delivery {count} is stale")
-        return committed
 
     def ack_receipts(
         self, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import CqEngine, make_store
+from cq_svc.errors import ReceiptExpired
 from cq_svc.store import CqStore
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.formats.cq_unit import UNIT
@@ -78,3 +79,15 @@ def last_offset(store: CqStore, topic: str, queue_id: int) -> int:
     if bounds is None or bounds[1] <= bounds[0]:
         return -1
     return bounds[2]
+
+
+def ack(
+    engine: CqEngine, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]
+) -> int:
+    """CqEngine.ack_receipts, raising ReceiptExpired for the first stale receipt (after every
+    current one is acknowledged); returns the committed offset after."""
+    committed, stale = engine.ack_receipts(group, topic, queue_id, receipts)
+    if stale:
+        offset, count = stale[0]
+        raise ReceiptExpired(group, topic, queue_id, offset, f"delivery {count} is stale")
+    return committed
