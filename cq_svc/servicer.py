@@ -2,7 +2,7 @@
 
 Pull (RocketMQ's getMessage, rocketmq-store.md §6.2):
 
-    validate -> engine.pull (range checks, unit scan, tag-code filter: status, corrections,
+    validate -> store.pull (range checks, unit scan, tag-code filter: status, corrections,
     the units to fetch) -> their records from the first source that has them all
     (record_sources.py: the segment files, the dispatch-frame tail, else ONE commit-log Read
     for all of them; every source answers as a Read would) -> the records, in order:
