@@ -96,7 +96,7 @@ from mqstore.formats.record_batch import (
     table_to_pairs,
     undo_queue_offsets,
 )
-from mqstore.formats.record_columns import IntArray, check_records, split_records
+from mqstore.formats.record_columns import IntArray, check_records
 from mqstore.history import LogHistory
 from mqstore.storage.clock import Clock, SystemClock
 from mqstore.storage.disk import Disk, FileLock, OsDisk
@@ -965,23 +965,15 @@ class CommitLog:
             mf.release()
         return isinstance(found, (Record, Blank))
 
-    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | MqstoreError]:
-        """Raw bytes of whole records, each (offset, size) checked to be one intact record and
-        answered on its own: the raw record, or OutOfRange (expired, not written yet, past
-        readable data), DataLoss (its segment was deleted under the read) or CorruptRecord.
-        read_blob's answer, cut into records."""
-        blob, served, errors = self.read_blob([o for o, _ in ranges], [z for _, z in ranges])
-        out: list[bytes | MqstoreError] = list(split_records(blob, served))
-        for i, error in errors.items():
-            out[i] = error
-        return out
-
     def read_blob(
         self, offsets: Sequence[int] | IntArray, sizes: Sequence[int] | IntArray
     ) -> tuple[bytes, IntArray, dict[int, MqstoreError]]:
-        """read_many's answers to the ranges (offsets[i], sizes[i]) without an object per record:
-        (the records served, laid end to end in request order; each range's size in that blob,
-        0 where it was not served; the error of each range not served, by its index).
+        """Raw bytes of whole records, each range (offsets[i], sizes[i]) checked to be one intact
+        record and answered on its own, without an object per record: (the records served, laid
+        end to end in request order; each range's size in that blob, 0 where it was not served;
+        the error of each range not served, by its index: OutOfRange when expired, not written
+        yet or past readable data, DataLoss when its segment was deleted under the read,
+        CorruptRecord).
 
         The ranges are checked as columns. A segment is held once; ranges that follow each other
         in it (offset[i] + size[i] == offset[i+1]) are copied out as one slice, and the copies

@@ -53,8 +53,8 @@ class FlushService:
         self._sync = config.flush is FlushMode.SYNC
         self._cond = threading.Condition()
         # One flush at a time: the thread's rounds, and flush_now from another thread (a
-        # replica's truncation). Re-entrant: a round's checkpoint calls flush_now.
-        self._flush_lock = threading.RLock()
+        # replica's truncation). A round's checkpoint calls flush_now after its flush let go.
+        self._flush_lock = threading.Lock()
         self._requested = 0
         self._stop = False
         self.failure: BaseException | None = None

@@ -480,8 +480,11 @@ class CommitLogServicer(pb_grpc.CommitLogServicer):
                     continue
                 sizes[i] = record.total_size
                 needed += record.total_size
-            if needed > self.settings.max_message_bytes:
-                raise _past_answer_limit(self.settings.max_message_bytes)
+            limit = self.settings.max_message_bytes
+            if needed > limit:
+                raise ResourceExhausted(
+                    f"the records asked for pass the {limit}-byte answer limit; split the Read"
+                )
         blob, served, errors = self.engine.read_blob(offsets, sizes)
         errors.update(failed)
         response = pb.ReadResponse(records_blob=blob)
@@ -943,12 +946,6 @@ def _read_status(offset: int, error: MqstoreError) -> pb.ReadStatus.ValueType:
         metrics.CRC_MISMATCHES.labels("read").inc()
     log.error("Read at %d: %s", offset, error)
     return pb.READ_CORRUPT
-
-
-def _past_answer_limit(limit: int) -> ResourceExhausted:
-    return ResourceExhausted(
-        f"the records asked for pass the {limit}-byte answer limit; split the Read"
-    )
 
 
 def _scan(

@@ -465,7 +465,3 @@ class AckManager:
             for q in self._open.values():
                 q.close()
             self._open.clear()
-
-    @property
-    def open_count(self) -> int:
-        return len(self._open)

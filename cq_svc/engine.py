@@ -3,8 +3,7 @@
     engine = CqEngine(config)            # nothing touched yet
     engine.open()                        # recover the store, load group offsets
     engine.handshake(store_id, min, truncate, history)  # the start-up handshake (DESIGN.md)
-    engine.apply(entries, batch_end)     # dispatch batches, in order
-    engine.apply_columns(columns, end)   # the same for a frame as columns (the sink's way)
+    engine.apply_columns(columns, end)   # dispatch frames as columns, in order
     engine.close()                       # flush, checkpoint, fold journals
 
 The flush thread, every `flush_interval_ms`:
@@ -38,18 +37,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cq_svc.acks import AckManager, Delivery
 from cq_svc.config import AckFlush, CqConfig, StoreKind
-from cq_svc.errors import ReceiptExpired
 from cq_svc.file_store import FileCqStore
 from cq_svc.group_offsets import GroupKey, GroupOffsets
-from cq_svc.store import CqStore, PullResult, RecoveryReport
-from mqstore.dispatch import DispatchColumns, DispatchEntry
+from cq_svc.store import CqStore, RecoveryReport
+from mqstore.dispatch import DispatchColumns
 from mqstore.errors import Unavailable
-from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import Unit
 from mqstore.group_lag import queue_lag
 from mqstore.history import LogHistory
@@ -250,31 +247,10 @@ class CqEngine:
 
     # -- dispatch -------------------------------------------------------------------------------
 
-    def apply(self, entries: Sequence[DispatchEntry], batch_end_offset: int = -1) -> int:
-        return self.apply_columns(DispatchColumns.from_entries(entries), batch_end_offset)
-
     def apply_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
         if self.failure is not None:
             raise Unavailable(f"a flush failed ({self.failure!r}); restart to recover")
         return self.store.put_columns(columns, batch_end_offset)
-
-    # -- reads ----------------------------------------------------------------------------------
-
-    def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int = 32,
-        max_bytes: int = 4 << 20,
-        tags_codes: Iterable[int] = (),
-    ) -> PullResult:
-        return self.store.pull(topic, queue_id, offset, max_messages, max_bytes, tags_codes)
-
-    def offset_for_time(
-        self, topic: str, queue_id: int, timestamp_ms: int, boundary: Boundary = Boundary.LOWER
-    ) -> int:
-        return self.store.get_offset_by_time(topic, queue_id, timestamp_ms, boundary)
 
     # -- groups ---------------------------------------------------------------------------------
 
@@ -348,15 +324,6 @@ class CqEngine:
         if nothing:
             self.acks.ack(key, nothing)  # delivered just now: never stale
         return out
-
-    def ack(self, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]) -> int:
-        """Acknowledge receipts; returns the committed offset after. Raises ReceiptExpired
-        naming the first stale receipt, after acknowledging every current one."""
-        committed, stale = self.acks.ack((group, topic, queue_id), receipts)
-        if stale:
-            offset, count = stale[0]
-            raise ReceiptExpired(group, topic, queue_id, offset, f"delivery {count} is stale")
-        return committed
 
     def ack_receipts(
         self, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]

@@ -119,10 +119,6 @@ class FileCqStore(CqStore):
     def confirmed_offset(self) -> int:
         return self._ckpt.confirmed_offset
 
-    @property
-    def open_map_count(self) -> int:
-        return self._open_maps
-
     def advance_applied(self, offset: int) -> None:
         """Nothing below `offset` will ever be dispatched (the log's minimum): count it as
         applied, so the next checkpoint confirms it."""

@@ -335,11 +335,6 @@ class RecordSources:
     def tail_wanted(self) -> bool:
         return self.tail is not None and self.tail.wanted()
 
-    @property
-    def waiting_at_tail(self) -> int:
-        """Pulls and Follows waiting at a queue's end now (a Receive is not counted)."""
-        return 0 if self.tail is None else self.tail.waiting
-
     def count_waiting_at_tail(self, change: int) -> None:
         if self.tail is not None:
             self.tail.count_waiting(change)

@@ -2,7 +2,7 @@
 
 Pull (RocketMQ's getMessage, rocketmq-store.md §6.2):
 
-    validate -> engine.pull (range checks, unit scan, tag-code filter: status, corrections,
+    validate -> store.pull (range checks, unit scan, tag-code filter: status, corrections,
     the units to fetch) -> their records from the first source that has them all
     (record_sources.py: the segment files, the dispatch-frame tail, else ONE commit-log Read
     for all of them; every source answers as a Read would) -> the records, in order:
@@ -395,7 +395,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             for a, offset in zip(args, offsets, strict=True):
                 if left is not None and left <= 0:
                     break
-                result = self.engine.pull(
+                result = self.engine.store.pull(
                     a.topic,
                     a.queue_id,
                     offset,
@@ -614,7 +614,9 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         else:
             raise InvalidArgument(f"unknown boundary {request.boundary}", field="boundary")
         self._require_caught_up()
-        offset = self.engine.offset_for_time(topic, queue_id, request.timestamp_ms, boundary)
+        offset = self.engine.store.get_offset_by_time(
+            topic, queue_id, request.timestamp_ms, boundary
+        )
         return pb.GetOffsetByTimeResponse(offset=offset)
 
     def GetQueueInfo(

@@ -134,11 +134,6 @@ class PullResult:
     def units(self) -> list[Unit]:
         return self.taken.units()
 
-    @property
-    def fetch(self) -> list[tuple[int, int]]:
-        """(commit-log offset, size) pairs for one batched Read."""
-        return list(zip(self.taken.phy.tolist(), self.taken.size.tolist(), strict=True))
-
 
 @dataclass(slots=True)
 class RecoveryReport:
@@ -251,13 +246,6 @@ class CqStore(ABC):
     def max_offset(self, topic: str, queue_id: int) -> int:
         bounds = self._bounds((topic, queue_id))
         return bounds[1] if bounds is not None else 0
-
-    def get_last_offset(self, topic: str, queue_id: int) -> int:
-        """Commit-log end of the queue's newest unit, or -1."""
-        bounds = self._bounds((topic, queue_id))
-        if bounds is None or bounds[1] <= bounds[0]:
-            return -1
-        return bounds[2]
 
     @abstractmethod
     def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[Unit]:

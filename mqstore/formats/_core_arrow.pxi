@@ -51,11 +51,6 @@ cdef class ColumnBuffer:
         self.size += 4
         return 0
 
-    cdef inline int put_i64(self, int64_t v) except -1:
-        (<int64_t *>self.reserve(8))[0] = v
-        self.size += 8
-        return 0
-
 
 # The columns read_log_columns fills, in this order: (name, width in bytes) of the fixed ones.
 LOG_FIXED_COLUMNS = (

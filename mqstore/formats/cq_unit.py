@@ -21,7 +21,6 @@ These are pure functions over bytes; queue_files.py does the I/O.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,12 +67,6 @@ class Unit:
 
 def is_valid(phy: int, size: int) -> bool:
     return phy >= 0 and size > 0
-
-
-def encode_units(units: Iterable[tuple[int, int, int]]) -> bytes:
-    """(phy, size, tags_code) triples packed back to back: one slice write per batch."""
-    pack = UNIT.pack
-    return b"".join(pack(p, s, t) for p, s, t in units)
 
 
 def count_valid(

@@ -140,13 +140,6 @@ def name_of(created_ms: int) -> str:
     return dt.strftime(_NAME_FORMAT) + f"{created_ms % 1000:03d}"
 
 
-def ms_of_name(name: str) -> int:
-    if not NAME_PATTERN.match(name):
-        raise ValueError(f"not an index file name: {name!r}")
-    dt = datetime.datetime.strptime(name[:14], _NAME_FORMAT).replace(tzinfo=datetime.UTC)
-    return int(dt.timestamp()) * 1000 + int(name[14:])
-
-
 def is_time_matched(h: IndexHeader, begin_ms: int, end_ms: int) -> bool:
     """RocketMQ's isTimeMatched: [begin, end] overlaps [header begin, header end]."""
     return (

@@ -79,20 +79,10 @@ BLANK_MAGIC: Final = -875286124  # 0xCBD43194
 END_FILE_MIN_BLANK_BYTES: Final = 8
 
 # The 40-byte prefix, TOTALSIZE .. SYSFLAG: the fields that sit at the same place in every
-# record, whatever its host sizes; the names of its fields in order.
+# record, whatever its host sizes.
 RECORD_PREFIX: Final = struct.Struct(">iiiiiqqi")
 RECORD_PREFIX_BYTES: Final = 40
 assert RECORD_PREFIX.size == RECORD_PREFIX_BYTES
-RECORD_PREFIX_NAMES: Final = (
-    "total",
-    "magic",
-    "body_crc",
-    "queue_id",
-    "flag",
-    "queue_offset",
-    "physical_offset",
-    "sys_flag",
-)
 # TOTALSIZE and MAGICCODE: what a record and an end-of-file blank share.
 SIZE_MAGIC: Final = struct.Struct(">ii")
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from commitlog_svc.commitlog import CommitLog
 from commitlog_svc.config import CommitLogConfig
 from commitlog_svc.messages import AppendResult, PutStatus
+from mqstore.errors import MqstoreError
 from mqstore.formats.properties import encode_properties
 from mqstore.formats.record import Record
+from mqstore.formats.record_columns import split_records
 from mqstore.storage.clock import Clock
 from mqstore.storage.disk import Disk
 from mqstore.storage.mapped_file import offset_to_file_name
@@ -324,3 +326,13 @@ def assert_appends_resume(log: CommitLog, survivors: Sequence[Stored], seed: int
     assert stored.offset == placed_at(end, stored.size, log.config.file_bytes)
     assert stored.queue_offset == expected_next.get(key, 0)
     assert matches(log.read_record(stored.offset), stored)
+
+
+def read_many(log: CommitLog, ranges: Sequence[tuple[int, int]]) -> list[bytes | MqstoreError]:
+    """CommitLog.read_blob's answer to (offset, size) ranges, cut into one answer a range: the
+    raw record or its error."""
+    blob, served, errors = log.read_blob([o for o, _ in ranges], [z for _, z in ranges])
+    out: list[bytes | MqstoreError] = list(split_records(blob, served))
+    for i, error in errors.items():
+        out[i] = error
+    return out

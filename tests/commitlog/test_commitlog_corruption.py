@@ -41,6 +41,7 @@ from commitlog_testlib import (
     open_log,
     opened,
     read_at,
+    read_many,
     reopen,
     segment_names,
     write_at,
@@ -337,7 +338,7 @@ def test_zeroed_page_in_the_last_segment_loses_only_the_records_it_touches(
     with pytest.raises(CorruptRecord):
         log.read_record(first_lost.offset)
     for i in touched:
-        assert isinstance(log.read_many([(stored[i].offset, stored[i].size)])[0], CorruptRecord)
+        assert isinstance(read_many(log, [(stored[i].offset, stored[i].size)])[0], CorruptRecord)
     assert log.queue_offsets() == next_queue_offsets(stored)
     assert_appends_resume(log, stored)
     log.close()
@@ -468,7 +469,7 @@ def test_bit_flip_in_a_durable_middle_record(
             (victim.offset, victim.end)
         ]
         assert _scan_offsets(log) == [s.offset for s in others]
-        assert isinstance(log.read_many([(victim.offset, victim.size)])[0], CorruptRecord)
+        assert isinstance(read_many(log, [(victim.offset, victim.size)])[0], CorruptRecord)
         with pytest.raises(CorruptRecord):
             log.read_record(victim.offset)
     else:

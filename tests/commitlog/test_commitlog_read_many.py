@@ -1,12 +1,13 @@
-"""CommitLog.read_many: many (offset, size) ranges across segments in one call, each answered
-on its own (the record, or the error a read of that range alone gives), nothing damaged
-served. Segments are 4 KiB, so 60 messages span several."""
+"""CommitLog.read_blob cut into one answer a range (commitlog_testlib.read_many): many
+(offset, size) ranges across segments in one call, each answered on its own (the record, or
+the error a read of that range alone gives), nothing damaged served. Segments are 4 KiB, so 60
+messages span several."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from commitlog_testlib import append_each, flip_bit, message, open_log
+from commitlog_testlib import append_each, flip_bit, message, open_log, read_many
 
 from mqstore.errors import CorruptRecord, InvalidArgument, OutOfRange
 from mqstore.formats.record import Record, read_record
@@ -22,7 +23,7 @@ def test_ranges_across_segments_are_answered_each_on_its_own(tmp_path: Path) -> 
     picks = [stored[50], stored[2], victim, stored[33], stored[1], stored[59]]
     ranges = [(s.offset, s.size) for s in picks]
     ranges += [(log.max_offset, 100), (stored[3].offset, 0), (stored[4].offset, stored[4].size + 1)]
-    got = log.read_many(ranges)
+    got = read_many(log, ranges)
     assert len(got) == len(ranges)
     for s, answer in zip(picks, got, strict=False):
         if s is victim:
@@ -57,8 +58,8 @@ def test_many_ranges_checked_together_get_the_verdicts_of_lone_reads(tmp_path: P
         (stored[21].offset, stored[21].size - 1),  # a record cut short
         (stored[22].offset + 4, stored[22].size),  # inside a record
     ]
-    got = log.read_many(ranges)
-    alone = [log.read_many([r])[0] for r in ranges]
+    got = read_many(log, ranges)
+    alone = [read_many(log, [r])[0] for r in ranges]
     assert list(map(_verdict, got)) == list(map(_verdict, alone))
     corrupt = [i for i, answer in enumerate(got) if isinstance(answer, CorruptRecord)]
     assert corrupt == [5, 9, 12, 14, 40, 60, 61, 62]

@@ -37,6 +37,7 @@ from commitlog_testlib import (
     opened,
     placed_at,
     read_at,
+    read_many,
     reopen,
     segment_names,
     sim_crash,
@@ -366,7 +367,7 @@ def test_bad_record_in_a_file_before_the_scan_start_is_not_scanned_but_reads_as_
     with pytest.raises(CorruptRecord):
         log.read_record(stored[victim].offset)
     assert isinstance(
-        log.read_many([(stored[victim].offset, stored[victim].size)])[0], CorruptRecord
+        read_many(log, [(stored[victim].offset, stored[victim].size)])[0], CorruptRecord
     )
     assert log.read_record(stored[victim + 1].offset).body == stored[victim + 1].message.body
     log.close()

@@ -22,6 +22,7 @@ from commitlog_testlib import (
     message,
     open_log,
     opened,
+    read_many,
     reopen,
 )
 
@@ -82,7 +83,7 @@ def test_expired_leading_files_are_deleted_and_min_offset_advances() -> None:
                 log.read_record(s.offset)
     with pytest.raises(OutOfRange):
         log.read(0, 10)
-    assert isinstance(log.read_many([(old[0].offset, old[0].size)])[0], OutOfRange)
+    assert isinstance(read_many(log, [(old[0].offset, old[0].size)])[0], OutOfRange)
     with pytest.raises(OutOfRange):
         log.scan(0)
     log.close()

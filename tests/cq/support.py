@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from cq_svc.config import CqConfig, StoreKind
-from cq_svc.engine import make_store
+from cq_svc.engine import CqEngine, make_store
+from cq_svc.errors import ReceiptExpired
 from cq_svc.store import CqStore
-from mqstore.dispatch import DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry
+from mqstore.formats.cq_unit import UNIT
 
 
 class StoreHarness:
@@ -59,3 +61,33 @@ def entries(
 
 def phys(units: Sequence[object]) -> list[int]:
     return [u.commit_log_offset for u in units]  # type: ignore[attr-defined]
+
+
+def encode_units(units: Iterable[tuple[int, int, int]]) -> bytes:
+    """(phy, size, tags_code) triples as consume-queue units, back to back."""
+    return b"".join(UNIT.pack(p, s, t) for p, s, t in units)
+
+
+def apply(engine: CqEngine, batch: Sequence[DispatchEntry]) -> int:
+    """CqEngine.apply_columns for an entry list."""
+    return engine.apply_columns(DispatchColumns.from_entries(batch))
+
+
+def last_offset(store: CqStore, topic: str, queue_id: int) -> int:
+    """Commit-log end of the queue's newest unit (RocketMQ's maxPhysicOffset), or -1."""
+    bounds = store._bounds((topic, queue_id))
+    if bounds is None or bounds[1] <= bounds[0]:
+        return -1
+    return bounds[2]
+
+
+def ack(
+    engine: CqEngine, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]
+) -> int:
+    """CqEngine.ack_receipts, raising ReceiptExpired for the first stale receipt (after every
+    current one is acknowledged); returns the committed offset after."""
+    committed, stale = engine.ack_receipts(group, topic, queue_id, receipts)
+    if stale:
+        offset, count = stale[0]
+        raise ReceiptExpired(group, topic, queue_id, offset, f"delivery {count} is stale")
+    return committed

@@ -14,7 +14,7 @@ from cq_svc.engine import CqEngine
 from cq_svc.errors import ReceiptExpired
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import SimDisk
-from tests.cq.support import entries
+from tests.cq.support import ack, apply, entries
 
 G = "g"
 MESSAGES = 120
@@ -36,7 +36,7 @@ def test_ack_state_matches_the_model_across_crashes(seed: int) -> None:
     rng = random.Random(seed)
     disk, clock = SimDisk(), ManualClock()
     engine = start(disk, clock)
-    engine.apply(entries(MESSAGES))
+    apply(engine, entries(MESSAGES))
     engine.store.flush()
     # offset -> (delivery count, deadline ms); acked offsets are in `acked`
     inflight: dict[int, tuple[int, int]] = {}
@@ -57,7 +57,7 @@ def test_ack_state_matches_the_model_across_crashes(seed: int) -> None:
                 inflight[d.queue_offset] = (d.delivery_count, d.deadline_ms)
         elif op == "ack" and inflight:
             offs = rng.sample(sorted(inflight), k=min(len(inflight), rng.randint(1, 4)))
-            engine.ack(G, "T", 0, [(o, inflight[o][0]) for o in offs])
+            ack(engine, G, "T", 0, [(o, inflight[o][0]) for o in offs])
             for o in offs:
                 acked.add(o)
                 del inflight[o]
@@ -80,7 +80,7 @@ def test_ack_state_matches_the_model_across_crashes(seed: int) -> None:
         if acked and rng.random() < 0.2:  # an old receipt of an acked message is harmless
             o = rng.choice(sorted(acked))
             try:
-                engine.ack(G, "T", 0, [(o, 1)])
+                ack(engine, G, "T", 0, [(o, 1)])
             except ReceiptExpired:
                 pass
     engine.close()

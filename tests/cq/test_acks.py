@@ -18,7 +18,7 @@ from mqstore.errors import CorruptFile
 from mqstore.storage import failpoints
 from mqstore.storage.clock import ManualClock
 from mqstore.storage.simdisk import SimDisk
-from tests.cq.support import entries
+from tests.cq.support import ack, apply, entries
 
 DATA = "/d"
 G = "g1"
@@ -46,7 +46,7 @@ class World:
         self.engine = self.start()
 
     def load(self, n: int) -> None:
-        self.engine.apply(entries(n))
+        apply(self.engine, entries(n))
         self.engine.store.flush()
 
     def receive(self, n: int, invisible_ms: int = 1000) -> list[tuple[int, int]]:
@@ -78,8 +78,8 @@ def test_received_messages_are_invisible_until_their_deadline_then_redelivered(
 def test_the_committed_offset_is_the_lowest_offset_not_acked(world: World) -> None:
     world.receive(5)
     assert world.engine.fetch_offset(G, "T", 0) == 0
-    assert world.engine.ack(G, "T", 0, [(1, 1), (2, 1)]) == 0
-    assert world.engine.ack(G, "T", 0, [(0, 1)]) == 3
+    assert ack(world.engine, G, "T", 0, [(1, 1), (2, 1)]) == 0
+    assert ack(world.engine, G, "T", 0, [(0, 1)]) == 3
     assert world.engine.fetch_offset(G, "T", 0) == 3
     world.restart()
     assert world.engine.fetch_offset(G, "T", 0) == 3
@@ -92,12 +92,12 @@ def test_an_ack_naming_an_older_delivery_is_refused_and_a_repeat_ack_is_fine(wor
     world.clock.advance(2000)
     assert world.receive(1) == [(0, 2)]
     with pytest.raises(ReceiptExpired):
-        world.engine.ack(G, "T", 0, [(0, 1)])
+        ack(world.engine, G, "T", 0, [(0, 1)])
     with pytest.raises(ReceiptExpired):
-        world.engine.ack(G, "T", 0, [(50, 1)])  # never delivered
-    world.engine.ack(G, "T", 0, [(0, 2)])
-    world.engine.ack(G, "T", 0, [(0, 2)])
-    world.engine.ack(G, "T", 0, [(1, 1)])  # a delivery past its deadline but not yet redelivered
+        ack(world.engine, G, "T", 0, [(50, 1)])  # never delivered
+    ack(world.engine, G, "T", 0, [(0, 2)])
+    ack(world.engine, G, "T", 0, [(0, 2)])
+    ack(world.engine, G, "T", 0, [(1, 1)])  # a delivery past its deadline but not yet redelivered
     assert world.engine.fetch_offset(G, "T", 0) == 2
 
 
@@ -110,7 +110,7 @@ def test_change_invisible_duration_moves_the_deadline(world: World) -> None:
     assert world.receive(2) == [(1, 2), (0, 2)]  # in deadline order: 2000, then 5000
     with pytest.raises(ReceiptExpired):
         world.engine.change_invisible_duration(G, "T", 0, 0, 1, 5000)
-    world.engine.ack(G, "T", 0, [(0, 2)])
+    ack(world.engine, G, "T", 0, [(0, 2)])
     with pytest.raises(ReceiptExpired):
         world.engine.change_invisible_duration(G, "T", 0, 0, 2, 5000)
 
@@ -121,7 +121,7 @@ def test_receive_starts_at_a_committed_offset_and_never_past_the_window() -> Non
     w.engine.commit_offset(G, "T", 0, 40)
     assert [o for o, _ in w.receive(32)] == list(range(40, 50))
     assert w.receive(32) == []
-    w.engine.ack(G, "T", 0, [(40, 1), (41, 1)])
+    ack(w.engine, G, "T", 0, [(40, 1), (41, 1)])
     assert [o for o, _ in w.receive(32)] == [50, 51]
 
 
@@ -138,7 +138,7 @@ def test_the_journal_folds_into_segments_and_all_acked_segments_are_deleted() ->
     w.load(100)
     for _ in range(4):
         got = w.receive(10)
-        w.engine.ack(G, "T", 0, got)
+        ack(w.engine, G, "T", 0, got)
     names = w.disk.listdir(ACK_DIR)
     assert "meta" in names
     # 40 acked: segments 0 and 1 (offsets 0..31) are wholly acked and gone.
@@ -151,10 +151,10 @@ def test_the_journal_folds_into_segments_and_all_acked_segments_are_deleted() ->
 
 def test_an_idle_queue_is_folded_and_dropped_from_memory(world: World) -> None:
     world.receive(4)
-    world.engine.ack(G, "T", 0, [(0, 1), (2, 1)])
+    ack(world.engine, G, "T", 0, [(0, 1), (2, 1)])
     world.clock.advance(world.config.ack_idle_ms)
     assert world.engine.acks.fold_idle() == 1
-    assert world.engine.acks.open_count == 0
+    assert not world.engine.acks._open
     assert world.disk.read(f"{ACK_DIR}/journal") == b""
     world.clock.advance(1000)
     assert world.receive(10)[:2] == [(1, 2), (3, 2)]
@@ -162,7 +162,7 @@ def test_an_idle_queue_is_folded_and_dropped_from_memory(world: World) -> None:
 
 def test_an_acknowledged_ack_survives_a_crash_and_is_never_redelivered(world: World) -> None:
     world.receive(6)
-    world.engine.ack(G, "T", 0, [(0, 1), (1, 1), (4, 1)])
+    ack(world.engine, G, "T", 0, [(0, 1), (1, 1), (4, 1)])
     world.crash("drop")
     world.clock.advance(10_000)
     assert world.receive(10) == [(2, 2), (3, 2), (5, 2), *[(i, 1) for i in range(6, 13)]]
@@ -173,7 +173,7 @@ def test_a_crash_inside_a_fold_loses_nothing(point: str) -> None:
     w = World(ack_journal_entries_max=1000, ack_segment_entries=16)
     w.load(100)
     got = w.receive(40)
-    w.engine.ack(G, "T", 0, [d for d in got if d[0] != 35])
+    ack(w.engine, G, "T", 0, [d for d in got if d[0] != 35])
     with failpoints.armed(point), pytest.raises(failpoints.SimulatedCrash):
         w.engine.acks._queue((G, "T", 0)).fold()
     w.crash("drop")
@@ -186,9 +186,9 @@ def test_async_ack_flush_makes_acks_durable_at_the_next_sync() -> None:
     w = World(ack_flush=AckFlush.ASYNC)
     w.load(10)
     w.receive(3)
-    w.engine.ack(G, "T", 0, [(0, 1)])
+    ack(w.engine, G, "T", 0, [(0, 1)])
     w.engine.acks.sync_all()
-    w.engine.ack(G, "T", 0, [(1, 1)])  # inside the loss window
+    ack(w.engine, G, "T", 0, [(1, 1)])  # inside the loss window
     w.crash("drop")
     assert w.engine.fetch_offset(G, "T", 0) == 1
 
@@ -200,7 +200,7 @@ def _journal_with(n: int) -> tuple[World, bytes]:
     w = World(ack_journal_entries_max=10_000)
     w.load(50)
     got = w.receive(n)
-    w.engine.ack(G, "T", 0, got)
+    ack(w.engine, G, "T", 0, got)
     data = w.disk.read(f"{ACK_DIR}/journal")
     return w, data
 
@@ -214,7 +214,7 @@ def test_a_torn_journal_tail_is_dropped_at_every_byte(cut: int) -> None:
     w.engine = w.start()
     assert w.engine.fetch_offset(G, "T", 0) == 3  # the last ack (offset 3) was torn away
     assert len(w.disk.read(f"{ACK_DIR}/journal")) == len(data) - ack_journal.ENTRY_BYTES
-    w.engine.ack(G, "T", 0, [(3, 1)])
+    ack(w.engine, G, "T", 0, [(3, 1)])
     w.restart()
     assert w.engine.fetch_offset(G, "T", 0) == 4
 
@@ -255,7 +255,7 @@ def test_a_corrupt_segment_refuses_to_guess() -> None:
     w = World(ack_journal_entries_max=5, ack_segment_entries=16)
     w.load(50)
     w.receive(4)
-    w.engine.ack(G, "T", 0, [(1, 1)])
+    ack(w.engine, G, "T", 0, [(1, 1)])
     w.engine.close()
     seg = f"{ACK_DIR}/seg_000000000000"
     raw = bytearray(w.disk.read(seg))
@@ -324,9 +324,9 @@ def test_the_next_redelivery_deadline_is_the_earliest_unacked_delivery(world: Wo
     start = world.clock.now_ms()
     world.engine.change_invisible_duration(G, "T", 0, 0, 1, 300)
     assert world.engine.next_redelivery_ms(G, "T", 0) == start + 300
-    world.engine.ack(G, "T", 0, [(0, 1)])
+    ack(world.engine, G, "T", 0, [(0, 1)])
     assert world.engine.next_redelivery_ms(G, "T", 0) == start + 1000
-    world.engine.ack(G, "T", 0, [(1, 1)])
+    ack(world.engine, G, "T", 0, [(1, 1)])
     assert world.engine.next_redelivery_ms(G, "T", 0) is None
 
 

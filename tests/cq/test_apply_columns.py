@@ -29,9 +29,9 @@ from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import InvalidArgument
 from mqstore.formats import _core
 from mqstore.formats.cq_time import TIME_MAX_MS, clamp_time, decode_time, encode_time
-from mqstore.formats.cq_unit import encode_units
 from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch
 from mqstore.storage.clock import ManualClock
+from tests.cq.support import encode_units, last_offset
 from tests.rpc.test_dispatch_columns import Stream, dispatch_streams, make_stream
 
 KINDS = [StoreKind.FILE, StoreKind.ROCKSDB]
@@ -83,7 +83,7 @@ def _on_disk(kind: StoreKind, data_dir: str) -> object:
 
 def _bounds(store: CqStore) -> list[tuple[str, int, int, int, int]]:
     return [
-        (t, q, store.min_offset(t, q), store.max_offset(t, q), store.get_last_offset(t, q))
+        (t, q, store.min_offset(t, q), store.max_offset(t, q), last_offset(store, t, q))
         for t in store.list_topics()
         for q in store.list_queues(t)
     ]

@@ -11,7 +11,7 @@ from cq_svc.config import CqConfig, StoreKind
 from cq_svc.engine import CqEngine
 from mqstore.errors import StoreLocked, Unavailable
 from mqstore.storage.simdisk import SimDisk
-from tests.cq.support import entries
+from tests.cq.support import apply, entries
 
 
 @pytest.fixture(params=[StoreKind.FILE, StoreKind.ROCKSDB], ids=["file", "rocksdb"])
@@ -30,7 +30,7 @@ def test_a_different_store_id_drops_everything_and_rebuilds_from_the_minimum(
 ) -> None:
     engine = make(tmp_path, kind)
     engine.handshake(b"A" * 16, 0, 0)
-    engine.apply(entries(30))
+    apply(engine, entries(30))
     engine.store.flush()
     action = engine.handshake(b"B" * 16, 500, 9000)
     assert action.action.startswith("rebuild")
@@ -42,7 +42,7 @@ def test_a_different_store_id_drops_everything_and_rebuilds_from_the_minimum(
 def test_a_log_that_lost_its_tail_truncates_the_queues(tmp_path: Path, kind: StoreKind) -> None:
     engine = make(tmp_path, kind)
     engine.handshake(b"A" * 16, 0, 0)
-    engine.apply(entries(30))
+    apply(engine, entries(30))
     assert engine.store.flush() == 3000
     engine.close()
     engine = make(tmp_path, kind)
@@ -51,7 +51,7 @@ def test_a_log_that_lost_its_tail_truncates_the_queues(tmp_path: Path, kind: Sto
     assert action.resume_from == 2000
     assert engine.store.max_offset("T", 0) == 20
     assert engine.store.confirmed_offset == 2000
-    engine.apply(entries(15, start=20, phy_base=0))
+    apply(engine, entries(15, start=20, phy_base=0))
     assert engine.store.max_offset("T", 0) == 35
     engine.close()
 
@@ -59,7 +59,7 @@ def test_a_log_that_lost_its_tail_truncates_the_queues(tmp_path: Path, kind: Sto
 def test_a_log_whose_segments_expired_corrects_the_minimum(tmp_path: Path, kind: StoreKind) -> None:
     engine = make(tmp_path, kind)
     engine.handshake(b"A" * 16, 0, 0)
-    engine.apply(entries(30))
+    apply(engine, entries(30))
     engine.store.flush()
     action = engine.handshake(b"A" * 16, 5000, 9000)
     assert action.action == "correct_min"
@@ -71,7 +71,7 @@ def test_a_log_whose_segments_expired_corrects_the_minimum(tmp_path: Path, kind:
 def test_the_flush_thread_advances_the_confirmed_offset(tmp_path: Path, kind: StoreKind) -> None:
     engine = CqEngine(CqConfig.for_tests(str(tmp_path / "cq"), cq_store=kind))
     engine.open()
-    engine.apply(entries(10))
+    apply(engine, entries(10))
     deadline = time.monotonic() + 10
     while engine.store.confirmed_offset < 1000 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -87,9 +87,9 @@ def test_a_reconnect_truncates_entries_applied_past_a_lost_tail_even_when_not_ye
     # process restarting: confirmed 1000 <= max 2000 < applied 3000.
     engine = make(tmp_path, kind)
     engine.handshake(b"A" * 16, 0, 0)
-    engine.apply(entries(10))
+    apply(engine, entries(10))
     assert engine.store.flush() == 1000
-    engine.apply(entries(20, start=10))
+    apply(engine, entries(20, start=10))
     assert engine.store.applied_offset == 3000
     action = engine.handshake(b"A" * 16, 0, 2000)
     assert action.action == "truncate"
@@ -97,7 +97,7 @@ def test_a_reconnect_truncates_entries_applied_past_a_lost_tail_even_when_not_ye
     assert engine.store.applied_offset == 2000
     # The log reassigns queue offsets 20.. to new records; they must be applied, not skipped
     # as "built repeatedly" over units that point into the lost tail.
-    engine.apply(entries(5, start=20, phy_base=5000 - 2000))
+    apply(engine, entries(5, start=20, phy_base=5000 - 2000))
     units = engine.store.read_units("T", 0, 20, 5)
     assert [u.commit_log_offset for u in units] == [5000 + 100 * i for i in range(5)]
     engine.close()
@@ -108,7 +108,7 @@ def test_a_store_behind_a_wholly_expired_idle_log_counts_as_caught_up(
 ) -> None:
     engine = make(tmp_path, kind)
     engine.handshake(b"A" * 16, 0, 0)
-    engine.apply(entries(10))
+    apply(engine, entries(10))
     engine.store.flush()
     engine.handshake(b"A" * 16, 7000, 7000)  # every segment expired, nothing new appended
     assert engine.store.applied_offset == 7000
@@ -146,13 +146,13 @@ def test_a_failed_flush_makes_the_engine_unhealthy_refuses_writes_and_keeps_the_
     engine.open()
     assert engine.healthy
     disk.inject("flush", times=1_000)
-    engine.apply(entries(10))
+    apply(engine, entries(10))
     deadline = time.monotonic() + 10
     while engine.healthy and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not engine.healthy
     with pytest.raises(Unavailable):
-        engine.apply(entries(5, start=10))
+        apply(engine, entries(5, start=10))
     confirmed = engine.store.confirmed_offset
     disk.clear_faults()  # even if a flush would succeed now, close must not retry one
     engine.close()

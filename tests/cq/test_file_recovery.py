@@ -228,7 +228,7 @@ def test_queues_evicted_unflushed_are_made_durable_by_the_next_full_flush() -> N
     store.open()
     for q in range(6):  # each queue: 2 unit + 2 time files; the LRU keeps one queue open
         put_entries(store, entries(60, queue_id=q, phy_base=q * 100_000))
-    assert store.open_map_count <= 4
+    assert store._open_maps <= 4
     store.flush()
     disk.crash(random.Random(3), "drop")
     store = open_store(disk)

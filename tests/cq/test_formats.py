@@ -22,7 +22,8 @@ from mqstore.formats.cq_time import (
     encode_time,
     search_offset_by_time,
 )
-from mqstore.formats.cq_unit import BLANK_UNIT, UNIT, count_valid, encode_units
+from mqstore.formats.cq_unit import BLANK_UNIT, UNIT, count_valid
+from tests.cq.support import encode_units
 
 
 def test_a_unit_is_rocketmqs_20_big_endian_bytes() -> None:

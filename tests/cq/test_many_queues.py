@@ -29,7 +29,7 @@ def test_queues_far_past_the_lru_bound_hold_at_most_that_many_maps(tmp_path: Pat
     batch.sort(key=lambda e: e.commit_log_offset)
     for i in range(0, len(batch), 500):
         put_entries(store, batch[i : i + 500])
-        assert store.open_map_count <= OPEN_MAPS_MAX
+        assert store._open_maps <= OPEN_MAPS_MAX
     # Each map keeps a descriptor; a little slack for the checkpoint's transient opens.
     assert open_fds() - before <= OPEN_MAPS_MAX + 8
     for q in range(0, QUEUES, 23):  # reading evicted queues reopens them, within the bound
@@ -39,13 +39,13 @@ def test_queues_far_past_the_lru_bound_hold_at_most_that_many_maps(tmp_path: Pat
             q * 1000 + 100,
             q * 1000 + 200,
         ]
-        assert store.open_map_count <= OPEN_MAPS_MAX
+        assert store._open_maps <= OPEN_MAPS_MAX
     store.close()
     assert open_fds() - before <= 2
     reopened = FileCqStore(config)
     report = reopened.open()
     assert report.queues == QUEUES
-    assert reopened.open_map_count <= OPEN_MAPS_MAX
+    assert reopened._open_maps <= OPEN_MAPS_MAX
     assert open_fds() - before <= OPEN_MAPS_MAX + 8
     last = QUEUES - 1
     assert reopened.max_offset(f"t{last % 7}", last) == 3

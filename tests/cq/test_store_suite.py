@@ -7,12 +7,12 @@ from collections.abc import Callable
 import pytest
 
 from cq_svc.config import StoreKind
-from cq_svc.store import PullStatus, put_entries
+from cq_svc.store import PullResult, PullStatus, put_entries
 from mqstore.dispatch import DispatchEntry
 from mqstore.errors import InvalidArgument
 from mqstore.formats import sysflag
 from mqstore.formats.cq_time import Boundary
-from tests.cq.support import StoreHarness, entries, phys
+from tests.cq.support import StoreHarness, entries, last_offset, phys
 
 
 def test_rebuild_repeatedly_changes_nothing(harness: StoreHarness) -> None:
@@ -87,7 +87,7 @@ def test_truncate_dirty_drops_units_at_or_beyond_the_offset_and_replay_restores_
     original = store.read_units("T", 0, 0, 120)
     assert store.truncate_dirty(5000) == 70
     assert store.max_offset("T", 0) == 50
-    assert store.get_last_offset("T", 0) == 5000
+    assert last_offset(store, "T", 0) == 5000
     assert store.truncate_dirty(5000) == 0
     assert put_entries(store, batch) == 70
     assert store.read_units("T", 0, 0, 120) == original
@@ -102,7 +102,7 @@ def test_truncate_inside_a_file_and_to_empty(harness: StoreHarness) -> None:
     assert store.max_offset("T", 0) == 13
     assert store.truncate_dirty(0) == 13
     assert store.max_offset("T", 0) == 0
-    assert store.get_last_offset("T", 0) == -1
+    assert last_offset(store, "T", 0) == -1
     put_entries(store, entries(30, phy_base=1000))
     assert store.max_offset("T", 0) == 30
 
@@ -127,15 +127,15 @@ def test_a_queue_wholly_below_the_log_minimum_is_empty_at_its_max(harness: Store
     put_entries(store, entries(20))
     store.correct_min_offset(10_000)
     assert store.min_offset("T", 0) == store.max_offset("T", 0) == 20
-    assert store.get_last_offset("T", 0) == -1
+    assert last_offset(store, "T", 0) == -1
     assert store.pull("T", 0, 20, 32, 1 << 20).status is PullStatus.OFFSET_OVERFLOW_ONE
 
 
-def test_get_last_offset_is_the_end_of_the_newest_record(harness: StoreHarness) -> None:
+def test_last_offset_is_the_end_of_the_newest_record(harness: StoreHarness) -> None:
     store = harness.store
-    assert store.get_last_offset("T", 0) == -1
+    assert last_offset(store, "T", 0) == -1
     put_entries(store, entries(7, size=33))
-    assert store.get_last_offset("T", 0) == 600 + 33
+    assert last_offset(store, "T", 0) == 600 + 33
 
 
 @pytest.mark.parametrize(
@@ -168,13 +168,13 @@ def test_pull_returns_what_to_fetch_limited_by_count_and_bytes(harness: StoreHar
     store = harness.store
     put_entries(store, entries(40, size=100))
     by_count = store.pull("T", 0, 0, 4, 1 << 20)
-    assert by_count.fetch == [(0, 100), (100, 100), (200, 100), (300, 100)]
+    assert _fetched(by_count) == [(0, 100), (100, 100), (200, 100), (300, 100)]
     assert by_count.next_begin_offset == 4
     by_bytes = store.pull("T", 0, 0, 32, 250)
-    assert by_bytes.fetch == [(0, 100), (100, 100)]
+    assert _fetched(by_bytes) == [(0, 100), (100, 100)]
     assert by_bytes.next_begin_offset == 2
     tiny = store.pull("T", 0, 0, 32, 1)  # maxPullSize is at least 100 bytes
-    assert tiny.fetch == [(0, 100)]
+    assert _fetched(tiny) == [(0, 100)]
 
 
 def test_pull_filters_by_tags_code_and_skips_misses(harness: StoreHarness) -> None:
@@ -317,3 +317,8 @@ def test_offset_by_time_ignores_units_below_the_minimum(harness: StoreHarness) -
 
 def test_rocksdb_and_file_stores_are_both_exercised(harness: StoreHarness) -> None:
     assert harness.kind in (StoreKind.FILE, StoreKind.ROCKSDB)
+
+
+def _fetched(result: PullResult) -> list[tuple[int, int]]:
+    """(commit-log offset, size) of each unit a pull takes: what its Read asks for."""
+    return [(u.commit_log_offset, u.size) for u in result.units]

@@ -198,7 +198,8 @@ def has_store(cq: Cq, store_id: bytes) -> bool:
 
 def at_tail(cq: Cq) -> bool:
     """A consumer waits at a queue's end of `cq` (a pull or Follow long-polling there)."""
-    return cq.service.sources.waiting_at_tail >= 1
+    tail = cq.service.sources.tail
+    return tail is not None and tail.waiting >= 1
 
 
 Started = TypeVar("Started", Cq, ServiceProcess)

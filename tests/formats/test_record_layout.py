@@ -201,19 +201,18 @@ def test_fields_sit_at_the_offsets_the_reference_names() -> None:
 
 def test_record_pys_header_definition_reads_the_hand_built_golden_record() -> None:
     """The one header definition (record.py's top) names the fields where the reference puts
-    them: the prefix struct, its column names, the positions, the header sizes."""
+    them: the prefix struct (TOTALSIZE .. SYSFLAG), the positions, the header sizes."""
     g = GOLDEN_V4_V1
-    head = dict(zip(record.RECORD_PREFIX_NAMES, record.RECORD_PREFIX.unpack_from(g), strict=True))
-    assert head == {
-        "total": 158,
-        "magic": MAGIC_V1,
-        "body_crc": zlib.crc32(BODY) & 0x7FFFFFFF,
-        "queue_id": QUEUE_ID,
-        "flag": FLAG,
-        "queue_offset": QUEUE_OFFSET,
-        "physical_offset": PHYSICAL_OFFSET,
-        "sys_flag": 0,
-    }
+    assert record.RECORD_PREFIX.unpack_from(g) == (
+        158,
+        MAGIC_V1,
+        zlib.crc32(BODY) & 0x7FFFFFFF,
+        QUEUE_ID,
+        FLAG,
+        QUEUE_OFFSET,
+        PHYSICAL_OFFSET,
+        0,
+    )
     assert record.RECORD_PREFIX_BYTES == 40 == record.SYSFLAG_POS + 4
     assert record.SIZE_MAGIC.unpack_from(g) == (158, MAGIC_V1)
     for pos, fmt, want in [
