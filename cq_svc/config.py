@@ -26,7 +26,8 @@ class CqConfig:
     # 300,000 units a file (mappedFileSizeConsumeQueue); rounded up to a multiple of 20.
     units_per_file: int = 300_000
     # Each open mapped file holds a file descriptor (Python's mmap keeps a dup of it), so open
-    # maps are bounded: 1,024 maps is a quarter of a typical 4,096 soft fd limit.
+    # maps are bounded: 1,024 maps is a quarter of a typical 4,096 fd limit. The service
+    # derives it from its own limit (settings.open_maps_for_fd_limit).
     open_maps_max: int = 1024
     # flushIntervalConsumeQueue, flushConsumeQueueLeastPages, flushConsumeQueueThoroughInterval
     flush_interval_ms: int = 1_000

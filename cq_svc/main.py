@@ -29,7 +29,7 @@ from cq_svc.engine import CqEngine
 from cq_svc.local_reads import LocalReads
 from cq_svc.record_sources import RecordSources
 from cq_svc.servicer import CqServicer
-from cq_svc.settings import CqSettings
+from cq_svc.settings import CqSettings, raise_open_files_limit
 from cq_svc.sink import EngineSink, HeadProbe
 from cq_svc.tail_records import TailRecords
 from cq_svc.watch import QueueWatch
@@ -178,7 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(settings.log_level, settings.log_format, service="cq_svc")
     # Before anything is created: every file of the store is born private (data_mode.py).
     data_mode.apply(settings.data_dir, settings.data_mode)
+    before, after = raise_open_files_limit()  # before open_maps_max is derived from it
     service = CqService(settings)
+    log.info(
+        "open files limit %d -> %d; %d consume-queue files mapped at most",
+        before,
+        after,
+        service.engine.config.open_maps_max,
+    )
     service.host.install_reload_signal()  # SIGHUP during recovery must not end the process
     service.start()
     service.host.install_signal_handlers()

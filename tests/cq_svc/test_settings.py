@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import resource
+import subprocess
+import sys
+
 import pytest
 from pydantic import ValidationError
 
 from cq_svc.config import AckFlush, StoreKind
-from cq_svc.settings import CqSettings
+from cq_svc.settings import (
+    OPEN_MAPS_AUTO_MAX,
+    OPEN_MAPS_AUTO_MIN,
+    CqSettings,
+    open_maps_for_fd_limit,
+)
 from mqstore.ports import DEFAULT_PORTS
 
 
@@ -54,3 +63,39 @@ def test_flags_and_environment_reach_the_engine_config(monkeypatch: pytest.Monke
 def test_settings_that_cannot_work_are_refused(flags: list[str], field: str) -> None:
     with pytest.raises(ValidationError, match=field):
         CqSettings.load(flags)
+
+
+_LIMITS_PROBE = """
+import resource
+from cq_svc.settings import CqSettings, raise_open_files_limit
+print(*raise_open_files_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+      CqSettings.load(["--data-dir", "/x"]).engine_config().open_maps_max,
+      CqSettings.load(["--open-maps-max", "100"]).engine_config().open_maps_max)
+"""
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "maps"), [(256, 4096, 1024), (64, 128, OPEN_MAPS_AUTO_MIN), (4096, 4096, 1024)]
+)
+def test_the_service_raises_its_open_files_limit_and_maps_a_quarter_of_it(
+    soft: int, hard: int, maps: int
+) -> None:
+    """In a process started with a low soft limit, as a shell's `ulimit -n` leaves it: the
+    soft limit goes up to the hard one, and unset open_maps_max follows it; set, it is kept."""
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITS_PROBE],
+        preexec_fn=limited,
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert done.stdout.split() == [str(v) for v in (soft, hard, hard, maps, 100)]
+
+
+def test_open_maps_follow_the_limit_up_to_a_cap() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max(OPEN_MAPS_AUTO_MIN, min(OPEN_MAPS_AUTO_MAX, soft // 4))
+    assert open_maps_for_fd_limit() == want
+    assert OPEN_MAPS_AUTO_MAX * 2 < 65_530  # vm.max_map_count's default, with room to spare
