@@ -27,8 +27,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.start_commitlog()
         c.add("cq_svc", "cq")
         c.add("index_svc", "index")
-        c.start("cq")
-        c.start("index")
+        c.start_many("cq", "index")
         yield c
     finally:
         c.stop_all()
