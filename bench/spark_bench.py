@@ -134,7 +134,9 @@ def baseline_rows_per_s(directory: str) -> tuple[int, float]:
     return count, count / (time.perf_counter() - t0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
+    """The figures of the module docstring. `spark`: a running session to use (and leave
+    running) instead of one of its own: the smoke test's, whose JVM the Spark tests share."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--messages", type=int, default=200_000)
     p.add_argument("--body-bytes", type=int, default=100)
@@ -151,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         assert n == messages, (n, messages)
         n, base = baseline_rows_per_s(log_dir)
         assert n == messages, (n, messages)
-        spark = common.session("mqstore-spark-bench", args.master)
-        spark.sparkContext.setLogLevel("ERROR")
+        own_session = spark is None
+        if own_session:
+            spark = common.session("mqstore-spark-bench", args.master)
+            spark.sparkContext.setLogLevel("ERROR")
         try:
             df = spark.read.format("mqstore-log").load(log_dir)
             df.limit(1).collect()  # warm-up: starts the Python workers
@@ -175,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 assert found.ok and found.records == messages, audit.summary(found)
             parallelism = spark.sparkContext.defaultParallelism
         finally:
-            spark.stop()
+            if own_session:
+                spark.stop()
         read_rate, export_rate = messages / read_s, messages / export_s
         print(f"log: {messages} records, {written / 2**20:.1f} MiB, body {args.body_bytes} B")
         print(f"plain Python chunked read: {chunked:,.0f} rows/s")

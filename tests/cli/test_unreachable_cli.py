@@ -16,7 +16,14 @@ from pathlib import Path
 
 from mqstore.cli.options import EXIT_ERROR, EXIT_UNREACHABLE, EXIT_USAGE
 from mqstore.testing.cluster import Cluster
-from tests.client.reach import Secrets, free_address, plain, secrets, secure
+from tests.client.reach import (
+    MISMATCH_CONNECT_TIMEOUT_S,
+    Secrets,
+    free_address,
+    plain,
+    secrets,
+    secure,
+)
 from tests.environ import environ_without
 
 __all__ = ["plain", "secrets", "secure"]  # fixtures, used by name
@@ -47,6 +54,11 @@ def mqstore(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     return done, time.monotonic() - started
 
 
+# The TLS mismatches' cause is the point; the default deadline is waited out by the test with
+# nothing listening (tests/client/reach.py).
+MISMATCH = ("--connect-timeout", str(MISMATCH_CONNECT_TIMEOUT_S))
+
+
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
     """stderr is exactly one line, "error: ..." (no traceback, no gRPC log, no warning)."""
     lines = done.stderr.splitlines()
@@ -70,7 +82,7 @@ def test_produce_and_consume_with_nothing_listening_exit_3_within_seconds() -> N
 
 def test_a_plaintext_command_at_a_tls_store_is_told_to_use_tls(secure: Cluster) -> None:
     address = secure.commitlog.target
-    done, took_s = mqstore("--commitlog", address, "produce", "demo", "hello")
+    done, took_s = mqstore(*MISMATCH, "--commitlog", address, "produce", "demo", "hello")
     assert done.returncode == EXIT_UNREACHABLE, done.stderr
     line = one_error_line(done)
     assert address in line and "expects TLS" in line and "--tls-ca" in line, line
@@ -83,7 +95,7 @@ def test_a_tls_command_at_a_plaintext_store_is_told_it_answers_in_plaintext(
 ) -> None:
     address = plain.commitlog.target
     done, took_s = mqstore(
-        "--commitlog", address, "--tls-ca", str(secrets.ca), "produce", "demo", "hello"
+        *MISMATCH, "--commitlog", address, "--tls-ca", str(secrets.ca), "produce", "demo", "hello"
     )
     assert done.returncode == EXIT_UNREACHABLE, done.stderr
     line = one_error_line(done)  # and none of gRPC's "Handshake failed" log lines
@@ -96,7 +108,7 @@ def test_mtls_without_a_client_certificate_is_told_to_give_one(
 ) -> None:
     address = secure.commitlog.target
     done, took_s = mqstore(
-        "--commitlog", address, "--tls-ca", str(secrets.ca), "--token-file",
+        *MISMATCH, "--commitlog", address, "--tls-ca", str(secrets.ca), "--token-file",
         str(secrets.token_file), "produce", "demo", "hello",
     )  # fmt: skip
     assert done.returncode == EXIT_UNREACHABLE, done.stderr

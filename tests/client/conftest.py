@@ -1,8 +1,11 @@
 """A real store for the SDK tests: commitlog_svc, one cq_svc and one index_svc as processes on
-loopback (ephemeral ports, a temp data directory), shared by the tests of a module.
+loopback (ephemeral ports, a temp data directory), shared by every test of the run (of a
+pytest-xdist worker) that takes `cluster`.
 
-Tests that restart a service take `fresh_cluster` (their own store) so they cannot disturb the
-others. Topics are unique per test (`topic` fixture), so tests sharing a store stay apart.
+Tests that restart a service, or damage its files, take `fresh_cluster` or a store of their
+own so they cannot disturb the others. Topics are unique per test (`topic` fixture), so tests
+sharing a store stay apart. One store for the run, not one per module: a store's start and
+stop cost 3-7 s on a loaded 2-core machine, and a dozen modules share it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def settings_for(c: Cluster, **overrides: object) -> ClientSettings:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = start_cluster(tmp_path_factory.mktemp("store"))
     try:

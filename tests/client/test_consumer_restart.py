@@ -176,8 +176,7 @@ def expiring_cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.start_commitlog()
         c.add("cq_svc", "cq")
         c.add("index_svc", "index", *INDEX_ARGS)
-        c.start("cq")
-        c.start("index")
+        c.start_many("cq", "index")
         yield c
     finally:
         c.stop_all()

@@ -27,7 +27,15 @@ from mqstore.client.errors import (
 )
 from mqstore.client.settings import CONNECT_TIMEOUT_S_DEFAULT, TlsSettings
 from mqstore.testing.cluster import Cluster
-from tests.client.reach import Secrets, free_address, plain, secrets, secure, start_commitlog
+from tests.client.reach import (
+    MISMATCH_CONNECT_TIMEOUT_S,
+    Secrets,
+    free_address,
+    plain,
+    secrets,
+    secure,
+    start_commitlog,
+)
 
 __all__ = ["plain", "secrets", "secure"]  # fixtures, used by name
 
@@ -78,7 +86,11 @@ def test_the_connect_deadline_is_a_setting_and_an_environment_variable() -> None
 
 
 def test_a_plaintext_client_at_a_tls_port_is_told_the_store_expects_tls(secure: Cluster) -> None:
-    err, took_s = send_fails(ClientSettings(commitlog=secure.commitlog.target))
+    err, took_s = send_fails(
+        ClientSettings(
+            commitlog=secure.commitlog.target, connect_timeout_s=MISMATCH_CONNECT_TIMEOUT_S
+        )
+    )
     assert isinstance(err, StoreUnreachable), repr(err)
     assert err.cause == CAUSE_TLS_EXPECTED and secure.commitlog.target in str(err)
     assert "expects TLS" in str(err) and "MQSTORE_TLS_CA" in str(err)
@@ -88,7 +100,11 @@ def test_a_plaintext_client_at_a_tls_port_is_told_the_store_expects_tls(secure: 
 def test_a_tls_client_at_a_plaintext_port_is_told_the_store_answers_in_plaintext(
     plain: Cluster, secrets: Secrets
 ) -> None:
-    settings = ClientSettings(commitlog=plain.commitlog.target, tls=secrets.tls())
+    settings = ClientSettings(
+        commitlog=plain.commitlog.target,
+        tls=secrets.tls(),
+        connect_timeout_s=MISMATCH_CONNECT_TIMEOUT_S,
+    )
     err, took_s = send_fails(settings)
     assert isinstance(err, StoreUnreachable), repr(err)
     assert err.cause == CAUSE_PLAINTEXT_SERVER and plain.commitlog.target in str(err)
@@ -103,6 +119,7 @@ def test_a_tls_client_without_a_certificate_is_told_the_store_requires_one(
         commitlog=secure.commitlog.target,
         tls=secrets.tls(client_cert=False),
         token_file=str(secrets.token_file),
+        connect_timeout_s=MISMATCH_CONNECT_TIMEOUT_S,
     )
     err, took_s = send_fails(settings)
     assert isinstance(err, StoreUnreachable), repr(err)

@@ -11,7 +11,9 @@ A plan is a list of steps, in the document's order, each run by bash in the sess
 directory (the repository's files, linked, and a fresh ./data):
 
     run       wait for it to end (STEP_TIMEOUT_S at most); record its status and output
-    follow    it reads until Ctrl-C: run it FOLLOW_S, then SIGINT, then record as `run`
+    follow    it reads until Ctrl-C: once it has printed and then been quiet FOLLOW_QUIET_S
+              (caught up, waiting for more), or after FOLLOW_S at most, SIGINT; then record
+              as `run`
     serve     it serves until stopped (`make run`, `mqstore up`, a service or etcd by hand):
               start it in the background as in a shell of its own, then wait until it is
               ready; a new store (`make run`, `mqstore up`) stops everything started before,
@@ -30,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -38,6 +41,11 @@ STEP_TIMEOUT_S = 240.0
 # Long enough for the command to start and reach its first wait on a loaded machine (Ctrl-C
 # before its handler is set would end it by the signal).
 FOLLOW_S = 10.0
+# A follower that printed what there was and then nothing for this long is waiting for more:
+# its handler is set (it printed) and what it was asked to read is read. A pause mid-read
+# under load only ends it sooner, as an early Ctrl-C would: it must still exit 0.
+FOLLOW_QUIET_S = 1.5
+FOLLOW_POLL_S = 0.1
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 OUTPUT_KEPT_CHARS = 4000
@@ -77,21 +85,48 @@ class Session:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        if kind == "follow":
+            return self._follow(step, proc, started)
         try:
-            if kind == "follow":
-                try:
-                    out, _ = proc.communicate(timeout=FOLLOW_S)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group
-                    out, _ = proc.communicate(timeout=STEP_TIMEOUT_S)
-            else:
-                out, _ = proc.communicate(timeout=STEP_TIMEOUT_S)
+            out, _ = proc.communicate(timeout=STEP_TIMEOUT_S)
             status: int | None = proc.returncode
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
             status = None
         return self._result(step, status, out.decode(errors="replace"), started)
+
+    def _follow(self, step: dict[str, Any], proc: subprocess.Popen[bytes], t0: float) -> Result:
+        """Ctrl-C once it has printed and gone quiet (FOLLOW_QUIET_S) or after FOLLOW_S; its
+        output is read meanwhile by a thread (a pipe left full would stall it)."""
+        assert proc.stdout is not None
+        chunks: list[bytes] = []
+        last_output = [0.0]  # monotonic time of the last chunk; 0: nothing yet
+
+        def drain(fd: int) -> None:
+            for chunk in iter(lambda: os.read(fd, 65536), b""):
+                chunks.append(chunk)
+                last_output[0] = time.monotonic()
+
+        reader = threading.Thread(target=drain, args=(proc.stdout.fileno(),), daemon=True)
+        reader.start()
+        deadline = t0 + FOLLOW_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            if last_output[0] and time.monotonic() - last_output[0] >= FOLLOW_QUIET_S:
+                break
+            time.sleep(FOLLOW_POLL_S)
+        status: int | None
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group
+        try:
+            status = proc.wait(timeout=STEP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            status = None
+        reader.join()
+        proc.stdout.close()
+        return self._result(step, status, b"".join(chunks).decode(errors="replace"), t0)
 
     def _serve(self, step: dict[str, Any], started: float) -> Result:
         command = step["command"]

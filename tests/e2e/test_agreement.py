@@ -67,8 +67,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.start_commitlog()
         c.add("cq_svc", "cq")
         c.add("index_svc", "index")
-        c.start("cq")
-        c.start("index")
+        c.start_many("cq", "index")
         yield c
     finally:
         c.stop_all()
@@ -82,8 +81,7 @@ def _settle(load: Load, count: int = 200) -> None:
 def _assert_agrees_with_a_fresh_replay(cluster: Cluster, acked: list[Sent]) -> None:
     fresh_cq = cluster.add("cq_svc", "cq-fresh")
     fresh_index = cluster.add("index_svc", "index-fresh")
-    cluster.start("cq-fresh")
-    cluster.start("index-fresh")
+    cluster.start_many("cq-fresh", "index-fresh")
     expected_per_queue: dict[tuple[str, int], list[tuple[int, int, bytes]]] = {}
     for s in acked:
         expected_per_queue.setdefault((s.topic, s.queue_id), []).append(

@@ -124,8 +124,7 @@ def _run(cluster: Cluster) -> None:
     # Followers that subscribe now are dispatched every intact record and no damaged one.
     cluster.add("cq_svc", "cq-late")
     cluster.add("index_svc", "index-late", *SMALL_INDEX_ARGS)
-    cluster.start("cq-late")
-    cluster.start("index-late")
+    cluster.start_many("cq-late", "index-late")
     eventually(lambda: _pull_one(cluster, "cq-late", intact[-1])[0] == "ok")
     for i in intact:
         assert _pull_one(cluster, "cq-late", i) == ("ok", raws[i]), i

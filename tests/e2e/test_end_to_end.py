@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,15 +19,15 @@ from .support import CALL_TIMEOUT_S, append, decode, eventually, pull_all
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One store for the module: its tests use topics of their own and restart nothing."""
+    c = Cluster(tmp_path_factory.mktemp("store"))
     try:
         c.start_commitlog()
         c.add("cq_svc", "cq")
         c.add("index_svc", "index")
-        c.start("cq")
-        c.start("index")
+        c.start_many("cq", "index")
         yield c
     finally:
         c.stop_all()
