@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from mqstore.cli.log import segments_dir
+from mqstore.cli.log import log_group, segments_dir
 from mqstore.errors import StoreLocked
 from mqstore.storage import log_repair
 
@@ -68,3 +68,6 @@ def repair(ctx: click.Context, directory: str, yes: bool) -> None:
             f"Repaired: segments moved to {aside}; start commitlog_svc, which ends the log at "
             f"offset {done.end_offset} or before."
         )
+
+
+log_group.add_command(repair)
