@@ -45,7 +45,6 @@ from commitlog_svc.replication.controller import ReplicaController, ReplicationS
 from commitlog_svc.servicer import CommitLogServicer
 from commitlog_svc.settings import CommitLogSettings
 from commitlog_svc.subscribers import SubscriberRegistry
-from mqstore.coordination.etcd import EtcdCoordinator
 from mqstore.errors import CoordinatorUnavailable, MqstoreError
 from mqstore.formats.record import pack_host
 from mqstore.rpc import logs
@@ -167,6 +166,9 @@ class CommitLogService:
 
     def _join_group(self, engine: ReplicaLog) -> ReplicaController:
         """The broker group's coordinator, and agreement on the log's identity with it."""
+        # Only a broker group loads etcd's client (requests and etcd3gw: ~0.2 s of imports).
+        from mqstore.coordination.etcd import EtcdCoordinator  # noqa: PLC0415
+
         s = self.settings
         coordinator = EtcdCoordinator(s.etcd, s.group)
         controller = ReplicaController(
