@@ -20,6 +20,9 @@ cdef enum:
     UTF16_HIGH_SURROGATE_ = 0xD800
     UTF16_LOW_SURROGATE_ = 0xDC00
 
+cdef uint32_t JAVA_HASH_POW2_ = 31 * 31
+cdef uint32_t JAVA_HASH_POW3_ = 31 * 31 * 31
+cdef uint32_t JAVA_HASH_POW4_ = 31 * 31 * 31 * 31
 cdef int64_t INDEX_INT32_MAX_ = 2147483647
 cdef int64_t INDEX_INT32_MIN_ = -2147483648
 
@@ -32,9 +35,20 @@ cdef inline uint32_t _java_hash_more(uint32_t h, object s) noexcept:
     cdef Py_ssize_t i, n = mq_unicode_length(s)
     cdef uint32_t c  # a code point (Cython would treat a Py_UCS4 as a one-character str)
     if kind == 1:
+        # Four units a step: h * 31**4 + (u0 * 31**3 + u1 * 31**2 + u2 * 31 + u3) is the same
+        # value mod 2**32, and the four products do not wait on each other (~37 -> ~15 ns for
+        # a 44-character key).
         latin = <const unsigned char *>data
-        for i in range(n):
+        i = 0
+        while i + 4 <= n:
+            h = h * JAVA_HASH_POW4_ + (
+                latin[i] * JAVA_HASH_POW3_ + latin[i + 1] * JAVA_HASH_POW2_
+                + latin[i + 2] * 31 + latin[i + 3]
+            )
+            i += 4
+        while i < n:
             h = h * 31 + latin[i]
+            i += 1
         return h
     for i in range(n):
         c = mq_unicode_read(kind, data, i)
