@@ -305,3 +305,9 @@ def index_put_keys(
     phys: npt.NDArray[np.int64],
     store_ts_ms: npt.NDArray[np.int64],
 ) -> tuple[int, int]: ...
+def index_rows(
+    offsets: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    sys_flags: npt.NDArray[np.int64],
+    applied: int,
+) -> tuple[bytes, int]: ...

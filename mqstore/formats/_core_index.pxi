@@ -3,6 +3,8 @@
 #                                specification is javahash.index_key_hash, key by key
 #   index_put_keys(...)          a batch of entries and slots written into an index file; its
 #                                specification is index_file.put_keys_reference (numpy)
+#   index_rows(...)              which rows of a dispatch frame the index writes; its
+#                                specification is IndexEngine.apply's walk over entries
 # The tests pin both to their references (tests/formats/test_index_core.py).
 
 cdef extern from "Python.h":
@@ -156,3 +158,34 @@ def index_put_keys(
             if store_ts_ms[i] > latest:
                 latest = store_ts_ms[i]
     return used, latest
+
+
+cdef enum:
+    INDEX_TRANSACTION_ROLLBACK_ = 0xC  # sysflag.TRANSACTION_ROLLBACK_TYPE (under TRANSACTION_MASK)
+
+
+def index_rows(
+    const int64_t[::1] offsets,
+    const int64_t[::1] sizes,
+    const int64_t[::1] sys_flags,
+    int64_t applied,
+):
+    """The rows of a dispatch frame whose keys the index writes, and the applied offset after
+    the frame: IndexEngine.apply's walk over entries, its specification. A row that starts
+    below the applied offset is a replay and is skipped; every other row moves the applied
+    offset to its end, and is written unless it is a rolled-back transaction. Returns (the
+    rows as native int64 bytes, the applied offset)."""
+    cdef Py_ssize_t n = offsets.shape[0], i, taken = 0
+    if sizes.shape[0] != n or sys_flags.shape[0] != n:
+        raise ValueError("index rows: columns of different lengths")
+    cdef bytes rows = PyBytes_FromStringAndSize(NULL, n * 8)
+    cdef int64_t *w = <int64_t *>PyBytes_AS_STRING(rows)
+    with nogil:
+        for i in range(n):
+            if offsets[i] < applied:
+                continue
+            applied = offsets[i] + sizes[i]
+            if sys_flags[i] & TRANSACTION_MASK != INDEX_TRANSACTION_ROLLBACK_:
+                w[taken] = i
+                taken += 1
+    return rows[: taken * 8], applied

@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mqstore.formats import _core, keyhash, sysflag
 from mqstore.formats import index_file as fmt
-from mqstore.formats import keyhash
 from mqstore.formats.javahash import index_key_hash
 
 INT32_MAX = (1 << 31) - 1
@@ -102,3 +102,39 @@ def test_compiled_index_hashes_are_index_key_hash_of_prefix_and_key(
 def test_the_hash_of_integer_min_value_is_zero() -> None:
     # "polygenelubricants".hashCode() is Integer.MIN_VALUE, whose abs RocketMQ maps to 0.
     assert keyhash.index_hashes_prefixed("polygene", ["lubricants"]).tolist() == [0]
+
+
+def _rows_walk(
+    offsets: list[int], sizes: list[int], flags: list[int], applied: int
+) -> tuple[list[int], int]:
+    """IndexEngine.apply's walk over a frame's entries: replays skipped, rolled-back
+    transactions taken (they move the applied offset) but not written."""
+    rows = []
+    for i, (offset, size, flag) in enumerate(zip(offsets, sizes, flags, strict=True)):
+        if offset < applied:
+            continue
+        applied = offset + size
+        if flag & sysflag.TRANSACTION_MASK != sysflag.TRANSACTION_ROLLBACK_TYPE:
+            rows.append(i)
+    return rows, applied
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 500), st.integers(0, 60), st.sampled_from([0, 4, 8, 0xC, 0x3])),
+        max_size=30,
+    ),
+    st.integers(0, 300),
+)
+def test_compiled_index_rows_are_the_rows_apply_walks(
+    rows: list[tuple[int, int, int]], applied: int
+) -> None:
+    """Frames in and out of commit-log order (replays after a reconnect, overlaps) and every
+    transaction kind."""
+    offsets, sizes, flags = ([r[k] for r in rows] for k in range(3))
+    o, z, f = (np.array(c, dtype=np.int64) for c in (offsets, sizes, flags))
+    taken, got_applied = _core.index_rows(o, z, f, applied)
+    assert (np.frombuffer(taken, dtype=np.int64).tolist(), got_applied) == _rows_walk(
+        offsets, sizes, flags, applied
+    )
