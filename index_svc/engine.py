@@ -49,8 +49,8 @@ from mqstore.errors import (
     Unavailable,
     check,
 )
+from mqstore.formats import _core, keyhash, sysflag
 from mqstore.formats import index_file as fmt
-from mqstore.formats import keyhash, sysflag
 from mqstore.formats.index_checkpoint import (
     FILE_HEAD_CRC,
     NO_STORE_ID,
@@ -87,26 +87,6 @@ class _Keys:
     keys: list[str]
     phys: list[int]
     store_ts_ms: list[int]
-
-
-def _taken_rows(phys: Column, ends: Column, applied: int) -> tuple[Column, int]:
-    """The rows apply() takes, and the applied offset after them. apply() skips an entry that
-    starts below the applied offset, which each entry taken moves to its end: after the
-    skipped prefix, a frame in commit-log order (each entry starting at or after the previous
-    one's end) is taken whole; any other frame is walked row by row."""
-    n = len(phys)
-    fresh = phys >= applied
-    if not fresh.any():
-        return np.zeros(0, dtype=np.int64), applied
-    k = int(np.argmax(fresh))
-    if n - k == 1 or bool((phys[k + 1 :] >= ends[k:-1]).all()):
-        return np.arange(k, n, dtype=np.int64), int(ends[-1])
-    taken = []
-    for i, (offset, end) in enumerate(zip(phys.tolist(), ends.tolist(), strict=True)):
-        if offset >= applied:
-            taken.append(i)
-            applied = end
-    return np.array(taken, dtype=np.int64), applied
 
 
 class IndexEngine:
@@ -309,16 +289,16 @@ class IndexEngine:
 
     def apply_columns(self, columns: DispatchColumns) -> int:
         """apply() of a frame as columns: the same keys in the same order, so the same files
-        and checkpoints. Which rows are taken is decided on the columns; the keys of a frame
-        without KEYS tokens (unique ids only, the usual case) are hashed per topic in bulk;
-        a frame with tokens builds its key list row by row, as apply() does."""
+        and checkpoints. Which rows are written is decided on the columns in one compiled
+        pass (_core.index_rows: apply()'s walk); the keys of a frame without KEYS tokens
+        (unique ids only, the usual case) are hashed per topic in bulk; a frame with tokens
+        builds its key list row by row, as apply() does."""
         with self._mutex:
             self._check_writable()
-            rows, applied = _taken_rows(
-                columns.commit_log_offsets, columns.end_offsets, self._applied
+            taken, applied = _core.index_rows(
+                columns.commit_log_offsets, columns.sizes, columns.sys_flags, self._applied
             )
-            if len(rows):
-                rows = rows[columns.goes_to_index[rows]]
+            rows = np.frombuffer(taken, dtype=np.int64)
             written = self._put_columns(columns, rows) if len(rows) else 0
             self._applied_to(applied)
             return written

@@ -4,8 +4,8 @@ The byte layouts are in mqstore.formats (index_file, index_hash64). This class d
 through the Disk seam, and keeps the header's in-memory copy and the file's checkpoint record
 (`rec`) current. It is not thread-safe: the engine serialises every call.
 
-Batch put. A dispatch batch's keys are written with a few numpy operations, not a Python step
-per key (mqstore.formats.index_file.put_keys, shared with the Spark rebuild job). The bytes are
+Batch put. A dispatch batch's keys are written in one compiled call, not a Python step per key
+(mqstore.formats.index_file.put_keys, shared with the Spark rebuild job). The bytes are
 exactly those of RocketMQ's putKey called once per key in the same order.
 
 Cut. `cut(k)` keeps entries 1 .. k-1 and makes the file what a writer that stopped there would

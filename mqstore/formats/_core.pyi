@@ -1,5 +1,6 @@
 """Types of the compiled record core (mqstore/formats/_core.pyx)."""
 
+import mmap
 from array import array
 from collections.abc import Iterable
 from typing import Any, Final, Protocol, TypeVar, overload
@@ -292,3 +293,21 @@ def read_append_request(
     int,
 ]: ...
 def widest_bytes(items: list[Any]) -> int: ...
+
+# _core_index.pxi
+def index_hashes(prefix: str, keys: list[str]) -> bytes: ...
+def index_put_keys(
+    buf: bytearray | memoryview | mmap.mmap,
+    slot_num: int,
+    count: int,
+    begin_ts_ms: int,
+    key_hashes: npt.NDArray[np.int64],
+    phys: npt.NDArray[np.int64],
+    store_ts_ms: npt.NDArray[np.int64],
+) -> tuple[int, int]: ...
+def index_rows(
+    offsets: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    sys_flags: npt.NDArray[np.int64],
+    applied: int,
+) -> tuple[bytes, int]: ...

@@ -1,0 +1,191 @@
+# The index service's per-key work for a dispatch batch, in one pass each: included by _core.pyx.
+#   index_hashes(prefix, keys)   RocketMQ's index hash of prefix + key for every key; its
+#                                specification is javahash.index_key_hash, key by key
+#   index_put_keys(...)          a batch of entries and slots written into an index file; its
+#                                specification is index_file.put_keys_reference (numpy)
+#   index_rows(...)              which rows of a dispatch frame the index writes; its
+#                                specification is IndexEngine.apply's walk over entries
+# The tests pin both to their references (tests/formats/test_index_core.py).
+
+cdef extern from "Python.h":
+    # Named apart from _core_ids.pxi's PyUnicode_DATA declaration, which takes the same name.
+    int mq_unicode_kind "PyUnicode_KIND"(object o)
+    void *mq_unicode_data "PyUnicode_DATA"(object o)
+    uint32_t mq_unicode_read "PyUnicode_READ"(int kind, const void *data, Py_ssize_t index)
+    Py_ssize_t mq_unicode_length "PyUnicode_GET_LENGTH"(object o)
+
+cdef enum:
+    INDEX_HEADER_BYTES_ = 40  # formats/index_file.py's HEADER
+    INDEX_SLOT_BYTES_ = 4
+    INDEX_ENTRY_BYTES_ = 20
+    UTF16_SUPPLEMENTARY_ = 0x10000  # code points from here take a surrogate pair
+    UTF16_HIGH_SURROGATE_ = 0xD800
+    UTF16_LOW_SURROGATE_ = 0xDC00
+
+cdef uint32_t JAVA_HASH_POW2_ = 31 * 31
+cdef uint32_t JAVA_HASH_POW3_ = 31 * 31 * 31
+cdef uint32_t JAVA_HASH_POW4_ = 31 * 31 * 31 * 31
+cdef int64_t INDEX_INT32_MAX_ = 2147483647
+cdef int64_t INDEX_INT32_MIN_ = -2147483648
+
+
+cdef inline uint32_t _java_hash_more(uint32_t h, object s) noexcept:
+    """Java's h = 31 * h + unit, continued over the UTF-16 code units of the str `s`."""
+    cdef int kind = mq_unicode_kind(s)
+    cdef const void *data = mq_unicode_data(s)
+    cdef const unsigned char *latin
+    cdef Py_ssize_t i, n = mq_unicode_length(s)
+    cdef uint32_t c  # a code point (Cython would treat a Py_UCS4 as a one-character str)
+    if kind == 1:
+        # Four units a step: h * 31**4 + (u0 * 31**3 + u1 * 31**2 + u2 * 31 + u3) is the same
+        # value mod 2**32, and the four products do not wait on each other (~37 -> ~15 ns for
+        # a 44-character key).
+        latin = <const unsigned char *>data
+        i = 0
+        while i + 4 <= n:
+            h = h * JAVA_HASH_POW4_ + (
+                latin[i] * JAVA_HASH_POW3_ + latin[i + 1] * JAVA_HASH_POW2_
+                + latin[i + 2] * 31 + latin[i + 3]
+            )
+            i += 4
+        while i < n:
+            h = h * 31 + latin[i]
+            i += 1
+        return h
+    for i in range(n):
+        c = mq_unicode_read(kind, data, i)
+        if c >= UTF16_SUPPLEMENTARY_:
+            c -= UTF16_SUPPLEMENTARY_
+            h = h * 31 + (UTF16_HIGH_SURROGATE_ + (c >> 10))
+            h = h * 31 + (UTF16_LOW_SURROGATE_ + (c & 0x3FF))
+        else:
+            h = h * 31 + c
+    return h
+
+
+def index_hashes(str prefix, list keys):
+    """RocketMQ's indexKeyHashMethod of prefix + key for every key, as native int64 bytes:
+    abs(String.hashCode) over UTF-16 code units, Integer.MIN_VALUE -> 0. The prefix's hash
+    state is computed once and each key continues it, so no "topic#key" string is made."""
+    cdef Py_ssize_t i, n = len(keys)
+    cdef uint32_t start = _java_hash_more(0, prefix)
+    cdef int64_t h
+    cdef object key
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, n * 8)
+    cdef int64_t *w = <int64_t *>PyBytes_AS_STRING(out)
+    for i in range(n):
+        key = keys[i]
+        if type(key) is not str:
+            raise TypeError(f"index keys are str, not {type(key).__name__}")
+        h = <int32_t>_java_hash_more(start, key)
+        w[i] = 0 if h == INDEX_INT32_MIN_ else (-h if h < 0 else h)
+    return out
+
+
+cdef inline void _put_be32(unsigned char *p, uint32_t v) noexcept nogil:
+    p[0] = <unsigned char>(v >> 24)
+    p[1] = <unsigned char>(v >> 16)
+    p[2] = <unsigned char>(v >> 8)
+    p[3] = <unsigned char>v
+
+
+cdef inline void _put_be64(unsigned char *p, uint64_t v) noexcept nogil:
+    _put_be32(p, <uint32_t>(v >> 32))
+    _put_be32(p + 4, <uint32_t>v)
+
+
+def index_put_keys(
+    unsigned char[::1] buf,
+    int64_t slot_num,
+    int64_t count,
+    int64_t begin_ts_ms,
+    const int64_t[::1] key_hashes,
+    const int64_t[::1] phys,
+    const int64_t[::1] store_ts_ms,
+):
+    """Entries count, count + 1, ... for the keys (index hashes, commit-log offsets, store
+    times) and their slots, written into the index file in `buf` (header untouched) exactly as
+    index_file.put_keys_reference writes them. Returns (slots newly used, latest store time).
+
+    Two passes. The first clears every slot the batch touches whose value is no entry before
+    the batch (<= 0 or >= count: the reference's "empty"); the second walks the keys in order,
+    RocketMQ's putKey: prev = the slot's value, the slot = this entry's number. A slot the
+    batch already wrote holds a number >= count, so only a first visit can read 0."""
+    cdef Py_ssize_t m = key_hashes.shape[0], i
+    if phys.shape[0] != m or store_ts_ms.shape[0] != m:
+        raise ValueError("index keys: columns of different lengths")
+    if slot_num <= 0 or count < 1:
+        raise ValueError(f"index keys: {slot_num} slots, index count {count}")
+    if INDEX_HEADER_BYTES_ + slot_num * INDEX_SLOT_BYTES_ + (count + m) * INDEX_ENTRY_BYTES_ > buf.shape[0]:
+        raise ValueError(f"index keys: {m} entries from {count} do not fit in {buf.shape[0]} bytes")
+    cdef int64_t latest = -9223372036854775807 - 1
+    if m == 0:
+        return 0, latest
+    cdef unsigned char *slots = &buf[0] + INDEX_HEADER_BYTES_
+    cdef unsigned char *entry = slots + slot_num * INDEX_SLOT_BYTES_ + count * INDEX_ENTRY_BYTES_
+    cdef unsigned char *slot
+    cdef int64_t s, value, diff, tdiff, used = 0
+    with nogil:
+        for i in range(m):
+            s = key_hashes[i] % slot_num
+            if s < 0:
+                s += slot_num
+            slot = slots + s * INDEX_SLOT_BYTES_
+            value = mq_be_i32(slot)
+            if value <= 0 or value >= count:
+                _put_be32(slot, 0)
+        for i in range(m):
+            s = key_hashes[i] % slot_num
+            if s < 0:
+                s += slot_num
+            slot = slots + s * INDEX_SLOT_BYTES_
+            value = mq_be_i32(slot)
+            if value == 0:
+                used += 1
+            tdiff = 0
+            if begin_ts_ms > 0:
+                diff = store_ts_ms[i] - begin_ts_ms
+                if diff > 0:
+                    tdiff = diff // 1000
+                    if tdiff > INDEX_INT32_MAX_:
+                        tdiff = INDEX_INT32_MAX_
+            _put_be32(entry, <uint32_t>key_hashes[i])
+            _put_be64(entry + 4, <uint64_t>phys[i])
+            _put_be32(entry + 12, <uint32_t>tdiff)
+            _put_be32(entry + 16, <uint32_t>value)
+            _put_be32(slot, <uint32_t>(count + i))
+            entry += INDEX_ENTRY_BYTES_
+            if store_ts_ms[i] > latest:
+                latest = store_ts_ms[i]
+    return used, latest
+
+
+cdef enum:
+    INDEX_TRANSACTION_ROLLBACK_ = 0xC  # sysflag.TRANSACTION_ROLLBACK_TYPE (under TRANSACTION_MASK)
+
+
+def index_rows(
+    const int64_t[::1] offsets,
+    const int64_t[::1] sizes,
+    const int64_t[::1] sys_flags,
+    int64_t applied,
+):
+    """The rows of a dispatch frame whose keys the index writes, and the applied offset after
+    the frame: IndexEngine.apply's walk over entries, its specification. A row that starts
+    below the applied offset is a replay and is skipped; every other row moves the applied
+    offset to its end, and is written unless it is a rolled-back transaction. Returns (the
+    rows as native int64 bytes, the applied offset)."""
+    cdef Py_ssize_t n = offsets.shape[0], i, taken = 0
+    if sizes.shape[0] != n or sys_flags.shape[0] != n:
+        raise ValueError("index rows: columns of different lengths")
+    cdef bytes rows = PyBytes_FromStringAndSize(NULL, n * 8)
+    cdef int64_t *w = <int64_t *>PyBytes_AS_STRING(rows)
+    with nogil:
+        for i in range(n):
+            if offsets[i] < applied:
+                continue
+            applied = offsets[i] + sizes[i]
+            if sys_flags[i] & TRANSACTION_MASK != INDEX_TRANSACTION_ROLLBACK_:
+                w[taken] = i
+                taken += 1
+    return rows[: taken * 8], applied
