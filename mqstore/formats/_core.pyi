@@ -29,6 +29,7 @@ DAMAGED_RECORD_CRC: Final[int]
 CRC_FOLDED: Final[bool]
 
 def crc32(data: Buffer, value: int = 0) -> int: ...
+def crc32c(data: Buffer) -> int: ...
 
 # _core_walk.pxi
 

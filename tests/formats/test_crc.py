@@ -6,6 +6,7 @@ from __future__ import annotations
 import mmap
 import zlib
 
+import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -58,3 +59,14 @@ def test_the_compiled_crc_at_every_length_around_its_block_sizes() -> None:
         page[:100] = bytes(range(100))
         assert _core.crc32(page) == crc32(page)
     assert _core.crc32(b"") == 0
+
+
+@given(st.binary(max_size=300), st.integers(0, 16))
+def test_the_cores_crc32c_is_the_crc32c_packages_for_every_length_and_alignment(
+    data: bytes, cut: int
+) -> None:
+    # The time entries' checks (cq_time.py) are cut from it: sliced by 8 in the core, so every
+    # length mod 8 and every start offset is exercised, against the package's bytewise value.
+    assert _core.crc32c(data) == crc32c.crc32c(data)
+    view = memoryview(data)[cut:]
+    assert _core.crc32c(view) == crc32c.crc32c(bytes(view))
