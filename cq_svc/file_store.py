@@ -211,8 +211,9 @@ class FileCqStore(CqStore):
                 columns.store_timestamps_ms,
                 state,
             )
-            rows, bounds = runs.rows.tolist(), runs.bounds.tolist()
-            phys, sizes = columns.commit_log_offsets.tolist(), columns.sizes.tolist()
+            # Only a few ints a run are read here: the columns stay arrays (no list of the frame).
+            rows, bounds = runs.rows, runs.bounds.tolist()
+            phys, sizes = columns.commit_log_offsets, columns.sizes
             unit_view, time_view = memoryview(units), memoryview(times)
             for r, key in enumerate(runs.keys):
                 fq = self._queue(key, create=True)
@@ -220,13 +221,15 @@ class FileCqStore(CqStore):
                 before = fq.map_count
                 lo, hi = bounds[r] + starts[r], bounds[r + 1]
                 if starts[r] < 0:
-                    written += self._apply(fq, [columns[i] for i in rows[bounds[r] : hi]])
+                    picked = rows[bounds[r] : hi].tolist()
+                    written += self._apply(fq, [columns[i] for i in picked])
                 elif lo < hi:
+                    last = rows[hi - 1]
                     fq.append_packed(
                         unit_view[lo * UNIT_BYTES : hi * UNIT_BYTES],
                         time_view[lo * TIME_BYTES : hi * TIME_BYTES],
-                        phys[rows[hi - 1]],
-                        sizes[rows[hi - 1]],
+                        int(phys[last]),
+                        int(sizes[last]),
                         last_times[r],
                     )
                     written += hi - lo
