@@ -472,14 +472,24 @@ cdef struct Column64:
     Py_ssize_t cap
 
 
-cdef int _push(Column64 *c, int64_t v) except -1:
+cdef int _reserve(Column64 *c, Py_ssize_t more) except -1:
+    """Room for `more` values after the column's n (at least doubling, so pushes stay linear)."""
     cdef int64_t *grown
+    cdef Py_ssize_t cap
+    if c.n + more <= c.cap:
+        return 0
+    cap = max(c.n + more, c.cap * 2, 64)
+    grown = <int64_t *>realloc(c.data, cap * sizeof(int64_t))
+    if grown == NULL:
+        raise MemoryError()
+    c.data = grown
+    c.cap = cap
+    return 0
+
+
+cdef inline int _push(Column64 *c, int64_t v) except -1:
     if c.n == c.cap:
-        c.cap = c.cap * 2 if c.cap else 64
-        grown = <int64_t *>realloc(c.data, c.cap * sizeof(int64_t))
-        if grown == NULL:
-            raise MemoryError()
-        c.data = grown
+        _reserve(c, 1)
     c.data[c.n] = v
     c.n += 1
     return 0
@@ -491,6 +501,14 @@ cdef inline const unsigned char *_varint(
     cdef uint64_t v = 0
     cdef unsigned char byte
     cdef int i
+    if end - p >= VARINT_BYTES_MAX:  # the common case: no bounds check a byte
+        for i in range(VARINT_BYTES_MAX):
+            byte = p[i]
+            v |= <uint64_t>(byte & 0x7F) << (7 * i)
+            if not (byte & 0x80):
+                out[0] = v
+                return p + i + 1
+        raise WireError("a varint of more than 10 bytes")
     for i in range(VARINT_BYTES_MAX):
         if p >= end:
             raise WireError("a varint runs past its end")
@@ -571,6 +589,8 @@ cdef class _Batch:
         cdef uint64_t tag, v, length
         cdef uint32_t number
         cdef int wire, col
+        cdef bint int32
+        cdef Column64 *c
         cdef const unsigned char *stop
         while p < end:
             p = _varint(p, end, &tag)
@@ -587,9 +607,19 @@ cdef class _Batch:
                 if length > <uint64_t>(end - p):
                     raise WireError("a length runs past its end")
                 stop = p + length
+                # A packed field of `length` bytes holds at most `length` values: room for all
+                # at once, then each value stored without a check (a one-byte varint inline).
+                c = &self.cols[col]
+                _reserve(c, <Py_ssize_t>length)
+                int32 = _INT32_FIELD[number]
                 while p < stop:
-                    p = _varint(p, stop, &v)
-                    _push(&self.cols[col], <int32_t>v if _INT32_FIELD[number] else <int64_t>v)
+                    if p[0] < 0x80:
+                        v = p[0]
+                        p += 1
+                    else:
+                        p = _varint(p, stop, &v)
+                    c.data[c.n] = <int32_t>v if int32 else <int64_t>v
+                    c.n += 1
             elif (number == 1 or number == 2) and wire == 0:
                 p = _varint(p, end, &v)
                 if number == 1:
