@@ -28,6 +28,9 @@ an included file of its own (the list at the bottom):
                             answer (the protobuf runtime is their reference);
                             share_bounds(...), widest_bytes(...): a producer batch cut into
                             requests and measured (formats/append_wire.py)
+    _core_index.pxi         index_hashes(...), index_put_keys(...), index_rows(...): the
+                            index's key hashes, a batch put into an index file and the rows a
+                            frame writes (formats/index_file.py, index_svc/engine.py)
 
 Built by setup.py (pip install, `make setup`) with gcc; the README's "The two commands" says
 what a machine needs.
@@ -36,7 +39,7 @@ what a machine needs.
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.ref cimport PyObject
-from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport INT64_MIN, int16_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcmp, memset
 
 

@@ -118,7 +118,7 @@ def index_put_keys(
         raise ValueError(f"index keys: {slot_num} slots, index count {count}")
     if INDEX_HEADER_BYTES_ + slot_num * INDEX_SLOT_BYTES_ + (count + m) * INDEX_ENTRY_BYTES_ > buf.shape[0]:
         raise ValueError(f"index keys: {m} entries from {count} do not fit in {buf.shape[0]} bytes")
-    cdef int64_t latest = -9223372036854775807 - 1
+    cdef int64_t latest = INT64_MIN
     if m == 0:
         return 0, latest
     cdef unsigned char *slots = &buf[0] + INDEX_HEADER_BYTES_
