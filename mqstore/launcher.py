@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 START_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0  # SIGTERM to SIGKILL
 READY_POLL_S = 0.05
 HEALTH_CALL_TIMEOUT_S = 2.0
 READINESS = "readiness"  # the health service name every service sets once it can serve
@@ -207,11 +208,18 @@ class ServiceProcess:
         if self.proc is not None:
             self.proc.wait()
 
-    def stop(self, timeout_s: float = 30.0) -> int:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM and wait (SIGKILL past the timeout); returns the exit code."""
         if self.proc is None:
             return 0
         self.signal(signal.SIGTERM)
+        return self.wait_stopped(timeout_s)
+
+    def wait_stopped(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """The exit code of a process already told to stop (0 if never started); SIGKILL past
+        the timeout."""
+        if self.proc is None:
+            return 0
         try:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:

@@ -9,7 +9,6 @@ service's "readiness" SERVING); `start_store` is the usual three. Not used by th
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -25,8 +24,6 @@ EPHEMERAL = ["--port", "0", "--health-port", "0", "--metrics-port", "0"]
 # Segment size of a test store, as `mqstore up`'s laptop store: the services' default (1 GiB,
 # preallocated) times the dozens of stores a test run starts would fill a CI machine's disk.
 TEST_SEGMENT_BYTES = 64 << 20
-# How long a stopping service may take before SIGKILL (ServiceProcess.stop's default).
-STOP_TIMEOUT_S = 30.0
 
 
 class Cluster:
@@ -137,7 +134,7 @@ class Cluster:
             process.signal(signal.SIGTERM)
         # Waited for, not signalled again: a second SIGTERM during interpreter shutdown
         # (default handlers back) would end a cleanly stopping service with -15.
-        codes = {name: _wait_stopped(process) for name, process in followers}
+        codes = {name: process.wait_stopped() for name, process in followers}
         codes["commitlog"] = self.commitlog.stop()
         for channel in self._channels.values():
             channel.close()
@@ -162,18 +159,6 @@ class Cluster:
 
     def index_stub(self, name: str) -> index_pb2_grpc.IndexStub:
         return index_pb2_grpc.IndexStub(self._channel(name, self.followers[name].target))
-
-
-def _wait_stopped(process: ServiceProcess, timeout_s: float = STOP_TIMEOUT_S) -> int:
-    """The exit code of a process already sent SIGTERM (0 if never started); SIGKILL past
-    `timeout_s`, as ServiceProcess.stop."""
-    if process.proc is None:
-        return 0
-    try:
-        return process.proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        process.proc.kill()
-        return process.proc.wait()
 
 
 # Small index files: RocketMQ's default 420 MB file per replica is too much for a test.
