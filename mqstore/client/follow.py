@@ -38,6 +38,9 @@ from mqstore.rpc.gen.consumequeue.v1 import consumequeue_pb2 as pb
 FOLLOW_BUFFER_ANSWERS: Final = 8
 # How often a reader blocked on a full buffer looks whether the stream was closed.
 _PUT_RETRY_S: Final = 0.1
+# How long close() waits for the reader thread to see the cancelled call and return: no
+# thread of ours stays inside gRPC after close (a process exiting then could hang in it).
+_READER_STOP_WAIT_S: Final = 5.0
 
 
 class _Call(Protocol):
@@ -105,9 +108,11 @@ class FollowStream:
         return out
 
     def close(self) -> None:
-        """Cancel the call (nothing for one that ended); the reader thread ends."""
+        """Cancel the call (nothing for one that ended) and wait for the reader thread."""
         self._closed.set()
         self._call.cancel()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(_READER_STOP_WAIT_S)
 
     def _read(self) -> None:
         end = _End(None)

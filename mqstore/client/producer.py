@@ -114,6 +114,10 @@ BLOCK_TIMEOUT_S_DEFAULT = 60.0  # how long send() blocks on a full buffer (Kafka
 # leader answers nothing and keeps the stream open, while its group elects another within the
 # lease TTL (2 s); waiting for request_timeout_s (10 s) would stall every send that long.
 LEADER_PROBE_AFTER_S = 0.5
+# How long close() waits for the store to end the last stream after the producer's half-close
+# (it answers what is left and returns), before cancelling it. The channel is then closed with
+# no call of ours in flight, and no thread of ours is inside gRPC when the process exits.
+STREAM_END_WAIT_S = 5.0
 # A request's share of the 64 MiB gRPC message limit: a batch never grows past it.
 REQUEST_BYTES_MAX = 32 << 20
 # After a stale answer (a previous life's sequences ahead of ours), sequences jump this far
@@ -340,6 +344,7 @@ class _Stream:
     def __init__(self, connection: Connection) -> None:
         self.requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.cancelled_by_us = False
+        self.receiver: threading.Thread | None = None  # reads `call`; started by the Producer
         self.target = connection.commitlog_target
         append_stream: Any = connection.channel(self.target).stream_stream(
             _APPEND_STREAM,
@@ -362,6 +367,16 @@ class _Stream:
         self.cancelled_by_us = True
         self.end()
         self.call.cancel()
+
+    def finish(self, timeout_s: float) -> None:
+        """After end(): wait up to `timeout_s` for the store to end the call and the receiver
+        to return; cancel the call if it has not ended by then."""
+        if self.receiver is None:
+            return
+        self.receiver.join(timeout_s)
+        if self.receiver.is_alive():
+            self.cancel()
+            self.receiver.join(timeout_s)
 
 
 class Producer:
@@ -449,6 +464,7 @@ class Producer:
         self._closing = False
         self._closed = False
         self._stream: _Stream | None = None
+        self._last_stream: _Stream | None = None  # the one open when the sender stopped
         self._streams_opened = 0
         self._retry_at = 0.0
         self._failing_since: float | None = None
@@ -659,6 +675,9 @@ class Producer:
                 self._closing = True
                 self._cond.notify_all()
             self._sender.join(timeout_s)
+            last = self._last_stream
+            if last is not None:
+                last.finish(STREAM_END_WAIT_S if timeout_s is None else timeout_s)
             self._closed = True
             if self._own_conn:
                 self._conn.close()
@@ -841,6 +860,7 @@ class Producer:
             stream, self._stream = self._stream, None
         if stream is not None:
             stream.end()
+            self._last_stream = stream
 
     def _gave_up(self, now: float) -> ClientError | None:
         """Under the lock, while no stream is open: the error that ends the retries, once
@@ -922,9 +942,10 @@ class Producer:
             self._sealed.extendleft(reversed(pending))
             self.stats.retries += len(pending)
             self._cond.notify_all()
-        threading.Thread(
+        stream.receiver = threading.Thread(
             target=self._receive, args=(stream,), name="mqstore-producer-recv", daemon=True
-        ).start()
+        )
+        stream.receiver.start()
 
     def _receive(self, stream: _Stream) -> None:
         mark_producer_thread(self)

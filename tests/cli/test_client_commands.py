@@ -49,16 +49,29 @@ class Store:
     def run(
         self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "mqstore.cli", *args],
-            input=input.decode() if input is not None else None,
-            capture_output=True,
-            check=False,
+        """The command as a process; one that outlives RUN_TIMEOUT_S fails the test with every
+        thread's Python stack (faulthandler, on SIGABRT) and what it printed."""
+        command = [sys.executable, "-m", "mqstore.cli", *args]
+        with subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            env={**self.env, **(env or {})},
+            env={**self.env, **(env or {}), "PYTHONFAULTHANDLER": "1"},
             cwd=REPO,
-            timeout=RUN_TIMEOUT_S,
-        )
+        ) as proc:
+            text = input.decode() if input is not None else None
+            try:
+                out, err = proc.communicate(text, timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)
+                out, err = proc.communicate()
+                raise AssertionError(
+                    f"{args} did not end within {RUN_TIMEOUT_S} s\n"
+                    f"stdout:\n{out}\nstderr (stacks):\n{err}"
+                ) from None
+        return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
     def ok(self, *args: str, input: bytes | None = None) -> str:
         done = self.run(*args, input=input)

@@ -450,12 +450,11 @@ def test_close_cancels_the_follow_on_the_server_and_ends_its_reader_thread(
         ended_before = follows_ended(cluster)
     finally:
         c.close()
+    # close() returns once the reader has: nothing of the consumer is left inside gRPC.
+    assert not reader.is_alive() and not follow_threads()
     # The server's stream would otherwise wait out long_poll_ms (20 s) before it ends.
     eventually(lambda: waiting(cluster) == 0, timeout_s=5)
     eventually(lambda: follows_ended(cluster) == ended_before + 1, timeout_s=5)
-    reader.join(5)
-    assert not reader.is_alive()
-    eventually(lambda: not follow_threads(), timeout_s=5)
     assert c._follower.stream is None
 
 

@@ -96,6 +96,23 @@ def test_send_stores_the_message_with_its_key_tags_properties_and_a_unique_id(
     assert stored.msg_id == result.msg_id and stored.queue_id == result.queue_id
 
 
+def producer_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("mqstore-producer")]
+
+
+def test_close_ends_the_stream_and_leaves_no_thread_of_the_producer_running(
+    settings: ClientSettings, topic: str
+) -> None:
+    """The process may exit right after close(): a thread still reading a call while the
+    channel closes (or the interpreter ends) can hang inside gRPC."""
+    assert producer_threads() == []
+    for _ in range(3):
+        with Producer(settings) as p:
+            p.send_sync(topic, b"one")
+            assert set(producer_threads()) == {"mqstore-producer", "mqstore-producer-recv"}
+        assert producer_threads() == []
+
+
 def test_messages_are_batched_by_count_and_by_bytes(settings: ClientSettings, topic: str) -> None:
     with Producer(settings, batch_messages=1_000, linger_ms=10_000) as p:
         futures = [p.send(topic, b"m%d" % i, queue_id=0) for i in range(2_500)]
