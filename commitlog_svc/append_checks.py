@@ -21,7 +21,7 @@ are a function of the request alone, so a retry of the same request is refused t
 
 Cost: a batch without the COMPRESSED bit costs a bit test (a scalar sys_flag) or one C-level
 map over its sys_flags column; the properties check is a few C-speed passes over the joined
-blobs (property_shape.malformed). A compressed body costs its decompression, bounded by the
+blobs (_core.malformed_properties). A compressed body costs its decompression, bounded by the
 body limit, and an append's compressed bodies together by APPEND_INFLATE_BYTES_MAX.
 """
 
@@ -36,8 +36,9 @@ from typing import TypeVar
 from commitlog_svc.messages import AppendResult, PutStatus
 from mqstore.errors import MessageIllegal
 from mqstore.formats import sysflag
+from mqstore.formats._core import malformed_properties
 from mqstore.formats.compression import UndecodableBody, decompress
-from mqstore.formats.property_shape import malformed, malformed_reason
+from mqstore.formats.property_shape import malformed_reason
 from mqstore.formats.record_batch import MessageBatch
 
 # Every compressed body of one append inflates at most this much in all while it is checked:
@@ -60,7 +61,7 @@ def refuse_unreadable(
     base = 0
     for batch in batches:
         if batch.properties:
-            for k in malformed(batch.properties):
+            for k in malformed_properties(batch.properties):
                 refused[base + k] = MessageIllegal(
                     f"properties: {malformed_reason(batch.properties[k])}", field="properties"
                 )

@@ -147,7 +147,7 @@ class ReplicaLog(CommitLog):
                     f"epoch {epoch} is not newer than this replica's last epoch "
                     f"{self.history.last_epoch}"
                 )
-            end = self._end()
+            end = self.max_offset
             history = self.history.begin(epoch, end)
             self._files.save_history(self.store_id, history)
             self.history = history
@@ -188,7 +188,7 @@ class ReplicaLog(CommitLog):
             self._check_open()
             if store_id == self.store_id:
                 return
-            low, end = self.min_offset, self._end()
+            low, end = self.min_offset, self.max_offset
             if end != low:
                 raise StoreIdMismatch(
                     f"this replica holds [{low}, {end}) of the log {self.store_id.hex()}, not of "
@@ -264,7 +264,7 @@ class ReplicaLog(CommitLog):
         with self._put_lock:
             return LogStart(
                 offset=self.min_offset,
-                taken_at=self._end(),
+                taken_at=self.max_offset,
                 queue_offsets=table_to_pairs(self._queue_offsets),
                 producers=self._producers.snapshot(),
             )
@@ -279,15 +279,12 @@ class ReplicaLog(CommitLog):
     @property
     def end_offset(self) -> int:
         """Where the next replicated bytes go: the end of what this replica received."""
-        return self._end()
+        return self.max_offset
 
     @property
     def durable_offset(self) -> int:
         """The end of what is on disk (flushed by this replica's own policy)."""
         return self.flushed_offset
-
-    def _end(self) -> int:
-        return self.queue.max_offset()
 
     def append_replicated(self, chunk: Chunk) -> int:
         """Store a chunk of the leader's log at this log's end; returns the new end.
@@ -301,7 +298,7 @@ class ReplicaLog(CommitLog):
             self._check_open()
             self._check_follower()
             self._check_writable()
-            end = self._end()
+            end = self.max_offset
             if chunk.offset != end:
                 raise ReplicaOffsetMismatch(chunk.offset, end)
             checked = check_chunk(chunk.data, chunk.offset, self.config.file_bytes)
@@ -322,7 +319,7 @@ class ReplicaLog(CommitLog):
                 self.history = history
             if mf is not None:
                 self._store(mf, chunk.data, checked)
-            new_end = self._end()
+            new_end = self.max_offset
         if self.config.flush is FlushMode.SYNC:
             assert self._flusher is not None
             self._flusher.request(new_end)
@@ -416,7 +413,7 @@ class ReplicaLog(CommitLog):
             self._check_open()
             self._check_follower()
             self._check_writable()
-            end = self._end()
+            end = self.max_offset
             if offset >= end:
                 # No byte to cut, but epochs that began at or past the agreed offset disagree
                 # with the leader's (one a crash kept after the bytes were cut goes here).
@@ -514,7 +511,7 @@ class ReplicaLog(CommitLog):
             self._check_open()
             self._check_follower()
             self._check_writable()
-            low, end = self.min_offset, self._end()
+            low, end = self.min_offset, self.max_offset
             if end != low:
                 raise FailedPrecondition(
                     f"this replica holds [{low}, {end}): it starts afresh only empty (truncate)"

@@ -324,20 +324,3 @@ class CqEngine:
         if nothing:
             self.acks.ack(key, nothing)  # delivered just now: never stale
         return out
-
-    def ack_receipts(
-        self, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]
-    ) -> tuple[int, list[tuple[int, int]]]:
-        """Acknowledge receipts; returns the committed offset after and the stale receipts
-        (expired and redelivered since, or never handed out), which were not acked."""
-        return self.acks.ack((group, topic, queue_id), receipts)
-
-    def next_redelivery_ms(self, group: str, topic: str, queue_id: int) -> int | None:
-        """Wall-clock ms at which a message of the queue the group holds invisible becomes
-        receivable again (None: nothing in flight)."""
-        return self.acks.next_deadline_ms((group, topic, queue_id))
-
-    def change_invisible_duration(
-        self, group: str, topic: str, queue_id: int, offset: int, delivery_count: int, ms: int
-    ) -> Delivery:
-        return self.acks.change_invisible((group, topic, queue_id), offset, delivery_count, ms)

@@ -115,13 +115,11 @@ class CqService:
             report.units_cut,
             report.confirmed_offset,
         )
-        metrics.bind_gauges(
-            waiting=lambda: self.watch.waiting,
-            behind=lambda: self.sink.dispatch_behind_bytes,
-            applied=lambda: self.engine.store.applied_offset,
-            confirmed=lambda: self.engine.store.confirmed_offset,
-            tail_bytes=lambda: self.tail.nbytes,
-        )
+        metrics.LONG_POLLS_WAITING.set_function(lambda: self.watch.waiting)
+        metrics.DISPATCH_BEHIND.set_function(lambda: self.sink.dispatch_behind_bytes)
+        metrics.APPLIED_OFFSET.set_function(lambda: self.engine.store.applied_offset)
+        metrics.CONFIRMED_OFFSET.set_function(lambda: self.engine.store.confirmed_offset)
+        metrics.TAIL_BYTES.set_function(lambda: self.tail.nbytes)
         metrics.GROUP_LAG.bind(self.engine.group_lags)
         self.host.start()
         self.subscriber.start()

@@ -1,7 +1,7 @@
 """cq_svc's Prometheus series (the grpc_server_* ones come from mqstore.rpc.metrics).
 
-Registered once per process at import; gauges that read live state are bound with
-`bind_gauges` by whoever owns that state (main.py, or a test building its own service).
+Registered once per process at import; gauges that read live state are bound (their
+`set_function`, GROUP_LAG's `bind`) by whoever owns that state: CqService.start (main.py).
 """
 
 from __future__ import annotations
@@ -129,18 +129,3 @@ class _GroupLag(Collector):
 
 GROUP_LAG = _GroupLag()
 REGISTRY.register(GROUP_LAG)
-
-
-def bind_gauges(
-    *,
-    waiting: Callable[[], float],
-    behind: Callable[[], float],
-    applied: Callable[[], float],
-    confirmed: Callable[[], float],
-    tail_bytes: Callable[[], float],
-) -> None:
-    LONG_POLLS_WAITING.set_function(waiting)
-    DISPATCH_BEHIND.set_function(behind)
-    APPLIED_OFFSET.set_function(applied)
-    CONFIRMED_OFFSET.set_function(confirmed)
-    TAIL_BYTES.set_function(tail_bytes)

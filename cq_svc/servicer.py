@@ -712,7 +712,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
             )
 
         def next_due_s() -> float | None:
-            due_ms = self.engine.next_redelivery_ms(group, topic, queue_id)
+            due_ms = self.engine.acks.next_deadline_ms((group, topic, queue_id))
             if due_ms is None:
                 return None
             return (due_ms - self.engine.clock.now_ms()) / 1000.0
@@ -819,7 +819,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         metrics.READ_RECORDS.labels("ok").inc(read_ok)
         _put_records(response, served)
         if removed:
-            self.engine.ack_receipts(group, topic, queue_id, removed)
+            self.engine.acks.ack((group, topic, queue_id), removed)
         if corrupt is not None and not _delivered(response):
             raise CorruptRecord(
                 corrupt.unit.commit_log_offset,
@@ -833,8 +833,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         for r in got:
             d = r.delivery
             try:
-                self.engine.change_invisible_duration(
-                    group, topic, queue_id, d.queue_offset, d.delivery_count, 0
+                self.engine.acks.change_invisible(
+                    (group, topic, queue_id), d.queue_offset, d.delivery_count, 0
                 )
             except ReceiptExpired:
                 pass
@@ -854,7 +854,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         ]
         if not decoded:
             return pb.AckResponse(committed_offset=self.engine.fetch_offset(group, topic, queue_id))
-        committed, stale = self.engine.ack_receipts(group, topic, queue_id, decoded)
+        committed, stale = self.engine.acks.ack((group, topic, queue_id), decoded)
         stale_set = set(stale)
         stale_handles = [h for h, d in zip(handles, decoded, strict=True) if d in stale_set]
         metrics.ACKS.labels("acked").inc(len(handles) - len(stale_handles))
@@ -874,8 +874,8 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         offset, count = receipts.decode(request.receipt_handle, group, topic, queue_id)
         invisible_ms = self._invisible_ms(request.invisible_duration_ms, allow_zero=True)
         try:
-            d = self.engine.change_invisible_duration(
-                group, topic, queue_id, offset, count, invisible_ms
+            d = self.engine.acks.change_invisible(
+                (group, topic, queue_id), offset, count, invisible_ms
             )
         except ReceiptExpired:
             metrics.ACKS.labels("stale_change").inc()

@@ -12,16 +12,14 @@ a segment without 0x01, an empty key, an empty segment, bytes after the last 0x0
 parser skips or cuts silently: the message would not read back as it was sent, so commitlog_svc
 refuses it (commitlog_svc/append_checks.py).
 
-`malformed` runs on every append: the compiled core's check (_core_dispatch.pxi), pinned to
-`well_formed`, the grammar as a regex; `malformed_reason` says what is wrong with a blob.
+Every append runs the compiled core's check (`_core.malformed_properties`, _core_dispatch.pxi:
+the indices of the blobs that are not well formed), pinned to `well_formed`, the grammar as a
+regex; `malformed_reason` says what is wrong with a blob.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-
-from mqstore.formats._core import malformed_properties
 
 # The grammar above as one regex: the reference the fast check is pinned to (tests).
 _PAIRS = re.compile(rb"(?:[^\x01\x02]+\x01[^\x02]*\x02)*")
@@ -30,11 +28,6 @@ _PAIRS = re.compile(rb"(?:[^\x01\x02]+\x01[^\x02]*\x02)*")
 def well_formed(blob: bytes) -> bool:
     """The reference: `blob` is pairs as the grammar says."""
     return _PAIRS.fullmatch(blob) is not None
-
-
-def malformed(blobs: Sequence[bytes]) -> list[int]:
-    """Indices of the blobs that are not well formed, in order ([] for the usual batch)."""
-    return malformed_properties(blobs)
 
 
 def malformed_reason(blob: bytes) -> str:

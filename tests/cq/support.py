@@ -84,9 +84,9 @@ def last_offset(store: CqStore, topic: str, queue_id: int) -> int:
 def ack(
     engine: CqEngine, group: str, topic: str, queue_id: int, receipts: list[tuple[int, int]]
 ) -> int:
-    """CqEngine.ack_receipts, raising ReceiptExpired for the first stale receipt (after every
+    """AckManager.ack, raising ReceiptExpired for the first stale receipt (after every
     current one is acknowledged); returns the committed offset after."""
-    committed, stale = engine.ack_receipts(group, topic, queue_id, receipts)
+    committed, stale = engine.acks.ack((group, topic, queue_id), receipts)
     if stale:
         offset, count = stale[0]
         raise ReceiptExpired(group, topic, queue_id, offset, f"delivery {count} is stale")

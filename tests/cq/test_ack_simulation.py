@@ -64,7 +64,7 @@ def test_ack_state_matches_the_model_across_crashes(seed: int) -> None:
         elif op == "change" and inflight:
             o = rng.choice(sorted(inflight))
             count, _ = inflight[o]
-            d = engine.change_invisible_duration(G, "T", 0, o, count, rng.randint(10, 800))
+            d = engine.acks.change_invisible((G, "T", 0), o, count, rng.randint(10, 800))
             inflight[o] = (count, d.deadline_ms)
         elif op == "tick":
             clock.advance(rng.randint(1, 300))

@@ -103,16 +103,16 @@ def test_an_ack_naming_an_older_delivery_is_refused_and_a_repeat_ack_is_fine(wor
 
 def test_change_invisible_duration_moves_the_deadline(world: World) -> None:
     world.receive(1)
-    world.engine.change_invisible_duration(G, "T", 0, 0, 1, 5000)
+    world.engine.acks.change_invisible((G, "T", 0), 0, 1, 5000)
     world.clock.advance(1000)
     assert world.receive(1) == [(1, 1)]
     world.clock.advance(4000)
     assert world.receive(2) == [(1, 2), (0, 2)]  # in deadline order: 2000, then 5000
     with pytest.raises(ReceiptExpired):
-        world.engine.change_invisible_duration(G, "T", 0, 0, 1, 5000)
+        world.engine.acks.change_invisible((G, "T", 0), 0, 1, 5000)
     ack(world.engine, G, "T", 0, [(0, 2)])
     with pytest.raises(ReceiptExpired):
-        world.engine.change_invisible_duration(G, "T", 0, 0, 2, 5000)
+        world.engine.acks.change_invisible((G, "T", 0), 0, 2, 5000)
 
 
 def test_receive_starts_at_a_committed_offset_and_never_past_the_window() -> None:
@@ -299,7 +299,7 @@ def test_a_torn_offsets_log_tail_is_dropped() -> None:
 
 def test_a_changed_delivery_is_redelivered_once_when_both_deadlines_passed(world: World) -> None:
     world.receive(1, invisible_ms=100)
-    world.engine.change_invisible_duration(G, "T", 0, 0, 1, 200)  # two heap entries for it
+    world.engine.acks.change_invisible((G, "T", 0), 0, 1, 200)  # two heap entries for it
     world.clock.advance(1000)
     assert world.receive(5) == [(0, 2), (1, 1), (2, 1), (3, 1), (4, 1)]
 
@@ -310,7 +310,7 @@ def test_a_stale_receipt_in_a_batch_is_reported_and_the_current_ones_are_acked_d
     world.receive(3)
     world.clock.advance(2000)
     assert world.receive(1) == [(0, 2)]  # offset 0 redelivered: receipt (0, 1) is stale now
-    committed, stale = world.engine.ack_receipts(G, "T", 0, [(1, 1), (0, 1), (2, 1), (77, 1)])
+    committed, stale = world.engine.acks.ack((G, "T", 0), [(1, 1), (0, 1), (2, 1), (77, 1)])
     assert stale == [(0, 1), (77, 1)]
     assert committed == 0
     world.crash()  # ack_flush sync: what the call acknowledged is on disk
@@ -319,15 +319,15 @@ def test_a_stale_receipt_in_a_batch_is_reported_and_the_current_ones_are_acked_d
 
 
 def test_the_next_redelivery_deadline_is_the_earliest_unacked_delivery(world: World) -> None:
-    assert world.engine.next_redelivery_ms(G, "T", 0) is None
+    assert world.engine.acks.next_deadline_ms((G, "T", 0)) is None
     world.receive(2, invisible_ms=1000)
     start = world.clock.now_ms()
-    world.engine.change_invisible_duration(G, "T", 0, 0, 1, 300)
-    assert world.engine.next_redelivery_ms(G, "T", 0) == start + 300
+    world.engine.acks.change_invisible((G, "T", 0), 0, 1, 300)
+    assert world.engine.acks.next_deadline_ms((G, "T", 0)) == start + 300
     ack(world.engine, G, "T", 0, [(0, 1)])
-    assert world.engine.next_redelivery_ms(G, "T", 0) == start + 1000
+    assert world.engine.acks.next_deadline_ms((G, "T", 0)) == start + 1000
     ack(world.engine, G, "T", 0, [(1, 1)])
-    assert world.engine.next_redelivery_ms(G, "T", 0) is None
+    assert world.engine.acks.next_deadline_ms((G, "T", 0)) is None
 
 
 def test_committing_an_offset_moves_a_receive_ack_group_with_it(world: World) -> None:

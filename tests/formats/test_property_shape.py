@@ -6,8 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mqstore.formats._core import malformed_properties
 from mqstore.formats.properties import decode_properties, encode_properties
-from mqstore.formats.property_shape import malformed, malformed_reason, well_formed
+from mqstore.formats.property_shape import malformed_reason, well_formed
 
 # Blobs made mostly of separators and a couple of letters, so every shape comes up.
 pieces = st.sampled_from([b"\x01", b"\x02", b"a", b"bc", b"\xc3\xa9"])
@@ -16,7 +17,9 @@ blobs = st.lists(pieces, max_size=8).map(b"".join)
 
 @given(st.lists(blobs, min_size=1, max_size=6))
 def test_the_batch_check_finds_exactly_the_blobs_the_grammar_refuses(batch: list[bytes]) -> None:
-    assert malformed(batch) == [i for i, blob in enumerate(batch) if not well_formed(blob)]
+    assert malformed_properties(batch) == [
+        i for i, blob in enumerate(batch) if not well_formed(blob)
+    ]
 
 
 def text(excluded: str, min_size: int = 0) -> st.SearchStrategy[str]:
@@ -28,7 +31,7 @@ def text(excluded: str, min_size: int = 0) -> st.SearchStrategy[str]:
 @given(st.lists(st.tuples(text("\x01\x02", min_size=1), text("\x02")), max_size=5))
 def test_a_well_formed_blob_reads_back_as_its_pairs(pairs: list[tuple[str, str]]) -> None:
     blob = "".join(f"{k}\x01{v}\x02" for k, v in pairs).encode()
-    assert well_formed(blob) and malformed([blob]) == []
+    assert well_formed(blob) and malformed_properties([blob]) == []
     expected: dict[str, str] = {}
     for k, v in pairs:
         if v:  # an empty value is written by RocketMQ and skipped by its parser
@@ -38,12 +41,12 @@ def test_a_well_formed_blob_reads_back_as_its_pairs(pairs: list[tuple[str, str]]
 
 @given(st.dictionaries(text("\x01\x02", min_size=1), text("\x01\x02")))
 def test_whatever_the_sdk_encodes_is_well_formed(props: dict[str, str]) -> None:
-    assert malformed([encode_properties(props)]) == []
+    assert malformed_properties([encode_properties(props)]) == []
 
 
 def test_a_blob_without_its_last_0x02_is_caught_beside_one_that_would_complete_it() -> None:
     # Joined, these read "a 0x01 b 0x02": each alone is malformed.
-    assert malformed([b"a\x01b", b"\x02"]) == [0, 1]
+    assert malformed_properties([b"a\x01b", b"\x02"]) == [0, 1]
 
 
 def test_the_reason_names_the_first_bad_pair() -> None:
