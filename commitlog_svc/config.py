@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from mqstore.errors import InvalidArgument
-from mqstore.formats.record import END_FILE_MIN_BLANK_BYTES, pack_host
+from mqstore.formats.record import pack_host
 from mqstore.limits import MessageLimits
 
 
@@ -76,10 +76,6 @@ class CommitLogConfig:
     def __post_init__(self) -> None:
         if self.file_bytes < 4096 or self.file_bytes % 4096:
             raise InvalidArgument("file_bytes must be a positive multiple of 4096")
-        # A record must fit in a file next to the end-of-file blank.
-        smallest = 91 + END_FILE_MIN_BLANK_BYTES
-        if self.file_bytes < smallest:
-            raise InvalidArgument("file_bytes too small for one record")
         for name in (
             "flush_interval_ms",
             "sync_flush_timeout_ms",
