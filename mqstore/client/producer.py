@@ -117,7 +117,7 @@ LEADER_PROBE_AFTER_S = 0.5
 # How long close() waits for the store to end the last stream after the producer's half-close
 # (it answers what is left and returns), before cancelling it. The channel is then closed with
 # no call of ours in flight, and no thread of ours is inside gRPC when the process exits.
-STREAM_END_WAIT_S = 5.0
+STREAM_END_WAIT_S = 2.0
 # A request's share of the 64 MiB gRPC message limit: a batch never grows past it.
 REQUEST_BYTES_MAX = 32 << 20
 # After a stale answer (a previous life's sequences ahead of ours), sequences jump this far
