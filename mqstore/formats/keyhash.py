@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mqstore.formats import _core
+from mqstore.formats.javahash import index_key_hash
 from mqstore.sharding import HASH64_DIGEST_BYTES, JUMP_MULTIPLIER
 
 _INT32_MIN = -(1 << 31)
@@ -121,6 +122,50 @@ def index_hashes_prefixed(prefix: str, suffixes: Sequence[str]) -> np.ndarray:
     its specification, which the tests pin it to."""
     keys = suffixes if isinstance(suffixes, list) else list(suffixes)
     return np.frombuffer(_core.index_hashes(prefix, keys), dtype=np.int64)
+
+
+def message_key_hashes(
+    topics: Sequence[str],
+    topic_indexes: np.ndarray,
+    rows: np.ndarray,
+    uniq: tuple[bytes, np.ndarray],
+    keys: tuple[bytes, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The index hashes of the keys of a dispatch frame's `rows` (message_keys of each row, in
+    order), and the row of each key. `uniq` and `keys` are string columns as the frame carries
+    them (UTF-8 bytes, int64 offsets: 0 and each end, or none): the keys are hashed from their
+    bytes in the compiled core (_core.index_message_keys), no str made. Its specification is
+    message_key_hashes_reference, which the tests pin it to."""
+    hashes, key_rows = _core.index_message_keys(
+        [topic + KEY_TOPIC_SEPARATOR for topic in topics],
+        np.ascontiguousarray(topic_indexes, dtype=np.int64),
+        np.ascontiguousarray(rows, dtype=np.int64),
+        uniq[0],
+        np.ascontiguousarray(uniq[1], dtype=np.int64),
+        keys[0],
+        np.ascontiguousarray(keys[1], dtype=np.int64),
+    )
+    return np.frombuffer(hashes, dtype=np.int64), np.frombuffer(key_rows, dtype=np.int64)
+
+
+def message_key_hashes_reference(
+    topics: Sequence[str],
+    topic_indexes: Sequence[int],
+    rows: Sequence[int],
+    uniq: Sequence[str],
+    keys: Sequence[str],
+) -> tuple[list[int], list[int]]:
+    """message_key_hashes over str columns (empty: no strings), one key at a time: RocketMQ's
+    buildIndex (message_keys) and indexKeyHashMethod (javahash.index_key_hash)."""
+    hashes: list[int] = []
+    key_rows: list[int] = []
+    for r in rows:
+        for key in message_keys(
+            topics[topic_indexes[r]], uniq[r] if uniq else "", keys[r] if keys else ""
+        ):
+            hashes.append(index_key_hash(key))
+            key_rows.append(r)
+    return hashes, key_rows
 
 
 def _index_of_java(h: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from mqstore.dispatch import DispatchColumns, DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry, Utf8Column
 from mqstore.errors import InvalidArgument, MalformedFrame
 from mqstore.formats import _core
 from mqstore.history import EPOCHS_MAX, LogHistory
@@ -146,7 +146,11 @@ def decode_response(raw: bytes) -> pb.SubscribeResponse | DispatchColumns:
     for name, column in lengths:
         if len(column) != n:
             raise MalformedFrame(f"malformed dispatch frame: {len(column)} {name} for {n} entries")
-    for name, strings in (("keys", keys), ("uniq_keys", uniq_keys)):
+    strings_columns = [
+        Utf8Column(data, np.frombuffer(offsets, dtype=np.int64))
+        for data, offsets in (keys, uniq_keys)
+    ]
+    for name, strings in zip(("keys", "uniq_keys"), strings_columns, strict=True):
         if len(strings) not in (0, n):
             raise MalformedFrame(f"malformed dispatch frame: {len(strings)} {name} for {n} entries")
     _check_records(records, sizes)
@@ -162,8 +166,8 @@ def decode_response(raw: bytes) -> pb.SubscribeResponse | DispatchColumns:
         tags_codes=tags,
         store_timestamps_ms=stamps,
         sys_flags=flags,
-        keys=keys,
-        uniq_keys=uniq_keys,
+        keys=strings_columns[0],
+        uniq_keys=strings_columns[1],
         start_offset=start,
         next_offset=next_offset,
         records=records,

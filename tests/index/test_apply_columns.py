@@ -1,9 +1,11 @@
-"""IndexEngine.apply_columns (a frame applied as columns, what index_svc's sink does) indexes
-exactly what apply (entry by entry) indexes for the same frames: the same index files and
-exact-mode companions byte for byte, the same checkpoint, the same counts, in plain, exact and
-sharded mode. The frames (tests/rpc/test_dispatch_columns.py) carry transactions (a rolled-back
-message is not indexed), several topics, keys with repeated and empty tokens, empty and
-non-ASCII keys, corrupt ranges and replays after a reconnect."""
+"""IndexEngine.apply_columns (a frame applied as columns, what index_svc's sink does, its keys
+hashed from the frame's UTF-8 string columns) indexes exactly what apply indexes for the same
+frames parsed by protobuf into entry lists: the same index files and exact-mode companions byte
+for byte, the same checkpoint, the same counts, in plain, exact and sharded mode; and the files
+are those of tests/index/model.py's one-key-at-a-time model (RocketMQ's putKey over
+message_keys, str by str). The frames (tests/rpc/test_dispatch_columns.py) carry transactions
+(a rolled-back message is not indexed), several topics, keys with repeated and empty tokens,
+empty and non-ASCII keys, corrupt ranges and replays after a reconnect."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from mqstore.formats.keyhash import index_hashes, index_hashes_prefixed
 from mqstore.history import LogHistory
 from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch
 from mqstore.storage.clock import ManualClock
+from tests.index.model import ModelIndex, file_contents
 from tests.rpc.test_dispatch_columns import Stream, dispatch_streams, make_stream
 
 # The log as the handshake gives it: one epoch from its start.
@@ -59,13 +62,18 @@ def apply_both_ways(root: str, stream: Stream, **overrides: object) -> None:
         engine.handshake(b"s" * 16, 0, 0)
         engines.append(engine)
     by_entries, by_columns = engines
+    config = by_columns.config
+    model = ModelIndex(config.slot_num, config.entry_num, config.shard_count, config.shard_index)
     try:
         for i, frame in enumerate(stream.frames):
-            written = by_entries.apply(decode_dispatch(frame))
+            entries = decode_dispatch(frame)
+            model.apply(entries)
+            written = by_entries.apply(entries)
             assert by_columns.apply_columns(decode_columns(frame)) == written, f"frame {i}"
             assert by_columns.applied_offset == by_entries.applied_offset
             assert by_columns.confirmed_offset == by_entries.confirmed_offset
             clock.advance(random.Random(i).choice([0, 0, 20, 60]))
+        assert file_contents(by_columns.disk, by_columns) == model.files
     finally:
         for engine in engines:
             engine.close()
