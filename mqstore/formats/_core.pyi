@@ -299,7 +299,6 @@ def read_append_request(
 def widest_bytes(items: list[Any]) -> int: ...
 
 # _core_index.pxi
-def index_hashes(prefix: str, keys: list[str]) -> bytes: ...
 def index_message_keys(
     prefixes: list[str],
     topic_indexes: npt.NDArray[np.int64],

@@ -1,6 +1,4 @@
 # The index service's per-key work for a dispatch batch, in one pass each: included by _core.pyx.
-#   index_hashes(prefix, keys)   RocketMQ's index hash of prefix + key for every key; its
-#                                specification is javahash.index_key_hash, key by key
 #   index_message_keys(...)      the index hashes of a dispatch frame's keys, straight from its
 #                                UTF-8 string columns; its specification is
 #                                keyhash.message_key_hashes_reference (message_keys, then
@@ -34,7 +32,8 @@ cdef int64_t INDEX_INT32_MIN_ = -2147483648
 
 
 cdef inline uint32_t _java_hash_more(uint32_t h, object s) noexcept:
-    """Java's h = 31 * h + unit, continued over the UTF-16 code units of the str `s`."""
+    """Java's h = 31 * h + unit, continued over the UTF-16 code units of the str `s` (a
+    topic's "topic#" prefix: its state once a frame, each key continuing it)."""
     cdef int kind = mq_unicode_kind(s)
     cdef const void *data = mq_unicode_data(s)
     cdef const unsigned char *latin
@@ -65,25 +64,6 @@ cdef inline uint32_t _java_hash_more(uint32_t h, object s) noexcept:
         else:
             h = h * 31 + c
     return h
-
-
-def index_hashes(str prefix, list keys):
-    """RocketMQ's indexKeyHashMethod of prefix + key for every key, as native int64 bytes:
-    abs(String.hashCode) over UTF-16 code units, Integer.MIN_VALUE -> 0. The prefix's hash
-    state is computed once and each key continues it, so no "topic#key" string is made."""
-    cdef Py_ssize_t i, n = len(keys)
-    cdef uint32_t start = _java_hash_more(0, prefix)
-    cdef int64_t h
-    cdef object key
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, n * 8)
-    cdef int64_t *w = <int64_t *>PyBytes_AS_STRING(out)
-    for i in range(n):
-        key = keys[i]
-        if type(key) is not str:
-            raise TypeError(f"index keys are str, not {type(key).__name__}")
-        h = <int32_t>_java_hash_more(start, key)
-        w[i] = 0 if h == INDEX_INT32_MIN_ else (-h if h < 0 else h)
-    return out
 
 
 cdef inline uint32_t _java_hash_utf8(uint32_t h, const unsigned char *p, Py_ssize_t n) except? 0xFFFFFFFF:

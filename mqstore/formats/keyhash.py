@@ -2,9 +2,10 @@
 
 The index needs, per key, RocketMQ's 32-bit hash (Java `String.hashCode`, which in pure Python
 costs a loop step per character: ~2.4 us for a 20-character key) and, in exact or sharded mode,
-the 64-bit hash and the shard of mqstore.sharding. The index hashes of str keys are computed in
-the compiled core, one C loop per key (`index_hashes`); keys held as UTF-8 columns (the Spark
-jobs) are hashed with a handful of numpy operations over all their characters:
+the 64-bit hash and the shard of mqstore.sharding. index_svc hashes a dispatch frame's keys in
+the compiled core straight from the frame's UTF-8 columns, one C loop per key, no str made
+(`message_key_hashes`); str keys (`index_hashes`) and keys held as Arrow UTF-8 columns (the
+Spark jobs) are hashed with a handful of numpy operations over all their characters:
 
     hashCode(s) = sum(s[i] * 31**(len - 1 - i)) mod 2**32     (UTF-16 code units)
 
@@ -112,16 +113,7 @@ def _hash_codes(codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
     """RocketMQ's indexKeyHashMethod for every key: abs(hashCode), Integer.MIN_VALUE -> 0."""
-    return index_hashes_prefixed("", keys)
-
-
-def index_hashes_prefixed(prefix: str, suffixes: Sequence[str]) -> np.ndarray:
-    """index_hashes([prefix + s for s in suffixes]) without making those strings: the index
-    hashes "topic#key" for every key of one topic. A C loop per key (_core.index_hashes: the
-    prefix's hash state once, each key's UTF-16 units after it); javahash.index_key_hash is
-    its specification, which the tests pin it to."""
-    keys = suffixes if isinstance(suffixes, list) else list(suffixes)
-    return np.frombuffer(_core.index_hashes(prefix, keys), dtype=np.int64)
+    return _index_of_java(java_hashes(keys))
 
 
 def message_key_hashes(

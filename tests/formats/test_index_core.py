@@ -1,6 +1,6 @@
 """The compiled core's index operations (_core_index.pxi) pinned to their plain-Python
 specifications: index_file.put_keys to put_keys_reference byte for byte on the file and the
-header, keyhash.index_hashes_prefixed to javahash.index_key_hash key by key, and
+header, keyhash.index_hashes (str keys, numpy) to javahash.index_key_hash key by key, and
 keyhash.message_key_hashes (a frame's keys hashed from its UTF-8 string columns) to
 message_key_hashes_reference key by key, its UTF-8 verdicts to Python's strict decoder's."""
 
@@ -93,18 +93,33 @@ _keys = st.text(
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.text(max_size=12) | _keys, st.lists(_keys, max_size=30))
-def test_compiled_index_hashes_are_index_key_hash_of_prefix_and_key(
-    prefix: str, keys: list[str]
-) -> None:
-    got = keyhash.index_hashes_prefixed(prefix, keys).tolist()
-    assert got == [index_key_hash(prefix + k) for k in keys]
-    assert keyhash.index_hashes([prefix + k for k in keys]).tolist() == got
+@given(st.lists(_keys, max_size=30))
+def test_index_hashes_of_str_keys_are_index_key_hash_key_by_key(keys: list[str]) -> None:
+    assert keyhash.index_hashes(keys).tolist() == [index_key_hash(k) for k in keys]
+
+
+def _key_hashing_to(prefix: str, target: int) -> str:
+    """A key whose Java hash after the ASCII `prefix` is `target` mod 2**32: seven base-31
+    digits as the characters U+0000..U+001E (31**7 > 2**32)."""
+    h = 0
+    for c in prefix:
+        h = (h * 31 + ord(c)) % (1 << 32)
+    want = (target - h * 31**7) % (1 << 32)
+    digits = []
+    for _ in range(7):
+        want, d = divmod(want, 31)
+        digits.append(chr(d))
+    return "".join(reversed(digits))
 
 
 def test_the_hash_of_integer_min_value_is_zero() -> None:
     # "polygenelubricants".hashCode() is Integer.MIN_VALUE, whose abs RocketMQ maps to 0.
-    assert keyhash.index_hashes_prefixed("polygene", ["lubricants"]).tolist() == [0]
+    assert keyhash.index_hashes(["polygenelubricants"]).tolist() == [0]
+    key = _key_hashing_to("T#", 1 << 31).encode("utf-8")
+    one = np.zeros(1, dtype=np.int64)
+    column = (key, np.array([0, len(key)], dtype=np.int64))
+    hashes, _ = keyhash.message_key_hashes(["T"], one, one, column, (b"", one[:0]))
+    assert hashes.tolist() == [0]
 
 
 def _rows_walk(

@@ -16,13 +16,11 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from index_svc.config import IndexConfig
 from index_svc.engine import IndexEngine
 from index_svc.sink import IndexSink
 from mqstore.dispatch import DispatchColumns, DispatchEntry
-from mqstore.formats.keyhash import index_hashes, index_hashes_prefixed
 from mqstore.history import LogHistory
 from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch
 from mqstore.storage.clock import ManualClock
@@ -136,18 +134,6 @@ def test_a_rolled_back_message_is_skipped_but_moves_the_applied_offset(tmp_path:
         assert engine.query("T", "b", 0, 2**62, 10) == [0]
     finally:
         engine.close()
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    prefix=st.text(max_size=12).map(lambda t: t + "#"),
-    suffixes=st.lists(st.text(max_size=40), max_size=30),
-)
-def test_prefixed_hashes_are_the_hashes_of_the_joined_keys(
-    prefix: str, suffixes: list[str]
-) -> None:
-    expected = index_hashes([prefix + s for s in suffixes])
-    assert index_hashes_prefixed(prefix, suffixes).tolist() == expected.tolist()
 
 
 def test_a_frame_out_of_commit_log_order_takes_the_rows_apply_takes(tmp_path: Path) -> None:
