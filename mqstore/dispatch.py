@@ -96,6 +96,12 @@ class QueueRuns:
         return self.rows[self.bounds[r] : self.bounds[r + 1]]
 
 
+# The offsets of a column of no strings, shared (read-only): a frame without keys (cq_svc's)
+# makes no array for them.
+_NO_OFFSETS: Column = np.zeros(0, dtype=np.int64)
+_NO_OFFSETS.flags.writeable = False
+
+
 class Utf8Column(Sequence[str]):
     """A column of strings as the dispatch frame carries them: their UTF-8 bytes back to back
     in `data`, string i being data[offsets[i]:offsets[i + 1]] (`offsets`: int64, 0 first, one
@@ -108,7 +114,7 @@ class Utf8Column(Sequence[str]):
 
     def __init__(self, data: bytes = b"", offsets: Column | None = None) -> None:
         self.data = data
-        self.offsets: Column = offsets if offsets is not None else np.zeros(0, dtype=np.int64)
+        self.offsets: Column = offsets if offsets is not None else _NO_OFFSETS
 
     @classmethod
     def of(cls, strings: Sequence[str]) -> Utf8Column:
@@ -123,7 +129,8 @@ class Utf8Column(Sequence[str]):
         return cls(b"".join(parts), offsets)
 
     def __len__(self) -> int:
-        return max(len(self.offsets) - 1, 0)
+        n = len(self.offsets)
+        return n - 1 if n else 0
 
     @overload
     def __getitem__(self, index: int) -> str: ...
@@ -158,6 +165,9 @@ class Utf8Column(Sequence[str]):
 
     def __repr__(self) -> str:
         return f"Utf8Column({self.tolist()!r})"
+
+
+NO_STRINGS = Utf8Column()  # a frame's column of keys or unique ids when it sends none
 
 
 class DispatchColumns(Sequence[DispatchEntry]):
@@ -212,8 +222,8 @@ class DispatchColumns(Sequence[DispatchEntry]):
         self.tags_codes = tags_codes
         self.store_timestamps_ms = store_timestamps_ms
         self.sys_flags = sys_flags
-        self.keys = Utf8Column.of(keys)
-        self.uniq_keys = Utf8Column.of(uniq_keys)
+        self.keys = keys if type(keys) is Utf8Column else Utf8Column.of(keys)
+        self.uniq_keys = uniq_keys if type(uniq_keys) is Utf8Column else Utf8Column.of(uniq_keys)
         self.start_offset = start_offset
         self.next_offset = next_offset
         self.records = records

@@ -624,7 +624,7 @@ cdef inline bint _is_utf8(const unsigned char *p, Py_ssize_t n) noexcept nogil:
 
 cdef struct Strings:
     # A string column as the wire gives it: the UTF-8 bytes back to back, and where each
-    # string ends (ends.n strings; string i is data[ends[i - 1]:ends[i]], ends[-1] being 0).
+    # string ends (ends.n strings; string i is data[ends[i - 1]:ends[i]], ends[-1] taken as 0).
     unsigned char *data
     Py_ssize_t n, cap
     Column64 ends
@@ -767,7 +767,7 @@ def decode_response(object data):
     nothing), else the batch as (start_offset, next_offset, topics, columns, keys, uniq_keys,
     records), the columns native int64 bytearrays: topic_indexes, queue_ids, queue_offsets,
     commit_log_offsets, sizes, tags_codes, store_timestamps_ms, sys_flags, corrupt_starts,
-    corrupt_ends. keys and uniq_keys are string columns, (UTF-8 bytes back to back, native
+    corrupt_ends. keys and uniq_keys are string columns (UTF-8 bytes back to back, native
     int64 offsets: 0 and each string's end, or empty when the frame has none): no str is made
     per message, and each string is checked to be UTF-8 as Python's strict decoder checks it.
     WireError when the bytes are no SubscribeResponse."""
