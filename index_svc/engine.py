@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -49,7 +48,7 @@ from mqstore.errors import (
     Unavailable,
     check,
 )
-from mqstore.formats import _core, keyhash, sysflag
+from mqstore.formats import _core, keyhash
 from mqstore.formats import index_file as fmt
 from mqstore.formats.index_checkpoint import (
     FILE_HEAD_CRC,
@@ -60,7 +59,7 @@ from mqstore.formats.index_checkpoint import (
     encode_checkpoint,
 )
 from mqstore.formats.javahash import index_key_hash
-from mqstore.formats.keyhash import KEY_TOPIC_SEPARATOR, index_hashes_prefixed, message_keys
+from mqstore.formats.keyhash import message_keys
 from mqstore.history import LogHistory
 from mqstore.sharding import index_key, key_hash64, shard_of_hash
 from mqstore.storage import failpoints
@@ -78,15 +77,6 @@ TIME_MAX_MS = (1 << 63) - 1
 ENTRY_TIME_UNIT_MS = 1_000
 
 Fetch = Callable[[Sequence[int]], Mapping[int, KeyedRecord]]
-
-
-@dataclass(slots=True)
-class _Keys:
-    """The keys of one batch, in order, as columns."""
-
-    keys: list[str]
-    phys: list[int]
-    store_ts_ms: list[int]
 
 
 class IndexEngine:
@@ -246,37 +236,14 @@ class IndexEngine:
     # -- apply ----------------------------------------------------------------------------------
 
     def apply(self, entries: Sequence[DispatchEntry]) -> int:
-        """Index one dispatch batch (entries in commit-log order). Entries starting below the
-        applied offset were applied before and are skipped. Returns the keys indexed."""
-        with self._mutex:
-            self._check_writable()
-            applied = self._applied
-            batch = _Keys([], [], [])
-            # Entry lists (tests, tools); the service applies frames as columns (apply_columns).
-            add_keys, add_phys, add_times = (
-                batch.keys.extend,
-                batch.phys.extend,
-                batch.store_ts_ms.extend,
-            )
-            rollback = sysflag.TRANSACTION_ROLLBACK_TYPE
-            mask = sysflag.TRANSACTION_MASK
-            for e in entries:
-                offset = e.commit_log_offset
-                if offset < applied:
-                    continue
-                applied = offset + e.size
-                if e.sys_flag & mask == rollback:
-                    continue
-                if not e.uniq_key and not e.keys:
-                    continue
-                keys = message_keys(e.topic, e.uniq_key, e.keys)
-                add_keys(keys)
-                add_phys([offset] * len(keys))
-                add_times([e.store_timestamp_ms] * len(keys))
-            keys = batch.keys
-            written = self._put(batch) if keys else 0
-            self._applied_to(applied)
-            return written
+        """Index one dispatch batch (entries in commit-log order): apply_columns of its columns
+        (entry lists come from tests and tools; the service applies frames as columns)."""
+        columns = (
+            entries
+            if isinstance(entries, DispatchColumns)
+            else DispatchColumns.from_entries(entries)
+        )
+        return self.apply_columns(columns)
 
     def _applied_to(self, applied: int) -> None:
         """Under the mutex, after a batch: the new applied offset, and a flush when due."""
@@ -288,11 +255,13 @@ class IndexEngine:
             self._flush_locked()
 
     def apply_columns(self, columns: DispatchColumns) -> int:
-        """apply() of a frame as columns: the same keys in the same order, so the same files
-        and checkpoints. Which rows are written is decided on the columns in one compiled
-        pass (_core.index_rows: apply()'s walk); the keys of a frame without KEYS tokens
-        (unique ids only, the usual case) are hashed per topic in bulk; a frame with tokens
-        builds its key list row by row, as apply() does."""
+        """Index one dispatch frame (rows in commit-log order). Rows starting below the applied
+        offset were applied before and are skipped. Returns the keys indexed.
+
+        Two compiled passes over the columns: which rows are written (_core.index_rows: the
+        walk over entries, replays skipped, rolled-back transactions not written), then the
+        index hash of each of their keys straight from the frame's UTF-8 string columns
+        (keyhash.message_key_hashes: message_keys' keys and order), no str per key."""
         with self._mutex:
             self._check_writable()
             taken, applied = _core.index_rows(
@@ -305,57 +274,37 @@ class IndexEngine:
 
     def _put_columns(self, columns: DispatchColumns, rows: Column) -> int:
         uniq, tokens = columns.uniq_keys, columns.keys
-        if tokens and any(tokens):
-            return self._put_rows(columns, rows)
-        if not uniq:
+        if not uniq and not tokens:
             return 0
-        if not all(uniq):
-            present = np.fromiter(map(len, uniq), dtype=np.int64, count=len(uniq)) > 0
-            rows = rows[present[rows]]
-            if not len(rows):
-                return 0
-        topic_indexes = columns.topic_indexes[rows]
-        first_topic = int(topic_indexes[0])
-        if not (topic_indexes == first_topic).all():
-            return self._put_rows(columns, rows)
-        prefix = columns.topics[first_topic] + KEY_TOPIC_SEPARATOR
-        suffixes = uniq if len(rows) == len(uniq) else [uniq[i] for i in rows.tolist()]
-        hashes = index_hashes_prefixed(prefix, suffixes)
+        hashes, at = keyhash.message_key_hashes(
+            columns.topics,
+            columns.topic_indexes,
+            rows,
+            (uniq.data, uniq.offsets),
+            (tokens.data, tokens.offsets),
+        )
+        if not len(at):
+            return 0
+
+        def key_strings() -> list[str]:
+            """The keys as str, for the 64-bit hashes (exact or sharded mode only)."""
+            topics, topic_indexes = columns.topics, columns.topic_indexes
+            out: list[str] = []
+            for i in rows.tolist():
+                out.extend(
+                    message_keys(
+                        topics[int(topic_indexes[i])],
+                        uniq[i] if uniq else "",
+                        tokens[i] if tokens else "",
+                    )
+                )
+            return out
+
         return self._put_hashed(
             hashes,
-            columns.commit_log_offsets[rows],
-            columns.store_timestamps_ms[rows],
-            lambda: [prefix + s for s in suffixes],
-        )
-
-    def _put_rows(self, columns: DispatchColumns, rows: Column) -> int:
-        """The keys of `rows` (taken, not rolled back) built row by row, as apply() does."""
-        batch = _Keys([], [], [])
-        topics = columns.topics
-        uniq_keys = columns.uniq_keys
-        token_lists = columns.keys
-        phys = columns.commit_log_offsets
-        times = columns.store_timestamps_ms
-        topic_indexes = columns.topic_indexes
-        for i in rows.tolist():
-            uniq = uniq_keys[i] if uniq_keys else ""
-            tokens = token_lists[i] if token_lists else ""
-            if not uniq and not tokens:
-                continue
-            keys = message_keys(topics[int(topic_indexes[i])], uniq, tokens)
-            batch.keys.extend(keys)
-            batch.phys.extend([int(phys[i])] * len(keys))
-            batch.store_ts_ms.extend([int(times[i])] * len(keys))
-        return self._put(batch) if batch.keys else 0
-
-    def _put(self, batch: _Keys) -> int:
-        """Write the batch's keys (those of this shard), rolling over to new files as needed.
-        Every file the batch needs is created first, so a full disk refuses the whole batch."""
-        return self._put_hashed(
-            keyhash.index_hashes(batch.keys),
-            np.array(batch.phys, dtype=np.int64),
-            np.array(batch.store_ts_ms, dtype=np.int64),
-            lambda: batch.keys,
+            columns.commit_log_offsets[at],
+            columns.store_timestamps_ms[at],
+            key_strings,
         )
 
     def _put_hashed(

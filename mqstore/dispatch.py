@@ -13,6 +13,7 @@ built on access), so that code written for entry lists keeps working with it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
@@ -95,9 +96,84 @@ class QueueRuns:
         return self.rows[self.bounds[r] : self.bounds[r + 1]]
 
 
+# The offsets of a column of no strings, shared (read-only): a frame without keys (cq_svc's)
+# makes no array for them.
+_NO_OFFSETS: Column = np.zeros(0, dtype=np.int64)
+_NO_OFFSETS.flags.writeable = False
+
+
+class Utf8Column(Sequence[str]):
+    """A column of strings as the dispatch frame carries them: their UTF-8 bytes back to back
+    in `data`, string i being data[offsets[i]:offsets[i + 1]] (`offsets`: int64, 0 first, one
+    more than the strings; empty for a column of none). decode_response makes one without a
+    str per message, and index_svc hashes the keys from the bytes (_core.index_message_keys);
+    a str is made only when one is asked for (entries, errors, the exact and sharded modes).
+    The bytes are UTF-8: decode_response checks them, `of` encodes them."""
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, data: bytes = b"", offsets: Column | None = None) -> None:
+        self.data = data
+        self.offsets: Column = offsets if offsets is not None else _NO_OFFSETS
+
+    @classmethod
+    def of(cls, strings: Sequence[str]) -> Utf8Column:
+        """The column of `strings` (none: the empty column)."""
+        if isinstance(strings, Utf8Column):
+            return strings
+        if not strings:
+            return cls()
+        parts = [s.encode("utf-8") for s in strings]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)), out=offsets[1:])
+        return cls(b"".join(parts), offsets)
+
+    def __len__(self) -> int:
+        n = len(self.offsets)
+        return n - 1 if n else 0
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"string {index} of {n}")
+        i = index % n
+        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])].decode("utf-8")
+
+    def tolist(self) -> list[str]:
+        """Every string, decoded."""
+        data = self.data
+        bounds = self.offsets.tolist()
+        return [data[a:b].decode("utf-8") for a, b in itertools.pairwise(bounds)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Utf8Column):
+            return NotImplemented
+        return self.tolist() == other.tolist()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking value, as a list is
+
+    def __repr__(self) -> str:
+        return f"Utf8Column({self.tolist()!r})"
+
+
+NO_STRINGS = Utf8Column()  # a frame's column of keys or unique ids when it sends none
+
+
 class DispatchColumns(Sequence[DispatchEntry]):
     """A dispatch frame as columns: one int64 array per numeric field, all of one length;
-    `keys` and `uniq_keys` hold one string per entry or none at all (then every entry has "").
+    `keys` and `uniq_keys` are Utf8Columns of one string per entry or of none at all (then
+    every entry has ""); strings given as a sequence of str are encoded into one.
     `records`: empty, or every entry's record back to back in entry order (a frame of the
     newest appends, asked for with include_records). The caller guarantees the shape
     (decode_columns checks a frame before it builds one)."""
@@ -131,8 +207,8 @@ class DispatchColumns(Sequence[DispatchEntry]):
         tags_codes: Column,
         store_timestamps_ms: Column,
         sys_flags: Column,
-        keys: Sequence[str] = (),
-        uniq_keys: Sequence[str] = (),
+        keys: Sequence[str] | Utf8Column = (),
+        uniq_keys: Sequence[str] | Utf8Column = (),
         start_offset: int = 0,
         next_offset: int = 0,
         records: bytes = b"",
@@ -146,8 +222,8 @@ class DispatchColumns(Sequence[DispatchEntry]):
         self.tags_codes = tags_codes
         self.store_timestamps_ms = store_timestamps_ms
         self.sys_flags = sys_flags
-        self.keys = keys
-        self.uniq_keys = uniq_keys
+        self.keys = keys if type(keys) is Utf8Column else Utf8Column.of(keys)
+        self.uniq_keys = uniq_keys if type(uniq_keys) is Utf8Column else Utf8Column.of(uniq_keys)
         self.start_offset = start_offset
         self.next_offset = next_offset
         self.records = records
@@ -220,8 +296,8 @@ class DispatchColumns(Sequence[DispatchEntry]):
         """Every row as a DispatchEntry (the per-entry form, for callers that want objects)."""
         n = len(self)
         topics = self.topics
-        keys = self.keys if self.keys else [""] * n
-        uniq = self.uniq_keys if self.uniq_keys else [""] * n
+        keys = self.keys.tolist() if self.keys else [""] * n
+        uniq = self.uniq_keys.tolist() if self.uniq_keys else [""] * n
         return [
             DispatchEntry(topics[t], q, qo, o, sz, tc, ts, sf, k, u)
             for t, q, qo, o, sz, tc, ts, sf, k, u in zip(

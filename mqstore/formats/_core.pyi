@@ -130,7 +130,10 @@ class WireError(ValueError): ...
 
 def decode_response(
     data: Buffer,
-) -> tuple[int, int, list[str], list[bytearray], list[str], list[str], bytes] | None: ...
+) -> (
+    tuple[int, int, list[str], list[bytearray], tuple[bytes, bytes], tuple[bytes, bytes], bytes]
+    | None
+): ...
 
 # _core_arrow.pxi
 
@@ -296,7 +299,15 @@ def read_append_request(
 def widest_bytes(items: list[Any]) -> int: ...
 
 # _core_index.pxi
-def index_hashes(prefix: str, keys: list[str]) -> bytes: ...
+def index_message_keys(
+    prefixes: list[str],
+    topic_indexes: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    uniq_data: bytes,
+    uniq_offsets: npt.NDArray[np.int64],
+    keys_data: bytes,
+    keys_offsets: npt.NDArray[np.int64],
+) -> tuple[bytes, bytes]: ...
 def index_put_keys(
     buf: bytearray | memoryview | mmap.mmap,
     slot_num: int,

@@ -28,9 +28,10 @@ an included file of its own (the list at the bottom):
                             answer (the protobuf runtime is their reference);
                             share_bounds(...), widest_bytes(...): a producer batch cut into
                             requests and measured (formats/append_wire.py)
-    _core_index.pxi         index_hashes(...), index_put_keys(...), index_rows(...): the
-                            index's key hashes, a batch put into an index file and the rows a
-                            frame writes (formats/index_file.py, index_svc/engine.py)
+    _core_index.pxi         index_message_keys(...), index_put_keys(...), index_rows(...):
+                            the index hashes of a frame's keys (from its UTF-8 columns), a
+                            batch put into an index file and the rows a frame writes
+                            (formats/keyhash.py, formats/index_file.py, index_svc/engine.py)
 
 Built by setup.py (pip install, `make setup`) with gcc; the README's "The two commands" says
 what a machine needs.

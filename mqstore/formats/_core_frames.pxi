@@ -559,14 +559,119 @@ cdef str _utf8(const unsigned char *p, Py_ssize_t n):
         raise WireError("a string that is no UTF-8") from None
 
 
+cdef inline Py_ssize_t _utf8_char(const unsigned char *p, Py_ssize_t n, uint32_t *cp) noexcept nogil:
+    """The length of the UTF-8 sequence at p (n > 0 bytes left) and its code point in *cp, or
+    0 when the bytes are no UTF-8 there. Strict as Python's decoder (Unicode's Table 3-7): no
+    overlong forms, no surrogates (ED A0..BF), nothing above U+10FFFF (F4 90.., F5..FF)."""
+    cdef unsigned char b0 = p[0], lo = 0x80, hi = 0xBF
+    cdef Py_ssize_t k, i
+    if b0 < 0x80:
+        cp[0] = b0
+        return 1
+    if b0 < 0xC2:
+        return 0  # a continuation byte, or C0/C1 (overlong two-byte forms)
+    if b0 < 0xE0:
+        k = 2
+        cp[0] = b0 & 0x1F
+    elif b0 < 0xF0:
+        k = 3
+        cp[0] = b0 & 0x0F
+        if b0 == 0xE0:
+            lo = 0xA0  # below: overlong
+        elif b0 == 0xED:
+            hi = 0x9F  # above: UTF-16 surrogates
+    elif b0 < 0xF5:
+        k = 4
+        cp[0] = b0 & 0x07
+        if b0 == 0xF0:
+            lo = 0x90  # below: overlong
+        elif b0 == 0xF4:
+            hi = 0x8F  # above: beyond U+10FFFF
+    else:
+        return 0
+    if n < k or p[1] < lo or p[1] > hi:
+        return 0
+    for i in range(1, k):
+        if (p[i] & 0xC0) != 0x80:
+            return 0
+        cp[0] = (cp[0] << 6) | (p[i] & 0x3F)
+    return k
+
+
+cdef inline bint _is_utf8(const unsigned char *p, Py_ssize_t n) noexcept nogil:
+    """Whether p[:n] is UTF-8 by _utf8_char's (Python's strict) rules. ASCII is taken eight
+    bytes a step (a unique id is 32 ASCII characters)."""
+    cdef Py_ssize_t i = 0, k
+    cdef uint32_t cp
+    cdef uint64_t word
+    while i < n:
+        while i + 8 <= n:
+            memcpy(&word, p + i, 8)
+            if word & 0x8080808080808080ULL:
+                break
+            i += 8
+        if i >= n:
+            break
+        if p[i] < 0x80:
+            i += 1
+            continue
+        k = _utf8_char(p + i, n - i, &cp)
+        if k == 0:
+            return False
+        i += k
+    return True
+
+
+cdef struct Strings:
+    # A string column as the wire gives it: the UTF-8 bytes back to back, and where each
+    # string ends (ends.n strings; string i is data[ends[i - 1]:ends[i]], ends[-1] taken as 0).
+    unsigned char *data
+    Py_ssize_t n, cap
+    Column64 ends
+
+
+cdef int _strings_push(Strings *s, const unsigned char *p, Py_ssize_t length) except -1:
+    """Append one string (checked UTF-8 first: a frame with one that is not is refused)."""
+    cdef unsigned char *grown
+    cdef Py_ssize_t cap
+    if not _is_utf8(p, length):
+        raise WireError("a string that is no UTF-8")
+    if s.n + length > s.cap:
+        cap = max(s.n + length, s.cap * 2, 256)
+        grown = <unsigned char *>realloc(s.data, cap)
+        if grown == NULL:
+            raise MemoryError()
+        s.data = grown
+        s.cap = cap
+    if length:
+        memcpy(s.data + s.n, p, length)
+    s.n += length
+    _push(&s.ends, s.n)
+    return 0
+
+
+cdef tuple _strings_result(Strings *s):
+    """(data bytes, offsets as native int64 bytes: 0 then every end; empty for no strings)."""
+    cdef bytes offsets = b""
+    cdef int64_t *w
+    if s.ends.n:
+        offsets = PyBytes_FromStringAndSize(NULL, (s.ends.n + 1) * 8)
+        w = <int64_t *>PyBytes_AS_STRING(offsets)
+        w[0] = 0
+        memcpy(w + 1, s.ends.data, s.ends.n * 8)
+    return PyBytes_FromStringAndSize(<const char *>s.data, s.n), offsets
+
+
 cdef class _Batch:
     cdef Column64 cols[FRAME_COLUMNS]
     cdef int64_t start_offset, next_offset
-    cdef list topics, keys, uniq_keys
+    cdef Strings strings[2]  # keys (field 12), uniq_keys (field 13)
+    cdef list topics
     cdef object records
 
     def __cinit__(self):
         memset(self.cols, 0, sizeof(self.cols))
+        memset(self.strings, 0, sizeof(self.strings))
         self.clear()
 
     cdef void clear(self) noexcept:
@@ -574,15 +679,18 @@ cdef class _Batch:
         for i in range(FRAME_COLUMNS):
             self.cols[i].n = 0
         self.start_offset = self.next_offset = 0
+        self.strings[0].n = self.strings[1].n = 0
+        self.strings[0].ends.n = self.strings[1].ends.n = 0
         self.topics = []
-        self.keys = []
-        self.uniq_keys = []
         self.records = b""
 
     def __dealloc__(self):
         cdef int i
         for i in range(FRAME_COLUMNS):
             free(self.cols[i].data)
+        for i in range(2):
+            free(self.strings[i].data)
+            free(self.strings[i].ends.data)
 
     cdef int merge(self, const unsigned char *p, const unsigned char *end) except -1:
         """Read one DispatchBatch's bytes into what was read (a merge)."""
@@ -632,9 +740,10 @@ cdef class _Batch:
                     raise WireError("a length runs past its end")
                 if number == 16:
                     self.records = PyBytes_FromStringAndSize(<const char *>p, <Py_ssize_t>length)
+                elif number == 3:
+                    self.topics.append(_utf8(p, <Py_ssize_t>length))
                 else:
-                    (self.topics if number == 3 else self.keys if number == 12 else
-                     self.uniq_keys).append(_utf8(p, <Py_ssize_t>length))
+                    _strings_push(&self.strings[number - 12], p, <Py_ssize_t>length)
                 p += length
             elif wire == 4:
                 raise WireError("a group ends that never began")
@@ -648,8 +757,9 @@ cdef class _Batch:
         for i in range(FRAME_COLUMNS):
             columns.append(PyByteArray_FromStringAndSize(
                 <const char *>self.cols[i].data, self.cols[i].n * 8))
-        return (self.start_offset, self.next_offset, self.topics, columns, self.keys,
-                self.uniq_keys, self.records)
+        return (self.start_offset, self.next_offset, self.topics, columns,
+                _strings_result(&self.strings[0]), _strings_result(&self.strings[1]),
+                self.records)
 
 
 def decode_response(object data):
@@ -657,7 +767,10 @@ def decode_response(object data):
     nothing), else the batch as (start_offset, next_offset, topics, columns, keys, uniq_keys,
     records), the columns native int64 bytearrays: topic_indexes, queue_ids, queue_offsets,
     commit_log_offsets, sizes, tags_codes, store_timestamps_ms, sys_flags, corrupt_starts,
-    corrupt_ends. WireError when the bytes are no SubscribeResponse."""
+    corrupt_ends. keys and uniq_keys are string columns (UTF-8 bytes back to back, native
+    int64 offsets: 0 and each string's end, or empty when the frame has none): no str is made
+    per message, and each string is checked to be UTF-8 as Python's strict decoder checks it.
+    WireError when the bytes are no SubscribeResponse."""
     cdef _Buffer held = _Buffer(data)
     cdef const unsigned char *p = <const unsigned char *>held.view.buf
     cdef const unsigned char *end = p + held.view.len

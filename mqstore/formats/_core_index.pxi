@@ -1,6 +1,8 @@
 # The index service's per-key work for a dispatch batch, in one pass each: included by _core.pyx.
-#   index_hashes(prefix, keys)   RocketMQ's index hash of prefix + key for every key; its
-#                                specification is javahash.index_key_hash, key by key
+#   index_message_keys(...)      the index hashes of a dispatch frame's keys, straight from its
+#                                UTF-8 string columns; its specification is
+#                                keyhash.message_key_hashes_reference (message_keys, then
+#                                javahash.index_key_hash, key by key)
 #   index_put_keys(...)          a batch of entries and slots written into an index file; its
 #                                specification is index_file.put_keys_reference (numpy)
 #   index_rows(...)              which rows of a dispatch frame the index writes; its
@@ -30,7 +32,8 @@ cdef int64_t INDEX_INT32_MIN_ = -2147483648
 
 
 cdef inline uint32_t _java_hash_more(uint32_t h, object s) noexcept:
-    """Java's h = 31 * h + unit, continued over the UTF-16 code units of the str `s`."""
+    """Java's h = 31 * h + unit, continued over the UTF-16 code units of the str `s` (a
+    topic's "topic#" prefix: its state once a frame, each key continuing it)."""
     cdef int kind = mq_unicode_kind(s)
     cdef const void *data = mq_unicode_data(s)
     cdef const unsigned char *latin
@@ -63,23 +66,129 @@ cdef inline uint32_t _java_hash_more(uint32_t h, object s) noexcept:
     return h
 
 
-def index_hashes(str prefix, list keys):
-    """RocketMQ's indexKeyHashMethod of prefix + key for every key, as native int64 bytes:
-    abs(String.hashCode) over UTF-16 code units, Integer.MIN_VALUE -> 0. The prefix's hash
-    state is computed once and each key continues it, so no "topic#key" string is made."""
-    cdef Py_ssize_t i, n = len(keys)
-    cdef uint32_t start = _java_hash_more(0, prefix)
-    cdef int64_t h
-    cdef object key
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, n * 8)
-    cdef int64_t *w = <int64_t *>PyBytes_AS_STRING(out)
-    for i in range(n):
-        key = keys[i]
-        if type(key) is not str:
-            raise TypeError(f"index keys are str, not {type(key).__name__}")
-        h = <int32_t>_java_hash_more(start, key)
-        w[i] = 0 if h == INDEX_INT32_MIN_ else (-h if h < 0 else h)
-    return out
+cdef inline uint32_t _java_hash_utf8(uint32_t h, const unsigned char *p, Py_ssize_t n) except? 0xFFFFFFFF:
+    """_java_hash_more over the str whose UTF-8 bytes are p[:n] (read as _utf8_char reads
+    them: the str Python's strict decoder would make, in UTF-16 code units), without making
+    it. Bytes that are no UTF-8: ValueError (decode_response refuses such a frame first)."""
+    cdef Py_ssize_t i = 0, k
+    cdef uint32_t c
+    while True:
+        # ASCII four bytes a step, as _java_hash_more does Latin-1 (the usual key is ASCII).
+        while i + 4 <= n and ((p[i] | p[i + 1] | p[i + 2] | p[i + 3]) & 0x80) == 0:
+            h = h * JAVA_HASH_POW4_ + (
+                p[i] * JAVA_HASH_POW3_ + p[i + 1] * JAVA_HASH_POW2_ + p[i + 2] * 31 + p[i + 3]
+            )
+            i += 4
+        if i >= n:
+            return h
+        k = _utf8_char(p + i, n - i, &c)
+        if k == 0:
+            raise ValueError("index keys: a key that is no UTF-8")
+        i += k
+        if c >= UTF16_SUPPLEMENTARY_:
+            c -= UTF16_SUPPLEMENTARY_
+            h = h * 31 + (UTF16_HIGH_SURROGATE_ + (c >> 10))
+            h = h * 31 + (UTF16_LOW_SURROGATE_ + (c & 0x3FF))
+        else:
+            h = h * 31 + c
+
+
+cdef inline int64_t _index_of_java(uint32_t h) noexcept nogil:
+    """RocketMQ's indexKeyHashMethod of a hashCode: abs, Integer.MIN_VALUE -> 0."""
+    cdef int64_t v = <int32_t>h
+    return 0 if v == INDEX_INT32_MIN_ else (-v if v < 0 else v)
+
+
+cdef enum:
+    KEY_TOKEN_SEPARATOR_ = 0x20  # " ": KEYS holds space-separated tokens (one UTF-8 byte)
+
+
+cdef const unsigned char *_string_column(
+    const unsigned char[::1] data, const int64_t[::1] offsets, Py_ssize_t n, str name
+) except NULL:
+    """The bytes of a string column of n strings (offsets: none, or n + 1 rising within data)."""
+    cdef Py_ssize_t i
+    if offsets.shape[0] != 0:
+        if offsets.shape[0] != n + 1 or offsets[0] != 0 or offsets[n] > data.shape[0]:
+            raise ValueError(f"index keys: a {name} column that is not {n} strings")
+        for i in range(n):
+            if offsets[i + 1] < offsets[i]:
+                raise ValueError(f"index keys: a {name} column that is not {n} strings")
+    return &data[0] if data.shape[0] else <const unsigned char *>""
+
+
+def index_message_keys(
+    list prefixes,
+    const int64_t[::1] topic_indexes,
+    const int64_t[::1] rows,
+    const unsigned char[::1] uniq_data,
+    const int64_t[::1] uniq_offsets,
+    const unsigned char[::1] keys_data,
+    const int64_t[::1] keys_offsets,
+):
+    """The index keys of a dispatch frame's `rows`, hashed: for each row in order, the index
+    hash of prefixes[topic] + its unique id when it has one, then of prefixes[topic] + each
+    non-empty token of its KEYS split on " " (keyhash.message_keys' keys and order). The
+    unique ids and KEYS are decode_response's string columns (UTF-8 bytes and offsets, empty
+    offsets for a frame without them), hashed from their bytes: no str per key. Returns (the
+    hashes, the row of each key), both native int64 bytes."""
+    cdef Py_ssize_t n = topic_indexes.shape[0], m = rows.shape[0], t, i, j, r, a, b, total = 0
+    cdef Py_ssize_t topic_count = len(prefixes)
+    cdef const unsigned char *uniq = _string_column(uniq_data, uniq_offsets, n, "unique id")
+    cdef const unsigned char *keys = _string_column(keys_data, keys_offsets, n, "KEYS")
+    cdef bint has_uniq = uniq_offsets.shape[0] != 0, has_keys = keys_offsets.shape[0] != 0
+    cdef bytes hashes, key_rows
+    cdef int64_t *h_out
+    cdef int64_t *r_out
+    cdef uint32_t *states = <uint32_t *>PyMem_Malloc(max(topic_count, 1) * sizeof(uint32_t))
+    if states == NULL:
+        raise MemoryError()
+    try:
+        for t in range(topic_count):
+            if type(prefixes[t]) is not str:
+                raise TypeError(f"index prefixes are str, not {type(prefixes[t]).__name__}")
+            states[t] = _java_hash_more(0, prefixes[t])
+        # First pass: how many keys (checking rows and topics), so the output is sized once.
+        for j in range(m):
+            r = rows[j]
+            if r < 0 or r >= n or topic_indexes[r] < 0 or topic_indexes[r] >= topic_count:
+                raise ValueError(f"index keys: row {r} of {n}, or its topic, out of range")
+            if has_uniq and uniq_offsets[r + 1] > uniq_offsets[r]:
+                total += 1
+            if has_keys:
+                a, b = keys_offsets[r], keys_offsets[r + 1]
+                for i in range(a, b):
+                    if keys[i] != KEY_TOKEN_SEPARATOR_ and (
+                        i == a or keys[i - 1] == KEY_TOKEN_SEPARATOR_
+                    ):
+                        total += 1
+        hashes = PyBytes_FromStringAndSize(NULL, total * 8)
+        key_rows = PyBytes_FromStringAndSize(NULL, total * 8)
+        h_out = <int64_t *>PyBytes_AS_STRING(hashes)
+        r_out = <int64_t *>PyBytes_AS_STRING(key_rows)
+        total = 0
+        for j in range(m):
+            r = rows[j]
+            t = topic_indexes[r]
+            if has_uniq and uniq_offsets[r + 1] > uniq_offsets[r]:
+                a = uniq_offsets[r]
+                h_out[total] = _index_of_java(_java_hash_utf8(states[t], uniq + a, uniq_offsets[r + 1] - a))
+                r_out[total] = r
+                total += 1
+            if has_keys:
+                a, b = keys_offsets[r], keys_offsets[r + 1]
+                while a < b:
+                    i = a
+                    while i < b and keys[i] != KEY_TOKEN_SEPARATOR_:
+                        i += 1
+                    if i > a:
+                        h_out[total] = _index_of_java(_java_hash_utf8(states[t], keys + a, i - a))
+                        r_out[total] = r
+                        total += 1
+                    a = i + 1
+    finally:
+        PyMem_Free(states)
+    return hashes, key_rows
 
 
 cdef inline void _put_be32(unsigned char *p, uint32_t v) noexcept nogil:

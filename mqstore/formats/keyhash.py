@@ -2,9 +2,10 @@
 
 The index needs, per key, RocketMQ's 32-bit hash (Java `String.hashCode`, which in pure Python
 costs a loop step per character: ~2.4 us for a 20-character key) and, in exact or sharded mode,
-the 64-bit hash and the shard of mqstore.sharding. The index hashes of str keys are computed in
-the compiled core, one C loop per key (`index_hashes`); keys held as UTF-8 columns (the Spark
-jobs) are hashed with a handful of numpy operations over all their characters:
+the 64-bit hash and the shard of mqstore.sharding. index_svc hashes a dispatch frame's keys in
+the compiled core straight from the frame's UTF-8 columns, one C loop per key, no str made
+(`message_key_hashes`); str keys (`index_hashes`) and keys held as Arrow UTF-8 columns (the
+Spark jobs) are hashed with a handful of numpy operations over all their characters:
 
     hashCode(s) = sum(s[i] * 31**(len - 1 - i)) mod 2**32     (UTF-16 code units)
 
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mqstore.formats import _core
+from mqstore.formats.javahash import index_key_hash
 from mqstore.sharding import HASH64_DIGEST_BYTES, JUMP_MULTIPLIER
 
 _INT32_MIN = -(1 << 31)
@@ -111,16 +113,51 @@ def _hash_codes(codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
     """RocketMQ's indexKeyHashMethod for every key: abs(hashCode), Integer.MIN_VALUE -> 0."""
-    return index_hashes_prefixed("", keys)
+    return _index_of_java(java_hashes(keys))
 
 
-def index_hashes_prefixed(prefix: str, suffixes: Sequence[str]) -> np.ndarray:
-    """index_hashes([prefix + s for s in suffixes]) without making those strings: the index
-    hashes "topic#key" for every key of one topic. A C loop per key (_core.index_hashes: the
-    prefix's hash state once, each key's UTF-16 units after it); javahash.index_key_hash is
-    its specification, which the tests pin it to."""
-    keys = suffixes if isinstance(suffixes, list) else list(suffixes)
-    return np.frombuffer(_core.index_hashes(prefix, keys), dtype=np.int64)
+def message_key_hashes(
+    topics: Sequence[str],
+    topic_indexes: np.ndarray,
+    rows: np.ndarray,
+    uniq: tuple[bytes, np.ndarray],
+    keys: tuple[bytes, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The index hashes of the keys of a dispatch frame's `rows` (message_keys of each row, in
+    order), and the row of each key. `uniq` and `keys` are string columns as the frame carries
+    them (UTF-8 bytes, int64 offsets: 0 and each end, or none): the keys are hashed from their
+    bytes in the compiled core (_core.index_message_keys), no str made. Its specification is
+    message_key_hashes_reference, which the tests pin it to."""
+    hashes, key_rows = _core.index_message_keys(
+        [topic + KEY_TOPIC_SEPARATOR for topic in topics],
+        np.ascontiguousarray(topic_indexes, dtype=np.int64),
+        np.ascontiguousarray(rows, dtype=np.int64),
+        uniq[0],
+        np.ascontiguousarray(uniq[1], dtype=np.int64),
+        keys[0],
+        np.ascontiguousarray(keys[1], dtype=np.int64),
+    )
+    return np.frombuffer(hashes, dtype=np.int64), np.frombuffer(key_rows, dtype=np.int64)
+
+
+def message_key_hashes_reference(
+    topics: Sequence[str],
+    topic_indexes: Sequence[int],
+    rows: Sequence[int],
+    uniq: Sequence[str],
+    keys: Sequence[str],
+) -> tuple[list[int], list[int]]:
+    """message_key_hashes over str columns (empty: no strings), one key at a time: RocketMQ's
+    buildIndex (message_keys) and indexKeyHashMethod (javahash.index_key_hash)."""
+    hashes: list[int] = []
+    key_rows: list[int] = []
+    for r in rows:
+        for key in message_keys(
+            topics[topic_indexes[r]], uniq[r] if uniq else "", keys[r] if keys else ""
+        ):
+            hashes.append(index_key_hash(key))
+            key_rows.append(r)
+    return hashes, key_rows
 
 
 def _index_of_java(h: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from mqstore.dispatch import DispatchColumns, DispatchEntry
+from mqstore.dispatch import NO_STRINGS, DispatchColumns, DispatchEntry, Utf8Column
 from mqstore.errors import InvalidArgument, MalformedFrame
 from mqstore.formats import _core
 from mqstore.history import EPOCHS_MAX, LogHistory
@@ -146,9 +146,9 @@ def decode_response(raw: bytes) -> pb.SubscribeResponse | DispatchColumns:
     for name, column in lengths:
         if len(column) != n:
             raise MalformedFrame(f"malformed dispatch frame: {len(column)} {name} for {n} entries")
-    for name, strings in (("keys", keys), ("uniq_keys", uniq_keys)):
-        if len(strings) not in (0, n):
-            raise MalformedFrame(f"malformed dispatch frame: {len(strings)} {name} for {n} entries")
+    strings_columns = [
+        _strings(name, column, n) for name, column in (("keys", keys), ("uniq_keys", uniq_keys))
+    ]
     _check_records(records, sizes)
     if n:
         _check_topic_indexes(int(topic_indexes.min()), int(topic_indexes.max()), len(topics))
@@ -162,12 +162,24 @@ def decode_response(raw: bytes) -> pb.SubscribeResponse | DispatchColumns:
         tags_codes=tags,
         store_timestamps_ms=stamps,
         sys_flags=flags,
-        keys=keys,
-        uniq_keys=uniq_keys,
+        keys=strings_columns[0],
+        uniq_keys=strings_columns[1],
         start_offset=start,
         next_offset=next_offset,
         records=records,
     )
+
+
+def _strings(name: str, column: tuple[bytes, bytes], n: int) -> Utf8Column:
+    """A string column of _core.decode_response as a Utf8Column of none or n strings;
+    MalformedFrame for any other count."""
+    data, offsets = column
+    if not offsets:
+        return NO_STRINGS
+    count = len(offsets) // 8 - 1
+    if count != n:
+        raise MalformedFrame(f"malformed dispatch frame: {count} {name} for {n} entries")
+    return Utf8Column(data, np.frombuffer(offsets, dtype=np.int64))
 
 
 def decode_columns(batch: pb.DispatchBatch) -> DispatchColumns:

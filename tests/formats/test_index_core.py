@@ -1,12 +1,15 @@
 """The compiled core's index operations (_core_index.pxi) pinned to their plain-Python
 specifications: index_file.put_keys to put_keys_reference byte for byte on the file and the
-header, keyhash.index_hashes_prefixed to javahash.index_key_hash key by key."""
+header, keyhash.index_hashes (str keys, numpy) to javahash.index_key_hash key by key, and
+keyhash.message_key_hashes (a frame's keys hashed from its UTF-8 string columns) to
+message_key_hashes_reference key by key, its UTF-8 verdicts to Python's strict decoder's."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -90,18 +93,33 @@ _keys = st.text(
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.text(max_size=12) | _keys, st.lists(_keys, max_size=30))
-def test_compiled_index_hashes_are_index_key_hash_of_prefix_and_key(
-    prefix: str, keys: list[str]
-) -> None:
-    got = keyhash.index_hashes_prefixed(prefix, keys).tolist()
-    assert got == [index_key_hash(prefix + k) for k in keys]
-    assert keyhash.index_hashes([prefix + k for k in keys]).tolist() == got
+@given(st.lists(_keys, max_size=30))
+def test_index_hashes_of_str_keys_are_index_key_hash_key_by_key(keys: list[str]) -> None:
+    assert keyhash.index_hashes(keys).tolist() == [index_key_hash(k) for k in keys]
+
+
+def _key_hashing_to(prefix: str, target: int) -> str:
+    """A key whose Java hash after the ASCII `prefix` is `target` mod 2**32: seven base-31
+    digits as the characters U+0000..U+001E (31**7 > 2**32)."""
+    h = 0
+    for c in prefix:
+        h = (h * 31 + ord(c)) % (1 << 32)
+    want = (target - h * 31**7) % (1 << 32)
+    digits = []
+    for _ in range(7):
+        want, d = divmod(want, 31)
+        digits.append(chr(d))
+    return "".join(reversed(digits))
 
 
 def test_the_hash_of_integer_min_value_is_zero() -> None:
     # "polygenelubricants".hashCode() is Integer.MIN_VALUE, whose abs RocketMQ maps to 0.
-    assert keyhash.index_hashes_prefixed("polygene", ["lubricants"]).tolist() == [0]
+    assert keyhash.index_hashes(["polygenelubricants"]).tolist() == [0]
+    key = _key_hashing_to("T#", 1 << 31).encode("utf-8")
+    one = np.zeros(1, dtype=np.int64)
+    column = (key, np.array([0, len(key)], dtype=np.int64))
+    hashes, _ = keyhash.message_key_hashes(["T"], one, one, column, (b"", one[:0]))
+    assert hashes.tolist() == [0]
 
 
 def _rows_walk(
@@ -138,3 +156,91 @@ def test_compiled_index_rows_are_the_rows_apply_walks(
     assert (np.frombuffer(taken, dtype=np.int64).tolist(), got_applied) == _rows_walk(
         offsets, sizes, flags, applied
     )
+
+
+# Strings a frame can carry (UTF-8 has no lone surrogates): ASCII, Latin-1, BMP, supplementary
+# planes, and spaces, so that KEYS splits into repeated, empty and non-ASCII tokens.
+_frame_strings = st.text(
+    alphabet=st.one_of(
+        st.sampled_from(" ab"),
+        st.characters(max_codepoint=0x7F),
+        st.characters(min_codepoint=0x80, max_codepoint=0xFF),
+        st.characters(min_codepoint=0x100, exclude_categories=["Cs"]),
+    ),
+    max_size=24,
+)
+
+
+def _column(strings: list[str] | None) -> tuple[bytes, np.ndarray]:
+    """A string column as decode_response gives it (None: a frame without the column)."""
+    if strings is None:
+        return b"", np.zeros(0, dtype=np.int64)
+    parts = [s.encode("utf-8") for s in strings]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(p) for p in parts])
+    return b"".join(parts), offsets
+
+
+@st.composite
+def key_frames(draw: st.DrawFn) -> tuple[list[str], list[int], list[int], list[str], list[str]]:
+    """Topics, each row's topic, the rows taken (any order, repeats), unique ids and KEYS
+    (either column may be absent: an empty list)."""
+    topics = draw(st.lists(st.text(max_size=8) | _keys, min_size=1, max_size=3))
+    n = draw(st.integers(0, 12))
+    topic_indexes = draw(st.lists(st.integers(0, len(topics) - 1), min_size=n, max_size=n))
+    rows = draw(st.lists(st.integers(0, n - 1), max_size=14)) if n else []
+    uniq = draw(st.lists(_frame_strings, min_size=n, max_size=n) | st.just([]))
+    keys = draw(st.lists(_frame_strings, min_size=n, max_size=n) | st.just([]))
+    return topics, topic_indexes, rows, uniq, keys
+
+
+@settings(max_examples=500, deadline=None)
+@given(key_frames())
+def test_compiled_message_key_hashes_are_the_reference_key_by_key(
+    frame: tuple[list[str], list[int], list[int], list[str], list[str]],
+) -> None:
+    """keyhash.message_key_hashes, hashing from the frame's UTF-8 bytes, gives what
+    message_keys then javahash.index_key_hash give for the decoded strings, in order."""
+    topics, topic_indexes, rows, uniq, keys = frame
+    hashes, key_rows = keyhash.message_key_hashes(
+        topics,
+        np.array(topic_indexes, dtype=np.int64),
+        np.array(rows, dtype=np.int64),
+        _column(uniq if uniq else None),
+        _column(keys if keys else None),
+    )
+    want = keyhash.message_key_hashes_reference(topics, topic_indexes, rows, uniq, keys)
+    assert (hashes.tolist(), key_rows.tolist()) == want
+
+
+# Bytes near UTF-8's edges: every lead byte class and the continuation bounds that the strict
+# rules single out (overlong E0/F0, surrogates ED A0.., beyond U+10FFFF F4 90.., F5..FF).
+_edge_bytes = st.lists(
+    st.sampled_from(
+        [
+            *(0x00, 0x20, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2),
+            *(0xDF, 0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF),
+        ]
+    ),
+    max_size=10,
+).map(bytes)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_edge_bytes | st.binary(max_size=12) | _frame_strings.map(lambda s: s.encode("utf-8")))
+def test_a_key_is_hashed_from_its_bytes_when_python_decodes_them_and_refused_when_not(
+    raw: bytes,
+) -> None:
+    """The compiled UTF-8 reading takes exactly the bytes Python's strict decoder takes (the
+    verdict decode_response gives a frame), and hashes the str that decoder makes."""
+    column = (raw, np.array([0, len(raw)], dtype=np.int64))
+    one = np.zeros(1, dtype=np.int64)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        with pytest.raises(ValueError, match="no UTF-8"):
+            keyhash.message_key_hashes(["T"], one, one, column, column)
+        return
+    hashes, _ = keyhash.message_key_hashes(["T"], one, one, column, column)
+    want, _ = keyhash.message_key_hashes_reference(["T"], [0], [0], [text], [text])
+    assert hashes.tolist() == want

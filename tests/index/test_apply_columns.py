@@ -1,9 +1,11 @@
-"""IndexEngine.apply_columns (a frame applied as columns, what index_svc's sink does) indexes
-exactly what apply (entry by entry) indexes for the same frames: the same index files and
-exact-mode companions byte for byte, the same checkpoint, the same counts, in plain, exact and
-sharded mode. The frames (tests/rpc/test_dispatch_columns.py) carry transactions (a rolled-back
-message is not indexed), several topics, keys with repeated and empty tokens, empty and
-non-ASCII keys, corrupt ranges and replays after a reconnect."""
+"""IndexEngine.apply_columns (a frame applied as columns, what index_svc's sink does, its keys
+hashed from the frame's UTF-8 string columns) indexes exactly what apply indexes for the same
+frames parsed by protobuf into entry lists: the same index files and exact-mode companions byte
+for byte, the same checkpoint, the same counts, in plain, exact and sharded mode; and the files
+are those of tests/index/model.py's one-key-at-a-time model (RocketMQ's putKey over
+message_keys, str by str). The frames (tests/rpc/test_dispatch_columns.py) carry transactions
+(a rolled-back message is not indexed), several topics, keys with repeated and empty tokens,
+empty and non-ASCII keys, corrupt ranges and replays after a reconnect."""
 
 from __future__ import annotations
 
@@ -14,16 +16,15 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from index_svc.config import IndexConfig
 from index_svc.engine import IndexEngine
 from index_svc.sink import IndexSink
 from mqstore.dispatch import DispatchColumns, DispatchEntry
-from mqstore.formats.keyhash import index_hashes, index_hashes_prefixed
 from mqstore.history import LogHistory
 from mqstore.rpc.dispatch_codec import decode_columns, decode_dispatch
 from mqstore.storage.clock import ManualClock
+from tests.index.model import ModelIndex, file_contents
 from tests.rpc.test_dispatch_columns import Stream, dispatch_streams, make_stream
 
 # The log as the handshake gives it: one epoch from its start.
@@ -59,13 +60,18 @@ def apply_both_ways(root: str, stream: Stream, **overrides: object) -> None:
         engine.handshake(b"s" * 16, 0, 0)
         engines.append(engine)
     by_entries, by_columns = engines
+    config = by_columns.config
+    model = ModelIndex(config.slot_num, config.entry_num, config.shard_count, config.shard_index)
     try:
         for i, frame in enumerate(stream.frames):
-            written = by_entries.apply(decode_dispatch(frame))
+            entries = decode_dispatch(frame)
+            model.apply(entries)
+            written = by_entries.apply(entries)
             assert by_columns.apply_columns(decode_columns(frame)) == written, f"frame {i}"
             assert by_columns.applied_offset == by_entries.applied_offset
             assert by_columns.confirmed_offset == by_entries.confirmed_offset
             clock.advance(random.Random(i).choice([0, 0, 20, 60]))
+        assert file_contents(by_columns.disk, by_columns) == model.files
     finally:
         for engine in engines:
             engine.close()
@@ -128,18 +134,6 @@ def test_a_rolled_back_message_is_skipped_but_moves_the_applied_offset(tmp_path:
         assert engine.query("T", "b", 0, 2**62, 10) == [0]
     finally:
         engine.close()
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    prefix=st.text(max_size=12).map(lambda t: t + "#"),
-    suffixes=st.lists(st.text(max_size=40), max_size=30),
-)
-def test_prefixed_hashes_are_the_hashes_of_the_joined_keys(
-    prefix: str, suffixes: list[str]
-) -> None:
-    expected = index_hashes([prefix + s for s in suffixes])
-    assert index_hashes_prefixed(prefix, suffixes).tolist() == expected.tolist()
 
 
 def test_a_frame_out_of_commit_log_order_takes_the_rows_apply_takes(tmp_path: Path) -> None:

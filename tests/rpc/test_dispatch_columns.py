@@ -359,3 +359,53 @@ def _varint_bytes(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def _string_field(number: int, value: bytes) -> bytes:
+    return bytes([number << 3 | 2]) + _varint_bytes(len(value)) + value
+
+
+# Bytes near UTF-8's edges (lead byte classes, the strict rules' continuation bounds), any
+# bytes, and UTF-8 text with spaces and characters of every width.
+_EDGES = (0x20, 0x41, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC1, 0xC2, 0xE0, 0xED, 0xF0, 0xF4, 0xF5)
+_string_bytes = (
+    st.lists(st.sampled_from(_EDGES), max_size=9).map(bytes)
+    | st.binary(max_size=10)
+    | st.text(max_size=10).map(lambda s: s.encode("utf-8", "surrogatepass"))
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(number=st.sampled_from([12, 13]), value=_string_bytes)
+def test_a_key_or_unique_id_is_refused_exactly_when_python_will_not_decode_it(
+    number: int, value: bytes
+) -> None:
+    """The frame's strings stay bytes (no str per message), yet a frame whose key or unique id
+    is no UTF-8 by Python's strict decoder (overlong forms, surrogates, past U+10FFFF, cut
+    sequences) is refused whole as before, and one that is reads back as the decoded str."""
+    one = {name: values[:1] for name, values in _FRAME_COLUMNS.items()}
+    batch = _frame(**one).SerializeToString() + _string_field(number, value)
+    raw = _string_field(2, batch)
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        with pytest.raises(MalformedFrame, match="no UTF-8"):
+            decode_response(raw)
+        return
+    got = decode_response(raw)
+    assert isinstance(got, DispatchColumns)
+    assert list(got.keys if number == 12 else got.uniq_keys) == [text]
+    field = {"keys": text} if number == 12 else {"uniq_key": text}
+    assert got.entries() == [DispatchEntry("A", 0, 0, 0, 100, 0, 1, **field)]  # type: ignore[arg-type]
+
+
+_FRAME_COLUMNS: dict[str, list[int]] = {
+    "topic_indexes": [0],
+    "queue_ids": [0],
+    "queue_offsets": [0],
+    "commit_log_offsets": [0],
+    "sizes": [100],
+    "tags_codes": [0],
+    "store_timestamps_ms": [1],
+    "sys_flags": [0],
+}
