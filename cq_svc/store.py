@@ -22,7 +22,6 @@ import enum
 import logging
 import threading
 from abc import ABC, abstractmethod
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -219,16 +218,13 @@ class CqStore(ABC):
     def _pack_runs(
         columns: DispatchColumns,
         runs: QueueRuns,
-        states: Iterable[RunState],
+        states: Sequence[_core.RunState],
         prefixes: list[bytes] | None = None,
     ) -> tuple[list[_core.RunEnd], list[bytes], list[bytes]]:
         """What put_columns writes, packed for every queue's run of the frame in one compiled
         call (_core.pack_runs) from the states of the runs' queues: where each run starts and
         ends, and its units and time entries (the file store) or its RocksDB rows (`prefixes`,
         each queue's key prefix)."""
-        state = array("q")
-        for st in states:
-            state.extend((st.max_offset, st.last_phy_end, st.last_time_ms))
         return _core.pack_runs(
             runs.rows,
             runs.bounds,
@@ -237,7 +233,7 @@ class CqStore(ABC):
             columns.sizes,
             columns.tags_codes,
             columns.store_timestamps_ms,
-            state,
+            states,
             prefixes,
         )
 
@@ -341,14 +337,6 @@ def put_entries(
 ) -> int:
     """put_columns for an entry list (tests and benchmarks build entries)."""
     return store.put_columns(DispatchColumns.from_entries(entries), batch_end_offset)
-
-
-class RunState(Protocol):
-    """A queue's state before a frame's run, as _core.pack_runs reads it."""
-
-    max_offset: int  # the next queue offset
-    last_phy_end: int  # where the newest unit's record ends in the commit log
-    last_time_ms: int  # the newest unit's indexed time
 
 
 class PullSource(Protocol):

@@ -2,7 +2,7 @@
 
 import mmap
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 import numpy as np
@@ -96,6 +96,16 @@ def queue_runs(
 # (start, next queue offset, first and last written commit-log offset, last size, last time)
 RunEnd = tuple[int, int, int, int, int, int]
 
+class RunState(Protocol):
+    """A queue's state before a frame's run, as pack_runs reads it."""
+
+    @property
+    def max_offset(self) -> int: ...  # the next queue offset
+    @property
+    def last_phy_end(self) -> int: ...  # where the newest unit's record ends in the log
+    @property
+    def last_time_ms(self) -> int: ...  # the newest unit's indexed time
+
 def pack_runs(
     rows: Int64s,
     bounds: Int64s,
@@ -104,7 +114,7 @@ def pack_runs(
     sizes: Int64s,
     tags_codes: Int64s,
     store_timestamps_ms: Int64s,
-    state: Int64s,
+    states: Sequence[RunState],
     prefixes: list[bytes] | None = None,
 ) -> tuple[list[RunEnd], list[bytes], list[bytes]]: ...
 def pack_units(

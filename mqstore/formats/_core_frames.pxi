@@ -3,7 +3,7 @@
 #   queue_runs(topic_indexes, queue_ids, sys_flags)     the rows that take a queue offset,
 #                                                       grouped by (topic, queue)
 #   pack_runs(rows, bounds, queue_offsets, offsets,     for every queue's run at once: where
-#             sizes, tags, stamps, state, prefixes)     it starts to be written (-1: not plain),
+#             sizes, tags, stamps, states, prefixes)     it starts to be written (-1: not plain),
 #                                                       what it ends at, and its units with
 #                                                       their times, laid out for the file or
 #                                                       the RocksDB store
@@ -298,16 +298,17 @@ def pack_runs(
     object sizes,
     object tags_codes,
     object store_timestamps_ms,
-    object state,
+    object states,
     list prefixes=None,
 ):
-    """Every queue's run of a frame at once (run r: rows[bounds[r]:bounds[r + 1]], its queue's
-    next offset, newest end and indexed time state[3r:3r + 3]): where the run starts to be
-    written when it is plain, -1 when it is not (_plain_start), and the units of the rows
-    written from there with their indexed times (_pack_rows). Returns (ends, a, b): ends[r] =
-    (start, the queue's next offset after the run, the first and last written row's commit-log
-    offset, the last one's size, the last indexed time), a run that writes nothing keeping its
-    state (offsets -1, size 0), so that a store reads these as ints; for the file store
+    """Every queue's run of a frame at once (run r: rows[bounds[r]:bounds[r + 1]]; states[r] its
+    queue's state before it, read here as the attributes max_offset (next offset), last_phy_end
+    and last_time_ms): where the run starts to be written when it is plain, -1 when it is not
+    (_plain_start), and the units of the rows written from there with their indexed times
+    (_pack_rows). Returns (ends, a, b): ends[r] = (start, the queue's next offset after the
+    run, the first and last written row's commit-log offset, the last one's size, the last
+    indexed time), a run that writes nothing keeping its state (offsets -1, size 0), so that a
+    store reads what it writes as ints, not numpy scalars; for the file store
     (`prefixes` None) a[r] and b[r] = run r's written units and time entries, back to back (20
     and 8 bytes a row), or for RocksDB (`prefixes`: each run's queue key prefix) a and b = the
     unit keys (prefix + queue offset, big-endian) and values (rocks_layout.UNIT_VALUE) of every
@@ -320,9 +321,9 @@ def pack_runs(
     cdef const int64_t *sz
     cdef const int64_t *tg
     cdef const int64_t *ts
-    cdef const int64_t *sv
     cdef Py_ssize_t m, runs, n = len(queue_offsets), r, s, j, lo, count, plen
-    cdef int64_t last_time, first_phy, last_phy, last_size
+    cdef int64_t expect, last_time, first_phy, last_phy, last_size
+    cdef object st
     cdef list ends = [], a = [], b = []
     cdef bytes units, times, prefix, key
     cdef unsigned char value[UNIT_SIZE + 8]
@@ -334,20 +335,22 @@ def pack_runs(
         sz = cols.take(sizes, n)
         tg = cols.take(tags_codes, n)
         ts = cols.take(store_timestamps_ms, n)
-        sv = cols.take(state, 3 * runs)
         _check_rows(rw, m, n)
         if runs < 0 or bd[0] != 0 or bd[runs] != m:
             raise ValueError(f"bounds of {runs + 1} for {m} rows")
         for r in range(runs):
             if bd[r] > bd[r + 1]:
                 raise ValueError(f"run {r} of bounds {bd[r]}..{bd[r + 1]}")
+        if len(states) != runs:
+            raise ValueError(f"{len(states)} queue states for {runs} runs")
         if prefixes is not None and len(prefixes) != runs:
             raise ValueError(f"{len(prefixes)} key prefixes for {runs} runs")
         for r in range(runs):
-            s = _plain_start(rw + bd[r], bd[r + 1] - bd[r], qo, ph, sz, sv[3 * r], sv[3 * r + 1])
+            st = states[r]
+            expect, last_time = st.max_offset, st.last_time_ms
+            s = _plain_start(rw + bd[r], bd[r + 1] - bd[r], qo, ph, sz, expect, st.last_phy_end)
             count = bd[r + 1] - bd[r] - s if s >= 0 else 0
             lo = bd[r + 1] - count
-            last_time = sv[3 * r + 2]
             first_phy, last_phy, last_size = -1, -1, 0
             if count:
                 first_phy = ph[rw[lo]]
@@ -372,9 +375,9 @@ def pack_runs(
                     key = PyBytes_FromStringAndSize(NULL, plen + 8)
                     memcpy(PyBytes_AS_STRING(key), <char *>prefix, plen)
                     _put_be(<unsigned char *>PyBytes_AS_STRING(key) + plen,
-                            <uint64_t>(sv[3 * r] + j), 8)
+                            <uint64_t>(expect + j), 8)
                     a.append(key)
-            ends.append((s, sv[3 * r] + count, first_phy, last_phy, last_size, last_time))
+            ends.append((s, expect + count, first_phy, last_phy, last_size, last_time))
     finally:
         cols.release()
     return ends, a, b

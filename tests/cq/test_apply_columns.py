@@ -12,6 +12,7 @@ import os
 import random
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -195,6 +196,11 @@ def _int64(values: list[int]) -> np.ndarray:
     return np.array(values, dtype=np.int64)
 
 
+def _states(*states: tuple[int, int, int]) -> list[SimpleNamespace]:
+    """Queue states as _core.pack_runs reads them: (next offset, newest end, indexed time)."""
+    return [SimpleNamespace(max_offset=q, last_phy_end=e, last_time_ms=t) for q, e, t in states]
+
+
 def reference_pack(
     rows: list[tuple[int, int, int, int]], last_time: int
 ) -> tuple[bytes, bytes, int]:
@@ -268,13 +274,15 @@ def test_pack_units_refuses_rows_outside_the_frame_and_short_columns() -> None:
     with pytest.raises(IndexError):
         _core.pack_units(_int64([0, 2]), 0, *cols, 0)
     with pytest.raises(IndexError):
-        _core.pack_runs(_int64([-1]), _int64([0, 1]), *cols, cols[0], _int64([0, 0, 0]))
+        _core.pack_runs(_int64([-1]), _int64([0, 1]), *cols, cols[0], _states((0, 0, 0)))
     with pytest.raises(ValueError, match="bounds"):
-        _core.pack_runs(_int64([0, 1]), _int64([0, 1]), *cols, cols[0], _int64([0, 0, 0]))
-    with pytest.raises(ValueError, match="int64 rows"):  # a run without its state
-        _core.pack_runs(_int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _int64([0, 0, 0]))
+        _core.pack_runs(_int64([0, 1]), _int64([0, 1]), *cols, cols[0], _states((0, 0, 0)))
+    with pytest.raises(ValueError, match="1 queue states for 2 runs"):
+        _core.pack_runs(_int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _states((0, 0, 0)))
     with pytest.raises(ValueError, match="1 key prefixes for 2 runs"):
-        _core.pack_runs(_int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _int64([0] * 6), [b""])
+        _core.pack_runs(
+            _int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _states(*[(0, 0, 0)] * 2), [b""]
+        )
     with pytest.raises(ValueError, match="int64 rows"):
         _core.pack_units(_int64([0, 1]), 0, cols[0], _int64([1]), cols[2], cols[3], 0)
     with pytest.raises(ValueError, match="start 3 of 2"):
@@ -315,7 +323,7 @@ def _plain(offsets: list[int], ends: list[int], expect: int, last_end: int) -> i
         _int64([1] * n),
         _int64([0] * n),
     ]
-    state = _int64([expect, last_end, 0])
+    state = _states((expect, last_end, 0))
     runs, *_ = _core.pack_runs(np.arange(n, dtype=np.int64), _int64([0, n]), *cols, cols[3], state)
     return None if runs[0][0] < 0 else runs[0][0]
 
@@ -451,6 +459,5 @@ def test_packed_runs_are_the_reference_run_by_run(
     bounds = list(itertools.accumulate((len(run) for run in runs), initial=0))
     order = [i for run in runs for i in run]
     columns: list[Any] = [_int64([row[j] for row in rows]) for j in range(5)]
-    flat_state = _int64([v for s in run_state for v in s])
-    got = _core.pack_runs(_int64(order), _int64(bounds), *columns, flat_state, prefixes)
+    got = _core.pack_runs(_int64(order), _int64(bounds), *columns, _states(*run_state), prefixes)
     assert got == reference_pack_runs(runs, rows, run_state, prefixes)
