@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import time
-from array import array
 from collections import OrderedDict
 
 from cq_svc import checkpoint
@@ -39,9 +38,8 @@ from cq_svc.store import (
 )
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import check
-from mqstore.formats import _core
 from mqstore.formats.cq_checkpoint import CqCheckpoint
-from mqstore.formats.cq_time import TIME_BYTES, Boundary, clamp_time, search_offset_by_time
+from mqstore.formats.cq_time import Boundary, clamp_time, search_offset_by_time
 from mqstore.formats.cq_unit import UNIT_BYTES, Unit
 from mqstore.storage import failpoints
 from mqstore.storage.clock import Clock
@@ -189,7 +187,7 @@ class FileCqStore(CqStore):
     # -- writes ---------------------------------------------------------------------------------
 
     def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
-        """The core packs every queue's run of the frame in one call (_core.pack_runs), and
+        """The core packs every queue's run of the frame in one call (CqStore._pack_runs), and
         each run is appended to its queue (one write per file it touches); a run that is not
         plain (a gap, a replay that overlaps the queue's end) goes entry by entry through
         `_apply`, the reference tests/cq/test_apply_columns.py pins the packing to."""
@@ -197,42 +195,18 @@ class FileCqStore(CqStore):
         runs = columns.queue_runs()
         written = 0
         with self._lock:
-            state = array("q")
-            for key in runs.keys:
-                st = self._states.get(key, _FRESH)
-                state.extend((st.max_offset, st.last_phy_end, st.last_time_ms))
-            starts, last_times, units, times = _core.pack_runs(
-                runs.rows,
-                runs.bounds,
-                columns.queue_offsets,
-                columns.commit_log_offsets,
-                columns.sizes,
-                columns.tags_codes,
-                columns.store_timestamps_ms,
-                state,
-            )
-            # Only a few ints a run are read here: the columns stay arrays (no list of the frame).
-            rows, bounds = runs.rows, runs.bounds.tolist()
-            phys, sizes = columns.commit_log_offsets, columns.sizes
-            unit_view, time_view = memoryview(units), memoryview(times)
+            states = [self._states.get(key, _FRESH) for key in runs.keys]
+            ends, units, times = self._pack_runs(columns, runs, states)
             for r, key in enumerate(runs.keys):
+                start, _, _, last_phy, last_size, last_time = ends[r]
                 fq = self._queue(key, create=True)
                 assert fq is not None
                 before = fq.map_count
-                lo, hi = bounds[r] + starts[r], bounds[r + 1]
-                if starts[r] < 0:
-                    picked = rows[bounds[r] : hi].tolist()
-                    written += self._apply(fq, [columns[i] for i in picked])
-                elif lo < hi:
-                    last = rows[hi - 1]
-                    fq.append_packed(
-                        unit_view[lo * UNIT_BYTES : hi * UNIT_BYTES],
-                        time_view[lo * TIME_BYTES : hi * TIME_BYTES],
-                        int(phys[last]),
-                        int(sizes[last]),
-                        last_times[r],
-                    )
-                    written += hi - lo
+                if start < 0:
+                    written += self._apply(fq, [columns[i] for i in runs.run(r).tolist()])
+                elif units[r]:
+                    fq.append_packed(units[r], times[r], last_phy, last_size, last_time)
+                    written += len(units[r]) // UNIT_BYTES
                 self._recount(fq, before)
                 self._evict(keep=key)
             self._applied = max(self._applied, end)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import bisect
 import os
 import time
-from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -42,7 +41,6 @@ from cq_svc.store import (
 )
 from mqstore.dispatch import DispatchColumns, DispatchEntry
 from mqstore.errors import check
-from mqstore.formats import _core
 from mqstore.formats.cq_checkpoint import CqCheckpoint
 from mqstore.formats.cq_time import Boundary, clamp_time, search_offset_by_time
 from mqstore.formats.cq_unit import BLANK_SIZE, Unit
@@ -295,7 +293,7 @@ class RocksCqStore(CqStore):
 
     def put_columns(self, columns: DispatchColumns, batch_end_offset: int = -1) -> int:
         """The core packs every queue's run of the frame, keys and values, in one call
-        (_core.pack_runs) for the one WriteBatch; a run that is not plain (a gap, a fresh
+        (CqStore._pack_runs) for the one WriteBatch; a run that is not plain (a gap, a fresh
         queue starting above 0, a replay that overlaps the queue's end) goes entry by entry
         through `_apply`, the reference tests/cq/test_apply_columns.py pins the packing to."""
         end = columns.end_offset(batch_end_offset)
@@ -305,47 +303,33 @@ class RocksCqStore(CqStore):
             wb = rocksdict.WriteBatch(raw_mode=True)
             pending: list[tuple[_QState, int, int, int, int]] = []
             states: list[_QState] = []
-            state = array("q")
             for key in runs.keys:
                 st = self._state(key, create=True)
                 assert st is not None
                 states.append(st)
-                state.extend((st.max_offset, st.last_phy_end, st.last_time_ms))
-            starts, last_times, keys, values = _core.pack_runs(
-                runs.rows,
-                runs.bounds,
-                columns.queue_offsets,
-                columns.commit_log_offsets,
-                columns.sizes,
-                columns.tags_codes,
-                columns.store_timestamps_ms,
-                state,
-                [st.prefix for st in states],
+            ends, keys, values = self._pack_runs(
+                columns, runs, states, [st.prefix for st in states]
             )
-            rows, bounds = runs.rows.tolist(), runs.bounds.tolist()
-            phys, sizes = columns.commit_log_offsets.tolist(), columns.sizes.tolist()
             offset_cf: Any = self._offset_handle
             put, pack_offset = wb.put, L.OFFSET_VALUE.pack
             for r, (key, st) in enumerate(zip(runs.keys, states, strict=True)):
-                lo, hi = bounds[r] + starts[r], bounds[r + 1]
-                if starts[r] < 0:
-                    group = [columns[i] for i in rows[bounds[r] : hi]]
+                start, next_offset, first_phy, last_phy, last_size, last_time = ends[r]
+                if start < 0:
+                    group = [columns[i] for i in runs.run(r).tolist()]
                     n, new = self._apply(key, st, group, wb)
                     if n:
                         written += n
                         pending.append((st, *new))
                     continue
-                if lo == hi:
+                first = st.max_offset
+                if next_offset == first:
                     continue
-                first, n, last = st.max_offset, hi - lo, rows[hi - 1]
                 if first == 0 and st.min_offset == 0:
                     # A fresh queue's min row (`_apply` writes it with the queue's first unit).
-                    self._put_offset(wb, key, L.MIN, phys[rows[lo]], first)
-                put(st.max_key, pack_offset(phys[last], first + n - 1), offset_cf)
-                pending.append(
-                    (st, st.min_offset, first + n, phys[last] + sizes[last], last_times[r])
-                )
-                written += n
+                    self._put_offset(wb, key, L.MIN, first_phy, first)
+                put(st.max_key, pack_offset(last_phy, next_offset - 1), offset_cf)
+                pending.append((st, st.min_offset, next_offset, last_phy + last_size, last_time))
+                written += next_offset - first
             for k, v in zip(keys, values, strict=True):
                 put(k, v)
             self._commit(wb, pending, end)

@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from cq_svc import checkpoint
 from cq_svc.config import CqConfig
-from mqstore.dispatch import DispatchColumns, DispatchEntry
+from mqstore.dispatch import DispatchColumns, DispatchEntry, QueueRuns
 from mqstore.errors import InvalidArgument
 from mqstore.formats import _core
 from mqstore.formats.cq_checkpoint import CqCheckpoint
@@ -213,6 +213,29 @@ class CqStore(ABC):
         """Apply a dispatch frame (in commit-log order); entries already applied are skipped.
         `batch_end_offset` is where the frame ends in the log (default: the last entry's end).
         Returns the number of units written."""
+
+    @staticmethod
+    def _pack_runs(
+        columns: DispatchColumns,
+        runs: QueueRuns,
+        states: Sequence[_core.RunState],
+        prefixes: list[bytes] | None = None,
+    ) -> tuple[list[_core.RunEnd], list[bytes], list[bytes]]:
+        """What put_columns writes, packed for every queue's run of the frame in one compiled
+        call (_core.pack_runs) from the states of the runs' queues: where each run starts and
+        ends, and its units and time entries (the file store) or its RocksDB rows (`prefixes`,
+        each queue's key prefix)."""
+        return _core.pack_runs(
+            runs.rows,
+            runs.bounds,
+            columns.queue_offsets,
+            columns.commit_log_offsets,
+            columns.sizes,
+            columns.tags_codes,
+            columns.store_timestamps_ms,
+            states,
+            prefixes,
+        )
 
     @abstractmethod
     def truncate_dirty(self, phy_offset: int) -> int:

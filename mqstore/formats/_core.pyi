@@ -2,8 +2,8 @@
 
 import mmap
 from array import array
-from collections.abc import Iterable
-from typing import Any, Final, Protocol, TypeVar, overload
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -92,7 +92,20 @@ Int64s = npt.NDArray[np.int64] | Buffer | array[int]  # int64 columns, native or
 def queue_runs(
     topic_indexes: Int64s, queue_ids: Int64s, sys_flags: Int64s
 ) -> tuple[list[tuple[int, int]], bytearray, bytearray]: ...
-@overload
+
+# (start, next queue offset, first and last written commit-log offset, last size, last time)
+RunEnd = tuple[int, int, int, int, int, int]
+
+class RunState(Protocol):
+    """A queue's state before a frame's run, as pack_runs reads it."""
+
+    @property
+    def max_offset(self) -> int: ...  # the next queue offset
+    @property
+    def last_phy_end(self) -> int: ...  # where the newest unit's record ends in the log
+    @property
+    def last_time_ms(self) -> int: ...  # the newest unit's indexed time
+
 def pack_runs(
     rows: Int64s,
     bounds: Int64s,
@@ -101,21 +114,9 @@ def pack_runs(
     sizes: Int64s,
     tags_codes: Int64s,
     store_timestamps_ms: Int64s,
-    state: Int64s,
-    prefixes: None = None,
-) -> tuple[list[int], list[int], bytes, bytes]: ...
-@overload
-def pack_runs(
-    rows: Int64s,
-    bounds: Int64s,
-    queue_offsets: Int64s,
-    offsets: Int64s,
-    sizes: Int64s,
-    tags_codes: Int64s,
-    store_timestamps_ms: Int64s,
-    state: Int64s,
-    prefixes: list[bytes],
-) -> tuple[list[int], list[int], list[bytes], list[bytes]]: ...
+    states: Sequence[RunState],
+    prefixes: list[bytes] | None = None,
+) -> tuple[list[RunEnd], list[bytes], list[bytes]]: ...
 def pack_units(
     rows: Int64s,
     start: int,

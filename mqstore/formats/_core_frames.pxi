@@ -3,9 +3,10 @@
 #   queue_runs(topic_indexes, queue_ids, sys_flags)     the rows that take a queue offset,
 #                                                       grouped by (topic, queue)
 #   pack_runs(rows, bounds, queue_offsets, offsets,     for every queue's run at once: where
-#             sizes, tags, stamps, state, prefixes)     it starts to be written (-1: not plain)
-#                                                       and its units with their times, laid
-#                                                       out for the file or the RocksDB store
+#             sizes, tags, stamps, states, prefixes)     it starts to be written (-1: not plain),
+#                                                       what it ends at, and its units with
+#                                                       their times, laid out for the file or
+#                                                       the RocksDB store
 #   pack_units(rows, start, offsets, sizes, tags,       a run's 20-byte units and 8-byte time
 #              stamps, last_time)                       entries (cq_unit.py, cq_time.py)
 #   time_entries_ok(units, entries)                     which stored time entries pass their
@@ -297,18 +298,21 @@ def pack_runs(
     object sizes,
     object tags_codes,
     object store_timestamps_ms,
-    object state,
+    object states,
     list prefixes=None,
 ):
-    """Every queue's run of a frame at once (run r: rows[bounds[r]:bounds[r + 1]], its queue's
-    next offset, newest end and indexed time state[3r:3r + 3]): where the run starts to be
-    written when it is plain, -1 when it is not (_plain_start), and the units of the rows
-    written from there with their indexed times (_pack_rows). Returns (starts, last indexed
-    times, a, b), two ints per run and, for the file store (`prefixes` None), a = the units and
-    b = the time entries as bytes, each written row's at its place in `rows` (20 and 8 bytes a
-    row; a plain run's written rows back to back), or, for RocksDB (`prefixes`: each run's
-    queue key prefix), a = the unit keys (prefix + queue offset, big-endian) and b = the
-    values (rocks_layout.UNIT_VALUE) of the written rows, as lists of bytes."""
+    """Every queue's run of a frame at once (run r: rows[bounds[r]:bounds[r + 1]]; states[r] its
+    queue's state before it, read here as the attributes max_offset (next offset), last_phy_end
+    and last_time_ms): where the run starts to be written when it is plain, -1 when it is not
+    (_plain_start), and the units of the rows written from there with their indexed times
+    (_pack_rows). Returns (ends, a, b): ends[r] = (start, the queue's next offset after the
+    run, the first and last written row's commit-log offset, the last one's size, the last
+    indexed time), a run that writes nothing keeping its state (offsets -1, size 0), so that a
+    store reads what it writes as ints, not numpy scalars; for the file store
+    (`prefixes` None) a[r] and b[r] = run r's written units and time entries, back to back (20
+    and 8 bytes a row), or for RocksDB (`prefixes`: each run's queue key prefix) a and b = the
+    unit keys (prefix + queue offset, big-endian) and values (rocks_layout.UNIT_VALUE) of every
+    written row."""
     cdef _Columns cols = _Columns()
     cdef const int64_t *rw
     cdef const int64_t *bd
@@ -317,13 +321,11 @@ def pack_runs(
     cdef const int64_t *sz
     cdef const int64_t *tg
     cdef const int64_t *ts
-    cdef const int64_t *sv
-    cdef Py_ssize_t m, runs, n = len(queue_offsets), r, s, j, lo, hi, plen
-    cdef int64_t last_time
-    cdef list starts = [], last_times = [], keys = [], values = []
-    cdef bytes units = b"", times = b"", prefix, key
-    cdef unsigned char *u = NULL
-    cdef unsigned char *tm = NULL
+    cdef Py_ssize_t m, runs, n = len(queue_offsets), r, s, j, lo, count, plen
+    cdef int64_t expect, last_time, first_phy, last_phy, last_size
+    cdef object st
+    cdef list ends = [], a = [], b = []
+    cdef bytes units, times, prefix, key
     cdef unsigned char value[UNIT_SIZE + 8]
     try:
         m = _rows_of(rows, cols, &rw)
@@ -333,49 +335,52 @@ def pack_runs(
         sz = cols.take(sizes, n)
         tg = cols.take(tags_codes, n)
         ts = cols.take(store_timestamps_ms, n)
-        sv = cols.take(state, 3 * runs)
         _check_rows(rw, m, n)
         if runs < 0 or bd[0] != 0 or bd[runs] != m:
             raise ValueError(f"bounds of {runs + 1} for {m} rows")
         for r in range(runs):
             if bd[r] > bd[r + 1]:
                 raise ValueError(f"run {r} of bounds {bd[r]}..{bd[r + 1]}")
-        if prefixes is None:
-            units = PyBytes_FromStringAndSize(NULL, m * UNIT_SIZE)
-            times = PyBytes_FromStringAndSize(NULL, m * TIME_ENTRY_BYTES)
-            u = <unsigned char *>PyBytes_AS_STRING(units)
-            tm = <unsigned char *>PyBytes_AS_STRING(times)
-        elif len(prefixes) != runs:
+        if len(states) != runs:
+            raise ValueError(f"{len(states)} queue states for {runs} runs")
+        if prefixes is not None and len(prefixes) != runs:
             raise ValueError(f"{len(prefixes)} key prefixes for {runs} runs")
         for r in range(runs):
-            lo, hi = bd[r], bd[r + 1]
-            s = _plain_start(rw + lo, hi - lo, qo, ph, sz, sv[3 * r], sv[3 * r + 1])
-            last_time = sv[3 * r + 2]
-            if s >= 0 and prefixes is None:
-                lo += s
-                last_time = _pack_rows(rw + lo, hi - lo, ph, sz, tg, ts, last_time,
-                                       u + lo * UNIT_SIZE, UNIT_SIZE, tm + lo * TIME_ENTRY_BYTES)
-            elif s >= 0:
+            st = states[r]
+            expect, last_time = st.max_offset, st.last_time_ms
+            s = _plain_start(rw + bd[r], bd[r + 1] - bd[r], qo, ph, sz, expect, st.last_phy_end)
+            count = bd[r + 1] - bd[r] - s if s >= 0 else 0
+            lo = bd[r + 1] - count
+            first_phy, last_phy, last_size = -1, -1, 0
+            if count:
+                first_phy = ph[rw[lo]]
+                last_phy, last_size = ph[rw[lo + count - 1]], sz[rw[lo + count - 1]]
+            if prefixes is None:
+                units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
+                times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
+                last_time = _pack_rows(rw + lo, count, ph, sz, tg, ts, last_time,
+                                       <unsigned char *>PyBytes_AS_STRING(units), UNIT_SIZE,
+                                       <unsigned char *>PyBytes_AS_STRING(times))
+                a.append(units)
+                b.append(times)
+            elif count:
                 prefix = prefixes[r]
                 if prefix is None:
                     raise TypeError(f"run {r}: no key prefix")
                 plen = len(prefix)
-                for j in range(hi - lo - s):
-                    last_time = _pack_rows(rw + lo + s + j, 1, ph, sz, tg, ts, last_time,
+                for j in range(count):
+                    last_time = _pack_rows(rw + lo + j, 1, ph, sz, tg, ts, last_time,
                                            value, 0, NULL)
-                    values.append(PyBytes_FromStringAndSize(<char *>value, UNIT_SIZE + 8))
+                    b.append(PyBytes_FromStringAndSize(<char *>value, UNIT_SIZE + 8))
                     key = PyBytes_FromStringAndSize(NULL, plen + 8)
                     memcpy(PyBytes_AS_STRING(key), <char *>prefix, plen)
                     _put_be(<unsigned char *>PyBytes_AS_STRING(key) + plen,
-                            <uint64_t>(sv[3 * r] + j), 8)
-                    keys.append(key)
-            starts.append(s)
-            last_times.append(last_time)
+                            <uint64_t>(expect + j), 8)
+                    a.append(key)
+            ends.append((s, expect + count, first_phy, last_phy, last_size, last_time))
     finally:
         cols.release()
-    if prefixes is None:
-        return starts, last_times, units, times
-    return starts, last_times, keys, values
+    return ends, a, b
 
 
 def pack_units(

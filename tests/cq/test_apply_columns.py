@@ -12,6 +12,7 @@ import os
 import random
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -94,8 +95,9 @@ _pack_runs = _core.pack_runs
 
 def _no_run_plain(*args: Any) -> tuple[Any, ...]:
     """_core.pack_runs finding no run plain: the stores apply every run through `_apply`."""
-    starts, *rest = _pack_runs(*args)
-    return ([-1] * len(starts), *rest)
+    ends, _, _ = _pack_runs(*args)
+    nothing: list[bytes] = [] if args[8] is not None else [b""] * len(ends)
+    return [(-1, *end[1:]) for end in ends], nothing, nothing
 
 
 def apply_both_ways(kind: StoreKind, root: str, stream: Stream, **overrides: object) -> None:
@@ -194,6 +196,11 @@ def _int64(values: list[int]) -> np.ndarray:
     return np.array(values, dtype=np.int64)
 
 
+def _states(*states: tuple[int, int, int]) -> list[SimpleNamespace]:
+    """Queue states as _core.pack_runs reads them: (next offset, newest end, indexed time)."""
+    return [SimpleNamespace(max_offset=q, last_phy_end=e, last_time_ms=t) for q, e, t in states]
+
+
 def reference_pack(
     rows: list[tuple[int, int, int, int]], last_time: int
 ) -> tuple[bytes, bytes, int]:
@@ -267,13 +274,15 @@ def test_pack_units_refuses_rows_outside_the_frame_and_short_columns() -> None:
     with pytest.raises(IndexError):
         _core.pack_units(_int64([0, 2]), 0, *cols, 0)
     with pytest.raises(IndexError):
-        _core.pack_runs(_int64([-1]), _int64([0, 1]), *cols, cols[0], _int64([0, 0, 0]))
+        _core.pack_runs(_int64([-1]), _int64([0, 1]), *cols, cols[0], _states((0, 0, 0)))
     with pytest.raises(ValueError, match="bounds"):
-        _core.pack_runs(_int64([0, 1]), _int64([0, 1]), *cols, cols[0], _int64([0, 0, 0]))
-    with pytest.raises(ValueError, match="int64 rows"):  # a run without its state
-        _core.pack_runs(_int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _int64([0, 0, 0]))
+        _core.pack_runs(_int64([0, 1]), _int64([0, 1]), *cols, cols[0], _states((0, 0, 0)))
+    with pytest.raises(ValueError, match="1 queue states for 2 runs"):
+        _core.pack_runs(_int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _states((0, 0, 0)))
     with pytest.raises(ValueError, match="1 key prefixes for 2 runs"):
-        _core.pack_runs(_int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _int64([0] * 6), [b""])
+        _core.pack_runs(
+            _int64([0, 1]), _int64([0, 1, 2]), *cols, cols[0], _states(*[(0, 0, 0)] * 2), [b""]
+        )
     with pytest.raises(ValueError, match="int64 rows"):
         _core.pack_units(_int64([0, 1]), 0, cols[0], _int64([1]), cols[2], cols[3], 0)
     with pytest.raises(ValueError, match="start 3 of 2"):
@@ -314,11 +323,9 @@ def _plain(offsets: list[int], ends: list[int], expect: int, last_end: int) -> i
         _int64([1] * n),
         _int64([0] * n),
     ]
-    state = _int64([expect, last_end, 0])
-    starts, *_ = _core.pack_runs(
-        np.arange(n, dtype=np.int64), _int64([0, n]), *cols, cols[3], state
-    )
-    return None if starts[0] < 0 else starts[0]
+    state = _states((expect, last_end, 0))
+    runs, *_ = _core.pack_runs(np.arange(n, dtype=np.int64), _int64([0, n]), *cols, cols[3], state)
+    return None if runs[0][0] < 0 else runs[0][0]
 
 
 @pytest.mark.parametrize(
@@ -377,27 +384,37 @@ def reference_pack_runs(
     rows: list[tuple[int, int, int, int, int]],
     state: list[tuple[int, int, int]],
     prefixes: list[bytes] | None,
-) -> tuple[list[int], list[int], list[bytes], list[bytes]]:
+) -> tuple[list[tuple[int, ...]], list[bytes], list[bytes]]:
     """_core.pack_runs run by run on lists: rows (queue offset, phy, size, tags, store time);
-    the written rows' units and time entries (file store), or keys and values (RocksDB)."""
-    starts, last_times, a, b = [], [], [], []
+    each run's start, next queue offset, first and last written phy, last size and indexed
+    time, and its units and time entries (file store: bytes a run) or keys and values
+    (RocksDB: bytes a written row)."""
+    ends: list[tuple[int, ...]] = []
+    a: list[bytes] = []
+    b: list[bytes] = []
     for r, run in enumerate(runs):
         expect, last_end, last_time = state[r]
         qo = [rows[i][0] for i in run]
         start = reference_plain_start(qo, [rows[i][1] + rows[i][2] for i in run], expect, last_end)
-        for j, i in enumerate(run[start:] if start is not None else []):
+        written = run[start:] if start is not None else []
+        units, times = [], []
+        for j, i in enumerate(written):
             _, phy, size, tags, ts = rows[i]
             last_time = max(last_time, clamp_time(ts))
-            unit = encode_units([(phy, size, tags)])
-            if prefixes is None:
-                a.append(unit)
-                b.append(encode_time(unit, last_time))
-            else:
+            units.append(encode_units([(phy, size, tags)]))
+            times.append(encode_time(units[-1], last_time))
+            if prefixes is not None:
                 a.append(prefixes[r] + (expect + j).to_bytes(8, "big"))
-                b.append(unit + last_time.to_bytes(8, "big"))
-        starts.append(-1 if start is None else start)
-        last_times.append(last_time)
-    return starts, last_times, a, b
+                b.append(units[-1] + last_time.to_bytes(8, "big"))
+        if prefixes is None:
+            a.append(b"".join(units))
+            b.append(b"".join(times))
+        first_phy = rows[written[0]][1] if written else -1
+        _, last_phy, last_size, *_ = rows[written[-1]] if written else (0, -1, 0)
+        next_offset = expect + len(written)
+        start = -1 if start is None else start
+        ends.append((start, next_offset, first_phy, last_phy, last_size, last_time))
+    return ends, a, b
 
 
 @settings(max_examples=300, deadline=None)
@@ -405,6 +422,7 @@ def reference_pack_runs(
     queues=st.lists(st.integers(0, 3), max_size=40),
     steps=st.lists(st.sampled_from([1, 1, 1, 1, 0, 2, -1]), min_size=40, max_size=40),
     grows=st.lists(st.sampled_from([240, 240, 100, 0, -300]), min_size=40, max_size=40),
+    sizes=st.lists(st.sampled_from([100, 100, 1, 5_000]), min_size=40, max_size=40),
     stamps=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=40, max_size=40),
     state=st.lists(
         st.tuples(st.integers(0, 4), st.sampled_from([-1, 0, 480, 10**9]), st.integers(0, 99)),
@@ -417,20 +435,21 @@ def test_packed_runs_are_the_reference_run_by_run(
     queues: list[int],
     steps: list[int],
     grows: list[int],
+    sizes: list[int],
     stamps: list[int],
     state: list[tuple[int, int, int]],
     rocks: bool,
 ) -> None:
     """A frame of runs of up to 4 queues (gaps, repeats, ends going back, replayed prefixes):
-    _core.pack_runs gives, run by run, the start and bytes of the list reference, laid out for
-    either store."""
+    _core.pack_runs gives, run by run, the start, the ends (next offset, first and last phy,
+    last size and time) and the bytes of the list reference, laid out for either store."""
     next_qo = [2, 0, 1, 3]
     rows = []
     phy = 1_000
     for i, q in enumerate(queues):
         next_qo[q] += steps[i]
         phy += grows[i]
-        rows.append((next_qo[q], phy, 100, i * 7 - 50, stamps[i]))
+        rows.append((next_qo[q], phy, sizes[i], i * 7 - 50, stamps[i]))
     by_queue: dict[int, list[int]] = {}
     for i, q in enumerate(queues):
         by_queue.setdefault(q, []).append(i)
@@ -440,15 +459,5 @@ def test_packed_runs_are_the_reference_run_by_run(
     bounds = list(itertools.accumulate((len(run) for run in runs), initial=0))
     order = [i for run in runs for i in run]
     columns: list[Any] = [_int64([row[j] for row in rows]) for j in range(5)]
-    flat_state = _int64([v for s in run_state for v in s])
-    got = _core.pack_runs(_int64(order), _int64(bounds), *columns, flat_state, prefixes)
-    want = reference_pack_runs(runs, rows, run_state, prefixes)
-    assert got[:2] == want[:2]
-    if rocks:
-        assert got[2:] == want[2:]
-        return
-    written = [
-        p for r, s in enumerate(got[0]) if s >= 0 for p in range(bounds[r] + s, bounds[r + 1])
-    ]
-    assert [got[2][p * 20 : p * 20 + 20] for p in written] == want[2]
-    assert [got[3][p * 8 : p * 8 + 8] for p in written] == want[3]
+    got = _core.pack_runs(_int64(order), _int64(bounds), *columns, _states(*run_state), prefixes)
+    assert got == reference_pack_runs(runs, rows, run_state, prefixes)
