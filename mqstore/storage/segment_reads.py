@@ -159,19 +159,28 @@ class LiveLog:
                 return None
             return mapped.buf[int(offsets[0]) - base : int(ends[-1]) - base]
         seg_start = starts[k]
-        begin = offsets - seg_start
-        end = ends - seg_start
-        bufs: dict[int, mmap.mmap] = {}
-        for i in np.unique(k).tolist():
-            mapped = self._segment(int(starts[i]), int(starts[i + 1] - starts[i]))
-            if mapped is None:
-                return None
-            bufs[i] = mapped.buf
-        # A slice per run: ranges of one segment that follow each other.
-        firsts, lasts = run_bounds(begin, end, k[1:] != k[:-1])
-        seg, b, e = k.tolist(), begin.tolist(), end.tolist()
-        pieces = [bufs[seg[a]][b[a] : e[z]] for a, z in zip(firsts, lasts, strict=True)]
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        # A slice per run: ranges of one segment that follow each other. Only the runs' ends
+        # leave numpy (a pull of 1,000 records of a few queues is a handful of runs).
+        firsts, lasts = run_bounds(offsets - seg_start, ends - seg_start, k[1:] != k[:-1])
+        run_seg = k[firsts].tolist()
+        run_begin = (offsets[firsts] - seg_start[firsts]).tolist()
+        run_end = (ends[lasts] - seg_start[lasts]).tolist()
+        bufs: dict[int, memoryview] = {}
+        for i in run_seg:
+            if i not in bufs:
+                mapped = self._segment(int(starts[i]), int(starts[i + 1] - starts[i]))
+                if mapped is None:
+                    return None
+                bufs[i] = memoryview(mapped.buf)
+        # Views, joined: the records' bytes are copied once (a slice of an mmap is a copy).
+        views = [bufs[i][b:e] for i, b, e in zip(run_seg, run_begin, run_end, strict=True)]
+        try:
+            return b"".join(views)
+        finally:
+            for view in views:
+                view.release()
+            for buf in bufs.values():
+                buf.release()
 
     # -- segments --------------------------------------------------------------------------------
 
