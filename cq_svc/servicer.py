@@ -62,6 +62,7 @@ from typing import TypeVar
 import grpc
 import numpy as np
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+from prometheus_client import Counter
 
 from cq_svc import metrics, receipts
 from cq_svc.engine import CqEngine, Received
@@ -455,7 +456,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         queue_id, tags = a.queue_id, a.tags
         taken = result.taken
         read_ok = answer.statuses.count(cl_pb.READ_OK)
-        metrics.READ_RECORDS.labels("ok").inc(read_ok)  # once a pull, not once a record
+        _READ_OK.inc(read_ok)  # once a pull, not once a record
         if read_ok == len(taken) and answer.names_units(queue_id, taken):
             # The usual answer: every record read and the one its unit names; the checks of
             # _gather_read, a column at a time.
@@ -993,10 +994,21 @@ def _delivered(response: pb.ReceiveResponse) -> bool:
     return bool(response.queue_offsets) or bool(response.bad_records)
 
 
+# Labelled children looked up once, not once a pull (a labels() call takes a lock and hashes
+# the label values); PULLS' children made on first use, so the series appear as before.
+_READ_OK = metrics.READ_RECORDS.labels("ok")
+_PULLS_BY_STATUS: dict[int, Counter] = {}
+
+
 def _count_pull(response: pb.PullResponse) -> None:
     """A pull's answer in the metrics (Pull, PullStream and Follow alike): its status, and its
     records, one per queue offset."""
-    metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
+    status = response.status
+    counter = _PULLS_BY_STATUS.get(status)
+    if counter is None:
+        counter = metrics.PULLS.labels(pb.GetMessageStatus.Name(status))
+        _PULLS_BY_STATUS[status] = counter
+    counter.inc()
     metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))
 
 
