@@ -78,6 +78,7 @@ from mqstore.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from mqstore.formats import _core
 from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import Unit
 from mqstore.formats.javahash import tags_code
@@ -150,21 +151,23 @@ class TagFilter:
 
 @dataclass(slots=True)
 class _Gathered:
-    """What a pull serves: its records one by one, or (the usual answer) laid end to end in
-    `blob` with their `sizes`, and their queue offsets."""
+    """What a pull serves: its records one by one with their queue offsets, or (the usual
+    answer) laid end to end in `blob`, their queue offsets and sizes as the response's wire
+    bytes (`columns_wire`, formats/_core_pull_answer.pxi) for `wired` records."""
 
     records: list[bytes] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     next_begin: int = 0
     removed: int = 0
     blob: bytes = b""
-    sizes: list[int] = field(default_factory=list)
+    columns_wire: bytes = b""
+    wired: int = 0
     # With report_bad_records: the damaged record that ends the answer.
     bad: pb.BadRecord | None = None
 
     @property
     def served(self) -> int:
-        return len(self.offsets)
+        return len(self.offsets) + self.wired
 
 
 class CqServicer(pb_grpc.ConsumeQueueServicer):
@@ -440,10 +443,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         got = self._gather(a, result, answer)
         if got.blob:
             response.records_blob = got.blob
-            response.record_sizes.extend(got.sizes)
+            # queue_offsets and record_sizes in one parse in C, not an int converted at a time
+            response.MergeFromString(got.columns_wire)
         else:
             _put_records(response, got.records)
-        response.queue_offsets.extend(got.offsets)
+            response.queue_offsets.extend(got.offsets)
         response.next_begin_offset = got.next_begin
         if got.bad is not None:
             response.bad_record.CopyFrom(got.bad)  # FOUND: something is at the offset
@@ -460,15 +464,15 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         if read_ok == len(taken) and answer.names_units(queue_id, taken):
             # The usual answer: every record read and the one its unit names; the checks of
             # _gather_read, a column at a time.
-            queue_offsets = taken.queue_offset.tolist()
             if tags is None:
+                # (names_units found the answer's sizes equal to the units')
                 return _Gathered(
-                    [],
-                    queue_offsets,
-                    result.next_begin_offset,
+                    next_begin=result.next_begin_offset,
                     blob=answer.blob,
-                    sizes=answer.sizes,
+                    columns_wire=_core.pull_answer_wire(taken.queue_offset, taken.size),
+                    wired=len(taken),
                 )
+            queue_offsets = taken.queue_offset.tolist()
             records = answer.as_records()
             kept = [i for i, record in enumerate(records) if tags.matches(record)]
             return _Gathered(

@@ -172,6 +172,11 @@ def pull_walk(
     out: npt.NDArray[np.int64],
 ) -> tuple[int, int, int, int]: ...
 
+# _core_pull_answer.pxi
+def pull_answer_wire(
+    queue_offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> bytes: ...
+
 # _core_dispatch.pxi
 
 DISPATCH_END: Final[int]
