@@ -31,6 +31,8 @@ from mqstore.storage.segment_reads import LiveLog
 
 log = logging.getLogger(__name__)
 
+_HIT = metrics.LOCAL_READS.labels("hit")  # looked up once, not once a read
+
 IntArray = npt.NDArray[np.int64]
 
 
@@ -92,6 +94,6 @@ class LocalReads:
         if not checked.ok:
             metrics.LOCAL_READS.labels("failed_check").inc(len(offsets))
             return None
-        metrics.LOCAL_READS.labels("hit").inc(len(offsets))
+        _HIT.inc(len(offsets))
         self._missed = False
         return blob, checked

@@ -76,11 +76,12 @@ Ranges = tuple[IntArray, IntArray]  # commit-log offsets and sizes, one entry a 
 @dataclass(slots=True)
 class RecordsAnswer:
     """A source's answer for a group of ranges: per range its status, and the records served
-    laid end to end in `blob` (`sizes`: each range's size there, 0 where not READ_OK)."""
+    laid end to end in `blob` (`sizes`: each range's size there, 0 where not READ_OK; a list,
+    or the int64 column of sizes the source was asked with, which it served whole)."""
 
     statuses: Sequence[int]
     blob: bytes
-    sizes: list[int]
+    sizes: list[int] | IntArray
     # The columns of the source's own check of the records (the segment files'; formats/
     # record_columns.CheckedRecords): names_units reads them rather than check them again.
     columns: IntArray | None = None
@@ -90,12 +91,14 @@ class RecordsAnswer:
 
     def parts(self, counts: Sequence[int]) -> list[RecordsAnswer]:
         """The answer cut into consecutive answers of counts[i] ranges each."""
+        if len(counts) == 1 and counts[0] == len(self.statuses):
+            return [self]  # one pull's group: the answer is its own part (no list copied)
         out = []
         at = 0
         byte_at = 0
         for count in counts:
             sizes = self.sizes[at : at + count]
-            end = byte_at + sum(sizes)
+            end = byte_at + (sum(sizes) if isinstance(sizes, list) else int(sizes.sum()))
             columns = None if self.columns is None else self.columns[:, at : at + count]
             out.append(
                 RecordsAnswer(
@@ -108,10 +111,13 @@ class RecordsAnswer:
     def names_units(self, queue_id: int, units: UnitColumns) -> bool:
         """is_unit_record of every record at once (columns): each was served and is the one
         its unit names. False when any one is not (then each is looked at on its own)."""
-        sizes = units.size.tolist()
-        if self.sizes != sizes:
+        sizes = self.sizes
+        if isinstance(sizes, list):  # a Read's answer
+            if sizes != units.size.tolist():
+                return False
+        elif len(sizes) != len(units) or not np.array_equal(sizes, units.size):
             return False
-        if not sizes:
+        if not len(sizes):
             return True
         columns = self.columns
         if columns is None:  # the records' framing and fields, their CRCs not again
@@ -168,7 +174,7 @@ class SegmentFiles(RecordSource):
         if got is None:
             return None
         blob, checked = got
-        return RecordsAnswer([cl_pb.READ_OK] * len(offsets), blob, sizes.tolist(), checked.columns)
+        return RecordsAnswer([cl_pb.READ_OK] * len(offsets), blob, sizes, checked.columns)
 
 
 class TailSource(RecordSource):

@@ -62,6 +62,7 @@ from typing import TypeVar
 import grpc
 import numpy as np
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+from prometheus_client import Counter
 
 from cq_svc import metrics, receipts
 from cq_svc.engine import CqEngine, Received
@@ -77,6 +78,7 @@ from mqstore.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from mqstore.formats import _core
 from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import Unit
 from mqstore.formats.javahash import tags_code
@@ -149,21 +151,23 @@ class TagFilter:
 
 @dataclass(slots=True)
 class _Gathered:
-    """What a pull serves: its records one by one, or (the usual answer) laid end to end in
-    `blob` with their `sizes`, and their queue offsets."""
+    """What a pull serves: its records one by one with their queue offsets, or (the usual
+    answer) laid end to end in `blob`, their queue offsets and sizes as the response's wire
+    bytes (`columns_wire`, formats/_core_pull_answer.pxi) for `wired` records."""
 
     records: list[bytes] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     next_begin: int = 0
     removed: int = 0
     blob: bytes = b""
-    sizes: list[int] = field(default_factory=list)
+    columns_wire: bytes = b""
+    wired: int = 0
     # With report_bad_records: the damaged record that ends the answer.
     bad: pb.BadRecord | None = None
 
     @property
     def served(self) -> int:
-        return len(self.offsets)
+        return len(self.offsets) + self.wired
 
 
 class CqServicer(pb_grpc.ConsumeQueueServicer):
@@ -439,10 +443,11 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         got = self._gather(a, result, answer)
         if got.blob:
             response.records_blob = got.blob
-            response.record_sizes.extend(got.sizes)
+            # queue_offsets and record_sizes in one parse in C, not an int converted at a time
+            response.MergeFromString(got.columns_wire)
         else:
             _put_records(response, got.records)
-        response.queue_offsets.extend(got.offsets)
+            response.queue_offsets.extend(got.offsets)
         response.next_begin_offset = got.next_begin
         if got.bad is not None:
             response.bad_record.CopyFrom(got.bad)  # FOUND: something is at the offset
@@ -455,19 +460,19 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         queue_id, tags = a.queue_id, a.tags
         taken = result.taken
         read_ok = answer.statuses.count(cl_pb.READ_OK)
-        metrics.READ_RECORDS.labels("ok").inc(read_ok)  # once a pull, not once a record
+        _READ_OK.inc(read_ok)  # once a pull, not once a record
         if read_ok == len(taken) and answer.names_units(queue_id, taken):
             # The usual answer: every record read and the one its unit names; the checks of
             # _gather_read, a column at a time.
-            queue_offsets = taken.queue_offset.tolist()
             if tags is None:
+                # (names_units found the answer's sizes equal to the units')
                 return _Gathered(
-                    [],
-                    queue_offsets,
-                    result.next_begin_offset,
+                    next_begin=result.next_begin_offset,
                     blob=answer.blob,
-                    sizes=answer.sizes,
+                    columns_wire=_core.pull_answer_wire(taken.queue_offset, taken.size),
+                    wired=len(taken),
                 )
+            queue_offsets = taken.queue_offset.tolist()
             records = answer.as_records()
             kept = [i for i, record in enumerate(records) if tags.matches(record)]
             return _Gathered(
@@ -993,10 +998,21 @@ def _delivered(response: pb.ReceiveResponse) -> bool:
     return bool(response.queue_offsets) or bool(response.bad_records)
 
 
+# Labelled children looked up once, not once a pull (a labels() call takes a lock and hashes
+# the label values); PULLS' children made on first use, so the series appear as before.
+_READ_OK = metrics.READ_RECORDS.labels("ok")
+_PULLS_BY_STATUS: dict[int, Counter] = {}
+
+
 def _count_pull(response: pb.PullResponse) -> None:
     """A pull's answer in the metrics (Pull, PullStream and Follow alike): its status, and its
     records, one per queue offset."""
-    metrics.PULLS.labels(pb.GetMessageStatus.Name(response.status)).inc()
+    status = response.status
+    counter = _PULLS_BY_STATUS.get(status)
+    if counter is None:
+        counter = metrics.PULLS.labels(pb.GetMessageStatus.Name(status))
+        _PULLS_BY_STATUS[status] = counter
+    counter.inc()
     metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))
 
 

@@ -173,6 +173,16 @@ def pull_walk(
     out: npt.NDArray[np.int64],
 ) -> tuple[int, int, int, int]: ...
 
+# _core_pull_answer.pxi
+def pull_answer_wire(
+    queue_offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> bytes: ...
+
+# _core_segment_runs.pxi
+def segment_runs(
+    offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], starts: npt.NDArray[np.int64]
+) -> tuple[list[int], list[int], list[int]] | None: ...
+
 # _core_dispatch.pxi
 
 DISPATCH_END: Final[int]

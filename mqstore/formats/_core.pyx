@@ -19,6 +19,11 @@ an included file of its own (the list at the bottom):
     _core_frames.pxi        decode_response(...) and the apply of dispatch frames
     _core_arrow.pxi         read_log_columns(...): the Spark log source's Arrow columns
     _core_pull.pxi          pull_walk(...): a pull's walk over consume-queue units
+    _core_pull_answer.pxi   pull_answer_wire(...): a FOUND pull's queue offsets and record
+                            sizes as PullResponse wire bytes (the protobuf runtime is their
+                            reference)
+    _core_segment_runs.pxi  segment_runs(...): the runs of commit-log ranges a read beside
+                            the log's writer copies (storage/segment_reads.py)
     _core_dispatch.pxi      dispatch_columns(...), dispatch_of_runs(...): dispatch frames
                             from the segment and from held appends (dispatch_scan.py)
     _core_ids.pxi           uniq_ids(...), uniq_properties(...): a producer batch's unique
@@ -313,3 +318,5 @@ include "_core_dispatch.pxi"
 include "_core_ids.pxi"
 include "_core_append.pxi"
 include "_core_index.pxi"
+include "_core_pull_answer.pxi"
+include "_core_segment_runs.pxi"

@@ -5,7 +5,7 @@
     {data_dir}/commitlog/00000000001073741824      named by its start offset (20 digits)
 
 `copy_runs` copies ranges out of one mapped segment, a slice per run of ranges that follow each
-other (commitlog_svc's Read); `LiveLog.read` cuts its runs the same way (`run_bounds`), and
+other (commitlog_svc's Read); `LiveLog.read` cuts its runs the same way (`_core.segment_runs`), and
 also where the segment changes.
 
 `LiveLog` reads those files while commitlog_svc writes them: a follower on the same host or in
@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mqstore.errors import CorruptFile
+from mqstore.formats import _core
 from mqstore.formats.commitlog_checkpoint import decode_meta
 from mqstore.storage.logreader import COMMITLOG_SUBDIR, STORE_META_FILE, segment_files
 from mqstore.storage.mapped_file import offset_to_file_name
@@ -140,38 +141,35 @@ class LiveLog:
         (any order: a pull of several queues asks for theirs one queue after the other); None
         unless every range lies whole in one segment that is there, sized to reach the next
         one, at or above the minimum."""
-        n = len(offsets)
-        if not n or int(sizes.min()) <= 0 or int(offsets.min()) < self._min_offset:
+        if not len(offsets) or int(sizes.min()) <= 0 or int(offsets.min()) < self._min_offset:
             return None
-        ends = offsets + sizes
-        starts = self._listing(int(ends.max()))
+        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+        starts = self._listing(int((offsets + sizes).max()))
         if starts is None:
             return None
-        k = np.searchsorted(starts, offsets, side="right") - 1
-        first_seg, last_seg = int(k.min()), int(k.max())
-        if first_seg < 0 or last_seg >= len(starts) - 1 or (ends > starts[k + 1]).any():
+        # A slice per run: ranges of one segment that follow each other (the usual pull: one
+        # run, or a few of a queue whose records lie between other queues').
+        runs = _core.segment_runs(offsets, sizes, starts)
+        if runs is None:
             return None
-        if first_seg == last_seg and (n == 1 or bool((offsets[1:] == ends[:-1]).all())):
-            # The usual pull: records that follow each other in one segment, one slice.
-            base = int(starts[first_seg])
-            mapped = self._segment(base, int(starts[first_seg + 1]) - base)
-            if mapped is None:
-                return None
-            return mapped.buf[int(offsets[0]) - base : int(ends[-1]) - base]
-        seg_start = starts[k]
-        begin = offsets - seg_start
-        end = ends - seg_start
-        bufs: dict[int, mmap.mmap] = {}
-        for i in np.unique(k).tolist():
-            mapped = self._segment(int(starts[i]), int(starts[i + 1] - starts[i]))
-            if mapped is None:
-                return None
-            bufs[i] = mapped.buf
-        # A slice per run: ranges of one segment that follow each other.
-        firsts, lasts = run_bounds(begin, end, k[1:] != k[:-1])
-        seg, b, e = k.tolist(), begin.tolist(), end.tolist()
-        pieces = [bufs[seg[a]][b[a] : e[z]] for a, z in zip(firsts, lasts, strict=True)]
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        segments, begins, ends = runs
+        bufs: dict[int, memoryview] = {}
+        for i in segments:
+            if i not in bufs:
+                mapped = self._segment(int(starts[i]), int(starts[i + 1] - starts[i]))
+                if mapped is None:
+                    return None
+                bufs[i] = memoryview(mapped.buf)
+        # Views, joined: the records' bytes are copied once (a slice of an mmap is a copy).
+        views = [bufs[i][b:e] for i, b, e in zip(segments, begins, ends, strict=True)]
+        try:
+            return b"".join(views)
+        finally:
+            for view in views:
+                view.release()
+            for buf in bufs.values():
+                buf.release()
 
     # -- segments --------------------------------------------------------------------------------
 

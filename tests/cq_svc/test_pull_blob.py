@@ -184,6 +184,10 @@ def test_the_column_check_of_unit_records_agrees_with_the_check_of_each() -> Non
         statuses = [cl_pb.READ_OK] * len(records)
         answer = RecordsAnswer(statuses, b"".join(records), list(map(len, records)))
         as_blob = answer.names_units(queue_id, columns)
+        # The segment files' answer carries its sizes as the int64 column it was asked with.
+        sized = np.array(list(map(len, records)), dtype=np.int64)
+        as_column = RecordsAnswer(statuses, answer.blob, sized).names_units(queue_id, columns)
+        assert as_column == as_blob
         each = all(is_unit_record(r, u, queue_id) for r, u in zip(records, units, strict=True))
         return as_blob, each
 

@@ -4,6 +4,7 @@ random bytes; what matters is which bytes come back, and when nothing does."""
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mqstore.formats import _core
 from mqstore.formats.commitlog_checkpoint import StoreMeta, encode_meta
 from mqstore.storage.segment_reads import LiveLog, copy_runs
 
@@ -211,3 +213,49 @@ def test_ranges_one_after_another_read_as_what_they_hold(
         assert got is None  # a range across a segment's end, or past the log's
     else:
         assert got == b"".join(stream[o : o + z] for o, z in zip(offsets, lengths, strict=True))
+
+
+def _segment_runs_reference(
+    offsets: list[int], sizes: list[int], starts: list[int]
+) -> tuple[list[int], list[int], list[int]] | None:
+    """_core.segment_runs range by range: each range's segment (the last start at or before
+    it), None unless every size is positive and every range lies whole in a listed segment;
+    a range that starts where the one before ended in the same segment extends its run."""
+    runs: list[list[int]] = []
+    previous: tuple[int, int] | None = None  # the range before: its segment and end
+    for offset, size in zip(offsets, sizes, strict=True):
+        if size <= 0:
+            return None
+        k = bisect.bisect_right(starts, offset) - 1
+        if k < 0 or k >= len(starts) - 1 or offset + size > starts[k + 1]:
+            return None
+        if previous == (k, offset):
+            runs[-1][2] = offset + size - starts[k]
+        else:
+            runs.append([k, offset - starts[k], offset + size - starts[k]])
+        previous = (k, offset + size)
+    return [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs]
+
+
+@given(
+    starts=st.lists(st.integers(0, 400), min_size=1, max_size=6, unique=True).map(sorted),
+    ranges=st.lists(st.tuples(st.integers(-20, 450), st.integers(-2, 60)), max_size=40),
+    runs_of=st.integers(1, 5),
+)
+@settings(max_examples=500, deadline=None)
+def test_segment_runs_is_the_walk_range_by_range(
+    starts: list[int], ranges: list[tuple[int, int]], runs_of: int
+) -> None:
+    # Runs: every range but each runs_of-th one starts where the one before ended.
+    offsets: list[int] = []
+    sizes: list[int] = []
+    for i, (drawn, size) in enumerate(ranges):
+        offsets.append(offsets[-1] + sizes[-1] if offsets and i % runs_of else drawn)
+        sizes.append(size)
+    got = _core.segment_runs(_arr(offsets), _arr(sizes), _arr(starts))
+    assert got == _segment_runs_reference(offsets, sizes, starts)
+
+
+def test_segment_runs_refuses_columns_of_two_lengths() -> None:
+    with pytest.raises(ValueError):
+        _core.segment_runs(_arr([0, 1]), _arr([1]), _arr([0, 10]))
