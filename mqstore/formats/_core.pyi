@@ -310,6 +310,10 @@ def read_append_request(
 def widest_bytes(items: list[Any]) -> int: ...
 
 # _core_index.pxi
+def java_hashes(keys: list[str]) -> bytes: ...
+def java_hashes_utf8(
+    data: npt.NDArray[np.uint8] | bytes, offsets: npt.NDArray[np.int64]
+) -> bytes: ...
 def index_message_keys(
     prefixes: list[str],
     topic_indexes: npt.NDArray[np.int64],

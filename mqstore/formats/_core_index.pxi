@@ -191,6 +191,36 @@ def index_message_keys(
     return hashes, key_rows
 
 
+def java_hashes(list keys):
+    """Java String.hashCode() of each str (over its UTF-16 code units), as native int64 bytes
+    holding the signed int32 values: javahash.java_string_hash's, key by key."""
+    cdef Py_ssize_t i, m = len(keys)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, m * 8)
+    cdef int64_t *o = <int64_t *>PyBytes_AS_STRING(out)
+    cdef object key
+    for i in range(m):
+        key = keys[i]
+        if type(key) is not str:
+            raise TypeError(f"keys are str, not {type(key).__name__}")
+        o[i] = <int32_t>_java_hash_more(0, key)
+    return out
+
+
+def java_hashes_utf8(const unsigned char[::1] data, const int64_t[::1] offsets):
+    """java_hashes of the strings whose UTF-8 bytes are data[offsets[i]:offsets[i + 1]] (an
+    Arrow string column's buffers: offsets rise within data, from anywhere), hashed from the
+    bytes without a str made. ValueError for offsets out of place or bytes that are no UTF-8."""
+    cdef Py_ssize_t i, m = offsets.shape[0] - 1 if offsets.shape[0] else 0
+    cdef const unsigned char *p = &data[0] if data.shape[0] else <const unsigned char *>""
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, m * 8)
+    cdef int64_t *o = <int64_t *>PyBytes_AS_STRING(out)
+    for i in range(m):
+        if not 0 <= offsets[i] <= offsets[i + 1] <= data.shape[0]:
+            raise ValueError(f"java hashes: string {i}'s offsets are not within the data")
+        o[i] = <int32_t>_java_hash_utf8(0, p + offsets[i], offsets[i + 1] - offsets[i])
+    return out
+
+
 cdef inline void _put_be32(unsigned char *p, uint32_t v) noexcept nogil:
     p[0] = <unsigned char>(v >> 24)
     p[1] = <unsigned char>(v >> 16)

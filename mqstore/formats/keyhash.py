@@ -4,8 +4,9 @@ The index needs, per key, RocketMQ's 32-bit hash (Java `String.hashCode`, which 
 costs a loop step per character: ~2.4 us for a 20-character key) and, in exact or sharded mode,
 the 64-bit hash and the shard of mqstore.sharding. index_svc hashes a dispatch frame's keys in
 the compiled core straight from the frame's UTF-8 columns, one C loop per key, no str made
-(`message_key_hashes`); str keys (`index_hashes`) and keys held as Arrow UTF-8 columns (the
-Spark jobs) are hashed with a handful of numpy operations over all their characters:
+(`message_key_hashes`); str keys (`java_hashes`, `index_hashes`) and keys held as Arrow UTF-8
+columns (`java_hashes_utf8`, the Spark jobs) likewise, one C loop per key over its UTF-16 code
+units (from the UTF-8 bytes for a column):
 
     hashCode(s) = sum(s[i] * 31**(len - 1 - i)) mod 2**32     (UTF-16 code units)
 
@@ -20,7 +21,6 @@ key format (`message_keys`): "topic#UNIQ_KEY", then "topic#token" for each KEYS 
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,10 +30,6 @@ from mqstore.formats.javahash import index_key_hash
 from mqstore.sharding import HASH64_DIGEST_BYTES, JUMP_MULTIPLIER
 
 _INT32_MIN = -(1 << 31)
-# Above this many distinct key lengths in a batch, one flat pass beats a pass per length.
-_LENGTH_GROUPS_MAX = 48
-
-_pow31 = np.ones(1, dtype=np.uint32)
 
 
 # Between a message's topic and each of its keys in an index key (RocketMQ's buildKey).
@@ -49,66 +45,10 @@ def message_keys(topic: str, uniq_key: str, keys: str) -> list[str]:
     return out
 
 
-def _powers_of_31(n: int) -> np.ndarray:
-    """31**i mod 2**32 for i < n, as uint32 (cached, grown by doubling)."""
-    global _pow31  # noqa: PLW0603 - a grow-only cache of constants
-    if len(_pow31) < n:
-        size = max(n, 2 * len(_pow31))
-        table = np.full(size, 31, dtype=np.uint32)
-        table[0] = 1
-        _pow31 = np.cumprod(table, dtype=np.uint32)
-    return _pow31
-
-
 def java_hashes(keys: Sequence[str]) -> np.ndarray:
-    """Java `String.hashCode()` of every key, as int64 holding the signed int32 values.
-
-    uint32 arithmetic wraps mod 2**32, which is exactly Java's int arithmetic. Keys of equal
-    length are hashed together as the rows of a matrix times the column of powers of 31; a batch
-    of many different lengths takes one flat pass over all characters instead."""
-    m = len(keys)
-    if m == 0:
-        return np.zeros(0, dtype=np.int64)
-    joined = "".join(keys)
-    if joined.isascii():
-        codes = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-        lengths = np.fromiter(map(len, keys), dtype=np.int64, count=m)
-    else:
-        parts = [k.encode("utf-16-be", "surrogatepass") for k in keys]
-        codes = np.frombuffer(b"".join(parts), dtype=">u2")
-        lengths = np.fromiter((len(p) // 2 for p in parts), dtype=np.int64, count=m)
-    return _hash_codes(codes, lengths)
-
-
-def _hash_codes(codes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """java_hashes of the keys whose UTF-16 code units are `codes`, back to back, `lengths`
-    units each."""
-    m = len(lengths)
-    longest = int(lengths.max())
-    powers = _powers_of_31(longest + 1)
-    if longest > 0 and int(lengths.min()) == longest:
-        # Keys of one length (unique ids of one topic): the characters are the matrix already.
-        chars = codes.reshape(m, longest).astype(np.uint32)
-        hashes: np.ndarray = chars @ powers[longest - 1 :: -1]
-        return hashes.view(np.int32).astype(np.int64)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    result = np.zeros(m, dtype=np.uint32)
-    distinct = np.unique(lengths)
-    if len(distinct) <= _LENGTH_GROUPS_MAX:
-        for length in distinct.tolist():
-            if length == 0:
-                continue
-            rows = np.flatnonzero(lengths == length)
-            chars = codes[starts[rows][:, None] + np.arange(length)].astype(np.uint32)
-            result[rows] = chars @ powers[length - 1 :: -1]
-    else:
-        total = int(ends[-1])
-        exponents = np.repeat(ends, lengths) - 1 - np.arange(total, dtype=np.int64)
-        weighted = codes.astype(np.uint32) * powers[exponents]
-        nonempty = lengths > 0
-        result[nonempty] = np.add.reduceat(weighted, starts[nonempty], dtype=np.uint32)
-    return result.view(np.int32).astype(np.int64)
+    """Java `String.hashCode()` of every key, as int64 holding the signed int32 values (the
+    compiled core, key by key; javahash.java_string_hash is the specification)."""
+    return np.frombuffer(_core.java_hashes(list(keys)), dtype=np.int64)
 
 
 def index_hashes(keys: Sequence[str]) -> np.ndarray:
@@ -200,18 +140,14 @@ def jump_shards(hashes: np.ndarray, shard_count: int) -> np.ndarray:
 
 def java_hashes_utf8(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """java_hashes of the keys whose UTF-8 bytes are data[offsets[i]:offsets[i + 1]] (the
-    buffers of an Arrow string column): ASCII keys are their own UTF-16 code units, so no
-    Python string is made for them (0.3-0.6 s for 400 k keys)."""
-    m = len(offsets) - 1
-    if m <= 0:
-        return np.zeros(0, dtype=np.int64)
-    codes = np.asarray(data, dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])]
-    if not codes.size or int(codes.max()) < 0x80:
-        return _hash_codes(codes, np.diff(np.asarray(offsets, dtype=np.int64)))
-    raw = bytes(codes)
-    base = int(offsets[0])
-    bounds = (np.asarray(offsets, dtype=np.int64) - base).tolist()
-    return java_hashes([raw[a:b].decode("utf-8") for a, b in itertools.pairwise(bounds)])
+    buffers of an Arrow string column), hashed from the bytes: no str made."""
+    return np.frombuffer(
+        _core.java_hashes_utf8(
+            np.ascontiguousarray(data, dtype=np.uint8),
+            np.ascontiguousarray(offsets, dtype=np.int64),
+        ),
+        dtype=np.int64,
+    )
 
 
 def index_hashes_utf8(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:

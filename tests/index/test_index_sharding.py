@@ -93,11 +93,28 @@ def test_hashes_of_utf8_buffers_equal_those_of_the_strings(keys: list[str], skip
     assert keyhash.index_hashes_utf8(data, offsets).tolist() == [index_key_hash(k) for k in keys]
 
 
+def test_hashes_of_utf8_buffers_refuse_bytes_that_are_no_utf8_and_offsets_out_of_place() -> None:
+    good = np.frombuffer(b"abc", dtype=np.uint8)
+    for data, offsets in (
+        (b"\xc3", [0, 1]),  # a cut sequence
+        (b"\xed\xa0\x80", [0, 3]),  # an encoded surrogate
+        (b"\xc0\xaf", [0, 2]),  # an overlong form
+    ):
+        with pytest.raises(ValueError, match="no UTF-8"):
+            keyhash.java_hashes_utf8(np.frombuffer(data, dtype=np.uint8), np.array(offsets))
+    for offsets in ([0, 4], [2, 1], [-1, 2]):
+        with pytest.raises(ValueError, match="not within the data"):
+            keyhash.java_hashes_utf8(good, np.array(offsets))
+    assert keyhash.java_hashes_utf8(good, np.array([], dtype=np.int64)).tolist() == []
+
+
 def test_batch_java_hash_handles_surrogate_pairs_long_keys_and_the_min_value() -> None:
     keys = ["😀", "a😀b", "x" * 5_000, "", "polygenelubricants", "GydZG_", "DESIGNING WORKHOUSES"]
     assert keyhash.java_hashes(keys).tolist() == [java_string_hash(k) for k in keys]
-    # more distinct lengths than the per-length path takes: the flat pass
+    # many lengths, Latin-1, two-byte and four-byte characters, and lone surrogates (a Java
+    # string may hold them; a str from a frame never does, but a caller's may)
     many = [("é" if i % 3 else "a") * i + "😀" * (i % 2) for i in range(120)]
+    many += ["\ud800", "a\udfffb", "\u4e2d\ud83d"]
     assert keyhash.java_hashes(many).tolist() == [java_string_hash(k) for k in many]
     ascii_many = ["k" * i for i in range(100)]
     assert keyhash.java_hashes(ascii_many).tolist() == [java_string_hash(k) for k in ascii_many]
