@@ -14,14 +14,6 @@ cdef enum:
     PULL_WIRE_RECORD_SIZES = 8 << 3 | 2
 
 
-cdef inline Py_ssize_t _pull_varint_len(uint64_t v) noexcept nogil:
-    cdef Py_ssize_t n = 1
-    while v > 0x7F:
-        v >>= 7
-        n += 1
-    return n
-
-
 def pull_answer_wire(const int64_t[::1] queue_offsets, const int64_t[::1] sizes):
     """Fields 6 and 8 of a PullResponse (comment above); ValueError for columns of different
     lengths or a size that is no int32 (the runtime refuses it too)."""
@@ -33,12 +25,12 @@ def pull_answer_wire(const int64_t[::1] queue_offsets, const int64_t[::1] sizes)
     for i in range(n):
         if sizes[i] < INT32_MIN or sizes[i] > INT32_MAX:
             raise ValueError(f"a record size of {sizes[i]} is no int32")
-        offsets_len += _pull_varint_len(<uint64_t>queue_offsets[i])
+        offsets_len += _wire_varint_len(<uint64_t>queue_offsets[i])
         # An int32 field's negative value is sign-extended: 10 bytes, as an int64's.
-        sizes_len += _pull_varint_len(<uint64_t>sizes[i])
+        sizes_len += _wire_varint_len(<uint64_t>sizes[i])
     if n:
-        total = (2 + _pull_varint_len(<uint64_t>offsets_len) + offsets_len
-                 + _pull_varint_len(<uint64_t>sizes_len) + sizes_len)
+        total = (2 + _wire_varint_len(<uint64_t>offsets_len) + offsets_len
+                 + _wire_varint_len(<uint64_t>sizes_len) + sizes_len)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     w = <unsigned char *>PyBytes_AS_STRING(out)
     if n:
