@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from typing import Any
 
@@ -28,6 +29,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.update(DISK_PRESSURE_OFF)  # every store a test starts (tests/environ.py)
     os.environ.pop("MQSTORE_CONFIG_DIR", None)
     os.environ.pop("MQSTORE_CONTEXT", None)
+    _ctrl_c_reaches_children()
+
+
+def _ctrl_c_reaches_children() -> None:
+    """Tests press Ctrl-C (SIGINT) on the processes they start, as a person at a terminal does.
+    A run started as a background job of a script (`make test &`) inherits SIGINT ignored, and
+    so would every process a test starts: the CLI keeps an ignored SIGINT ignored, so `consume
+    --follow` would never stop. A handler here (not ignored) becomes the default in children."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(optionalhook=True)
