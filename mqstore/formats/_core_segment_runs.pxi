@@ -1,4 +1,5 @@
-# Where a read beside the commit log's writer copies from: included by _core.pyx.
+# Where a read of commit-log ranges copies from (the log's own Read, storage/segment_reads.
+# copy_runs, and a reader beside its writer, LiveLog.read): included by _core.pyx.
 #
 #   segment_runs(offsets, sizes, starts)      the runs of ranges to copy, or None
 #       -> (segments, begins, ends) | None

@@ -5,8 +5,8 @@
     {data_dir}/commitlog/00000000001073741824      named by its start offset (20 digits)
 
 `copy_runs` copies ranges out of one mapped segment, a slice per run of ranges that follow each
-other (commitlog_svc's Read); `LiveLog.read` cuts its runs the same way (`_core.segment_runs`), and
-also where the segment changes.
+other (commitlog_svc's Read); `LiveLog.read` cuts its runs with the same walk
+(`_core.segment_runs`), which also cuts where the segment changes.
 
 `LiveLog` reads those files while commitlog_svc writes them: a follower on the same host or in
 the same pod (cq_svc with `--commitlog-dir`) answers a pull from the segment files instead of a
@@ -55,34 +55,23 @@ from mqstore.storage.mapped_file import offset_to_file_name
 log = logging.getLogger(__name__)
 
 IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 # Open mappings at once: each holds a file descriptor (Python's mmap keeps a dup of it); a
 # pull touches one or two segments, so a few dozen cover every reader of a 1 GiB-segment log.
 LIVE_LOG_MAPS_MAX: Final = 64
 
 
-def run_bounds(
-    begin: IntArray, end: IntArray, cut: BoolArray | None = None
-) -> tuple[list[int], list[int]]:
-    """The first and last index of each run of ranges [begin[i], end[i]) that follow each other
-    (a range starting where the one before ended); `cut[i]` also starts a run at i + 1."""
-    breaks = begin[1:] != end[:-1]
-    if cut is not None:
-        breaks |= cut
-    starts = np.flatnonzero(breaks) + 1
-    firsts = np.concatenate(([0], starts))
-    lasts = np.concatenate((starts - 1, [len(begin) - 1]))
-    return firsts.tolist(), lasts.tolist()
-
-
 def copy_runs(buf: mmap.mmap | bytes | bytearray, begin: IntArray, end: IntArray) -> list[bytes]:
     """Copies of buf[begin[i]:end[i]] for every i, where a range that starts at the end of the
-    one before is copied with it (one slice per run). `begin`, `end`: ascending runs, len >= 1."""
-    firsts, lasts = run_bounds(begin, end)
-    return list(
-        map(buf.__getitem__, map(slice, begin[firsts].tolist(), end[lasts].tolist()))  # type: ignore[arg-type]
-    )
+    one before is copied with it (one slice per run, cut by _core.segment_runs over the one
+    segment `buf`). `begin`, `end`: non-empty ranges within buf, len >= 1."""
+    begin = np.ascontiguousarray(begin, dtype=np.int64)
+    sizes = np.ascontiguousarray(end, dtype=np.int64) - begin
+    runs = _core.segment_runs(begin, sizes, np.array([0, len(buf)], dtype=np.int64))
+    if runs is None:
+        raise ValueError("copy_runs: a range that is empty or outside the buffer")
+    _, firsts, lasts = runs
+    return list(map(buf.__getitem__, map(slice, firsts, lasts)))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +130,7 @@ class LiveLog:
         (any order: a pull of several queues asks for theirs one queue after the other); None
         unless every range lies whole in one segment that is there, sized to reach the next
         one, at or above the minimum."""
-        if not len(offsets) or int(sizes.min()) <= 0 or int(offsets.min()) < self._min_offset:
+        if not len(offsets) or int(offsets.min()) < self._min_offset:
             return None
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         sizes = np.ascontiguousarray(sizes, dtype=np.int64)
