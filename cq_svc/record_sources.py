@@ -76,18 +76,18 @@ Ranges = tuple[IntArray, IntArray]  # commit-log offsets and sizes, one entry a 
 @dataclass(slots=True)
 class RecordsAnswer:
     """A source's answer for a group of ranges: per range its status, and the records served
-    laid end to end in `blob` (`sizes`: each range's size there, 0 where not READ_OK; a list,
-    or the int64 column of sizes the source was asked with, which it served whole)."""
+    laid end to end in `blob` (`sizes`: each range's size there as int64, 0 where not READ_OK;
+    a source that served every range whole gives the column of sizes it was asked with)."""
 
     statuses: Sequence[int]
     blob: bytes
-    sizes: list[int] | IntArray
+    sizes: IntArray
     # The columns of the source's own check of the records (the segment files'; formats/
     # record_columns.CheckedRecords): names_units reads them rather than check them again.
     columns: IntArray | None = None
 
     def as_records(self) -> list[bytes]:
-        return split_records(self.blob, self.sizes)
+        return split_records(self.blob, self.sizes.tolist())
 
     def parts(self, counts: Sequence[int]) -> list[RecordsAnswer]:
         """The answer cut into consecutive answers of counts[i] ranges each."""
@@ -98,7 +98,7 @@ class RecordsAnswer:
         byte_at = 0
         for count in counts:
             sizes = self.sizes[at : at + count]
-            end = byte_at + (sum(sizes) if isinstance(sizes, list) else int(sizes.sum()))
+            end = byte_at + int(sizes.sum())
             columns = None if self.columns is None else self.columns[:, at : at + count]
             out.append(
                 RecordsAnswer(
@@ -112,10 +112,7 @@ class RecordsAnswer:
         """is_unit_record of every record at once (columns): each was served and is the one
         its unit names. False when any one is not (then each is looked at on its own)."""
         sizes = self.sizes
-        if isinstance(sizes, list):  # a Read's answer
-            if sizes != units.size.tolist():
-                return False
-        elif len(sizes) != len(units) or not np.array_equal(sizes, units.size):
+        if len(sizes) != len(units) or not np.array_equal(sizes, units.size):
             return False
         if not len(sizes):
             return True
@@ -202,7 +199,7 @@ class TailSource(RecordSource):
             return None
         metrics.TAIL_RECORDS.labels("hit").inc(n)
         self._read_at = time.monotonic()
-        return RecordsAnswer([cl_pb.READ_OK] * n, blob, sizes.tolist())
+        return RecordsAnswer([cl_pb.READ_OK] * n, blob, sizes)
 
     def count_waiting(self, change: int) -> None:
         with self._lock:
@@ -249,10 +246,10 @@ class CommitLogRead:
             raise Unavailable(f"the commit log's Read failed: {code.name}: {details}") from err
         n = len(offsets)
         statuses = list(response.statuses)
-        served = list(response.record_sizes)
+        served = np.array(response.record_sizes, dtype=np.int64)
         blob = response.records_blob
         check(
-            len(statuses) == n and len(served) == n and sum(served) == len(blob),
+            len(statuses) == n and len(served) == n and int(served.sum()) == len(blob),
             f"Read answered {len(statuses)} statuses and a blob of {len(blob)} bytes in "
             f"{len(served)} sizes for {n} ranges",
         )
