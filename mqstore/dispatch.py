@@ -222,8 +222,8 @@ class DispatchColumns(Sequence[DispatchEntry]):
         self.tags_codes = tags_codes
         self.store_timestamps_ms = store_timestamps_ms
         self.sys_flags = sys_flags
-        self.keys = keys if type(keys) is Utf8Column else Utf8Column.of(keys)
-        self.uniq_keys = uniq_keys if type(uniq_keys) is Utf8Column else Utf8Column.of(uniq_keys)
+        self.keys = Utf8Column.of(keys)
+        self.uniq_keys = Utf8Column.of(uniq_keys)
         self.start_offset = start_offset
         self.next_offset = next_offset
         self.records = records
