@@ -160,27 +160,46 @@ def consume_raw(settings: ClientSettings, topic: str, n: int) -> dict[str, Any]:
 def plain_user(settings: ClientSettings, topic: str, size: int, n: int) -> dict[str, Any]:
     """What a plain SDK user writes: a Producer with its defaults, send_batch() of a thousand
     bodies at a time, then a Consumer with its defaults polling batches from the earliest; each
-    timed from its first call (the client made and connected included)."""
+    timed from its first call (the client made and connected included).
+
+    Beside the rates, the client process's CPU time of each phase (every thread of it, gRPC's
+    own included) and the consume's first poll (queues listed, first batches pulled): a run
+    whose rate moves while its CPU per message does not waited on the machine, not on more
+    work (_plain_note)."""
     bodies = [os.urandom(size)] * BATCH
+    cpu_began = time.process_time()
     began = time.perf_counter()
     with Producer(settings) as producer:
         futures = [
             producer.send_batch(topic, bodies[: min(BATCH, n - i)]) for i in range(0, n, BATCH)
         ]
     produced = time.perf_counter()
+    produce_cpu_s = time.process_time() - cpu_began
     if sum(len(f.result()) for f in futures) != n:
         raise RuntimeError(f"{topic}: not every message stored")
     wait_caught_up(settings)
     count = 0
+    first_poll_s = 0.0
+    cpu_began = time.process_time()
     began_reading = time.perf_counter()
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
     with Consumer(settings, topic, start="earliest") as c:
         while count < n and time.monotonic() < deadline:
             count += len(c.poll_batch().bodies)
+            if not first_poll_s:
+                first_poll_s = time.perf_counter() - began_reading
     read = time.perf_counter()
+    consume_cpu_s = time.process_time() - cpu_began
     if count != n:
         raise RuntimeError(f"{topic}: polled {count} of {n}")
-    return {"produce_rate": n / (produced - began), "consume_rate": n / (read - began_reading)}
+    return {
+        "produce_rate": n / (produced - began),
+        "consume_rate": n / (read - began_reading),
+        "produce_cpu_s": produce_cpu_s,
+        "consume_cpu_s": consume_cpu_s,
+        "consume_seconds": read - began_reading,
+        "consume_first_poll_ms": first_poll_s * 1000,
+    }
 
 
 def lookups(
@@ -459,6 +478,7 @@ def _run_store(
     _catch_up_note(results, flush, catch_up)
     if flush == "async":
         _lookup_note(results)
+        _plain_note(results, scale.messages)
     kept_pulls = results.extras.setdefault("mqstore_raw_pull_rates", {})
     for size, rates in raw_pulls.items():
         every = kept_pulls.setdefault(str(size), [])
@@ -535,6 +555,32 @@ def _tail_note(results: Any, before: dict[str, float], after: dict[str, float]) 
         f"commit-log Read; {not_local:,.0f} were not answerable from the files and "
         f"{tail_miss:,.0f} not from the tail.",
     )
+
+
+def _plain_note(results: Any, n: int) -> None:
+    """The plain user's consume run by run: its rate beside the client's CPU per message and
+    its first poll, so that a slow run can be told from a slow machine (the same CPU a message
+    and a longer wall time: the client waited for the CPU) or more work (more CPU a message)."""
+    parts = []
+    for size in SIZES:
+        cell = results.get("plain_consume", size, "mqstore")
+        if cell is None:
+            continue
+        runs = [r for r in cell.runs if "consume_cpu_s" in r]
+        if not runs:
+            continue
+        each = ", ".join(
+            f"{r['consume_rate'] / 1000:,.0f}k/{r['consume_cpu_s'] * 1e6 / n:.2f}/"
+            f"{r['consume_first_poll_ms']:.0f}"
+            for r in runs
+        )
+        parts.append(f"{size_name(size)} {each}")
+    if parts:
+        results.set_note(
+            "mqstore_plain_consume_runs",
+            "mqstore plain SDK user's consume, run by run (msg/s / the client process's CPU, "
+            "µs a message / first poll, ms): " + "; ".join(parts) + ".",
+        )
 
 
 def _lookup_note(results: Any) -> None:
