@@ -240,7 +240,7 @@ cdef extern from "Python.h":
     PyObject *PyType_GenericAlloc(PyTypeObject *tp, Py_ssize_t nitems) except NULL
 
 cdef str _BODY = "body"
-cdef str _RAW = "_raw"
+cdef str _REST = "_rest"
 
 
 def lazy_messages(
@@ -248,8 +248,12 @@ def lazy_messages(
 ):
     """[m_start, ..., m_stop-1]: for each i an instance of `cls` (a class of __slots__ without
     __init__ side effects: the SDK's Message) made without __init__, its `body` bodies[i] and its
-    `_raw` blobs[i][starts[i]:ends[i]] (a copy: a message kept holds no blob), every other slot
-    unset (filled on first read, message.py).
+    `_rest` the record blobs[i][starts[i]:ends[i]] with its body cut out (record.without_body's
+    bytes, a copy: a message kept holds no blob; the body, bodies[i], is a copy already, so the
+    record's body is not copied a second time: at 1 KiB the rest is ~150 bytes, a pymalloc
+    block, where the whole record was a ~1.2 KB malloc), every other slot unset (filled on
+    first read, message.py). The records are ones check() accepted; a record whose header
+    does not frame a body inside its bounds is an IndexError.
 
     Each is left out of the cycle collector: it holds bytes, and once decoded ints, strs and a
     dict of strs, none of which can lead back to it. A consumer's batch of a thousand made at
@@ -264,22 +268,41 @@ def lazy_messages(
     cdef Py_ssize_t i
     cdef PyObject *made
     cdef object m
-    cdef bytes blob
-    cdef const char *data
-    cdef Py_ssize_t a, b
+    cdef bytes blob, rest
+    cdef const unsigned char *p
+    cdef char *to
+    cdef Py_ssize_t a, b, header, body_len
+    cdef int32_t flags
     for i in range(start, stop):
         blob = blobs[i]
         a = starts[i]
         b = ends[i]
         if not (0 <= a <= b <= PyBytes_GET_SIZE(blob)):
             raise IndexError(f"record {i} [{a}, {b}) outside its blob")
+        if b - a < HEADER_V4_V4_BYTES:
+            raise IndexError(f"record {i}: {b - a} bytes, shorter than any header")
+        p = <const unsigned char *>PyBytes_AS_STRING(blob) + a
+        flags = mq_be_i32(p + SYSFLAG_POS_)
+        header = HEADER_V4_V4_BYTES
+        if flags & BORNHOST_V6:
+            header += V6_EXTRA_BYTES
+        if flags & STOREHOST_V6:
+            header += V6_EXTRA_BYTES
+        if header > b - a:
+            raise IndexError(f"record {i}: a {header}-byte header in {b - a} bytes")
+        body_len = mq_be_i32(p + header - 4)
+        if body_len < 0 or body_len > b - a - header:
+            raise IndexError(f"record {i}: a {body_len}-byte body in {b - a} bytes")
+        rest = PyBytes_FromStringAndSize(NULL, b - a - body_len)
+        to = PyBytes_AS_STRING(rest)
+        memcpy(to, p, <size_t>header)
+        memcpy(to + header, p + header + body_len, <size_t>(b - a - header - body_len))
         made = PyType_GenericAlloc(tp, 0)
         m = <object>made
         Py_DECREF(m)  # <object> took a reference of its own: the one tp_alloc made goes
         PyObject_GC_UnTrack(made)
         PyObject_SetAttr(m, _BODY, bodies[i])
-        data = PyBytes_AS_STRING(blob)
-        PyObject_SetAttr(m, _RAW, PyBytes_FromStringAndSize(data + a, b - a))
+        PyObject_SetAttr(m, _REST, rest)
         Py_INCREF(m)
         PyList_SET_ITEM(out, i - start, m)
     return out
