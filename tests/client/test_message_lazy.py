@@ -216,6 +216,24 @@ def test_the_compiled_builder_makes_each_message_from_its_body_and_the_rest_of_i
             lazy_messages(Message, [b"x"], [wrong], [0], [len(wrong)], 0, 1)
 
 
+class _NoSlots:
+    body: bytes = b""
+
+    @property
+    def _rest(self) -> bytes:
+        return b""
+
+
+def test_the_compiled_builder_stores_into_writable_object_slots_only() -> None:
+    """lazy_messages stores the body and the rest where the class's slot descriptors say,
+    as their setattr would: a class whose fields are not such slots is a TypeError, before
+    any instance is made."""
+    raw = record(1)
+    for cls in (_NoSlots, int):
+        with pytest.raises(TypeError):
+            lazy_messages(cls, [b"x"], [raw], [0], [len(raw)], 0, 1)
+
+
 # -- the compiled builder pinned to its reference, on arbitrary records ---------------------------
 
 
