@@ -33,7 +33,7 @@ from bench.processes import by_name, pids, settings_of, touch, wait_caught_up, w
 from bench.profile_services import summarize
 from bench.report import percentile
 from mqstore.client import ClientSettings, Consumer, Message, Offset
-from mqstore.formats.record import checked_fields
+from mqstore.formats.record import fields_without_body
 from mqstore.testing.cluster import start_store
 
 GC_PAUSE = "mqstore_gc_pause_seconds"
@@ -44,8 +44,8 @@ PROFILES_DIR = Path("bench/results/profiles")  # py-spy's raw profiles, kept for
 def _stored_ms(m: Message) -> int:
     """The record's store time, read from the record with the layout's check-free reader (the
     whole field decode of a Message costs the consumer more than the bench's does)."""
-    assert m._raw is not None
-    return checked_fields(m._raw).store_timestamp_ms
+    assert m._rest is not None
+    return fields_without_body(m._rest).store_timestamp_ms
 
 
 def _consume(settings: ClientSettings, topic: str, n: int, ready: str) -> dict[str, Any]:

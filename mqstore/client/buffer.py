@@ -49,7 +49,16 @@ _AT_END = frozenset({pb.OFFSET_OVERFLOW_ONE, pb.NO_MESSAGE_IN_QUEUE})
 class QueueState:
     """Client-side state of one assigned queue (see the module docstring)."""
 
-    __slots__ = ("_position", "bad", "caught_up", "fetch_at", "messages", "offsets", "taken")
+    __slots__ = (
+        "_position",
+        "bad",
+        "caught_up",
+        "dropped",
+        "fetch_at",
+        "messages",
+        "offsets",
+        "taken",
+    )
 
     def __init__(self, fetch_at: int, position: int) -> None:
         self.fetch_at = fetch_at
@@ -60,6 +69,9 @@ class QueueState:
         self.bad: BadRecord | None = None
         # A hint for poll, and what messages(follow=False) stops on.
         self.caught_up = False
+        # Replaced by a new state (Buffer.set, a seek): a messages() loop handing this one's
+        # batch out stops at its next message (one flag read, not a look-up a message).
+        self.dropped = False
 
     @property
     def position(self) -> int:
@@ -129,6 +141,9 @@ class Buffer:
 
     def set(self, queue_id: int, offset: int) -> None:
         """The queue starts again at `offset`: what is buffered of it is dropped."""
+        old = self.queues.get(queue_id)
+        if old is not None:
+            old.dropped = True
         self.queues[queue_id] = QueueState(fetch_at=offset, position=offset)
 
     def positions(self) -> dict[int, int]:

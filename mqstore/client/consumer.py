@@ -490,7 +490,7 @@ class Consumer:
                         handed += 1
                         yield message
                         # A poll, a seek or a close between two messages: stop here.
-                        if state.taken != i or self._closed or queues.get(q) is not state:
+                        if state.taken != i or state.dropped or self._closed:
                             break
                         if auto_commit:
                             self._maybe_auto_commit()

@@ -10,8 +10,9 @@ whole answer into Messages at once:
        sysflags (mqstore.formats.record_columns.check_records, shared with the commit log's
        Read; pinned to read_record, verdict for verdict)
     2. bodies decompressed where SYSFLAG says so
-    3. one small Message per record: its body and its raw record; every other field is decoded
-       from the raw record the first time one is read (most consumers read the body alone)
+    3. one small Message per record: its body and the rest of its record (the record with its
+       body cut out: the body is a copy of its own already); every other field is decoded from
+       that rest the first time one is read (most consumers read the body alone)
 
 A record that fails is DataLoss with read_record's reason. Corrupt bytes are never handed to
 the caller.
@@ -45,7 +46,7 @@ from mqstore.formats.record import (
     PHYSICAL_OFFSET_POS,
     CheckedFields,
     Record,
-    checked_fields,
+    fields_without_body,
 )
 from mqstore.rpc.gen.common.v1 import common_pb2
 from mqstore.rpc.messages import host_text
@@ -85,7 +86,7 @@ class Message:
     by `decode_records` from raw records, in which case the fields other than `body` are
     decoded from the record the first time one of them is read."""
 
-    __slots__ = (*FIELDS, "_raw")
+    __slots__ = (*FIELDS, "_rest")
     __match_args__ = FIELDS
 
     topic: str
@@ -103,7 +104,9 @@ class Message:
     reconsume_times: int
     size: int  # the record's TOTALSIZE in the commit log
     msg_id: str  # the offset message id (store host + commit-log offset)
-    _raw: bytes | None  # the whole record, for fields not decoded yet (None: built by hand)
+    # The record without its body (record.without_body), for the fields not decoded yet (None:
+    # built by hand).
+    _rest: bytes | None
 
     def __init__(
         self,
@@ -138,7 +141,7 @@ class Message:
         self.reconsume_times = reconsume_times
         self.size = size
         self.msg_id = msg_id
-        self._raw = None
+        self._rest = None
 
     if not TYPE_CHECKING:  # mypy sees the declared fields only
 
@@ -151,15 +154,16 @@ class Message:
             return object.__getattribute__(self, name)
 
     def _decode_rest(self) -> None:
-        """Every field but the body, from the record (checked when its batch was decoded)."""
-        raw = self._raw
-        if raw is None:  # every field of a hand-built message is set in __init__
+        """Every field but the body, from the rest of the record (checked when its batch was
+        decoded)."""
+        rest = self._rest
+        if rest is None:  # every field of a hand-built message is set in __init__
             raise AssertionError("a Message without its record lacks a field")
         # Nothing assigns to a Message's fields, so a lazy one holds its body alone: every
         # other field is set here at once, from a record its batch's checks accepted, so no
         # read asks a slot whether it is set (an AttributeError per unset field: the larger
         # part of a first read's cost; figures in docs/bench.md).
-        for name, value in _fields_of(checked_fields(raw)).items():
+        for name, value in _fields_of(fields_without_body(rest)).items():
             object.__setattr__(self, name, value)
 
     # -- a value ----------------------------------------------------------------------------------
@@ -189,7 +193,7 @@ class Message:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name in FIELDS:
             object.__setattr__(self, name, state[name])
-        self._raw = None
+        self._rest = None
 
     # -- derived ----------------------------------------------------------------------------------
 
@@ -332,7 +336,8 @@ class _Raws:
     alone never asks: at 1 KiB the cut was a copy of every record, ~0.1-0.3 us each). Three
     lists, one entry a record: the blob holding it, where it starts and ends there. Holding
     the blobs keeps an answer's bytes while a batch of it is buffered; a Message made gets a
-    copy of its own record, so what a caller keeps holds no blob."""
+    copy of its record but the body (its body is its own copy already), so what a caller
+    keeps holds no blob."""
 
     __slots__ = ("blobs", "ends", "starts")
 
@@ -429,10 +434,10 @@ class MessageRun(Sequence[Message]):
 
     def made(self, start: int, stop: int) -> list[Message]:
         """Messages start..stop of the run, made now (one compiled loop, _core.lazy_messages:
-        each a Message with its body and a copy of its record, every other field decoded on
-        first read). Left out of the cycle collector: a batch of them kept while it is handed
-        out is not scanned by each young-generation collection (message.py's Message holds
-        no reference that could lead back to it)."""
+        each a Message with its body and a copy of the rest of its record, every other field
+        decoded on first read). Left out of the cycle collector: a batch of them kept while it
+        is handed out is not scanned by each young-generation collection (message.py's Message
+        holds no reference that could lead back to it)."""
         stop = min(stop, len(self._bodies))
         if self._made:
             return [self._one(i) for i in range(start, stop)]

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from mqstore.client.compression import Compression, compress
 from mqstore.client.errors import DataLoss
@@ -28,7 +30,17 @@ from mqstore.client.message import (
 )
 from mqstore.formats._core import lazy_messages
 from mqstore.formats.properties import encode_properties
-from mqstore.formats.record import Record, encode_record, pack_host, read_record
+from mqstore.formats.record import (
+    HEADERS,
+    Record,
+    encode_record,
+    host_bytes_for_flag,
+    pack_host,
+    read_record,
+    record_crc_property,
+    without_body,
+)
+from mqstore.formats.record import record_crc as whole_record_crc
 from mqstore.limits import MessageLimits
 
 V6_HOST = pack_host("2001:db8::7", 10911)
@@ -167,10 +179,11 @@ def test_a_run_makes_the_messages_decode_batch_makes_as_they_are_asked_for() -> 
     assert len(empty) == 0 and none == [] and not empty
 
 
-def test_the_compiled_builder_makes_each_message_from_its_body_and_a_copy_of_its_record() -> None:
+def test_the_compiled_builder_makes_each_message_from_its_body_and_the_rest_of_its_record() -> None:
     """_core.lazy_messages (MessageRun.made): records from several blobs (a run joined from
     two answers), each Message the record-by-record decode's value, holding a copy of its
-    record (not its answer's blob), out of the cycle collector, and nothing leaked."""
+    record without the body (not its answer's blob, not a second copy of the body), out of
+    the cycle collector, and nothing leaked."""
     first, second = assorted(), [record(i) for i in range(50, 60)]
     run = decode_run(b"".join(first), [len(r) for r in first])[0]
     run.extend(decode_run(b"".join(second), [len(r) for r in second])[0])
@@ -179,12 +192,16 @@ def test_the_compiled_builder_makes_each_message_from_its_body_and_a_copy_of_its
     for start, stop in [(0, len(want)), (3, 9), (11, 14), (5, 5)]:
         got = lazy_messages(Message, run._bodies, raws.blobs, raws.starts, raws.ends, start, stop)
         assert got == want[start:stop]
-        for message in got:
+        records_of = iter((first + second)[start:stop])
+        for message in got:  # (not zip or enumerate: their reused tuple holds a reference)
+            raw = next(records_of)
             assert not gc.is_tracked(message)
             assert sys.getrefcount(message) == 3  # the list's, the loop's, getrefcount's
-            raw = message._raw
-            assert raw is not None and len(raw) == message.size
-            assert sys.getrefcount(raw) == 3  # the slot's, `raw`'s, getrefcount's
+            rest = message._rest
+            stored = read_record(raw, 0, len(raw))
+            assert isinstance(stored, Record)
+            assert rest == without_body(raw) and len(rest) == len(raw) - len(stored.body)
+            assert sys.getrefcount(rest) == 3  # the slot's, `rest`'s, getrefcount's
     made = [run.made(k, k + 4) for k in range(0, len(want), 4)]
     assert [m for chunk in made for m in chunk] == want == list(run.iter_from(0))
     assert list(run.iter_from(len(want) - 2)) == want[-2:] and run.made(20, 99) == want[20:]
@@ -193,6 +210,145 @@ def test_the_compiled_builder_makes_each_message_from_its_body_and_a_copy_of_its
             lazy_messages(Message, run._bodies, raws.blobs, raws.starts, raws.ends, start, stop)
     with pytest.raises(IndexError):  # a record's bounds outside its blob
         lazy_messages(Message, [b"x"], [b"abc"], [1], [9], 0, 1)
+    whole = record(3)
+    for wrong in (whole[:80], whole[:95]):  # shorter than its header; than its body
+        with pytest.raises(IndexError):
+            lazy_messages(Message, [b"x"], [wrong], [0], [len(wrong)], 0, 1)
+
+
+class _NoSlots:
+    body: bytes = b""
+
+    @property
+    def _rest(self) -> bytes:
+        return b""
+
+
+def test_the_compiled_builder_stores_into_writable_object_slots_only() -> None:
+    """lazy_messages stores the body and the rest where the class's slot descriptors say,
+    as their setattr would: a class whose fields are not such slots is a TypeError, before
+    any instance is made."""
+    raw = record(1)
+    for cls in (_NoSlots, int):
+        with pytest.raises(TypeError):
+            lazy_messages(cls, [b"x"], [raw], [0], [len(raw)], 0, 1)
+
+
+# -- the compiled builder pinned to its reference, on arbitrary records ---------------------------
+
+
+def lazy_messages_reference(
+    bodies: list[bytes],
+    blobs: list[bytes],
+    starts: list[int],
+    ends: list[int],
+    start: int,
+    stop: int,
+) -> list[Message]:
+    """What _core.lazy_messages makes, in Python: a Message without __init__, its body and
+    its record without the body (record.without_body), every other slot unset."""
+    out = []
+    for i in range(start, stop):
+        m = Message.__new__(Message)
+        m.body = bodies[i]
+        m._rest = without_body(blobs[i][starts[i] : ends[i]])
+        out.append(m)
+    return out
+
+
+def unset_slots(m: Message) -> list[str]:
+    """The fields whose slots hold nothing yet (read past Message.__getattr__)."""
+    unset = []
+    for name in FIELDS:
+        try:
+            getattr(Message, name).__get__(m, Message)
+        except AttributeError:
+            unset.append(name)
+    return unset
+
+
+def with_topic(raw: bytes, topic: bytes) -> bytes:
+    """`raw` with its topic's bytes replaced by as many others (non-ASCII ones: encode_record
+    takes the names a producer may send, the store's records may hold any UTF-8), its
+    whole-record CRC made again where it has one."""
+    (sys_flag,) = struct.unpack_from(">i", raw, 36)
+    header = HEADERS[host_bytes_for_flag(sys_flag)].size
+    (body_len,) = struct.unpack_from(">i", raw, header - 4)
+    at = header + body_len + (1 if len(topic) <= 127 else 2)
+    out = raw[:at] + topic + raw[at + len(topic) :]
+    if out.endswith(record_crc_property(whole_record_crc(raw, 0, len(raw)))):
+        out = out[:-20] + record_crc_property(whole_record_crc(out, 0, len(out)))
+    return out
+
+
+LAZY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Keys and values without the separators, any other text (empty ones: test_properties.py).
+prop_text = st.text(
+    alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]),
+    min_size=1,
+    max_size=12,
+)
+any_topics = st.text(
+    alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=60
+).filter(lambda t: len(t.encode()) <= 255)
+ipv4 = st.binary(min_size=8, max_size=8)
+ipv6 = st.binary(min_size=16, max_size=16).map(lambda a: a + b"\x00\x00\x27\x0f")
+
+
+@st.composite
+def records(draw: st.DrawFn) -> bytes:
+    topic = draw(any_topics).encode()
+    body = draw(st.binary(max_size=1500) | st.just(b"0123456789abcdef" * 80))
+    compression = draw(st.sampled_from(list(Compression)))
+    sys_flag = 0
+    if compression is not Compression.NONE:
+        body, sys_flag = compress(body, compression)
+    raw = encode_record(
+        topic="T" * len(topic),
+        queue_id=draw(st.integers(0, 65535)),
+        body=body,
+        properties=encode_properties(draw(st.dictionaries(prop_text, prop_text, max_size=5))),
+        flag=draw(st.integers(-(2**31), 2**31 - 1)),
+        queue_offset=draw(st.integers(0, 2**63 - 1)),
+        physical_offset=draw(st.integers(0, 2**63 - 1)),
+        sys_flag=sys_flag,
+        born_timestamp_ms=draw(st.integers(0, 2**63 - 1)),
+        born_host=draw(ipv4 | ipv6),
+        store_timestamp_ms=draw(st.integers(0, 2**63 - 1)),
+        store_host=draw(ipv4 | ipv6),
+        reconsume_times=draw(st.integers(0, 2**31 - 1)),
+        limits=LONG_TOPICS,
+        record_crc=draw(st.booleans()),
+    )
+    return with_topic(raw, topic)
+
+
+@LAZY
+@given(first=st.lists(records(), min_size=1, max_size=5), second=st.lists(records(), max_size=3))
+def test_the_compiled_builder_is_its_reference_and_the_values_the_record_by_record_decode(
+    first: list[bytes], second: list[bytes]
+) -> None:
+    """On arbitrary records (hosts of both sizes, any UTF-8 topic, V1 and V2, properties, each
+    compression, with and without the whole-record CRC) in two answers joined: each Message
+    _core.lazy_messages makes holds the body and the rest its reference holds, byte for byte,
+    and nothing else yet; and it is the value read_record then Message._of builds, whichever
+    field is read first, pickled and hashed alike."""
+    assume(all(accepted(r) for r in first + second))
+    run = decode_run(b"".join(first), [len(r) for r in first])[0]
+    run.extend(decode_run(b"".join(second), [len(r) for r in second])[0])
+    raws = run._raws
+    n = len(run)
+    got = lazy_messages(Message, run._bodies, raws.blobs, raws.starts, raws.ends, 0, n)
+    want = lazy_messages_reference(run._bodies, raws.blobs, raws.starts, raws.ends, 0, n)
+    eagers = [eager(r) for r in first + second]
+    for g, w, e, raw in zip(got, want, eagers, first + second, strict=True):
+        assert g.body is w.body and g._rest == w._rest == without_body(raw)
+        assert unset_slots(g) == unset_slots(w) == [f for f in FIELDS if f != "body"]
+        assert g == w == e and hash(g) == hash(e) and repr(g) == repr(e)
+        assert pickle.loads(pickle.dumps(g)) == e
+    for name in FIELDS:  # each field read first on a fresh message
+        fresh = lazy_messages(Message, run._bodies, raws.blobs, raws.starts, raws.ends, 0, n)
+        assert [getattr(m, name) for m in fresh] == [getattr(e, name) for e in eagers], name
 
 
 @pytest.mark.parametrize("start", [0, 3, 6, 7, 12])
