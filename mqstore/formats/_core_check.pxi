@@ -280,8 +280,9 @@ def lazy_messages(
     record's body is not copied a second time: at 1 KiB the rest is ~150 bytes, a pymalloc
     block, where the whole record was a ~1.2 KB malloc), every other slot unset (filled on
     first read, message.py). The two are stored into the slots their descriptors name
-    (_slot_offset; TypeError when `cls` has no such writable slots). The records are ones check() accepted; a record whose header
-    does not frame a body inside its bounds is an IndexError.
+    (_slot_offset; TypeError when `cls` has no such writable slots). The records are ones
+    check() accepted; a record whose header does not frame a body inside its bounds is an
+    IndexError.
 
     Each is left out of the cycle collector: it holds bytes, and once decoded ints, strs and a
     dict of strs, none of which can lead back to it. A consumer's batch of a thousand made at
