@@ -45,7 +45,7 @@ what a machine needs.
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.ref cimport PyObject
-from libc.stdint cimport INT64_MIN, int16_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport INT64_MIN, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcmp, memset
 
 
@@ -56,6 +56,17 @@ cdef extern from "_core_support.h" nogil:
     int64_t mq_be_i64(const unsigned char *p)
     uint32_t mq_crc32(uint32_t crc, const unsigned char *buf, size_t length)
     int mq_can_fold()
+
+# Big-endian field writes, as _core_support.h reads them.
+cdef extern from *:
+    """
+    #define MQ_PUT_BE(bits) static inline void mq_put_be##bits(unsigned char *p, \\
+        uint##bits##_t v) { v = __builtin_bswap##bits(v); memcpy(p, &v, bits / 8); }
+    MQ_PUT_BE(16) MQ_PUT_BE(32) MQ_PUT_BE(64)
+    """
+    void mq_put_be16(unsigned char *p, uint16_t v) nogil
+    void mq_put_be32(unsigned char *p, uint32_t v) nogil
+    void mq_put_be64(unsigned char *p, uint64_t v) nogil
 
 
 # The record's fixed header (record.py's layout table), the one definition of the compiled code.

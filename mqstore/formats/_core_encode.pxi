@@ -3,19 +3,8 @@
 
 from cpython.bytes cimport PyBytes_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from libc.stdint cimport uint16_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
-
-cdef extern from *:
-    """
-    #define MQ_PUT_BE(bits) static inline void mq_put_be##bits(unsigned char *p, \\
-        uint##bits##_t v) { v = __builtin_bswap##bits(v); memcpy(p, &v, bits / 8); }
-    MQ_PUT_BE(16) MQ_PUT_BE(32) MQ_PUT_BE(64)
-    """
-    void mq_put_be16(unsigned char *p, uint16_t v) nogil
-    void mq_put_be32(unsigned char *p, uint32_t v) nogil
-    void mq_put_be64(unsigned char *p, uint64_t v) nogil
 
 cdef enum:
     HEADER_BYTES_MAX = HEADER_V4_V4_BYTES + 2 * V6_EXTRA_BYTES

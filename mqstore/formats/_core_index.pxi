@@ -221,18 +221,6 @@ def java_hashes_utf8(const unsigned char[::1] data, const int64_t[::1] offsets):
     return out
 
 
-cdef inline void _put_be32(unsigned char *p, uint32_t v) noexcept nogil:
-    p[0] = <unsigned char>(v >> 24)
-    p[1] = <unsigned char>(v >> 16)
-    p[2] = <unsigned char>(v >> 8)
-    p[3] = <unsigned char>v
-
-
-cdef inline void _put_be64(unsigned char *p, uint64_t v) noexcept nogil:
-    _put_be32(p, <uint32_t>(v >> 32))
-    _put_be32(p + 4, <uint32_t>v)
-
-
 def index_put_keys(
     unsigned char[::1] buf,
     int64_t slot_num,
@@ -272,7 +260,7 @@ def index_put_keys(
             slot = slots + s * INDEX_SLOT_BYTES_
             value = mq_be_i32(slot)
             if value <= 0 or value >= count:
-                _put_be32(slot, 0)
+                mq_put_be32(slot, 0)
         for i in range(m):
             s = key_hashes[i] % slot_num
             if s < 0:
@@ -288,11 +276,11 @@ def index_put_keys(
                     tdiff = diff // 1000
                     if tdiff > INDEX_INT32_MAX_:
                         tdiff = INDEX_INT32_MAX_
-            _put_be32(entry, <uint32_t>key_hashes[i])
-            _put_be64(entry + 4, <uint64_t>phys[i])
-            _put_be32(entry + 12, <uint32_t>tdiff)
-            _put_be32(entry + 16, <uint32_t>value)
-            _put_be32(slot, <uint32_t>(count + i))
+            mq_put_be32(entry, <uint32_t>key_hashes[i])
+            mq_put_be64(entry + 4, <uint64_t>phys[i])
+            mq_put_be32(entry + 12, <uint32_t>tdiff)
+            mq_put_be32(entry + 16, <uint32_t>value)
+            mq_put_be32(slot, <uint32_t>(count + i))
             entry += INDEX_ENTRY_BYTES_
             if store_ts_ms[i] > latest:
                 latest = store_ts_ms[i]
