@@ -69,23 +69,10 @@ cdef int32_t _tags_code(const unsigned char *q, Py_ssize_t n, Py_ssize_t at) exc
     decodes it: Java's String.hashCode over its UTF-16 code units."""
     if at < 0:
         return 0
-    cdef Py_ssize_t i, end = _value_end(q, n, at)
-    cdef uint32_t h = 0, cp
-    for i in range(at, end):
-        if q[i] & 0x80:
-            break
-        h = 31 * h + q[i]
-    else:
-        return <int32_t>h
-    h = 0
-    for ch in PyUnicode_DecodeUTF8(<const char *>(q + at), end - at, "replace"):
-        cp = <uint32_t>ord(ch)
-        if cp >= 0x10000:  # a surrogate pair in UTF-16
-            cp -= 0x10000
-            h = 31 * h + (0xD800 + (cp >> 10))
-            cp = 0xDC00 + (cp & 0x3FF)
-        h = 31 * h + cp
-    return <int32_t>h
+    cdef Py_ssize_t end = _value_end(q, n, at)
+    if _is_utf8(q + at, end - at):
+        return <int32_t>_java_hash_utf8(0, q + at, end - at)
+    return <int32_t>_java_hash_more(0, _value(q, n, at))  # U+FFFD for what is no UTF-8
 
 
 # The DispatchBatch fields (commitlog.proto) dispatch_columns writes, as wire-format keys:
