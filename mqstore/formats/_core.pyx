@@ -91,6 +91,7 @@ cdef enum:
     TRANSACTION_MASK = 0xC
     TRANSACTION_NOT_TYPE = 0x0
     TRANSACTION_COMMIT_TYPE = 0x8
+    TRANSACTION_ROLLBACK_TYPE = 0xC
     PROPERTIES_END_BYTE_ = 0x02
     RECORD_CRC_BYTES_ = 20  # the whole-record CRC property: key, 0x01, ten digits, 0x02
     RECORD_CRC_HEAD_BYTES = 9
@@ -143,6 +144,12 @@ cdef inline int64_t stored_record_crc(const unsigned char *record_end, int props
     if digits and kept == RECORD_CRC_HEAD_BYTES + 1:
         return value
     return DAMAGED_RECORD_CRC_ if kept >= RECORD_CRC_FIXED_BYTES_KEPT_MIN_ else NO_RECORD_CRC_
+
+
+cdef inline bint _gets_queue_offset(int64_t sys_flag) noexcept nogil:
+    """sysflag.gets_queue_offset: a plain message's record or a committed transaction's."""
+    cdef int64_t kind = sys_flag & TRANSACTION_MASK
+    return kind == TRANSACTION_NOT_TYPE or kind == TRANSACTION_COMMIT_TYPE
 
 
 # Why a record fails read_record's checks, in read_record's order of checks: check()'s answer

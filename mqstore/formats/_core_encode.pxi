@@ -298,10 +298,7 @@ def encode(
             for k in range(n):
                 if it.size:
                     it.batch = b
-                    if (
-                        it.sys_flag & TRANSACTION_MASK == TRANSACTION_NOT_TYPE
-                        or it.sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
-                    ):
+                    if _gets_queue_offset(it.sys_flag):
                         it.queue_offset = _take(&queues, queue_table, topic, it.queue_id)
                     else:
                         it.queue_offset = 0

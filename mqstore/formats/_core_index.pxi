@@ -287,10 +287,6 @@ def index_put_keys(
     return used, latest
 
 
-cdef enum:
-    INDEX_TRANSACTION_ROLLBACK_ = 0xC  # sysflag.TRANSACTION_ROLLBACK_TYPE (under TRANSACTION_MASK)
-
-
 def index_rows(
     const int64_t[::1] offsets,
     const int64_t[::1] sizes,
@@ -312,7 +308,7 @@ def index_rows(
             if offsets[i] < applied:
                 continue
             applied = offsets[i] + sizes[i]
-            if sys_flags[i] & TRANSACTION_MASK != INDEX_TRANSACTION_ROLLBACK_:
+            if sys_flags[i] & TRANSACTION_MASK != TRANSACTION_ROLLBACK_TYPE:
                 w[taken] = i
                 taken += 1
     return rows[: taken * 8], applied

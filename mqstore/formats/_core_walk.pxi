@@ -102,14 +102,7 @@ def walk(
             flags = f.flags
             if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
                 break
-            if (
-                table is not None
-                and base_offset + pos >= apply_from
-                and (
-                    flags & TRANSACTION_MASK == TRANSACTION_NOT_TYPE
-                    or flags & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
-                )
-            ):
+            if table is not None and base_offset + pos >= apply_from and _gets_queue_offset(flags):
                 queue_id = mq_be_i32(p + QUEUE_ID_POS_)
                 queue_offset = mq_be_i64(p + QUEUE_OFFSET_POS_)
                 slot = _slot_of(slots, <PyObject *>topic, queue_id)
