@@ -55,7 +55,6 @@ cdef extern from "_core_support.h" nogil:
     int16_t mq_be_i16(const unsigned char *p)
     int64_t mq_be_i64(const unsigned char *p)
     uint32_t mq_crc32(uint32_t crc, const unsigned char *buf, size_t length)
-    int mq_can_fold()
 
 # Big-endian field writes, as _core_support.h reads them.
 cdef extern from *:
@@ -120,7 +119,6 @@ RECORD_CRC_BYTES = RECORD_CRC_BYTES_
 RECORD_CRC_HEAD = RECORD_CRC_HEAD_[:RECORD_CRC_HEAD_BYTES]
 NO_RECORD_CRC = NO_RECORD_CRC_
 DAMAGED_RECORD_CRC = DAMAGED_RECORD_CRC_
-CRC_FOLDED = bool(mq_can_fold())
 
 
 cdef inline int64_t stored_record_crc(const unsigned char *record_end, int props_len) noexcept:
