@@ -127,13 +127,11 @@ cdef int32_t _host_index(dict seen, list hosts, const unsigned char *p, Py_ssize
 
 
 cdef const char *HEX_DIGITS = b"0123456789ABCDEF"
-cdef const char *KEY_TAGS = b"TAGS"
-cdef const char *KEY_KEYS = b"KEYS"
-cdef const char *KEY_UNIQ = b"UNIQ_KEY"
 
 
-cdef inline bint _named(const unsigned char *key, Py_ssize_t n, const char *name, Py_ssize_t m) noexcept:
-    return n == m and memcmp(key, name, <size_t>m) == 0
+cdef inline bint _named(const unsigned char *key, Py_ssize_t n, int name) noexcept:
+    """Whether key[:n] is PROP_NAMES[name] (_core_dispatch.pxi's TAGS, KEYS, UNIQ_KEY)."""
+    return n == PROP_NAME_BYTES[name] and memcmp(key, PROP_NAMES[name], <size_t>n) == 0
 
 
 def read_log_columns(
@@ -299,11 +297,11 @@ def read_log_columns(
                         key_offsets.put_i32(<int32_t>key_data.size)
                         value_data.put(seg + sep + 1, seg_len - sep - 1)
                         value_offsets.put_i32(<int32_t>value_data.size)
-                        if _named(seg, sep, KEY_TAGS, 4):
+                        if _named(seg, sep, PROP_TAGS):
                             tags = <int32_t>pairs
-                        elif _named(seg, sep, KEY_KEYS, 4):
+                        elif _named(seg, sep, PROP_KEYS):
                             keys = <int32_t>pairs
-                        elif _named(seg, sep, KEY_UNIQ, 8):
+                        elif _named(seg, sep, PROP_UNIQ):
                             uniq = <int32_t>pairs
                         pairs += 1
                 seg += k + 1
