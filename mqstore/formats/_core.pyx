@@ -293,7 +293,8 @@ cdef object _topic_of(bytes raw, int *fail):
 
 
 cdef class _Buffer:
-    """A held buffer (Py_buffer), released by `release` or on collection."""
+    """A held buffer (Py_buffer), released by `release` or on collection: a function's local
+    one when the function returns or raises, so that none needs a try/finally of its own."""
 
     cdef Py_buffer view
     cdef bint held
@@ -315,11 +316,8 @@ def crc32(object data, uint32_t value=0):
     """zlib.crc32(data, value): CRC-32 of any contiguous buffer."""
     cdef _Buffer held = _Buffer(data)
     cdef uint32_t crc
-    try:
-        with nogil:
-            crc = mq_crc32(value, <const unsigned char *>held.view.buf, <size_t>held.view.len)
-    finally:
-        held.release()
+    with nogil:
+        crc = mq_crc32(value, <const unsigned char *>held.view.buf, <size_t>held.view.len)
     return crc
 
 

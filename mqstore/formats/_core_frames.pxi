@@ -77,10 +77,7 @@ def crc32c(object data):
     checks are cut from, exposed so that a property pins the compiled CRC to the package."""
     cdef _Buffer b = _Buffer(data)
     cdef uint32_t c
-    try:
-        c = _crc32c(<const unsigned char *>b.view.buf, <size_t>b.view.len)
-    finally:
-        b.release()
+    c = _crc32c(<const unsigned char *>b.view.buf, <size_t>b.view.len)
     return c
 
 
@@ -783,27 +780,24 @@ def decode_response(object data):
     cdef uint32_t number
     cdef int wire, case = 0
     cdef _Batch batch = _Batch()
-    try:
-        while p < end:
-            p = _varint(p, end, &tag)
-            if tag > 0xFFFFFFFF or tag >> 3 == 0:
-                raise WireError("a bad tag")
-            number = <uint32_t>(tag >> 3)
-            wire = <int>(tag & 7)
-            if (number == 1 or number == 2) and wire == 2:
-                p = _varint(p, end, &length)
-                if length > <uint64_t>(end - p):
-                    raise WireError("a length runs past its end")
-                if number == 2:
-                    if case != 2:
-                        batch.clear()
-                    batch.merge(p, p + length)
-                case = <int>number  # a handshake: Python reads it (FromString)
-                p += length
-            elif wire == 4:
-                raise WireError("a group ends that never began")
-            else:
-                p = _skip(p, end, wire, number, 0)
-    finally:
-        held.release()
+    while p < end:
+        p = _varint(p, end, &tag)
+        if tag > 0xFFFFFFFF or tag >> 3 == 0:
+            raise WireError("a bad tag")
+        number = <uint32_t>(tag >> 3)
+        wire = <int>(tag & 7)
+        if (number == 1 or number == 2) and wire == 2:
+            p = _varint(p, end, &length)
+            if length > <uint64_t>(end - p):
+                raise WireError("a length runs past its end")
+            if number == 2:
+                if case != 2:
+                    batch.clear()
+                batch.merge(p, p + length)
+            case = <int>number  # a handshake: Python reads it (FromString)
+            p += length
+        elif wire == 4:
+            raise WireError("a group ends that never began")
+        else:
+            p = _skip(p, end, wire, number, 0)
     return batch.result() if case == 2 else None

@@ -64,7 +64,6 @@ def walk(
     cdef _Buffer held = _Buffer(buf)
     cdef Py_ssize_t size = held.view.len
     if pos < 0 or end > size:
-        held.release()
         raise ValueError(f"walk of [{pos}, {end}) over a buffer of {size} bytes")
     cdef const unsigned char *data = <const unsigned char *>held.view.buf
     cdef const unsigned char *p
@@ -83,43 +82,40 @@ def walk(
     cdef QueueSlot *slot
     cdef Py_ssize_t i
     memset(slots, 0, sizeof(slots))
-    try:
-        while pos < end:
-            p = data + pos
-            if record_frame(p, end - pos, &f):
-                break  # a blank, or no record
-            if not _same(last_raw, p + f.topic_at, f.topic_len):
-                raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
-                name = topics.get(raw, topics)
-                if name is topics:
-                    name = topics[raw] = _topic_of(raw, &fail)
-                if name is None:
-                    break
-                last_raw = raw
-                topic = name
-            if record_tail(p, &f, check_crc, &stored):
+    while pos < end:
+        p = data + pos
+        if record_frame(p, end - pos, &f):
+            break  # a blank, or no record
+        if not _same(last_raw, p + f.topic_at, f.topic_len):
+            raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
+            name = topics.get(raw, topics)
+            if name is topics:
+                name = topics[raw] = _topic_of(raw, &fail)
+            if name is None:
                 break
-            flags = f.flags
-            if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
-                break
-            if table is not None and base_offset + pos >= apply_from and _gets_queue_offset(flags):
-                queue_id = mq_be_i32(p + QUEUE_ID_POS_)
-                queue_offset = mq_be_i64(p + QUEUE_OFFSET_POS_)
-                slot = _slot_of(slots, <PyObject *>topic, queue_id)
-                if slot == NULL:  # a crowded probe: write its first slot out and take it
-                    slot = &slots[_home(<PyObject *>topic, queue_id) & (QUEUE_SLOTS - 1)]
-                    _flush(table, slot)
-                if slot.topic == NULL:
-                    slot.topic = <PyObject *>topic
-                    slot.queue_id = queue_id
-                    slot.top = queue_offset
-                elif queue_offset > slot.top:
-                    slot.top = queue_offset
-            pos += f.total
-            count += 1
-        if table is not None:
-            for i in range(QUEUE_SLOTS):
-                _flush(table, &slots[i])
-    finally:
-        held.release()
+            last_raw = raw
+            topic = name
+        if record_tail(p, &f, check_crc, &stored):
+            break
+        flags = f.flags
+        if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
+            break
+        if table is not None and base_offset + pos >= apply_from and _gets_queue_offset(flags):
+            queue_id = mq_be_i32(p + QUEUE_ID_POS_)
+            queue_offset = mq_be_i64(p + QUEUE_OFFSET_POS_)
+            slot = _slot_of(slots, <PyObject *>topic, queue_id)
+            if slot == NULL:  # a crowded probe: write its first slot out and take it
+                slot = &slots[_home(<PyObject *>topic, queue_id) & (QUEUE_SLOTS - 1)]
+                _flush(table, slot)
+            if slot.topic == NULL:
+                slot.topic = <PyObject *>topic
+                slot.queue_id = queue_id
+                slot.top = queue_offset
+            elif queue_offset > slot.top:
+                slot.top = queue_offset
+        pos += f.total
+        count += 1
+    if table is not None:
+        for i in range(QUEUE_SLOTS):
+            _flush(table, &slots[i])
     return pos, count
