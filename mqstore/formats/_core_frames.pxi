@@ -141,8 +141,6 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
     cdef Py_ssize_t i, r, runs = 0, slots = RUN_SLOTS_MIN, at
     cdef int64_t kind
     cdef uint64_t h
-    cdef int64_t *slot_ti = NULL
-    cdef int64_t *slot_qi = NULL
     cdef Py_ssize_t *slot_run = NULL
     cdef Py_ssize_t *row_run = NULL
     cdef Py_ssize_t *run_count = NULL
@@ -159,16 +157,13 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
         sf = cols.take(sys_flags, n)
         while slots < 2 * n:
             slots <<= 1
-        slot_ti = <int64_t *>malloc(slots * sizeof(int64_t))
-        slot_qi = <int64_t *>malloc(slots * sizeof(int64_t))
         slot_run = <Py_ssize_t *>malloc(slots * sizeof(Py_ssize_t))
         row_run = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
         run_count = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
         run_ti = <int64_t *>malloc((n + 1) * sizeof(int64_t))
         run_qi = <int64_t *>malloc((n + 1) * sizeof(int64_t))
         run_fill = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
-        if not (slot_ti and slot_qi and slot_run and row_run and run_count and run_ti
-                and run_qi and run_fill):
+        if not (slot_run and row_run and run_count and run_ti and run_qi and run_fill):
             raise MemoryError()
         for i in range(slots):
             slot_run[i] = -1
@@ -182,17 +177,16 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
             else:
                 h = (<uint64_t>ti[i] * 0x9E3779B97F4A7C15ULL) ^ (<uint64_t>qi[i] * 0xC2B2AE3D27D4EB4FULL)
                 at = <Py_ssize_t>((h >> 17) & <uint64_t>(slots - 1))
-                while slot_run[at] >= 0 and not (slot_ti[at] == ti[i] and slot_qi[at] == qi[i]):
+                r = slot_run[at]
+                while r >= 0 and not (run_ti[r] == ti[i] and run_qi[r] == qi[i]):
                     at = (at + 1) & (slots - 1)
-                if slot_run[at] < 0:
-                    slot_run[at] = runs
-                    slot_ti[at] = ti[i]
-                    slot_qi[at] = qi[i]
+                    r = slot_run[at]
+                if r < 0:
+                    r = slot_run[at] = runs
                     run_ti[runs] = ti[i]
                     run_qi[runs] = qi[i]
                     run_count[runs] = 0
                     runs += 1
-                r = slot_run[at]
             row_run[i] = r
             run_count[r] += 1
         bounds = PyByteArray_FromStringAndSize(NULL, (runs + 1) * 8)
@@ -211,8 +205,6 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
                 run_fill[r] += 1
     finally:
         cols.release()
-        free(slot_ti)
-        free(slot_qi)
         free(slot_run)
         free(row_run)
         free(run_count)
