@@ -88,14 +88,12 @@ cdef inline void _put_be(unsigned char *p, uint64_t v, int width) noexcept nogil
 
 
 cdef class _Columns:
-    """Held int64 buffers, each of `n` rows at least."""
+    """Held int64 buffers, released with the _Columns; `take` checks one holds n rows."""
 
     cdef list held
-    cdef Py_ssize_t n
 
     def __cinit__(self):
         self.held = []
-        self.n = -1
 
     cdef const int64_t *take(self, object column, Py_ssize_t n) except NULL:
         cdef _Buffer b = _Buffer(column)
@@ -103,12 +101,6 @@ cdef class _Columns:
         if b.view.len < n * 8 or b.view.len % 8:
             raise ValueError(f"a column of {b.view.len} bytes for {n} int64 rows")
         return <const int64_t *>b.view.buf
-
-    cdef void release(self) noexcept:
-        cdef _Buffer b
-        for b in self.held:
-            b.release()
-        self.held = []
 
 
 cdef Py_ssize_t _rows_of(object rows, _Columns cols, const int64_t **out) except -1:
@@ -204,7 +196,6 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
                 dst[run_fill[r]] = i
                 run_fill[r] += 1
     finally:
-        cols.release()
         free(slot_run)
         free(row_run)
         free(run_count)
@@ -316,59 +307,56 @@ def pack_runs(
     cdef list ends = [], a = [], b = []
     cdef bytes units, times, prefix, key
     cdef unsigned char value[UNIT_SIZE + 8]
-    try:
-        m = _rows_of(rows, cols, &rw)
-        runs = _rows_of(bounds, cols, &bd) - 1
-        qo = cols.take(queue_offsets, n)
-        ph = cols.take(offsets, n)
-        sz = cols.take(sizes, n)
-        tg = cols.take(tags_codes, n)
-        ts = cols.take(store_timestamps_ms, n)
-        _check_rows(rw, m, n)
-        if runs < 0 or bd[0] != 0 or bd[runs] != m:
-            raise ValueError(f"bounds of {runs + 1} for {m} rows")
-        for r in range(runs):
-            if bd[r] > bd[r + 1]:
-                raise ValueError(f"run {r} of bounds {bd[r]}..{bd[r + 1]}")
-        if len(states) != runs:
-            raise ValueError(f"{len(states)} queue states for {runs} runs")
-        if prefixes is not None and len(prefixes) != runs:
-            raise ValueError(f"{len(prefixes)} key prefixes for {runs} runs")
-        for r in range(runs):
-            st = states[r]
-            expect, last_time = st.max_offset, st.last_time_ms
-            s = _plain_start(rw + bd[r], bd[r + 1] - bd[r], qo, ph, sz, expect, st.last_phy_end)
-            count = bd[r + 1] - bd[r] - s if s >= 0 else 0
-            lo = bd[r + 1] - count
-            first_phy, last_phy, last_size = -1, -1, 0
-            if count:
-                first_phy = ph[rw[lo]]
-                last_phy, last_size = ph[rw[lo + count - 1]], sz[rw[lo + count - 1]]
-            if prefixes is None:
-                units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
-                times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
-                last_time = _pack_rows(rw + lo, count, ph, sz, tg, ts, last_time,
-                                       <unsigned char *>PyBytes_AS_STRING(units), UNIT_SIZE,
-                                       <unsigned char *>PyBytes_AS_STRING(times))
-                a.append(units)
-                b.append(times)
-            elif count:
-                prefix = prefixes[r]
-                if prefix is None:
-                    raise TypeError(f"run {r}: no key prefix")
-                plen = len(prefix)
-                for j in range(count):
-                    last_time = _pack_rows(rw + lo + j, 1, ph, sz, tg, ts, last_time,
-                                           value, 0, NULL)
-                    b.append(PyBytes_FromStringAndSize(<char *>value, UNIT_SIZE + 8))
-                    key = PyBytes_FromStringAndSize(NULL, plen + 8)
-                    memcpy(PyBytes_AS_STRING(key), <char *>prefix, plen)
-                    _put_be(<unsigned char *>PyBytes_AS_STRING(key) + plen,
-                            <uint64_t>(expect + j), 8)
-                    a.append(key)
-            ends.append((s, expect + count, first_phy, last_phy, last_size, last_time))
-    finally:
-        cols.release()
+    m = _rows_of(rows, cols, &rw)
+    runs = _rows_of(bounds, cols, &bd) - 1
+    qo = cols.take(queue_offsets, n)
+    ph = cols.take(offsets, n)
+    sz = cols.take(sizes, n)
+    tg = cols.take(tags_codes, n)
+    ts = cols.take(store_timestamps_ms, n)
+    _check_rows(rw, m, n)
+    if runs < 0 or bd[0] != 0 or bd[runs] != m:
+        raise ValueError(f"bounds of {runs + 1} for {m} rows")
+    for r in range(runs):
+        if bd[r] > bd[r + 1]:
+            raise ValueError(f"run {r} of bounds {bd[r]}..{bd[r + 1]}")
+    if len(states) != runs:
+        raise ValueError(f"{len(states)} queue states for {runs} runs")
+    if prefixes is not None and len(prefixes) != runs:
+        raise ValueError(f"{len(prefixes)} key prefixes for {runs} runs")
+    for r in range(runs):
+        st = states[r]
+        expect, last_time = st.max_offset, st.last_time_ms
+        s = _plain_start(rw + bd[r], bd[r + 1] - bd[r], qo, ph, sz, expect, st.last_phy_end)
+        count = bd[r + 1] - bd[r] - s if s >= 0 else 0
+        lo = bd[r + 1] - count
+        first_phy, last_phy, last_size = -1, -1, 0
+        if count:
+            first_phy = ph[rw[lo]]
+            last_phy, last_size = ph[rw[lo + count - 1]], sz[rw[lo + count - 1]]
+        if prefixes is None:
+            units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
+            times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
+            last_time = _pack_rows(rw + lo, count, ph, sz, tg, ts, last_time,
+                                   <unsigned char *>PyBytes_AS_STRING(units), UNIT_SIZE,
+                                   <unsigned char *>PyBytes_AS_STRING(times))
+            a.append(units)
+            b.append(times)
+        elif count:
+            prefix = prefixes[r]
+            if prefix is None:
+                raise TypeError(f"run {r}: no key prefix")
+            plen = len(prefix)
+            for j in range(count):
+                last_time = _pack_rows(rw + lo + j, 1, ph, sz, tg, ts, last_time,
+                                       value, 0, NULL)
+                b.append(PyBytes_FromStringAndSize(<char *>value, UNIT_SIZE + 8))
+                key = PyBytes_FromStringAndSize(NULL, plen + 8)
+                memcpy(PyBytes_AS_STRING(key), <char *>prefix, plen)
+                _put_be(<unsigned char *>PyBytes_AS_STRING(key) + plen,
+                        <uint64_t>(expect + j), 8)
+                a.append(key)
+        ends.append((s, expect + count, first_phy, last_phy, last_size, last_time))
     return ends, a, b
 
 
@@ -393,24 +381,21 @@ def pack_units(
     cdef bytes units, times
     cdef unsigned char *u
     cdef unsigned char *tm
-    try:
-        m = _rows_of(rows, cols, &rw)
-        ph = cols.take(offsets, n)
-        sz = cols.take(sizes, n)
-        tg = cols.take(tags_codes, n)
-        ts = cols.take(store_timestamps_ms, n)
-        _check_rows(rw, m, n)
-        if start < 0 or start > m:
-            raise ValueError(f"start {start} of {m} rows")
-        count = m - start
-        units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
-        times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
-        u = <unsigned char *>PyBytes_AS_STRING(units)
-        tm = <unsigned char *>PyBytes_AS_STRING(times)
-        with nogil:
-            last_time = _pack_rows(rw + start, count, ph, sz, tg, ts, last_time, u, UNIT_SIZE, tm)
-    finally:
-        cols.release()
+    m = _rows_of(rows, cols, &rw)
+    ph = cols.take(offsets, n)
+    sz = cols.take(sizes, n)
+    tg = cols.take(tags_codes, n)
+    ts = cols.take(store_timestamps_ms, n)
+    _check_rows(rw, m, n)
+    if start < 0 or start > m:
+        raise ValueError(f"start {start} of {m} rows")
+    count = m - start
+    units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
+    times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
+    u = <unsigned char *>PyBytes_AS_STRING(units)
+    tm = <unsigned char *>PyBytes_AS_STRING(times)
+    with nogil:
+        last_time = _pack_rows(rw + start, count, ph, sz, tg, ts, last_time, u, UNIT_SIZE, tm)
     return units, times, last_time
 
 
