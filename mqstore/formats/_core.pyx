@@ -299,8 +299,8 @@ cdef class _Buffer:
     cdef Py_buffer view
     cdef bint held
 
-    def __cinit__(self, object data):
-        PyObject_GetBuffer(data, &self.view, PyBUF_SIMPLE)
+    def __cinit__(self, object data, int flags=PyBUF_SIMPLE):
+        PyObject_GetBuffer(data, &self.view, flags)
         self.held = True
 
     cdef void release(self) noexcept:
