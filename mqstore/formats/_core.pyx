@@ -46,6 +46,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.ref cimport PyObject
 from libc.stdint cimport INT64_MIN, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport realloc
 from libc.string cimport memcmp, memset
 
 
@@ -310,6 +311,20 @@ cdef class _Buffer:
 
     def __dealloc__(self):
         self.release()
+
+
+cdef int _grow(
+    void **data, Py_ssize_t *cap, Py_ssize_t want, size_t item_bytes, Py_ssize_t cap_min
+) except -1:
+    """*data, *cap items of `item_bytes` now, reallocated to hold `want` at least: at least
+    doubled (and `cap_min`), so that appends stay linear."""
+    cdef Py_ssize_t grown_cap = max(want, cap[0] * 2, cap_min)
+    cdef void *grown = realloc(data[0], <size_t>grown_cap * item_bytes)
+    if grown == NULL:
+        raise MemoryError()
+    data[0] = grown
+    cap[0] = grown_cap
+    return 0
 
 
 def crc32(object data, uint32_t value=0):

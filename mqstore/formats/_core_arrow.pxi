@@ -2,7 +2,7 @@
 # included by _core.pyx, whose header definitions it reads records with.
 
 from cpython.buffer cimport PyBuffer_FillInfo
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free
 from libc.string cimport memcpy
 
 
@@ -29,16 +29,8 @@ cdef class ColumnBuffer:
 
     cdef char *reserve(self, Py_ssize_t more) except NULL:
         """Room for `more` bytes at the end; the pointer to them (valid until the next call)."""
-        cdef Py_ssize_t want = self.size + more
-        cdef Py_ssize_t cap
-        cdef char *grown
-        if want > self.cap or self.data == NULL:
-            cap = max(self.cap * 2, want, 64)
-            grown = <char *>realloc(self.data, <size_t>cap)
-            if grown == NULL:
-                raise MemoryError()
-            self.data = grown
-            self.cap = cap
+        if self.size + more > self.cap or self.data == NULL:
+            _grow(<void **>&self.data, &self.cap, self.size + more, 1, 64)
         return self.data + self.size
 
     cdef inline int put(self, const void *src, Py_ssize_t n) except -1:

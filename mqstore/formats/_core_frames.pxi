@@ -17,7 +17,7 @@
 # what the tests pin these to.
 
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 
@@ -452,17 +452,9 @@ cdef struct Column64:
 
 
 cdef int _reserve(Column64 *c, Py_ssize_t more) except -1:
-    """Room for `more` values after the column's n (at least doubling, so pushes stay linear)."""
-    cdef int64_t *grown
-    cdef Py_ssize_t cap
-    if c.n + more <= c.cap:
-        return 0
-    cap = max(c.n + more, c.cap * 2, 64)
-    grown = <int64_t *>realloc(c.data, cap * sizeof(int64_t))
-    if grown == NULL:
-        raise MemoryError()
-    c.data = grown
-    c.cap = cap
+    """Room for `more` values after the column's n."""
+    if c.n + more > c.cap:
+        _grow(<void **>&c.data, &c.cap, c.n + more, sizeof(int64_t), 64)
     return 0
 
 
@@ -611,17 +603,10 @@ cdef struct Strings:
 
 cdef int _strings_push(Strings *s, const unsigned char *p, Py_ssize_t length) except -1:
     """Append one string (checked UTF-8 first: a frame with one that is not is refused)."""
-    cdef unsigned char *grown
-    cdef Py_ssize_t cap
     if not _is_utf8(p, length):
         raise WireError("a string that is no UTF-8")
     if s.n + length > s.cap:
-        cap = max(s.n + length, s.cap * 2, 256)
-        grown = <unsigned char *>realloc(s.data, cap)
-        if grown == NULL:
-            raise MemoryError()
-        s.data = grown
-        s.cap = cap
+        _grow(<void **>&s.data, &s.cap, s.n + length, 1, 256)
     if length:
         memcpy(s.data + s.n, p, length)
     s.n += length
