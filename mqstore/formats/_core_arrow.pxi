@@ -182,7 +182,6 @@ def read_log_columns(
     cdef list topic_raws = []
     cdef Py_ssize_t j
     cdef object last_raw = None
-    cdef object raw, name, found
     cdef dict host_of = {}
     cdef list hosts = []
     cdef object last_born = None, last_store = None

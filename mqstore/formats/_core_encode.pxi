@@ -58,7 +58,6 @@ cdef struct Queues:
 cdef int64_t _take(Queues *q, dict table, object topic, int32_t queue_id) except -1:
     cdef int i
     cdef int64_t offset
-    cdef object queues
     for i in range(q.used):
         if q.slots[i].queue_id == queue_id:
             offset = q.slots[i].next
@@ -184,7 +183,6 @@ def encode(
     cdef list refused = []
     cdef list offsets = [], sizes = [], queue_offsets = [], sys_flags = []
     cdef list bodies, queue_ids
-    cdef object props, flags, prefix, topic, why, scalars
     cdef Item *it
     cdef int64_t queue_id, size, offset
     cdef int32_t v6_bits, sys_flag

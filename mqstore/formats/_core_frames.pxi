@@ -303,7 +303,6 @@ def pack_runs(
     cdef const int64_t *ts
     cdef Py_ssize_t m, runs, n = len(queue_offsets), r, s, j, lo, count, plen
     cdef int64_t expect, last_time, first_phy, last_phy, last_size
-    cdef object st
     cdef list ends = [], a = [], b = []
     cdef bytes units, times, prefix, key
     cdef unsigned char value[UNIT_SIZE + 8]

@@ -197,7 +197,6 @@ def java_hashes(list keys):
     cdef Py_ssize_t i, m = len(keys)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, m * 8)
     cdef int64_t *o = <int64_t *>PyBytes_AS_STRING(out)
-    cdef object key
     for i in range(m):
         key = keys[i]
         if type(key) is not str:

@@ -77,7 +77,6 @@ def walk(
     cdef bytes last_raw = None
     cdef bytes raw
     cdef object topic = None
-    cdef object name
     cdef QueueSlot slots[QUEUE_SLOTS]
     cdef QueueSlot *slot
     cdef Py_ssize_t i
