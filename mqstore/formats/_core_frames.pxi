@@ -76,9 +76,7 @@ def crc32c(object data):
     """CRC-32C of a contiguous buffer (the crc32c package's value): what the time entries'
     checks are cut from, exposed so that a property pins the compiled CRC to the package."""
     cdef _Buffer b = _Buffer(data)
-    cdef uint32_t c
-    c = _crc32c(<const unsigned char *>b.view.buf, <size_t>b.view.len)
-    return c
+    return _crc32c(<const unsigned char *>b.view.buf, <size_t>b.view.len)
 
 
 cdef inline void _put_be(unsigned char *p, uint64_t v, int width) noexcept nogil:
