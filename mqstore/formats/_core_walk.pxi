@@ -1,15 +1,6 @@
 # The recovery walk (record_columns.scan_run_fast): included by _core.pyx, whose header
 # definitions it reads records with.
 
-cdef void _raise_queue(dict queue_table, object topic, int32_t queue_id, int64_t top) except *:
-    """scan_run's update for the records of one queue whose highest queue offset is `top`: each
-    raised the queue's next offset to its queue offset + 1 when that was higher, so together
-    they leave it at max(next offset, top + 1), in whatever order they came."""
-    cdef dict queues = queue_table.setdefault(topic, {})
-    if queues.get(queue_id, 0) <= top:
-        queues[queue_id] = <object>top + 1  # a Python int: no overflow at the int64 maximum
-
-
 # The walk gathers each queue's highest queue offset in a small open-addressed table of C
 # slots, and writes the Python table once per queue at the end (or when a probe finds no
 # room): a dict update per record would cost more than all the record's checks.
@@ -42,8 +33,14 @@ cdef inline QueueSlot *_slot_of(QueueSlot *slots, PyObject *topic, int32_t queue
 
 
 cdef void _flush(dict queue_table, QueueSlot *slot) except *:
+    """scan_run's update for the records of the slot's queue, then the slot freed: each record
+    raised the queue's next offset to its queue offset + 1 when that was higher, so together
+    they leave it at max(next offset, top + 1), in whatever order they came."""
+    cdef dict queues
     if slot.topic != NULL:
-        _raise_queue(queue_table, <object>slot.topic, slot.queue_id, slot.top)
+        queues = queue_table.setdefault(<object>slot.topic, {})
+        if queues.get(slot.queue_id, 0) <= slot.top:
+            queues[slot.queue_id] = <object>slot.top + 1  # a Python int: no int64 overflow
         slot.topic = NULL
 
 
@@ -70,7 +67,7 @@ def walk(
     cdef Py_ssize_t count = 0
     cdef int fail
     cdef int64_t stored, queue_offset
-    cdef int32_t flags, queue_id
+    cdef int32_t queue_id
     cdef Frame f
     cdef dict topics = {}
     cdef dict table = queue_table
@@ -96,10 +93,9 @@ def walk(
             topic = name
         if record_tail(p, &f, check_crc, &stored):
             break
-        flags = f.flags
         if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
             break
-        if table is not None and base_offset + pos >= apply_from and _gets_queue_offset(flags):
+        if table is not None and base_offset + pos >= apply_from and _gets_queue_offset(f.flags):
             queue_id = mq_be_i32(p + QUEUE_ID_POS_)
             queue_offset = mq_be_i64(p + QUEUE_OFFSET_POS_)
             slot = _slot_of(slots, <PyObject *>topic, queue_id)
