@@ -331,8 +331,7 @@ def read_log_columns(
         body_offsets[rows + 1] = <int32_t>body_data.size
         # msgId: offset_msg_id, the store host's ip and port then the offset, in hex.
         memcpy(id_bytes, p + store_at, <size_t>store_len)
-        for i in range(8):
-            id_bytes[store_len + i] = <unsigned char>(<uint64_t>offset >> (56 - 8 * i))
+        mq_put_be64(id_bytes + store_len, <uint64_t>offset)
         hex_out = msgid_data.reserve(2 * (store_len + 8))
         for i in range(store_len + 8):
             hex_out[2 * i] = HEX_DIGITS[id_bytes[i] >> 4]
