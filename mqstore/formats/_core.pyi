@@ -26,7 +26,6 @@ RECORD_CRC_BYTES: Final[int]
 RECORD_CRC_HEAD: Final[bytes]
 NO_RECORD_CRC: Final[int]
 DAMAGED_RECORD_CRC: Final[int]
-CRC_FOLDED: Final[bool]
 
 def crc32(data: Buffer, value: int = 0) -> int: ...
 def crc32c(data: Buffer) -> int: ...

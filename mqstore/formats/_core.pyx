@@ -45,7 +45,8 @@ what a machine needs.
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.ref cimport PyObject
-from libc.stdint cimport INT64_MIN, int16_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport INT64_MIN, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport realloc
 from libc.string cimport memcmp, memset
 
 
@@ -55,7 +56,17 @@ cdef extern from "_core_support.h" nogil:
     int16_t mq_be_i16(const unsigned char *p)
     int64_t mq_be_i64(const unsigned char *p)
     uint32_t mq_crc32(uint32_t crc, const unsigned char *buf, size_t length)
-    int mq_can_fold()
+
+# Big-endian field writes, as _core_support.h reads them.
+cdef extern from *:
+    """
+    #define MQ_PUT_BE(bits) static inline void mq_put_be##bits(unsigned char *p, \\
+        uint##bits##_t v) { v = __builtin_bswap##bits(v); memcpy(p, &v, bits / 8); }
+    MQ_PUT_BE(16) MQ_PUT_BE(32) MQ_PUT_BE(64)
+    """
+    void mq_put_be16(unsigned char *p, uint16_t v) nogil
+    void mq_put_be32(unsigned char *p, uint32_t v) nogil
+    void mq_put_be64(unsigned char *p, uint64_t v) nogil
 
 
 # The record's fixed header (record.py's layout table), the one definition of the compiled code.
@@ -80,6 +91,7 @@ cdef enum:
     TRANSACTION_MASK = 0xC
     TRANSACTION_NOT_TYPE = 0x0
     TRANSACTION_COMMIT_TYPE = 0x8
+    TRANSACTION_ROLLBACK_TYPE = 0xC
     PROPERTIES_END_BYTE_ = 0x02
     RECORD_CRC_BYTES_ = 20  # the whole-record CRC property: key, 0x01, ten digits, 0x02
     RECORD_CRC_HEAD_BYTES = 9
@@ -108,7 +120,6 @@ RECORD_CRC_BYTES = RECORD_CRC_BYTES_
 RECORD_CRC_HEAD = RECORD_CRC_HEAD_[:RECORD_CRC_HEAD_BYTES]
 NO_RECORD_CRC = NO_RECORD_CRC_
 DAMAGED_RECORD_CRC = DAMAGED_RECORD_CRC_
-CRC_FOLDED = bool(mq_can_fold())
 
 
 cdef inline int64_t stored_record_crc(const unsigned char *record_end, int props_len) noexcept:
@@ -132,6 +143,12 @@ cdef inline int64_t stored_record_crc(const unsigned char *record_end, int props
     if digits and kept == RECORD_CRC_HEAD_BYTES + 1:
         return value
     return DAMAGED_RECORD_CRC_ if kept >= RECORD_CRC_FIXED_BYTES_KEPT_MIN_ else NO_RECORD_CRC_
+
+
+cdef inline bint _gets_queue_offset(int64_t sys_flag) noexcept nogil:
+    """sysflag.gets_queue_offset: a plain message's record or a committed transaction's."""
+    cdef int64_t kind = sys_flag & TRANSACTION_MASK
+    return kind == TRANSACTION_NOT_TYPE or kind == TRANSACTION_COMMIT_TYPE
 
 
 # Why a record fails read_record's checks, in read_record's order of checks: check()'s answer
@@ -277,13 +294,14 @@ cdef object _topic_of(bytes raw, int *fail):
 
 
 cdef class _Buffer:
-    """A held buffer (Py_buffer), released by `release` or on collection."""
+    """A held buffer (Py_buffer), released by `release` or on collection: a function's local
+    one when the function returns or raises, so that none needs a try/finally of its own."""
 
     cdef Py_buffer view
     cdef bint held
 
-    def __cinit__(self, object data):
-        PyObject_GetBuffer(data, &self.view, PyBUF_SIMPLE)
+    def __cinit__(self, object data, int flags=PyBUF_SIMPLE):
+        PyObject_GetBuffer(data, &self.view, flags)
         self.held = True
 
     cdef void release(self) noexcept:
@@ -295,15 +313,26 @@ cdef class _Buffer:
         self.release()
 
 
+cdef int _grow(
+    void **data, Py_ssize_t *cap, Py_ssize_t want, size_t item_bytes, Py_ssize_t cap_min
+) except -1:
+    """*data, *cap items of `item_bytes` now, reallocated to hold `want` at least: at least
+    doubled (and `cap_min`), so that appends stay linear."""
+    cdef Py_ssize_t grown_cap = max(want, cap[0] * 2, cap_min)
+    cdef void *grown = realloc(data[0], <size_t>grown_cap * item_bytes)
+    if grown == NULL:
+        raise MemoryError()
+    data[0] = grown
+    cap[0] = grown_cap
+    return 0
+
+
 def crc32(object data, uint32_t value=0):
     """zlib.crc32(data, value): CRC-32 of any contiguous buffer."""
     cdef _Buffer held = _Buffer(data)
     cdef uint32_t crc
-    try:
-        with nogil:
-            crc = mq_crc32(value, <const unsigned char *>held.view.buf, <size_t>held.view.len)
-    finally:
-        held.release()
+    with nogil:
+        crc = mq_crc32(value, <const unsigned char *>held.view.buf, <size_t>held.view.len)
     return crc
 
 

@@ -406,27 +406,21 @@ cdef tuple _wire_batch(const unsigned char *p, const unsigned char *end):
     cdef object sys_flag = 0, flag = 0, born_ms = 0, reconsume = 0, prepared = 0
     while p < end:
         p = _wire_next_field(p, end, &field, &wire_type, &value, &payload, 1)
-        if wire_type == WIRE_LEN:
+        if (field == 2 or field == 5) and (wire_type == WIRE_VARINT or wire_type == WIRE_LEN):
+            _wire_numbers(queue_ids if field == 2 else sys_flags, wire_type, value, payload, 32)
+        elif wire_type == WIRE_LEN:
             if field == 3:
                 bodies.append(PyBytes_FromStringAndSize(<const char *>payload, <Py_ssize_t>value))
             elif field == 4:
                 properties.append(
                     PyBytes_FromStringAndSize(<const char *>payload, <Py_ssize_t>value)
                 )
-            elif field == 2:
-                _wire_numbers(queue_ids, wire_type, value, payload, 32)
-            elif field == 5:
-                _wire_numbers(sys_flags, wire_type, value, payload, 32)
             elif field == 1:
                 topic = _wire_text(payload, value)
             elif field == 9:
                 born_host = _wire_text(payload, value)
         elif wire_type == WIRE_VARINT:
-            if field == 2:
-                queue_ids.append(<int32_t>(<uint32_t>value))
-            elif field == 5:
-                sys_flags.append(<int32_t>(<uint32_t>value))
-            elif field == 6:
+            if field == 6:
                 sys_flag = <int32_t>(<uint32_t>value)
             elif field == 7:
                 flag = <int32_t>(<uint32_t>value)

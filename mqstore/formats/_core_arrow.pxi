@@ -2,7 +2,7 @@
 # included by _core.pyx, whose header definitions it reads records with.
 
 from cpython.buffer cimport PyBuffer_FillInfo
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free
 from libc.string cimport memcpy
 
 
@@ -29,16 +29,8 @@ cdef class ColumnBuffer:
 
     cdef char *reserve(self, Py_ssize_t more) except NULL:
         """Room for `more` bytes at the end; the pointer to them (valid until the next call)."""
-        cdef Py_ssize_t want = self.size + more
-        cdef Py_ssize_t cap
-        cdef char *grown
-        if want > self.cap or self.data == NULL:
-            cap = max(self.cap * 2, want, 64)
-            grown = <char *>realloc(self.data, <size_t>cap)
-            if grown == NULL:
-                raise MemoryError()
-            self.data = grown
-            self.cap = cap
+        if self.size + more > self.cap or self.data == NULL:
+            _grow(<void **>&self.data, &self.cap, self.size + more, 1, 64)
         return self.data + self.size
 
     cdef inline int put(self, const void *src, Py_ssize_t n) except -1:
@@ -127,13 +119,11 @@ cdef int32_t _host_index(dict seen, list hosts, const unsigned char *p, Py_ssize
 
 
 cdef const char *HEX_DIGITS = b"0123456789ABCDEF"
-cdef const char *KEY_TAGS = b"TAGS"
-cdef const char *KEY_KEYS = b"KEYS"
-cdef const char *KEY_UNIQ = b"UNIQ_KEY"
 
 
-cdef inline bint _named(const unsigned char *key, Py_ssize_t n, const char *name, Py_ssize_t m) noexcept:
-    return n == m and memcmp(key, name, <size_t>m) == 0
+cdef inline bint _named(const unsigned char *key, Py_ssize_t n, int name) noexcept:
+    """Whether key[:n] is PROP_NAMES[name] (_core_dispatch.pxi's TAGS, KEYS, UNIQ_KEY)."""
+    return n == PROP_NAME_BYTES[name] and memcmp(key, PROP_NAMES[name], <size_t>n) == 0
 
 
 def read_log_columns(
@@ -161,7 +151,6 @@ def read_log_columns(
     cdef _Buffer held = _Buffer(buf)
     cdef Py_ssize_t size = held.view.len
     if pos < 0 or end > size or rows_max < 1:
-        held.release()
         raise ValueError(f"read of [{pos}, {end}) over a buffer of {size} bytes")
     cdef const unsigned char *data = <const unsigned char *>held.view.buf
     cdef const unsigned char *p
@@ -193,7 +182,6 @@ def read_log_columns(
     cdef list topic_raws = []
     cdef Py_ssize_t j
     cdef object last_raw = None
-    cdef object raw, name, found
     cdef dict host_of = {}
     cdef list hosts = []
     cdef object last_born = None, last_store = None
@@ -207,155 +195,151 @@ def read_log_columns(
     body_offsets[0] = props_offsets[0] = msgid_offsets[0] = 0
     key_offsets.put_i32(0)
     value_offsets.put_i32(0)
-    try:
-        while True:
-            if pos >= end or pos >= stop:
-                why = STOP_END
-                break
-            if rows == rows_max:
-                why = STOP_FULL
-                break
-            why = STOP_RECORD
-            # Every check of read_record, as _core_walk.pxi's walk makes them.
-            p = data + pos
-            if record_frame(p, end - pos, &f):
-                break
-            total, header, body_len, flags = f.total, f.header, f.body_len, f.flags
-            at, topic_len, props_len = f.topic_at, f.topic_len, f.props_len
-            born_len = IPV4_HOST_BYTES + (V6_EXTRA_BYTES if flags & BORNHOST_V6 else 0)
-            store_len = IPV4_HOST_BYTES + (V6_EXTRA_BYTES if flags & STOREHOST_V6 else 0)
-            if not _same(last_raw, p + at, topic_len):
-                found = None
-                for j in range(min(len(topic_raws), TOPICS_SCANNED_MAX)):
-                    if _same(topic_raws[j], p + at, topic_len):
-                        found = j
-                        raw = topic_raws[j]
-                        break
-                if found is None:
-                    raw = PyBytes_FromStringAndSize(<const char *>(p + at), topic_len)
-                    found = topic_of.get(raw, topic_of)
-                    if found is topic_of:
-                        name = _topic_of(raw, &fail)
-                        if name is None:
-                            found = None
-                        else:
-                            found = len(topic_names)
-                            topic_names.append(name)
-                            topic_raws.append(raw)
-                            topic_keep.append(topics_kept is None or name in topics_kept)
-                        topic_of[raw] = found
-                    if found is None:
-                        break
-                last_raw = raw
-                topic_index = found
-                keep = topic_keep[topic_index]
-            if record_tail(p, &f, check_crc, &stored):
-                break
-            offset = base_offset + pos
-            if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != offset:
-                break
-            if not keep:
-                pos += total
-                continue
-            # The properties: decode_properties' pairs, for ASCII bytes without a repeated key.
-            props_end = at + topic_len + 2 + props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
-            q = p + at + topic_len + 2
-            ascii = True
-            for i in range(props_end - (at + topic_len + 2)):
-                if q[i] & 0x80:
-                    ascii = False
+    while True:
+        if pos >= end or pos >= stop:
+            why = STOP_END
+            break
+        if rows == rows_max:
+            why = STOP_FULL
+            break
+        why = STOP_RECORD
+        # Every check of read_record, as _core_walk.pxi's walk makes them.
+        p = data + pos
+        if record_frame(p, end - pos, &f):
+            break
+        total, header, body_len, flags = f.total, f.header, f.body_len, f.flags
+        at, topic_len, props_len = f.topic_at, f.topic_len, f.props_len
+        born_len = IPV4_HOST_BYTES + (V6_EXTRA_BYTES if flags & BORNHOST_V6 else 0)
+        store_len = IPV4_HOST_BYTES + (V6_EXTRA_BYTES if flags & STOREHOST_V6 else 0)
+        if not _same(last_raw, p + at, topic_len):
+            found = None
+            for j in range(min(len(topic_raws), TOPICS_SCANNED_MAX)):
+                if _same(topic_raws[j], p + at, topic_len):
+                    found = j
+                    raw = topic_raws[j]
                     break
-            if not ascii:
-                break
-            key_mark, value_mark = key_data.size, value_data.size
-            keys_mark, values_mark = key_offsets.size, value_offsets.size
-            first_pair = pairs
-            tags = keys = uniq = -1
-            seg = q
-            k = 0
-            while seg + k <= p + props_end:
-                if seg + k < p + props_end and seg[k] != 0x02:
-                    k += 1
-                    continue
-                seg_len = k
-                if seg_len >= 3:
-                    sep = 0
-                    while sep < seg_len and seg[sep] != 0x01:
-                        sep += 1
-                    if 0 < sep < seg_len - 1:
-                        for i in range(first_pair, pairs):
-                            if (
-                                (<int32_t *>key_offsets.data)[i + 1]
-                                - (<int32_t *>key_offsets.data)[i] == sep
-                                and memcmp(
-                                    key_data.data + (<int32_t *>key_offsets.data)[i], seg, sep
-                                ) == 0
-                            ):
-                                ascii = False  # a repeated key: decode_properties' dict decides
-                                break
-                        if not ascii:
-                            break
-                        key_data.put(seg, sep)
-                        key_offsets.put_i32(<int32_t>key_data.size)
-                        value_data.put(seg + sep + 1, seg_len - sep - 1)
-                        value_offsets.put_i32(<int32_t>value_data.size)
-                        if _named(seg, sep, KEY_TAGS, 4):
-                            tags = <int32_t>pairs
-                        elif _named(seg, sep, KEY_KEYS, 4):
-                            keys = <int32_t>pairs
-                        elif _named(seg, sep, KEY_UNIQ, 8):
-                            uniq = <int32_t>pairs
-                        pairs += 1
-                seg += k + 1
-                k = 0
-            if not ascii:
-                key_data.size, value_data.size = key_mark, value_mark
-                key_offsets.size, value_offsets.size = keys_mark, values_mark
-                pairs = first_pair
-                break
-            props_offsets[rows + 1] = <int32_t>pairs
-            # Hosts: most records carry the same two as the record before.
-            store_at = BORN_HOST_POS_ + born_len + TIMESTAMP_BYTES  # the store host
-            if not _same(last_born, p + BORN_HOST_POS_, born_len):
-                born_index = _host_index(host_of, hosts, p + BORN_HOST_POS_, born_len)
-                last_born = hosts[born_index]
-            if not _same(last_store, p + store_at, store_len):
-                store_index = _host_index(host_of, hosts, p + store_at, store_len)
-                last_store = hosts[store_index]
-            (<int64_t *>fixed[C_OFFSET])[rows] = offset
-            (<int32_t *>fixed[C_TOTAL])[rows] = <int32_t>total
-            (<int32_t *>fixed[C_TOPIC])[rows] = topic_index
-            (<int32_t *>fixed[C_QUEUE_ID])[rows] = mq_be_i32(p + QUEUE_ID_POS_)
-            (<int64_t *>fixed[C_QUEUE_OFFSET])[rows] = mq_be_i64(p + QUEUE_OFFSET_POS_)
-            (<int32_t *>fixed[C_SYS_FLAG])[rows] = flags
-            (<int32_t *>fixed[C_FLAG])[rows] = mq_be_i32(p + FLAG_POS)
-            (<int32_t *>fixed[C_BODY_CRC])[rows] = mq_be_i32(p + BODYCRC_POS)
-            (<int64_t *>fixed[C_BORN_TS])[rows] = mq_be_i64(p + BORN_TIMESTAMP_POS)
-            (<int32_t *>fixed[C_BORN_HOST])[rows] = born_index
-            (<int64_t *>fixed[C_STORE_TS])[rows] = mq_be_i64(p + BORN_HOST_POS_ + born_len)
-            (<int32_t *>fixed[C_STORE_HOST])[rows] = store_index
-            (<int32_t *>fixed[C_RECONSUME])[rows] = mq_be_i32(p + store_at + store_len)
-            (<int64_t *>fixed[C_PREPARED])[rows] = mq_be_i64(p + store_at + store_len + 4)  # after RECONSUMETIMES
-            (<int32_t *>fixed[C_TAGS])[rows] = tags
-            (<int32_t *>fixed[C_KEYS])[rows] = keys
-            (<int32_t *>fixed[C_UNIQ])[rows] = uniq
-            if include_body:
-                body_data.put(p + header, body_len)
-            body_offsets[rows + 1] = <int32_t>body_data.size
-            # msgId: offset_msg_id, the store host's ip and port then the offset, in hex.
-            memcpy(id_bytes, p + store_at, <size_t>store_len)
-            for i in range(8):
-                id_bytes[store_len + i] = <unsigned char>(<uint64_t>offset >> (56 - 8 * i))
-            hex_out = msgid_data.reserve(2 * (store_len + 8))
-            for i in range(store_len + 8):
-                hex_out[2 * i] = HEX_DIGITS[id_bytes[i] >> 4]
-                hex_out[2 * i + 1] = HEX_DIGITS[id_bytes[i] & 15]
-            msgid_data.size += 2 * (store_len + 8)
-            msgid_offsets[rows + 1] = <int32_t>msgid_data.size
-            rows += 1
+            if found is None:
+                raw = PyBytes_FromStringAndSize(<const char *>(p + at), topic_len)
+                found = topic_of.get(raw, topic_of)
+                if found is topic_of:
+                    name = _topic_of(raw, &fail)
+                    if name is None:
+                        found = None
+                    else:
+                        found = len(topic_names)
+                        topic_names.append(name)
+                        topic_raws.append(raw)
+                        topic_keep.append(topics_kept is None or name in topics_kept)
+                    topic_of[raw] = found
+                if found is None:
+                    break
+            last_raw = raw
+            topic_index = found
+            keep = topic_keep[topic_index]
+        if record_tail(p, &f, check_crc, &stored):
+            break
+        offset = base_offset + pos
+        if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != offset:
+            break
+        if not keep:
             pos += total
-    finally:
-        held.release()
+            continue
+        # The properties: decode_properties' pairs, for ASCII bytes without a repeated key.
+        props_end = at + topic_len + 2 + props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
+        q = p + at + topic_len + 2
+        ascii = True
+        for i in range(props_end - (at + topic_len + 2)):
+            if q[i] & 0x80:
+                ascii = False
+                break
+        if not ascii:
+            break
+        key_mark, value_mark = key_data.size, value_data.size
+        keys_mark, values_mark = key_offsets.size, value_offsets.size
+        first_pair = pairs
+        tags = keys = uniq = -1
+        seg = q
+        k = 0
+        while seg + k <= p + props_end:
+            if seg + k < p + props_end and seg[k] != 0x02:
+                k += 1
+                continue
+            seg_len = k
+            if seg_len >= 3:
+                sep = 0
+                while sep < seg_len and seg[sep] != 0x01:
+                    sep += 1
+                if 0 < sep < seg_len - 1:
+                    for i in range(first_pair, pairs):
+                        if (
+                            (<int32_t *>key_offsets.data)[i + 1]
+                            - (<int32_t *>key_offsets.data)[i] == sep
+                            and memcmp(
+                                key_data.data + (<int32_t *>key_offsets.data)[i], seg, sep
+                            ) == 0
+                        ):
+                            ascii = False  # a repeated key: decode_properties' dict decides
+                            break
+                    if not ascii:
+                        break
+                    key_data.put(seg, sep)
+                    key_offsets.put_i32(<int32_t>key_data.size)
+                    value_data.put(seg + sep + 1, seg_len - sep - 1)
+                    value_offsets.put_i32(<int32_t>value_data.size)
+                    if _named(seg, sep, PROP_TAGS):
+                        tags = <int32_t>pairs
+                    elif _named(seg, sep, PROP_KEYS):
+                        keys = <int32_t>pairs
+                    elif _named(seg, sep, PROP_UNIQ):
+                        uniq = <int32_t>pairs
+                    pairs += 1
+            seg += k + 1
+            k = 0
+        if not ascii:
+            key_data.size, value_data.size = key_mark, value_mark
+            key_offsets.size, value_offsets.size = keys_mark, values_mark
+            pairs = first_pair
+            break
+        props_offsets[rows + 1] = <int32_t>pairs
+        # Hosts: most records carry the same two as the record before.
+        store_at = BORN_HOST_POS_ + born_len + TIMESTAMP_BYTES  # the store host
+        if not _same(last_born, p + BORN_HOST_POS_, born_len):
+            born_index = _host_index(host_of, hosts, p + BORN_HOST_POS_, born_len)
+            last_born = hosts[born_index]
+        if not _same(last_store, p + store_at, store_len):
+            store_index = _host_index(host_of, hosts, p + store_at, store_len)
+            last_store = hosts[store_index]
+        (<int64_t *>fixed[C_OFFSET])[rows] = offset
+        (<int32_t *>fixed[C_TOTAL])[rows] = <int32_t>total
+        (<int32_t *>fixed[C_TOPIC])[rows] = topic_index
+        (<int32_t *>fixed[C_QUEUE_ID])[rows] = mq_be_i32(p + QUEUE_ID_POS_)
+        (<int64_t *>fixed[C_QUEUE_OFFSET])[rows] = mq_be_i64(p + QUEUE_OFFSET_POS_)
+        (<int32_t *>fixed[C_SYS_FLAG])[rows] = flags
+        (<int32_t *>fixed[C_FLAG])[rows] = mq_be_i32(p + FLAG_POS)
+        (<int32_t *>fixed[C_BODY_CRC])[rows] = mq_be_i32(p + BODYCRC_POS)
+        (<int64_t *>fixed[C_BORN_TS])[rows] = mq_be_i64(p + BORN_TIMESTAMP_POS)
+        (<int32_t *>fixed[C_BORN_HOST])[rows] = born_index
+        (<int64_t *>fixed[C_STORE_TS])[rows] = mq_be_i64(p + BORN_HOST_POS_ + born_len)
+        (<int32_t *>fixed[C_STORE_HOST])[rows] = store_index
+        (<int32_t *>fixed[C_RECONSUME])[rows] = mq_be_i32(p + store_at + store_len)
+        (<int64_t *>fixed[C_PREPARED])[rows] = mq_be_i64(p + store_at + store_len + 4)  # after RECONSUMETIMES
+        (<int32_t *>fixed[C_TAGS])[rows] = tags
+        (<int32_t *>fixed[C_KEYS])[rows] = keys
+        (<int32_t *>fixed[C_UNIQ])[rows] = uniq
+        if include_body:
+            body_data.put(p + header, body_len)
+        body_offsets[rows + 1] = <int32_t>body_data.size
+        # msgId: offset_msg_id, the store host's ip and port then the offset, in hex.
+        memcpy(id_bytes, p + store_at, <size_t>store_len)
+        mq_put_be64(id_bytes + store_len, <uint64_t>offset)
+        hex_out = msgid_data.reserve(2 * (store_len + 8))
+        for i in range(store_len + 8):
+            hex_out[2 * i] = HEX_DIGITS[id_bytes[i] >> 4]
+            hex_out[2 * i + 1] = HEX_DIGITS[id_bytes[i] & 15]
+        msgid_data.size += 2 * (store_len + 8)
+        msgid_offsets[rows + 1] = <int32_t>msgid_data.size
+        rows += 1
+        pos += total
     for i in range(FIXED_COLUMNS):
         (<ColumnBuffer>cols[i]).size = rows * LOG_FIXED_COLUMNS[i][1]
     for i in (C_BODY_OFFSETS, C_PROPS_OFFSETS, C_MSGID_OFFSETS):

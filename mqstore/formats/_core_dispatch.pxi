@@ -69,23 +69,10 @@ cdef int32_t _tags_code(const unsigned char *q, Py_ssize_t n, Py_ssize_t at) exc
     decodes it: Java's String.hashCode over its UTF-16 code units."""
     if at < 0:
         return 0
-    cdef Py_ssize_t i, end = _value_end(q, n, at)
-    cdef uint32_t h = 0, cp
-    for i in range(at, end):
-        if q[i] & 0x80:
-            break
-        h = 31 * h + q[i]
-    else:
-        return <int32_t>h
-    h = 0
-    for ch in PyUnicode_DecodeUTF8(<const char *>(q + at), end - at, "replace"):
-        cp = <uint32_t>ord(ch)
-        if cp >= 0x10000:  # a surrogate pair in UTF-16
-            cp -= 0x10000
-            h = 31 * h + (0xD800 + (cp >> 10))
-            cp = 0xDC00 + (cp & 0x3FF)
-        h = 31 * h + cp
-    return <int32_t>h
+    cdef Py_ssize_t end = _value_end(q, n, at)
+    if _is_utf8(q + at, end - at):
+        return <int32_t>_java_hash_utf8(0, q + at, end - at)
+    return <int32_t>_java_hash_more(0, _value(q, n, at))  # U+FFFD for what is no UTF-8
 
 
 # The DispatchBatch fields (commitlog.proto) dispatch_columns writes, as wire-format keys:
@@ -170,7 +157,6 @@ def dispatch_columns(
     a Record."""
     cdef _Buffer held = _Buffer(buf)
     if pos < 0 or limit > readable or readable > held.view.len:
-        held.release()
         raise ValueError(f"[{pos}, {limit}) of {readable} readable in {held.view.len} bytes")
     cdef const unsigned char *data = <const unsigned char *>held.view.buf
     cdef const unsigned char *p
@@ -189,52 +175,49 @@ def dispatch_columns(
     cdef Frame f
     cdef bytes last_raw = None, raw
     cdef object index = None, name
-    try:
-        while pos < limit and rows < rows_max and taken < bytes_max:
-            why = DISPATCH_RECORD_
-            p = data + pos
-            if record_frame(p, readable - pos, &f) or record_tail(p, &f, True, &stored):
-                break
-            if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
-                break
-            name = None  # a new topic: the frame's once its record is taken
-            if not _same(last_raw, p + f.topic_at, f.topic_len):
-                raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
-                index = topic_index.get(raw)
-                if index is None:
-                    name = _topic_of(raw, &fail)
-                    if name is None:
-                        break
-            if pos + f.total > limit:
-                why = DISPATCH_PAST_
-                break
-            if name is not None:
-                index = len(topics)
-                topics.append(name)
-                topic_index[raw] = index
-            last_raw = raw
-            why = DISPATCH_END_
-            # The properties as read_record returns them: without the whole-record CRC's.
-            q = p + f.topic_at + f.topic_len + 2
-            props_len = f.props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
-            _find_values(q, props_len, names, at)
-            _put_varint(c_topic, <int64_t>index)
-            _put_varint(c_queue, mq_be_i32(p + QUEUE_ID_POS_))
-            _put_varint(c_queue_offset, mq_be_i64(p + QUEUE_OFFSET_POS_))
-            _put_varint(c_offset, base_offset + pos)
-            _put_varint(c_size, f.total)
-            _put_varint(c_tags, _tags_code(q, props_len, at[PROP_TAGS]))
-            _put_varint(c_stamp, mq_be_i64(p + BORN_HOST_POS_ + IPV4_HOST_BYTES
-                                           + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
-            _put_varint(c_flag, f.flags)
-            if include_keys:
-                _put_string(keys, WIRE_KEYS, _value(q, props_len, at[PROP_KEYS]))
-                _put_string(keys, WIRE_UNIQ_KEY, _value(q, props_len, at[PROP_UNIQ]))
-            rows += 1
-            taken += f.total
-            pos += f.total
-    finally:
-        held.release()
+    while pos < limit and rows < rows_max and taken < bytes_max:
+        why = DISPATCH_RECORD_
+        p = data + pos
+        if record_frame(p, readable - pos, &f) or record_tail(p, &f, True, &stored):
+            break
+        if mq_be_i64(p + PHYSICAL_OFFSET_POS_) != base_offset + pos:
+            break
+        name = None  # a new topic: the frame's once its record is taken
+        if not _same(last_raw, p + f.topic_at, f.topic_len):
+            raw = PyBytes_FromStringAndSize(<const char *>(p + f.topic_at), f.topic_len)
+            index = topic_index.get(raw)
+            if index is None:
+                name = _topic_of(raw, &fail)
+                if name is None:
+                    break
+        if pos + f.total > limit:
+            why = DISPATCH_PAST_
+            break
+        if name is not None:
+            index = len(topics)
+            topics.append(name)
+            topic_index[raw] = index
+        last_raw = raw
+        why = DISPATCH_END_
+        # The properties as read_record returns them: without the whole-record CRC's.
+        q = p + f.topic_at + f.topic_len + 2
+        props_len = f.props_len - (RECORD_CRC_BYTES_ if stored >= 0 else 0)
+        _find_values(q, props_len, names, at)
+        _put_varint(c_topic, <int64_t>index)
+        _put_varint(c_queue, mq_be_i32(p + QUEUE_ID_POS_))
+        _put_varint(c_queue_offset, mq_be_i64(p + QUEUE_OFFSET_POS_))
+        _put_varint(c_offset, base_offset + pos)
+        _put_varint(c_size, f.total)
+        _put_varint(c_tags, _tags_code(q, props_len, at[PROP_TAGS]))
+        _put_varint(c_stamp, mq_be_i64(p + BORN_HOST_POS_ + IPV4_HOST_BYTES
+                                       + (V6_EXTRA_BYTES if f.flags & BORNHOST_V6 else 0)))
+        _put_varint(c_flag, f.flags)
+        if include_keys:
+            _put_string(keys, WIRE_KEYS, _value(q, props_len, at[PROP_KEYS]))
+            _put_string(keys, WIRE_UNIQ_KEY, _value(q, props_len, at[PROP_UNIQ]))
+        rows += 1
+        taken += f.total
+        pos += f.total
     if rows:
         for key, column in zip(_ENTRY_COLUMNS, (c_topic, c_queue, c_queue_offset, c_offset,
                                                 c_size, c_tags, c_stamp, c_flag)):

@@ -3,19 +3,8 @@
 
 from cpython.bytes cimport PyBytes_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from libc.stdint cimport uint16_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
-
-cdef extern from *:
-    """
-    #define MQ_PUT_BE(bits) static inline void mq_put_be##bits(unsigned char *p, \\
-        uint##bits##_t v) { v = __builtin_bswap##bits(v); memcpy(p, &v, bits / 8); }
-    MQ_PUT_BE(16) MQ_PUT_BE(32) MQ_PUT_BE(64)
-    """
-    void mq_put_be16(unsigned char *p, uint16_t v) nogil
-    void mq_put_be32(unsigned char *p, uint32_t v) nogil
-    void mq_put_be64(unsigned char *p, uint64_t v) nogil
 
 cdef enum:
     HEADER_BYTES_MAX = HEADER_V4_V4_BYTES + 2 * V6_EXTRA_BYTES
@@ -69,7 +58,6 @@ cdef struct Queues:
 cdef int64_t _take(Queues *q, dict table, object topic, int32_t queue_id) except -1:
     cdef int i
     cdef int64_t offset
-    cdef object queues
     for i in range(q.used):
         if q.slots[i].queue_id == queue_id:
             offset = q.slots[i].next
@@ -195,7 +183,6 @@ def encode(
     cdef list refused = []
     cdef list offsets = [], sizes = [], queue_offsets = [], sys_flags = []
     cdef list bodies, queue_ids
-    cdef object props, flags, prefix, topic, why, scalars
     cdef Item *it
     cdef int64_t queue_id, size, offset
     cdef int32_t v6_bits, sys_flag
@@ -309,10 +296,7 @@ def encode(
             for k in range(n):
                 if it.size:
                     it.batch = b
-                    if (
-                        it.sys_flag & TRANSACTION_MASK == TRANSACTION_NOT_TYPE
-                        or it.sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
-                    ):
+                    if _gets_queue_offset(it.sys_flag):
                         it.queue_offset = _take(&queues, queue_table, topic, it.queue_id)
                     else:
                         it.queue_offset = 0

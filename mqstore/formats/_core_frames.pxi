@@ -17,7 +17,7 @@
 # what the tests pin these to.
 
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 
@@ -76,12 +76,7 @@ def crc32c(object data):
     """CRC-32C of a contiguous buffer (the crc32c package's value): what the time entries'
     checks are cut from, exposed so that a property pins the compiled CRC to the package."""
     cdef _Buffer b = _Buffer(data)
-    cdef uint32_t c
-    try:
-        c = _crc32c(<const unsigned char *>b.view.buf, <size_t>b.view.len)
-    finally:
-        b.release()
-    return c
+    return _crc32c(<const unsigned char *>b.view.buf, <size_t>b.view.len)
 
 
 cdef inline void _put_be(unsigned char *p, uint64_t v, int width) noexcept nogil:
@@ -91,14 +86,12 @@ cdef inline void _put_be(unsigned char *p, uint64_t v, int width) noexcept nogil
 
 
 cdef class _Columns:
-    """Held int64 buffers, each of `n` rows at least."""
+    """Held int64 buffers, released with the _Columns; `take` checks one holds n rows."""
 
     cdef list held
-    cdef Py_ssize_t n
 
     def __cinit__(self):
         self.held = []
-        self.n = -1
 
     cdef const int64_t *take(self, object column, Py_ssize_t n) except NULL:
         cdef _Buffer b = _Buffer(column)
@@ -106,12 +99,6 @@ cdef class _Columns:
         if b.view.len < n * 8 or b.view.len % 8:
             raise ValueError(f"a column of {b.view.len} bytes for {n} int64 rows")
         return <const int64_t *>b.view.buf
-
-    cdef void release(self) noexcept:
-        cdef _Buffer b
-        for b in self.held:
-            b.release()
-        self.held = []
 
 
 cdef Py_ssize_t _rows_of(object rows, _Columns cols, const int64_t **out) except -1:
@@ -144,8 +131,6 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
     cdef Py_ssize_t i, r, runs = 0, slots = RUN_SLOTS_MIN, at
     cdef int64_t kind
     cdef uint64_t h
-    cdef int64_t *slot_ti = NULL
-    cdef int64_t *slot_qi = NULL
     cdef Py_ssize_t *slot_run = NULL
     cdef Py_ssize_t *row_run = NULL
     cdef Py_ssize_t *run_count = NULL
@@ -162,16 +147,13 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
         sf = cols.take(sys_flags, n)
         while slots < 2 * n:
             slots <<= 1
-        slot_ti = <int64_t *>malloc(slots * sizeof(int64_t))
-        slot_qi = <int64_t *>malloc(slots * sizeof(int64_t))
         slot_run = <Py_ssize_t *>malloc(slots * sizeof(Py_ssize_t))
         row_run = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
         run_count = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
         run_ti = <int64_t *>malloc((n + 1) * sizeof(int64_t))
         run_qi = <int64_t *>malloc((n + 1) * sizeof(int64_t))
         run_fill = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
-        if not (slot_ti and slot_qi and slot_run and row_run and run_count and run_ti
-                and run_qi and run_fill):
+        if not (slot_run and row_run and run_count and run_ti and run_qi and run_fill):
             raise MemoryError()
         for i in range(slots):
             slot_run[i] = -1
@@ -185,17 +167,16 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
             else:
                 h = (<uint64_t>ti[i] * 0x9E3779B97F4A7C15ULL) ^ (<uint64_t>qi[i] * 0xC2B2AE3D27D4EB4FULL)
                 at = <Py_ssize_t>((h >> 17) & <uint64_t>(slots - 1))
-                while slot_run[at] >= 0 and not (slot_ti[at] == ti[i] and slot_qi[at] == qi[i]):
+                r = slot_run[at]
+                while r >= 0 and not (run_ti[r] == ti[i] and run_qi[r] == qi[i]):
                     at = (at + 1) & (slots - 1)
-                if slot_run[at] < 0:
-                    slot_run[at] = runs
-                    slot_ti[at] = ti[i]
-                    slot_qi[at] = qi[i]
+                    r = slot_run[at]
+                if r < 0:
+                    r = slot_run[at] = runs
                     run_ti[runs] = ti[i]
                     run_qi[runs] = qi[i]
                     run_count[runs] = 0
                     runs += 1
-                r = slot_run[at]
             row_run[i] = r
             run_count[r] += 1
         bounds = PyByteArray_FromStringAndSize(NULL, (runs + 1) * 8)
@@ -213,9 +194,6 @@ def queue_runs(object topic_indexes, object queue_ids, object sys_flags):
                 dst[run_fill[r]] = i
                 run_fill[r] += 1
     finally:
-        cols.release()
-        free(slot_ti)
-        free(slot_qi)
         free(slot_run)
         free(row_run)
         free(run_count)
@@ -323,63 +301,59 @@ def pack_runs(
     cdef const int64_t *ts
     cdef Py_ssize_t m, runs, n = len(queue_offsets), r, s, j, lo, count, plen
     cdef int64_t expect, last_time, first_phy, last_phy, last_size
-    cdef object st
     cdef list ends = [], a = [], b = []
     cdef bytes units, times, prefix, key
     cdef unsigned char value[UNIT_SIZE + 8]
-    try:
-        m = _rows_of(rows, cols, &rw)
-        runs = _rows_of(bounds, cols, &bd) - 1
-        qo = cols.take(queue_offsets, n)
-        ph = cols.take(offsets, n)
-        sz = cols.take(sizes, n)
-        tg = cols.take(tags_codes, n)
-        ts = cols.take(store_timestamps_ms, n)
-        _check_rows(rw, m, n)
-        if runs < 0 or bd[0] != 0 or bd[runs] != m:
-            raise ValueError(f"bounds of {runs + 1} for {m} rows")
-        for r in range(runs):
-            if bd[r] > bd[r + 1]:
-                raise ValueError(f"run {r} of bounds {bd[r]}..{bd[r + 1]}")
-        if len(states) != runs:
-            raise ValueError(f"{len(states)} queue states for {runs} runs")
-        if prefixes is not None and len(prefixes) != runs:
-            raise ValueError(f"{len(prefixes)} key prefixes for {runs} runs")
-        for r in range(runs):
-            st = states[r]
-            expect, last_time = st.max_offset, st.last_time_ms
-            s = _plain_start(rw + bd[r], bd[r + 1] - bd[r], qo, ph, sz, expect, st.last_phy_end)
-            count = bd[r + 1] - bd[r] - s if s >= 0 else 0
-            lo = bd[r + 1] - count
-            first_phy, last_phy, last_size = -1, -1, 0
-            if count:
-                first_phy = ph[rw[lo]]
-                last_phy, last_size = ph[rw[lo + count - 1]], sz[rw[lo + count - 1]]
-            if prefixes is None:
-                units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
-                times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
-                last_time = _pack_rows(rw + lo, count, ph, sz, tg, ts, last_time,
-                                       <unsigned char *>PyBytes_AS_STRING(units), UNIT_SIZE,
-                                       <unsigned char *>PyBytes_AS_STRING(times))
-                a.append(units)
-                b.append(times)
-            elif count:
-                prefix = prefixes[r]
-                if prefix is None:
-                    raise TypeError(f"run {r}: no key prefix")
-                plen = len(prefix)
-                for j in range(count):
-                    last_time = _pack_rows(rw + lo + j, 1, ph, sz, tg, ts, last_time,
-                                           value, 0, NULL)
-                    b.append(PyBytes_FromStringAndSize(<char *>value, UNIT_SIZE + 8))
-                    key = PyBytes_FromStringAndSize(NULL, plen + 8)
-                    memcpy(PyBytes_AS_STRING(key), <char *>prefix, plen)
-                    _put_be(<unsigned char *>PyBytes_AS_STRING(key) + plen,
-                            <uint64_t>(expect + j), 8)
-                    a.append(key)
-            ends.append((s, expect + count, first_phy, last_phy, last_size, last_time))
-    finally:
-        cols.release()
+    m = _rows_of(rows, cols, &rw)
+    runs = _rows_of(bounds, cols, &bd) - 1
+    qo = cols.take(queue_offsets, n)
+    ph = cols.take(offsets, n)
+    sz = cols.take(sizes, n)
+    tg = cols.take(tags_codes, n)
+    ts = cols.take(store_timestamps_ms, n)
+    _check_rows(rw, m, n)
+    if runs < 0 or bd[0] != 0 or bd[runs] != m:
+        raise ValueError(f"bounds of {runs + 1} for {m} rows")
+    for r in range(runs):
+        if bd[r] > bd[r + 1]:
+            raise ValueError(f"run {r} of bounds {bd[r]}..{bd[r + 1]}")
+    if len(states) != runs:
+        raise ValueError(f"{len(states)} queue states for {runs} runs")
+    if prefixes is not None and len(prefixes) != runs:
+        raise ValueError(f"{len(prefixes)} key prefixes for {runs} runs")
+    for r in range(runs):
+        st = states[r]
+        expect, last_time = st.max_offset, st.last_time_ms
+        s = _plain_start(rw + bd[r], bd[r + 1] - bd[r], qo, ph, sz, expect, st.last_phy_end)
+        count = bd[r + 1] - bd[r] - s if s >= 0 else 0
+        lo = bd[r + 1] - count
+        first_phy, last_phy, last_size = -1, -1, 0
+        if count:
+            first_phy = ph[rw[lo]]
+            last_phy, last_size = ph[rw[lo + count - 1]], sz[rw[lo + count - 1]]
+        if prefixes is None:
+            units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
+            times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
+            last_time = _pack_rows(rw + lo, count, ph, sz, tg, ts, last_time,
+                                   <unsigned char *>PyBytes_AS_STRING(units), UNIT_SIZE,
+                                   <unsigned char *>PyBytes_AS_STRING(times))
+            a.append(units)
+            b.append(times)
+        elif count:
+            prefix = prefixes[r]
+            if prefix is None:
+                raise TypeError(f"run {r}: no key prefix")
+            plen = len(prefix)
+            for j in range(count):
+                last_time = _pack_rows(rw + lo + j, 1, ph, sz, tg, ts, last_time,
+                                       value, 0, NULL)
+                b.append(PyBytes_FromStringAndSize(<char *>value, UNIT_SIZE + 8))
+                key = PyBytes_FromStringAndSize(NULL, plen + 8)
+                memcpy(PyBytes_AS_STRING(key), <char *>prefix, plen)
+                _put_be(<unsigned char *>PyBytes_AS_STRING(key) + plen,
+                        <uint64_t>(expect + j), 8)
+                a.append(key)
+        ends.append((s, expect + count, first_phy, last_phy, last_size, last_time))
     return ends, a, b
 
 
@@ -404,24 +378,21 @@ def pack_units(
     cdef bytes units, times
     cdef unsigned char *u
     cdef unsigned char *tm
-    try:
-        m = _rows_of(rows, cols, &rw)
-        ph = cols.take(offsets, n)
-        sz = cols.take(sizes, n)
-        tg = cols.take(tags_codes, n)
-        ts = cols.take(store_timestamps_ms, n)
-        _check_rows(rw, m, n)
-        if start < 0 or start > m:
-            raise ValueError(f"start {start} of {m} rows")
-        count = m - start
-        units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
-        times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
-        u = <unsigned char *>PyBytes_AS_STRING(units)
-        tm = <unsigned char *>PyBytes_AS_STRING(times)
-        with nogil:
-            last_time = _pack_rows(rw + start, count, ph, sz, tg, ts, last_time, u, UNIT_SIZE, tm)
-    finally:
-        cols.release()
+    m = _rows_of(rows, cols, &rw)
+    ph = cols.take(offsets, n)
+    sz = cols.take(sizes, n)
+    tg = cols.take(tags_codes, n)
+    ts = cols.take(store_timestamps_ms, n)
+    _check_rows(rw, m, n)
+    if start < 0 or start > m:
+        raise ValueError(f"start {start} of {m} rows")
+    count = m - start
+    units = PyBytes_FromStringAndSize(NULL, count * UNIT_SIZE)
+    times = PyBytes_FromStringAndSize(NULL, count * TIME_ENTRY_BYTES)
+    u = <unsigned char *>PyBytes_AS_STRING(units)
+    tm = <unsigned char *>PyBytes_AS_STRING(times)
+    with nogil:
+        last_time = _pack_rows(rw + start, count, ph, sz, tg, ts, last_time, u, UNIT_SIZE, tm)
     return units, times, last_time
 
 
@@ -478,17 +449,9 @@ cdef struct Column64:
 
 
 cdef int _reserve(Column64 *c, Py_ssize_t more) except -1:
-    """Room for `more` values after the column's n (at least doubling, so pushes stay linear)."""
-    cdef int64_t *grown
-    cdef Py_ssize_t cap
-    if c.n + more <= c.cap:
-        return 0
-    cap = max(c.n + more, c.cap * 2, 64)
-    grown = <int64_t *>realloc(c.data, cap * sizeof(int64_t))
-    if grown == NULL:
-        raise MemoryError()
-    c.data = grown
-    c.cap = cap
+    """Room for `more` values after the column's n."""
+    if c.n + more > c.cap:
+        _grow(<void **>&c.data, &c.cap, c.n + more, sizeof(int64_t), 64)
     return 0
 
 
@@ -637,17 +600,10 @@ cdef struct Strings:
 
 cdef int _strings_push(Strings *s, const unsigned char *p, Py_ssize_t length) except -1:
     """Append one string (checked UTF-8 first: a frame with one that is not is refused)."""
-    cdef unsigned char *grown
-    cdef Py_ssize_t cap
     if not _is_utf8(p, length):
         raise WireError("a string that is no UTF-8")
     if s.n + length > s.cap:
-        cap = max(s.n + length, s.cap * 2, 256)
-        grown = <unsigned char *>realloc(s.data, cap)
-        if grown == NULL:
-            raise MemoryError()
-        s.data = grown
-        s.cap = cap
+        _grow(<void **>&s.data, &s.cap, s.n + length, 1, 256)
     if length:
         memcpy(s.data + s.n, p, length)
     s.n += length
@@ -783,27 +739,24 @@ def decode_response(object data):
     cdef uint32_t number
     cdef int wire, case = 0
     cdef _Batch batch = _Batch()
-    try:
-        while p < end:
-            p = _varint(p, end, &tag)
-            if tag > 0xFFFFFFFF or tag >> 3 == 0:
-                raise WireError("a bad tag")
-            number = <uint32_t>(tag >> 3)
-            wire = <int>(tag & 7)
-            if (number == 1 or number == 2) and wire == 2:
-                p = _varint(p, end, &length)
-                if length > <uint64_t>(end - p):
-                    raise WireError("a length runs past its end")
-                if number == 2:
-                    if case != 2:
-                        batch.clear()
-                    batch.merge(p, p + length)
-                case = <int>number  # a handshake: Python reads it (FromString)
-                p += length
-            elif wire == 4:
-                raise WireError("a group ends that never began")
-            else:
-                p = _skip(p, end, wire, number, 0)
-    finally:
-        held.release()
+    while p < end:
+        p = _varint(p, end, &tag)
+        if tag > 0xFFFFFFFF or tag >> 3 == 0:
+            raise WireError("a bad tag")
+        number = <uint32_t>(tag >> 3)
+        wire = <int>(tag & 7)
+        if (number == 1 or number == 2) and wire == 2:
+            p = _varint(p, end, &length)
+            if length > <uint64_t>(end - p):
+                raise WireError("a length runs past its end")
+            if number == 2:
+                if case != 2:
+                    batch.clear()
+                batch.merge(p, p + length)
+            case = <int>number  # a handshake: Python reads it (FromString)
+            p += length
+        elif wire == 4:
+            raise WireError("a group ends that never began")
+        else:
+            p = _skip(p, end, wire, number, 0)
     return batch.result() if case == 2 else None

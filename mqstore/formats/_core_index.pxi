@@ -197,7 +197,6 @@ def java_hashes(list keys):
     cdef Py_ssize_t i, m = len(keys)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, m * 8)
     cdef int64_t *o = <int64_t *>PyBytes_AS_STRING(out)
-    cdef object key
     for i in range(m):
         key = keys[i]
         if type(key) is not str:
@@ -219,18 +218,6 @@ def java_hashes_utf8(const unsigned char[::1] data, const int64_t[::1] offsets):
             raise ValueError(f"java hashes: string {i}'s offsets are not within the data")
         o[i] = <int32_t>_java_hash_utf8(0, p + offsets[i], offsets[i + 1] - offsets[i])
     return out
-
-
-cdef inline void _put_be32(unsigned char *p, uint32_t v) noexcept nogil:
-    p[0] = <unsigned char>(v >> 24)
-    p[1] = <unsigned char>(v >> 16)
-    p[2] = <unsigned char>(v >> 8)
-    p[3] = <unsigned char>v
-
-
-cdef inline void _put_be64(unsigned char *p, uint64_t v) noexcept nogil:
-    _put_be32(p, <uint32_t>(v >> 32))
-    _put_be32(p + 4, <uint32_t>v)
 
 
 def index_put_keys(
@@ -272,7 +259,7 @@ def index_put_keys(
             slot = slots + s * INDEX_SLOT_BYTES_
             value = mq_be_i32(slot)
             if value <= 0 or value >= count:
-                _put_be32(slot, 0)
+                mq_put_be32(slot, 0)
         for i in range(m):
             s = key_hashes[i] % slot_num
             if s < 0:
@@ -288,19 +275,15 @@ def index_put_keys(
                     tdiff = diff // 1000
                     if tdiff > INDEX_INT32_MAX_:
                         tdiff = INDEX_INT32_MAX_
-            _put_be32(entry, <uint32_t>key_hashes[i])
-            _put_be64(entry + 4, <uint64_t>phys[i])
-            _put_be32(entry + 12, <uint32_t>tdiff)
-            _put_be32(entry + 16, <uint32_t>value)
-            _put_be32(slot, <uint32_t>(count + i))
+            mq_put_be32(entry, <uint32_t>key_hashes[i])
+            mq_put_be64(entry + 4, <uint64_t>phys[i])
+            mq_put_be32(entry + 12, <uint32_t>tdiff)
+            mq_put_be32(entry + 16, <uint32_t>value)
+            mq_put_be32(slot, <uint32_t>(count + i))
             entry += INDEX_ENTRY_BYTES_
             if store_ts_ms[i] > latest:
                 latest = store_ts_ms[i]
     return used, latest
-
-
-cdef enum:
-    INDEX_TRANSACTION_ROLLBACK_ = 0xC  # sysflag.TRANSACTION_ROLLBACK_TYPE (under TRANSACTION_MASK)
 
 
 def index_rows(
@@ -324,7 +307,7 @@ def index_rows(
             if offsets[i] < applied:
                 continue
             applied = offsets[i] + sizes[i]
-            if sys_flags[i] & TRANSACTION_MASK != INDEX_TRANSACTION_ROLLBACK_:
+            if sys_flags[i] & TRANSACTION_MASK != TRANSACTION_ROLLBACK_TYPE:
                 w[taken] = i
                 taken += 1
     return rows[: taken * 8], applied

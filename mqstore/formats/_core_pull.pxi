@@ -59,47 +59,41 @@ def pull_walk(
         raise ValueError(f"a stride of {stride} bytes is shorter than a unit")
     cdef _Buffer held_units = _Buffer(units)
     cdef _Buffer held_wanted = _Buffer(wanted)
-    cdef Py_buffer out_view
-    PyObject_GetBuffer(out, &out_view, PyBUF_WRITABLE)
+    cdef _Buffer held_out = _Buffer(out, PyBUF_WRITABLE)
     cdef Py_ssize_t n = held_units.view.len // stride
     cdef Py_ssize_t n_wanted = held_wanted.view.len // 8
     cdef const unsigned char *p = <const unsigned char *>held_units.view.buf
     cdef const int64_t *codes = <const int64_t *>held_wanted.view.buf
-    cdef int64_t *column = <int64_t *>out_view.buf
+    cdef int64_t *column = <int64_t *>held_out.view.buf
     cdef Py_ssize_t i, stop, taken = 0, filtered = 0
     cdef int64_t phy, tags
     cdef int32_t size
-    try:
-        if held_units.view.len % stride or held_wanted.view.len % 8:
-            raise ValueError("units or wanted codes of a length that is not whole entries")
-        if out_view.len < PULL_COLUMNS * n * 8:
-            raise ValueError(f"an out buffer of {out_view.len} bytes for {n} units")
-        stop = n
-        with nogil:
-            for i in range(n):
-                phy = mq_be_i64(p)
-                size = mq_be_i32(p + UNIT_SIZE_POS)
-                p += stride
-                if size == PULL_BLANK_SIZE and phy == 0:
-                    continue
-                if total >= max_pull_bytes or (
-                    count > 0 and (count >= max_messages or total + size > max_pull_bytes)
-                ):
-                    stop = i
-                    break
-                tags = mq_be_i64(p - stride + UNIT_TAGS_POS)
-                if n_wanted and not _wanted(codes, n_wanted, tags):
-                    filtered += 1
-                    continue
-                column[taken] = first + i
-                column[n + taken] = phy
-                column[2 * n + taken] = size
-                column[3 * n + taken] = tags
-                taken += 1
-                count += 1
-                total += size
-    finally:
-        PyBuffer_Release(&out_view)
-        held_units.release()
-        held_wanted.release()
+    if held_units.view.len % stride or held_wanted.view.len % 8:
+        raise ValueError("units or wanted codes of a length that is not whole entries")
+    if held_out.view.len < PULL_COLUMNS * n * 8:
+        raise ValueError(f"an out buffer of {held_out.view.len} bytes for {n} units")
+    stop = n
+    with nogil:
+        for i in range(n):
+            phy = mq_be_i64(p)
+            size = mq_be_i32(p + UNIT_SIZE_POS)
+            p += stride
+            if size == PULL_BLANK_SIZE and phy == 0:
+                continue
+            if total >= max_pull_bytes or (
+                count > 0 and (count >= max_messages or total + size > max_pull_bytes)
+            ):
+                stop = i
+                break
+            tags = mq_be_i64(p - stride + UNIT_TAGS_POS)
+            if n_wanted and not _wanted(codes, n_wanted, tags):
+                filtered += 1
+                continue
+            column[taken] = first + i
+            column[n + taken] = phy
+            column[2 * n + taken] = size
+            column[3 * n + taken] = tags
+            taken += 1
+            count += 1
+            total += size
     return stop, taken, filtered, total
