@@ -45,7 +45,9 @@ what a machine needs.
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.ref cimport PyObject
-from libc.stdint cimport INT64_MIN, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport (
+    INT64_MIN, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t,
+)
 from libc.stdlib cimport realloc
 from libc.string cimport memcmp, memset
 
