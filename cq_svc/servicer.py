@@ -158,7 +158,7 @@ class _Gathered:
     offsets: list[int] = field(default_factory=list)
     next_begin: int = 0
     removed: int = 0
-    blob: bytes = b""
+    blob: bytes | memoryview = b""
     columns_wire: bytes = b""
     wired: int = 0
     # With report_bad_records: the damaged record that ends the answer.
@@ -178,9 +178,9 @@ class _Answer:
     (statuses, offsets, the long poll's tests); gRPC is handed `wire()`."""
 
     response: pb.PullResponse
-    records: list[bytes] = field(default_factory=list)
+    records: Sequence[bytes | memoryview] = ()
 
-    def head(self) -> tuple[bytes, list[bytes]]:
+    def head(self) -> tuple[bytes, Sequence[bytes | memoryview]]:
         return self.response.SerializeToString(), self.records
 
     def wire(self) -> bytes:
