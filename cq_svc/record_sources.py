@@ -77,22 +77,28 @@ Ranges = tuple[IntArray, IntArray]  # commit-log offsets and sizes, one entry a 
 class RecordsAnswer:
     """A source's answer for a group of ranges: per range its status, and the records served
     laid end to end in `blob` (`sizes`: each range's size there as int64, 0 where not READ_OK;
-    a source that served every range whole gives the column of sizes it was asked with)."""
+    a source that served every range whole gives the column of sizes it was asked with). A
+    part of an answer (`parts`) holds a view of the whole answer's bytes, not a copy."""
 
     statuses: Sequence[int]
-    blob: bytes
+    blob: bytes | memoryview
     sizes: IntArray
     # The columns of the source's own check of the records (the segment files'; formats/
     # record_columns.CheckedRecords): names_units reads them rather than check them again.
     columns: IntArray | None = None
 
     def as_records(self) -> list[bytes]:
-        return split_records(self.blob, self.sizes.tolist())
+        blob = self.blob
+        # A part's view copied whole first: the records one by one are wanted only where a
+        # record is looked at on its own (a tag filter, a record that failed a check).
+        return split_records(blob if type(blob) is bytes else bytes(blob), self.sizes.tolist())
 
     def parts(self, counts: Sequence[int]) -> list[RecordsAnswer]:
-        """The answer cut into consecutive answers of counts[i] ranges each."""
+        """The answer cut into consecutive answers of counts[i] ranges each, their records
+        views of this answer's (a Follow round's answers go out without another copy)."""
         if len(counts) == 1 and counts[0] == len(self.statuses):
             return [self]  # one pull's group: the answer is its own part (no list copied)
+        whole = memoryview(self.blob)
         out = []
         at = 0
         byte_at = 0
@@ -101,9 +107,7 @@ class RecordsAnswer:
             end = byte_at + int(sizes.sum())
             columns = None if self.columns is None else self.columns[:, at : at + count]
             out.append(
-                RecordsAnswer(
-                    self.statuses[at : at + count], self.blob[byte_at:end], sizes, columns
-                )
+                RecordsAnswer(self.statuses[at : at + count], whole[byte_at:end], sizes, columns)
             )
             at, byte_at = at + count, end
         return out

@@ -61,7 +61,6 @@ from typing import TypeVar
 
 import grpc
 import numpy as np
-from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from prometheus_client import Counter
 
 from cq_svc import metrics, receipts
@@ -78,7 +77,7 @@ from mqstore.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from mqstore.formats import _core
+from mqstore.formats import _core, pull_wire
 from mqstore.formats.cq_time import Boundary
 from mqstore.formats.cq_unit import Unit
 from mqstore.formats.javahash import tags_code
@@ -159,7 +158,7 @@ class _Gathered:
     offsets: list[int] = field(default_factory=list)
     next_begin: int = 0
     removed: int = 0
-    blob: bytes = b""
+    blob: bytes | memoryview = b""
     columns_wire: bytes = b""
     wired: int = 0
     # With report_bad_records: the damaged record that ends the answer.
@@ -168,6 +167,24 @@ class _Gathered:
     @property
     def served(self) -> int:
         return len(self.offsets) + self.wired
+
+
+@dataclass(slots=True)
+class _Answer:
+    """A pull's answer: its response without records_blob, whose bytes wait aside in
+    `records` until `wire` splices them in (formats/pull_wire.py). Put into the message they
+    would be copied in, then out again by SerializeToString: on pulls of 1 KiB messages those
+    copies were the largest part of cq_svc's CPU. The servicer's logic reads `response`
+    (statuses, offsets, the long poll's tests); gRPC is handed `wire()`."""
+
+    response: pb.PullResponse
+    records: Sequence[bytes | memoryview] = ()
+
+    def head(self) -> tuple[bytes, Sequence[bytes | memoryview]]:
+        return self.response.SerializeToString(), self.records
+
+    def wire(self) -> bytes:
+        return pull_wire.pull_answer(*self.head())
 
 
 class CqServicer(pb_grpc.ConsumeQueueServicer):
@@ -188,48 +205,53 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
 
     # -- Pull --------------------------------------------------------------------------------------
 
-    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+    def Pull(  # type: ignore[override]
+        self, request: pb.PullRequest, context: grpc.ServicerContext
+    ) -> bytes:
+        """A PullResponse, as its wire bytes (_Answer)."""
         wait_s = self._long_poll_s(request.long_poll_ms, context)
         look = self._pull_look(request, context)
 
-        def look_again(last: pb.PullResponse) -> pb.PullResponse:
-            offset = _retry_offset(request.offset, last)
-            response = look(offset)
-            if offset != request.offset and response.status == pb.OFFSET_OVERFLOW_ONE:
+        def look_again(last: _Answer) -> _Answer:
+            offset = _retry_offset(request.offset, last.response)
+            answer = look(offset)
+            if offset != request.offset and answer.response.status == pb.OFFSET_OVERFLOW_ONE:
                 # Everything from the asked offset on was filtered out: say so.
-                response.status = pb.NO_MATCHED_MESSAGE
-            return response
+                answer.response.status = pb.NO_MATCHED_MESSAGE
+            return answer
 
-        response = look(request.offset)
-        if wait_s > 0 and _nothing_new(response):
-            response = self._long_poll(
+        answer = look(request.offset)
+        if wait_s > 0 and _nothing_new(answer.response):
+            answer = self._long_poll(
                 (request.topic, request.queue_id),  # checked by _pull_look
                 wait_s,
                 context,
                 look=look_again,
-                found=lambda r: not _nothing_new(r),
-                first=response,
+                found=lambda a: not _nothing_new(a.response),
+                first=answer,
                 next_due_s=lambda: None,
             )
-        _count_pull(response)
-        return response
+        _count_pull(answer.response)
+        return answer.wire()
 
-    def PullStream(
+    def PullStream(  # type: ignore[override]
         self, request: pb.PullStreamRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.PullResponse]:
+    ) -> Iterator[bytes]:
         """Consecutive Pulls of one queue, each from the previous answer's next_begin_offset
         (the proto's contract). The stream holds a server thread while the caller reads, as a
         long poll does: at most pull_streams_max at once (RESOURCE_EXHAUSTED beyond, taken
         before this runs: settings.stream_caps), each at most pull_stream_batches_max answers
-        long, each answer at most stream_answer_bytes_max of records."""
+        long, each answer at most stream_answer_bytes_max of records. Each PullResponse goes as
+        its wire bytes (_Answer)."""
         top = self.settings.pull_stream_batches_max
         batches = _limit(request.max_batches, top, top, "max_batches")
         args = self._stream_args(request.pull)
         offset = request.pull.offset
         for _ in range(batches):
-            response = self._pull_many([args], [offset], context)[0]
+            answer = self._pull_many([args], [offset], context)[0]
+            response = answer.response
             _count_pull(response)
-            yield response
+            yield answer.wire()
             failpoints.hit("cq.pull_stream.after_answer")
             if (
                 response.status not in _STREAM_GOES_ON
@@ -239,15 +261,16 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 return
             offset = response.next_begin_offset
 
-    def Follow(
+    def Follow(  # type: ignore[override]
         self, request: pb.FollowRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.FollowResponse]:
+    ) -> Iterator[bytes]:
         """Pulls of several queues on one stream, answered as each queue gets something new
         (the proto's contract). One waiter watches every queue and keeps the ones a dispatch
         touched: after the first look of each, a queue is looked at again only when woken or
         when its last answer left more to read. At most follow_streams_max at once (taken
         before this runs: settings.stream_caps); a round answers at most
-        stream_answer_bytes_max of records, the queues it leaves answered in the next."""
+        stream_answer_bytes_max of records, the queues it leaves answered in the next. Each
+        FollowResponse goes as its wire bytes (_follow_round)."""
         s = self.settings
         pulls = request.pulls
         if not pulls:
@@ -284,9 +307,9 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                     order = (order[k:] + order[:k])[: batches - answered]
                     turn += 1
                 answers = self._follow_round(args, offsets, order, ready, context)
-                if answers.answers:
-                    yield answers
-                    answered += len(answers.answers)
+                if answers:
+                    yield pull_wire.follow_answers([a.head() for a in answers])
+                    answered += len(answers)
                     if answered >= batches:
                         return
                     idle_until = time.monotonic() + idle_s
@@ -310,40 +333,36 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         order: Sequence[int],
         ready: set[int],
         context: grpc.ServicerContext,
-    ) -> pb.FollowResponse:
+    ) -> list[_Answer]:
         """One look at each pull in `order` (one Read for all): the answers worth sending,
-        named by pull_index. Moves `offsets` past what is answered; drops from `ready` the
-        pulls a dispatch must wake before they are looked at again. The answers are made
-        inside the response (a PullResponse put into one afterwards is copied, records and
-        all, at several times what sending them costs)."""
-        out = pb.FollowResponse()
+        named by pull_index, in order (a FollowResponse's). Moves `offsets` past what is
+        answered; drops from `ready` the pulls a dispatch must wake before they are looked at
+        again."""
         looked = self._pull_many(
             [args[i] for i in order],
             [offsets[i] for i in order],
             context,
-            out.answers,
             budget_bytes=self.settings.stream_answer_bytes_max,
         )
         order = order[: len(looked)]  # the rest stay ready: the budget is spent
-        unsent = []
-        for k, (i, response) in enumerate(zip(order, looked, strict=True)):
+        sent = []
+        for i, answer in zip(order, looked, strict=True):
+            response = answer.response
             if response.next_begin_offset == offsets[i] and not response.queue_offsets:
                 ready.discard(i)  # answered again when a dispatch wakes it
                 if _nothing_new(response):
-                    unsent.append(k)
                     continue
             response.pull_index = i
             _count_pull(response)
             offsets[i] = response.next_begin_offset
             if response.status == pb.FOUND and offsets[i] >= response.max_offset:
                 ready.discard(i)  # at the queue's end: a dispatch wakes it
-        for k in reversed(unsent):
-            del out.answers[k]
-        return out
+            sent.append(answer)
+        return sent
 
     def _pull_look(
         self, request: pb.PullRequest, context: grpc.ServicerContext
-    ) -> Callable[[int], pb.PullResponse]:
+    ) -> Callable[[int], _Answer]:
         """A Pull's arguments checked, as a function of the offset to pull from."""
         args = self._pull_args(request)
         return lambda offset: self._pull_many([args], [offset], context)[0]
@@ -379,18 +398,17 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         args: Sequence[_PullArgs],
         offsets: Sequence[int],
         context: grpc.ServicerContext,
-        into: RepeatedCompositeFieldContainer[pb.PullResponse] | None = None,
         *,
         budget_bytes: int | None = None,
-    ) -> list[pb.PullResponse]:
+    ) -> list[_Answer]:
         """Pulls of several queues (each args[i] from offsets[i]) with one fetch of records for
         all of them (record_sources.py; several when their records pass pull_bytes_max
         together): a Follow cycle over the queues a dispatch woke costs one Read, not one a
         queue. With `budget_bytes`, the pulls together take at most that many bytes of records
         (the first pull at least one record, whatever its size): the answers are those of the
-        first pulls that fit."""
+        first pulls that fit. Each answer's records are kept aside from its response (_Answer)."""
         began = time.perf_counter()
-        started: list[tuple[pb.PullResponse, PullResult]] = []
+        started: list[tuple[_Answer, PullResult]] = []
         left = budget_bytes
         # The computation in CPU_SECTION (mqstore/cpu_section.py: handler threads in numpy at
         # once hand the GIL to each other at every call); the sources' chain leaves out of it
@@ -412,12 +430,13 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                     if started and taken_bytes > left:
                         break  # its first record alone is past the budget: the next round's
                     left -= taken_bytes
-                response = pb.PullResponse() if into is None else into.add()
-                response.status = _STATUS[result.status]
-                response.next_begin_offset = result.next_begin_offset
-                response.min_offset = result.min_offset
-                response.max_offset = result.max_offset
-                started.append((response, result))
+                response = pb.PullResponse(
+                    status=_STATUS[result.status],
+                    next_begin_offset=result.next_begin_offset,
+                    min_offset=result.min_offset,
+                    max_offset=result.max_offset,
+                )
+                started.append((_Answer(response), result))
             found = [k for k, (_, r) in enumerate(started) if r.status is PullStatus.FOUND]
             taken_found = [started[k][1].taken for k in found]
             groups = []
@@ -429,24 +448,27 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         for (group, taken, _, _), answer in zip(groups, answers, strict=True):
             with CPU_SECTION:
                 for k, part in zip(group, answer.parts([len(t) for t in taken]), strict=True):
-                    response, result = started[k]
-                    self._pull_finish(args[k], response, result, part)
+                    pulled, result = started[k]
+                    self._pull_finish(args[k], pulled, result, part)
         took = time.perf_counter() - began
         for _ in started:
             metrics.PULL_SECONDS.observe(took / len(started))
-        return [response for response, _ in started]
+        return [pulled for pulled, _ in started]
 
     def _pull_finish(
-        self, a: _PullArgs, response: pb.PullResponse, result: PullResult, answer: RecordsAnswer
+        self, a: _PullArgs, out: _Answer, result: PullResult, answer: RecordsAnswer
     ) -> None:
-        """A FOUND pull's response filled from the sources' answer for its units."""
+        """A FOUND pull's answer filled from the sources' answer for its units: the records
+        aside in `out.records`, the rest in its response."""
         got = self._gather(a, result, answer)
+        response = out.response
         if got.blob:
-            response.records_blob = got.blob
+            out.records = [got.blob]
             # queue_offsets and record_sizes in one parse in C, not an int converted at a time
             response.MergeFromString(got.columns_wire)
         else:
-            _put_records(response, got.records)
+            out.records = got.records
+            response.record_sizes.extend(map(len, got.records))
             response.queue_offsets.extend(got.offsets)
         response.next_begin_offset = got.next_begin
         if got.bad is not None:

@@ -127,7 +127,7 @@ class CheckedRecords:
 
 
 def check_records(
-    blob: bytes,
+    blob: Buffer,
     sizes: Sequence[int] | IntArray,
     expected_offsets: Sequence[int] | IntArray | None = None,
     *,

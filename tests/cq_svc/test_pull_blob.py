@@ -204,3 +204,27 @@ def test_the_column_check_of_unit_records_agrees_with_the_check_of_each() -> Non
     assert both([*raws[:3], raws[3][:-1]], units) == (False, False)
     assert both([*raws[:3], raws[3][:20]], [*units[:3], Unit(3, 600, 20, 0)]) == (False, False)
     assert both([], []) == (True, True)
+
+
+def test_the_parts_of_an_answer_are_views_of_its_records_and_check_as_the_whole() -> None:
+    raws = [
+        encode_record(topic="T", queue_id=q, body=b"b%d" % i, queue_offset=i, physical_offset=p)
+        for i, (q, p) in enumerate([(1, 0), (1, 200), (2, 400), (2, 600), (2, 800)])
+    ]
+    sizes = np.array(list(map(len, raws)), dtype=np.int64)
+    whole = RecordsAnswer([cl_pb.READ_OK] * 5, b"".join(raws), sizes)
+    first, second = whole.parts([2, 3])
+    assert isinstance(first.blob, memoryview) and first.blob.obj is whole.blob  # no copy
+    assert first.as_records() == raws[:2] and second.as_records() == raws[2:]
+    assert all(type(r) is bytes for r in second.as_records())
+
+    def units(first: int, end: int) -> UnitColumns:
+        phy = [0, 200, 400, 600, 800][first:end]
+        n = len(phy)
+        return UnitColumns(
+            np.arange(first, end), np.array(phy), sizes[first:end], np.zeros(n, dtype=np.int64)
+        )
+
+    assert first.names_units(1, units(0, 2))
+    assert second.names_units(2, units(2, 5))
+    assert not second.names_units(1, units(2, 5))
