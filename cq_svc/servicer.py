@@ -174,14 +174,19 @@ class _Answer:
     """A pull's answer: its response without records_blob, whose bytes wait aside in
     `records` until `wire` splices them in (formats/pull_wire.py). Put into the message they
     would be copied in, then out again by SerializeToString: on pulls of 1 KiB messages those
-    copies were the largest part of cq_svc's CPU. The servicer's logic reads `response`
-    (statuses, offsets, the long poll's tests); gRPC is handed `wire()`."""
+    copies were the largest part of cq_svc's CPU. The usual answer's queue offsets and record
+    sizes wait aside too, as the wire bytes the core wrote (`columns`), rather than parsed
+    into the message and serialized again. The servicer's logic reads `response` (statuses,
+    offsets, the long poll's tests) and `served`, the records answered; gRPC is handed
+    `wire()`."""
 
     response: pb.PullResponse
     records: Sequence[bytes | memoryview] = ()
+    columns: bytes = b""
+    served: int = 0
 
     def head(self) -> tuple[bytes, Sequence[bytes | memoryview]]:
-        return self.response.SerializeToString(), self.records
+        return self.response.SerializeToString() + self.columns, self.records
 
     def wire(self) -> bytes:
         return pull_wire.pull_answer(*self.head())
@@ -231,7 +236,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
                 first=answer,
                 next_due_s=lambda: None,
             )
-        _count_pull(answer.response)
+        _count_pull(answer)
         return answer.wire()
 
     def PullStream(  # type: ignore[override]
@@ -250,7 +255,7 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         for _ in range(batches):
             answer = self._pull_many([args], [offset], context)[0]
             response = answer.response
-            _count_pull(response)
+            _count_pull(answer)
             yield answer.wire()
             failpoints.hit("cq.pull_stream.after_answer")
             if (
@@ -348,12 +353,12 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         sent = []
         for i, answer in zip(order, looked, strict=True):
             response = answer.response
-            if response.next_begin_offset == offsets[i] and not response.queue_offsets:
+            if response.next_begin_offset == offsets[i] and not answer.served:
                 ready.discard(i)  # answered again when a dispatch wakes it
                 if _nothing_new(response):
                     continue
             response.pull_index = i
-            _count_pull(response)
+            _count_pull(answer)
             offsets[i] = response.next_begin_offset
             if response.status == pb.FOUND and offsets[i] >= response.max_offset:
                 ready.discard(i)  # at the queue's end: a dispatch wakes it
@@ -462,10 +467,10 @@ class CqServicer(pb_grpc.ConsumeQueueServicer):
         aside in `out.records`, the rest in its response."""
         got = self._gather(a, result, answer)
         response = out.response
+        out.served = got.served
         if got.blob:
             out.records = [got.blob]
-            # queue_offsets and record_sizes in one parse in C, not an int converted at a time
-            response.MergeFromString(got.columns_wire)
+            out.columns = got.columns_wire  # queue_offsets and record_sizes, spliced in
         else:
             out.records = got.records
             response.record_sizes.extend(map(len, got.records))
@@ -1026,16 +1031,16 @@ _READ_OK = metrics.READ_RECORDS.labels("ok")
 _PULLS_BY_STATUS: dict[int, Counter] = {}
 
 
-def _count_pull(response: pb.PullResponse) -> None:
+def _count_pull(answer: _Answer) -> None:
     """A pull's answer in the metrics (Pull, PullStream and Follow alike): its status, and its
-    records, one per queue offset."""
-    status = response.status
+    records."""
+    status = answer.response.status
     counter = _PULLS_BY_STATUS.get(status)
     if counter is None:
         counter = metrics.PULLS.labels(pb.GetMessageStatus.Name(status))
         _PULLS_BY_STATUS[status] = counter
     counter.inc()
-    metrics.PULLED_MESSAGES.inc(len(response.queue_offsets))
+    metrics.PULLED_MESSAGES.inc(answer.served)
 
 
 def _nothing_new(response: pb.PullResponse) -> bool:

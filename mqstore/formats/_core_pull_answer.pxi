@@ -4,8 +4,8 @@
 #                                                      and 8 (record_sizes, packed int32)
 #
 # `queue_offsets`, `sizes`: int64 buffers of one length, the units a pull serves (UnitColumns).
-# The servicer merges the bytes into its PullResponse (MergeFromString: one parse in C), which
-# costs a fraction of a Python int made and converted for each of a thousand records, twice.
+# The servicer sends the bytes after its PullResponse's own (cq_svc/servicer._Answer: fields
+# may come in any order), not a Python int made and converted for each of a thousand records.
 # The protobuf runtime is the reference: tests/formats/test_pull_answer_wire.py pins these
 # bytes to what it serializes from the same fields (an empty column: no field, as it writes).
 
