@@ -79,10 +79,10 @@ def crc32c(object data):
     return _crc32c(<const unsigned char *>b.view.buf, <size_t>b.view.len)
 
 
-cdef inline void _put_be(unsigned char *p, uint64_t v, int width) noexcept nogil:
-    cdef int i
-    for i in range(width):
-        p[width - 1 - i] = <unsigned char>(v >> (8 * i))
+cdef inline void _put_be48(unsigned char *p, uint64_t v) noexcept nogil:
+    """A time entry's stored time: the low 48 bits of `v`, big-endian."""
+    mq_put_be16(p, <uint16_t>(v >> 32))
+    mq_put_be32(p + 2, <uint32_t>v)
 
 
 cdef class _Columns:
@@ -249,20 +249,20 @@ cdef int64_t _pack_rows(
     cdef uint32_t c
     for j in range(count):
         row = rw[j]
-        _put_be(u, <uint64_t>ph[row], 8)
-        _put_be(u + 8, <uint64_t>sz[row], 4)
-        _put_be(u + 12, <uint64_t>tg[row], 8)
+        mq_put_be64(u, <uint64_t>ph[row])
+        mq_put_be32(u + 8, <uint32_t>sz[row])
+        mq_put_be64(u + 12, <uint64_t>tg[row])
         t = min(max(ts[row], 0), TIME_MAX)
         if t > last_time:
             last_time = t
         if tm == NULL:
-            _put_be(u + UNIT_SIZE, <uint64_t>last_time, 8)
+            mq_put_be64(u + UNIT_SIZE, <uint64_t>last_time)
         else:
             memcpy(check, u, UNIT_SIZE)
-            _put_be(check + UNIT_SIZE, <uint64_t>last_time, TIME_STORED)
+            _put_be48(check + UNIT_SIZE, <uint64_t>last_time)
             c = _crc32c(check, UNIT_SIZE + TIME_STORED)
             memcpy(tm, check + UNIT_SIZE, TIME_STORED)
-            _put_be(tm + TIME_STORED, c & 0xFFFF, 2)
+            mq_put_be16(tm + TIME_STORED, <uint16_t>c)
             tm += TIME_ENTRY_BYTES
         u += stride
     return last_time
@@ -350,8 +350,7 @@ def pack_runs(
                 b.append(PyBytes_FromStringAndSize(<char *>value, UNIT_SIZE + 8))
                 key = PyBytes_FromStringAndSize(NULL, plen + 8)
                 memcpy(PyBytes_AS_STRING(key), <char *>prefix, plen)
-                _put_be(<unsigned char *>PyBytes_AS_STRING(key) + plen,
-                        <uint64_t>(expect + j), 8)
+                mq_put_be64(<unsigned char *>PyBytes_AS_STRING(key) + plen, <uint64_t>(expect + j))
                 a.append(key)
         ends.append((s, expect + count, first_phy, last_phy, last_size, last_time))
     return ends, a, b
